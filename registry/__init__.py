@@ -1,0 +1,1 @@
+"""Learn which CPU architectures a container or SIF image supports."""

@@ -1,0 +1,143 @@
+"""The one place archway talks HTTP to registries and file servers.
+
+Every request here is checked against the host policy (redirect targets too), bounded in time
+by both the per-read timeout and the caller's deadline, and bounded in size: a peer can neither
+hang archway nor make it buffer an unbounded body.
+"""
+import threading
+import time
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit
+
+import requests
+from requests.adapters import HTTPAdapter
+from requests.structures import CaseInsensitiveDict
+
+from .errors import DeadlineExceeded, HostRefused, ResponseTooLarge, TransportError
+from .hostpolicy import HostPolicy
+from .settings import RegistrySettings
+
+MAX_REDIRECTS = 5
+_CHUNK = 64 * 1024
+
+
+@dataclass
+class Response:
+    status: int
+    headers: CaseInsensitiveDict
+    body: bytes
+    url: str
+
+    def json(self):
+        import json
+        return json.loads(self.body)
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    bytes_read: int = 0
+
+
+class HttpClient:
+    def __init__(self, settings: RegistrySettings, policy: HostPolicy | None = None,
+                 pool_size: int = 32):
+        self.settings = settings
+        self.policy = policy or HostPolicy(settings.allow_hosts, settings.deny_hosts)
+        self.session = requests.Session()
+        self.session.trust_env = False  # no proxy or CA bundle from the environment overriding config
+        adapter = HTTPAdapter(pool_connections=pool_size, pool_maxsize=pool_size, max_retries=0)
+        self.session.mount("https://", adapter)
+        self.session.mount("http://", adapter)
+        self.stats = Stats()
+        self._lock = threading.Lock()
+
+    def is_insecure(self, netloc: str) -> bool:
+        return netloc.lower() in self.settings.insecure_hosts
+
+    def verify_for(self, netloc: str):
+        if self.is_insecure(netloc):
+            return False
+        return self.settings.ca_file or True
+
+    def get(self, url: str, *, headers: dict | None = None, deadline: float | None = None,
+            max_bytes: int, method: str = "GET") -> Response:
+        """Send a request and read at most `max_bytes` of body (ResponseTooLarge past that).
+
+        Redirects are followed by hand so that each target passes the host policy and the
+        Authorization header never travels to a host other than the one it was meant for.
+        """
+        headers = dict(headers or {})
+        for _ in range(MAX_REDIRECTS + 1):
+            netloc = urlsplit(url).netloc
+            self.policy.check(netloc)
+            response = self._send(method, url, headers, deadline, max_bytes)
+            if response.status not in (301, 302, 303, 307, 308) or "location" not in response.headers:
+                return response
+            target = urljoin(url, response.headers["location"])
+            if urlsplit(target).netloc != netloc:
+                headers.pop("Authorization", None)
+            url = target
+        raise TransportError(f"more than {MAX_REDIRECTS} redirects from {url}", host=netloc)
+
+    def _send(self, method, url, headers, deadline, max_bytes) -> Response:
+        netloc = urlsplit(url).netloc
+        timeout = self._timeout(deadline, url)
+        with self._lock:
+            self.stats.requests += 1
+        try:
+            with self.session.request(method, url, headers=headers, timeout=timeout, stream=True,
+                                      allow_redirects=False, verify=self.verify_for(netloc)) as r:
+                declared = r.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > max_bytes and r.status_code < 300:
+                    raise ResponseTooLarge(
+                        f"{url} declares {declared} bytes, more than the {max_bytes} archway reads",
+                        host=netloc, status=r.status_code)
+                body = self._read_bounded(r, url, netloc, deadline, max_bytes)
+                return Response(r.status_code, r.headers, body, url)
+        except requests.exceptions.SSLError as e:
+            raise TransportError(f"TLS error talking to {netloc}: {_reason(e)} "
+                                 f"(set registry.ca_file, or list the host in registry.insecure_hosts)",
+                                 host=netloc) from None
+        except requests.exceptions.Timeout:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise DeadlineExceeded(f"deadline passed waiting for {netloc}") from None
+            raise TransportError(f"{netloc} did not answer within {timeout[1]:.1f} s",
+                                 host=netloc) from None
+        except requests.exceptions.RequestException as e:
+            raise TransportError(f"cannot reach {netloc}: {_reason(e)}", host=netloc) from None
+
+    def _read_bounded(self, r, url, netloc, deadline, max_bytes) -> bytes:
+        chunks, size = [], 0
+        for chunk in r.iter_content(_CHUNK):
+            size += len(chunk)
+            if size > max_bytes:
+                raise ResponseTooLarge(f"{url} sent more than the {max_bytes} bytes archway reads",
+                                       host=netloc, status=r.status_code)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise DeadlineExceeded(f"deadline passed reading from {netloc}")
+            chunks.append(chunk)
+        with self._lock:
+            self.stats.bytes_read += size
+        return b"".join(chunks)
+
+    def _timeout(self, deadline: float | None, url: str) -> tuple[float, float]:
+        limit = self.settings.timeout_seconds
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeadlineExceeded(f"deadline passed before contacting {urlsplit(url).netloc}")
+            limit = min(limit, remaining)
+        return (limit, limit)
+
+
+def _reason(error: Exception) -> str:
+    """The innermost message of a requests/urllib3 error chain, without the noise."""
+    text = str(error)
+    for marker in ("Caused by ", "Failed to establish a new connection: "):
+        if marker in text:
+            text = text.split(marker, 1)[1]
+    return text.strip("()'\" ")[:200]
+
+
+__all__ = ["HttpClient", "Response", "HostRefused"]

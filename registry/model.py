@@ -1,0 +1,35 @@
+"""What a resolution returns."""
+from dataclasses import dataclass, field
+
+from .platforms import Platform, architectures
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """The platforms one image supports, the digest it resolved to, and where the answer came from.
+
+    `platforms` is empty when the image exists but records no architecture (a SIF image with
+    arch "00", a pre-SIF squashfs image); `note` then says why.
+    """
+    image: str                       # the reference as the user wrote it
+    platforms: frozenset[Platform]
+    digest: str | None
+    source: str                      # e.g. "oci-index", "docker-manifest", "sif-oras", "sif-https"
+    note: str = ""
+    cacheable_by_digest: bool = field(default=True, compare=False)
+
+    @property
+    def architectures(self) -> frozenset[str]:
+        """kubernetes.io/arch values; empty means unknown."""
+        return architectures(self.platforms)
+
+    def to_json(self) -> dict:
+        return {
+            "image": self.image,
+            "architectures": sorted(self.architectures),
+            "platforms": sorted(str(p) for p in self.platforms),
+            "digest": self.digest,
+            "source": self.source,
+            "note": self.note or None,
+            "error": None,
+        }

@@ -1,0 +1,134 @@
+"""Parse image references the way Docker does, plus the SIF schemes (oras, library, http[s]).
+
+    nginx                       -> docker.io/library/nginx:latest
+    ghcr.io/org/app@sha256:...  -> by digest
+    oras://host/repo:tag        -> SIF artifact in an OCI registry
+    library://entity/coll/c:tag -> Sylabs library API
+    https://host/path/x.sif     -> plain file, read with Range requests
+"""
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from .errors import InvalidReference
+
+DOCKER_HUB = "docker.io"
+DOCKER_HUB_API = "registry-1.docker.io"
+_HUB_ALIASES = {"docker.io", "index.docker.io", "registry-1.docker.io"}
+
+_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+_REPOSITORY = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
+_TAG = re.compile(r"^[\w][\w.-]{0,127}$")
+_DIGEST = re.compile(r"^[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]{32,}$")
+_HOST = re.compile(r"^(?:\[[0-9a-fA-F:.]+\]|[a-zA-Z0-9.-]+)(?::[0-9]+)?$")
+MAX_REFERENCE_LENGTH = 4096
+
+
+@dataclass(frozen=True)
+class ImageReference:
+    scheme: str            # "docker", "oras", "library" or "https"/"http"
+    host: str              # registry or library host ("docker.io" for Docker Hub), or URL host
+    repository: str        # path inside the host; for library: entity/collection/container
+    tag: str | None = None
+    digest: str | None = None
+    url: str | None = None  # the full URL for http(s) references
+
+    @property
+    def api_host(self) -> str:
+        """Host the registry API is served from (Docker Hub's differs from its name)."""
+        return DOCKER_HUB_API if self.host == DOCKER_HUB else self.host
+
+    @property
+    def hostname(self) -> str:
+        """The host without port or IPv6 brackets, for address checks."""
+        return urlsplit("//" + self.api_host).hostname or self.api_host
+
+    @property
+    def manifest_reference(self) -> str:
+        """What goes after /manifests/: the digest when there is one, else the tag."""
+        return self.digest or self.tag or "latest"
+
+    def __str__(self):
+        if self.url:
+            return self.url
+        text = f"{self.host}/{self.repository}"
+        if self.tag:
+            text += f":{self.tag}"
+        if self.digest:
+            text += f"@{self.digest}"
+        return text if self.scheme == "docker" else f"{self.scheme}://{text}"
+
+
+def parse_reference(text: str, default_library_host: str = "library.sylabs.io") -> ImageReference:
+    """Parse and normalise an image reference; raise InvalidReference saying what is wrong."""
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidReference("empty image reference")
+    text = text.strip()
+    if len(text) > MAX_REFERENCE_LENGTH:
+        raise InvalidReference(f"image reference longer than {MAX_REFERENCE_LENGTH} characters")
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return _parse_docker(text, text, "docker")
+    scheme = scheme.lower()
+    if scheme in ("docker", "oras"):
+        return _parse_docker(rest, text, scheme)
+    if scheme == "library":
+        return _parse_library(rest, text, default_library_host)
+    if scheme in ("https", "http"):
+        parts = urlsplit(text)
+        if not parts.hostname:
+            raise InvalidReference(f"{text!r}: URL has no host")
+        return ImageReference(scheme, parts.netloc, parts.path.lstrip("/"), url=text)
+    raise InvalidReference(
+        f"{text!r}: unsupported scheme {scheme!r} (use docker://, oras://, library://, https://)")
+
+
+def _split_tag_digest(remainder: str, original: str):
+    name, _, digest = remainder.partition("@")
+    if digest and not _DIGEST.match(digest):
+        raise InvalidReference(f"{original!r}: malformed digest {digest!r}")
+    tag = None
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name, tag = name.rsplit(":", 1)
+        if not _TAG.match(tag):
+            raise InvalidReference(f"{original!r}: malformed tag {tag!r}")
+    return name, tag, digest or None
+
+
+def _parse_docker(remainder: str, original: str, scheme: str) -> ImageReference:
+    name, tag, digest = _split_tag_digest(remainder, original)
+    first, slash, path = name.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost" or first.startswith("[")):
+        host = first
+    else:
+        host, path = DOCKER_HUB, name
+    if not _HOST.match(host):
+        raise InvalidReference(f"{original!r}: malformed registry host {host!r}")
+    if host.lower() in _HUB_ALIASES:
+        host = DOCKER_HUB
+    if host == DOCKER_HUB and "/" not in path:
+        path = f"library/{path}"
+    if not _REPOSITORY.match(path):
+        raise InvalidReference(
+            f"{original!r}: repository {path!r} must be lowercase letters, digits and separators")
+    if not tag and not digest:
+        tag = "latest"
+    return ImageReference(scheme, host, path, tag, digest)
+
+
+def _parse_library(remainder: str, original: str, default_host: str) -> ImageReference:
+    name, tag, digest = _split_tag_digest(remainder, original)
+    parts = [p for p in name.split("/") if p]
+    host = default_host
+    if len(parts) == 4 or (len(parts) > 1 and ("." in parts[0] or ":" in parts[0])):
+        host, parts = parts[0], parts[1:]
+    if len(parts) == 1:
+        parts = ["library", "default"] + parts
+    elif len(parts) == 2:
+        parts = [parts[0], "default", parts[1]]
+    if len(parts) != 3 or not all(_REPOSITORY.match(p) for p in parts):
+        raise InvalidReference(
+            f"{original!r}: expected library://[host/]entity/collection/container[:tag]")
+    return ImageReference("library", host, "/".join(parts), tag or (None if digest else "latest"),
+                          digest)

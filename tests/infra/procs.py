@@ -1,0 +1,75 @@
+"""Start and stop the real servers the tests use: free ports, readiness, clean shutdown by PID."""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHARED_TESTDATA = os.path.join(os.path.dirname(REPO), "shared", "testdata")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 15.0, proc=None) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode} before listening")
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout} s")
+
+
+def require_binary(name: str) -> str:
+    """Path of a binary the tests need; a missing one is an install error, so fail loudly."""
+    path = shutil.which(name) or (f"/usr/sbin/{name}" if os.path.exists(f"/usr/sbin/{name}") else None)
+    if not path:
+        pytest.fail(f"{name} is not installed: run .ci/run (or scripts/setup.sh) first")
+    return path
+
+
+class Server:
+    """A child process started with Popen (never through a shell) and stopped by its own PID."""
+
+    def __init__(self, args, *, port: int, log_path: str, env=None, cwd=None, ready_timeout=15.0):
+        self.port = port
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     cwd=cwd, start_new_session=True)
+        try:
+            wait_for_port(port, timeout=ready_timeout, proc=self.proc)
+        except Exception:
+            self.stop()
+            raise RuntimeError(f"{args[0]} did not start; log:\n{self.log()}")
+
+    def log(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

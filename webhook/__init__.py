@@ -1,0 +1,1 @@
+"""archway's admission webhook, scheduler extender and command line."""
