@@ -1,0 +1,243 @@
+"""Resolve image references to ImageInfo: cached, single-flight, concurrent under one deadline.
+
+A lookup runs in a worker thread with its own time budget, independent of the caller's: when an
+admission's deadline passes, the lookup carries on and fills the cache, so the next pod with the
+same image is answered from memory instead of timing out again.
+"""
+import dataclasses
+import hashlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from . import sifsources
+from .credentials import Keyring
+from .errors import ArchwayError, ConfigError, DeadlineExceeded, HostRefused, InvalidReference
+from .http import HttpClient
+from .model import ImageInfo
+from .oci import RegistryClient
+from .reference import ImageReference, parse_reference
+from .settings import RegistrySettings
+
+log = logging.getLogger(__name__)
+
+# Errors that say something about the caller's budget, not the image: never cached.
+_NOT_CACHED = (DeadlineExceeded,)
+
+
+@dataclass
+class ResolverStats:
+    cache_hits: int = 0
+    cache_misses: int = 0
+    fetches: int = 0        # lookups that went to the network
+    shared: int = 0         # callers that joined a lookup already in flight
+    failures: int = 0
+
+
+class TTLCache:
+    """A bounded LRU map whose entries also expire."""
+
+    def __init__(self, max_entries: int, clock=time.monotonic):
+        self.max_entries = max_entries
+        self._clock = clock
+        self._data: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is None:
+                return None
+            expires, value = entry
+            if expires <= self._clock():
+                del self._data[key]
+                return None
+            self._data.move_to_end(key)
+            return value
+
+    def put(self, key, value, ttl: float) -> None:
+        with self._lock:
+            self._data[key] = (self._clock() + ttl, value)
+            self._data.move_to_end(key)
+            while len(self._data) > self.max_entries:
+                self._data.popitem(last=False)
+
+    def __len__(self):
+        return len(self._data)
+
+
+class Resolver:
+    def __init__(self, settings: RegistrySettings | None = None, *, keyring: Keyring | None = None,
+                 http: HttpClient | None = None, max_workers: int = 32, clock=time.monotonic):
+        self.settings = settings or RegistrySettings()
+        self.http = http or HttpClient(self.settings)
+        self.oci = RegistryClient(self.http, self.settings)
+        self.keyring = keyring if keyring is not None else _load_global_keyring(self.settings)
+        self.stats = ResolverStats()
+        self._clock = clock
+        self._cache = TTLCache(self.settings.cache.max_entries, clock)
+        self._inflight: dict[tuple, Future] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="resolve")
+        # A lookup may outlive its caller's deadline; this bounds how long it keeps going.
+        self.fetch_timeout = self.settings.timeout_seconds * 2
+
+    @property
+    def cache_size(self) -> int:
+        return len(self._cache)
+
+    def resolve(self, image: str, *, keyring: Keyring | None = None,
+                deadline: float | None = None) -> ImageInfo:
+        """Resolve one image; raise ArchwayError (DeadlineExceeded when `deadline` passes)."""
+        future = self._submit(image, keyring)
+        timeout = None if deadline is None else max(0.0, deadline - self._clock())
+        done, _ = wait([future], timeout=timeout)
+        if not done:
+            raise DeadlineExceeded(f"{image}: no answer before the deadline")
+        return future.result()
+
+    def resolve_many(self, images, *, keyring: Keyring | None = None,
+                     timeout: float) -> dict[str, ImageInfo | ArchwayError]:
+        """Resolve images concurrently under one overall timeout. Never raises for one image:
+        each failure is the ArchwayError in that image's slot."""
+        futures = {}
+        for image in dict.fromkeys(images):
+            try:
+                futures[image] = self._submit(image, keyring)
+            except ArchwayError as e:
+                futures[image] = _failed(e)
+        wait(futures.values(), timeout=max(0.0, timeout))
+        results = {}
+        for image, future in futures.items():
+            if not future.done():
+                results[image] = DeadlineExceeded(
+                    f"{image}: no answer within {timeout:g} s (the registry is slow or unreachable)")
+            else:
+                error = future.exception()
+                results[image] = error if error is not None else future.result()
+        return results
+
+    # --- internals -------------------------------------------------------------------------
+    def _submit(self, image: str, keyring: Keyring | None) -> Future:
+        ref = parse_reference(image, _library_host(self.settings.library_url))
+        keys = self.keyring.merged(keyring) if keyring else self.keyring
+        key = (str(ref), _credential_fingerprint(keys, ref))
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._count("cache_hits")
+            if isinstance(cached, ArchwayError):
+                return _failed(cached)
+            return _done(cached if cached.image == image else dataclasses.replace(cached, image=image))
+        with self._lock:
+            future = self._inflight.get(key)
+            if future is not None:
+                self.stats.shared += 1
+                return _relabel(future, image)
+            self.stats.cache_misses += 1
+            future = self._pool.submit(self._fetch, image, ref, keys, key)
+            self._inflight[key] = future
+        return future
+
+    def _fetch(self, image: str, ref: ImageReference, keyring: Keyring, key: tuple) -> ImageInfo:
+        self._count("fetches")
+        deadline = self._clock() + self.fetch_timeout
+        try:
+            info = self._lookup(ref, keyring, deadline)
+            info = dataclasses.replace(info, image=image)
+            self._remember(key, ref, info)
+            return info
+        except ArchwayError as e:
+            self._count("failures")
+            if not isinstance(e, _NOT_CACHED):
+                self._cache.put(key, e, self.settings.cache.negative_ttl_seconds)
+            raise
+        except Exception as e:  # a bug must cost one image's answer, never the admission
+            self._count("failures")
+            log.exception("unexpected error resolving %s", image)
+            raise ArchwayError(f"{image}: internal error ({type(e).__name__}); see archway's log") from e
+        finally:
+            with self._lock:
+                self._inflight.pop(key, None)
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + 1)
+
+    def _lookup(self, ref: ImageReference, keyring: Keyring, deadline: float) -> ImageInfo:
+        if ref.scheme in ("docker", "oras"):
+            return self.oci.resolve(ref, keyring, deadline)
+        if ref.scheme in ("https", "http"):
+            if ref.scheme == "http" and not self.http.is_insecure(ref.host):
+                raise HostRefused(f"{ref.url}: plain http is allowed only for hosts listed in "
+                                  f"registry.insecure_hosts")
+            return sifsources.resolve_https(ref, self.http, deadline)
+        if ref.scheme == "library":
+            return sifsources.resolve_library(ref, self.http, self.settings, deadline)
+        raise InvalidReference(f"{ref}: unsupported scheme {ref.scheme}")
+
+    def _remember(self, key: tuple, ref: ImageReference, info: ImageInfo) -> None:
+        ttl = self.settings.cache.digest_ttl_seconds if ref.digest else self.settings.cache.tag_ttl_seconds
+        self._cache.put(key, info, ttl)
+        if info.digest and not ref.digest and ref.scheme in ("docker", "oras"):
+            # The same content asked for by digest later is a hit, for the long TTL.
+            by_digest = dataclasses.replace(ref, tag=None, digest=info.digest)
+            self._cache.put((str(by_digest), key[1]), info, self.settings.cache.digest_ttl_seconds)
+
+
+def _credential_fingerprint(keyring: Keyring, ref: ImageReference) -> str:
+    """Results are cached per credential: a pod without access must not be answered from a
+    lookup made with someone else's secret, and a failure without credentials must not be
+    served to a pod that has them."""
+    credential = keyring.lookup(ref.host) if ref.scheme in ("docker", "oras") else None
+    if credential is None:
+        return ""
+    material = "\0".join(str(getattr(credential, f, "") or "")
+                         for f in ("username", "password", "identity_token"))
+    return hashlib.sha256(material.encode()).hexdigest()[:16]
+
+
+def _load_global_keyring(settings: RegistrySettings) -> Keyring:
+    if not settings.credentials_file:
+        return Keyring.empty()
+    try:
+        with open(settings.credentials_file, "rb") as f:
+            return Keyring.from_dockerconfigjson(f.read())
+    except OSError as e:
+        raise ConfigError(f"cannot read registry.credentials_file "
+                          f"{settings.credentials_file}: {e.strerror}") from None
+
+
+def _library_host(library_url: str) -> str:
+    return urlsplit(library_url).netloc or "library.sylabs.io"
+
+
+def _done(value) -> Future:
+    future = Future()
+    future.set_result(value)
+    return future
+
+
+def _failed(error: BaseException) -> Future:
+    future = Future()
+    future.set_exception(error)
+    return future
+
+
+def _relabel(shared: Future, image: str) -> Future:
+    """A caller that joins another's lookup gets the answer under the name it asked for."""
+    mine = Future()
+
+    def copy(source: Future):
+        error = source.exception()
+        if error is not None:
+            mine.set_exception(error)
+        else:
+            info = source.result()
+            mine.set_result(info if info.image == image else dataclasses.replace(info, image=image))
+
+    shared.add_done_callback(copy)
+    return mine

@@ -1,0 +1,289 @@
+"""A stand-in for kube-apiserver: no real one can be installed here.
+
+It speaks the exact JSON of the few REST calls archway makes (GET of ServiceAccounts, Secrets and
+Nodes, list + watch of Nodes, create/replace/patch of a Secret and a MutatingWebhookConfiguration)
+over plain HTTP, backed by an in-memory object store keyed by URL path. It is deliberately narrow:
+anything archway does not call answers 404 like the real server does for an unknown object.
+"""
+import copy
+import json
+import os
+import queue
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import jsonpatch
+
+from .procs import free_port
+
+
+def _status(code: int, reason: str, message: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+def _merge(target, patch, strategic: bool):
+    """RFC 7386 merge patch; with `strategic`, lists of named objects merge by `name` as the
+    real server does for webhooks, containers and volumes."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif (strategic and isinstance(value, list) and isinstance(result.get(key), list)
+              and all(isinstance(v, dict) and "name" in v for v in value + result[key])):
+            merged = {item["name"]: item for item in result[key]}
+            for item in value:
+                merged[item["name"]] = _merge(merged.get(item["name"], {}), item, strategic)
+            result[key] = list(merged.values())
+        else:
+            result[key] = _merge(result.get(key), value, strategic)
+    return result
+
+
+class FakeApiServer:
+    def __init__(self):
+        self.objects: dict[str, dict] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.faults: dict[str, int] = {}      # path prefix -> HTTP status to answer instead
+        self.delay_seconds = 0.0
+        self._events: list[tuple[int, str, str, dict]] = []  # (rv, collection, type, object)
+        self._oldest_rv = 0
+        self._rv = 100
+        self._lock = threading.Condition()
+        self._stopping = False
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler_class())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    # --- what tests call -------------------------------------------------------------------
+    def put(self, path: str, obj: dict) -> dict:
+        """Store an object at its REST path (e.g. /api/v1/namespaces/ns/secrets/name)."""
+        with self._lock:
+            return self._store(path, obj, "MODIFIED" if path in self.objects else "ADDED")
+
+    def get(self, path: str) -> dict | None:
+        with self._lock:
+            return copy.deepcopy(self.objects.get(path))
+
+    def delete(self, path: str) -> None:
+        with self._lock:
+            obj = self.objects.pop(path)
+            self._record(path.rsplit("/", 1)[0], "DELETED", obj)
+
+    def emit(self, collection: str, event_type: str, obj: dict) -> None:
+        """Apply a change as a watch event (ADDED/MODIFIED/DELETED) on `collection`."""
+        path = f"{collection}/{obj['metadata']['name']}"
+        if event_type == "DELETED":
+            self.delete(path)
+        else:
+            with self._lock:
+                self._store(path, obj, event_type)
+
+    def expire_history(self) -> None:
+        """Forget past events so a watch from an older resourceVersion gets 410 Gone."""
+        with self._lock:
+            self._oldest_rv = self._rv
+            self._events.clear()
+
+    def kubeconfig(self, directory: str) -> str:
+        path = os.path.join(directory, "kubeconfig")
+        with open(path, "w") as f:
+            json.dump({
+                "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+                "clusters": [{"name": "stand-in", "cluster": {"server": self.url}}],
+                "users": [{"name": "stand-in", "user": {"token": "stand-in-token"}}],
+                "contexts": [{"name": "stand-in",
+                              "context": {"cluster": "stand-in", "user": "stand-in"}}],
+            }, f)
+        return path
+
+    def count(self, method: str, path_prefix: str) -> int:
+        return sum(1 for m, p in self.requests if m == method and p.startswith(path_prefix))
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    # --- store -----------------------------------------------------------------------------
+    def _store(self, path: str, obj: dict, event_type: str) -> dict:
+        obj = copy.deepcopy(obj)
+        self._rv += 1
+        meta = obj.setdefault("metadata", {})
+        meta["resourceVersion"] = str(self._rv)
+        meta.setdefault("name", path.rsplit("/", 1)[1])
+        meta.setdefault("uid", f"uid-{self._rv}")
+        meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        self.objects[path] = obj
+        self._record(path.rsplit("/", 1)[0], event_type, obj)
+        return copy.deepcopy(obj)
+
+    def _record(self, collection, event_type, obj):
+        self._events.append((self._rv, collection, event_type, copy.deepcopy(obj)))
+        self._lock.notify_all()
+
+    # --- HTTP ------------------------------------------------------------------------------
+    def _handler_class(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _reply(self, code: int, body: dict):
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _body(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                return json.loads(self.rfile.read(length) or b"null")
+
+            def _handle(self, method):
+                parts = urlsplit(self.path)
+                path, query = parts.path.rstrip("/"), parse_qs(parts.query)
+                server.requests.append((method, self.path))
+                if server.delay_seconds:
+                    time.sleep(server.delay_seconds)
+                for prefix, code in server.faults.items():
+                    if path.startswith(prefix):
+                        return self._reply(code, _status(code, "Forbidden" if code == 403
+                                                         else "InternalError", "injected fault"))
+                try:
+                    getattr(self, f"_{method.lower()}")(path, query)
+                except json.JSONDecodeError:
+                    self._reply(400, _status(400, "BadRequest", "body is not JSON"))
+
+            def do_GET(self):
+                self._handle("GET")
+
+            def do_POST(self):
+                self._handle("POST")
+
+            def do_PUT(self):
+                self._handle("PUT")
+
+            def do_PATCH(self):
+                self._handle("PATCH")
+
+            def do_DELETE(self):
+                self._handle("DELETE")
+
+            def _not_found(self, path):
+                kind, name = path.rsplit("/", 2)[-2:]
+                self._reply(404, _status(404, "NotFound", f'{kind} "{name}" not found'))
+
+            def _get(self, path, query):
+                if query.get("watch", ["false"])[0].lower() in ("true", "1"):
+                    return self._watch(path, query)
+                with server._lock:
+                    if path in server.objects:
+                        return self._reply(200, server.objects[path])
+                    items = [o for p, o in server.objects.items() if p.rsplit("/", 1)[0] == path]
+                    is_collection = bool(items) or any(
+                        c == path for _, c, _, _ in server._events) or path.endswith(
+                        ("/nodes", "/secrets", "/serviceaccounts", "/mutatingwebhookconfigurations"))
+                    if not is_collection:
+                        return self._not_found(path)
+                    kind = path.rsplit("/", 1)[1]
+                    return self._reply(200, {
+                        "kind": kind[:-1].capitalize() + "List", "apiVersion": "v1",
+                        "metadata": {"resourceVersion": str(server._rv)}, "items": items})
+
+            def _watch(self, path, query):
+                since = int(query.get("resourceVersion", ["0"])[0] or 0)
+                timeout = min(float(query.get("timeoutSeconds", ["30"])[0]), 30.0)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                end = time.monotonic() + timeout
+                try:
+                    if since and since < server._oldest_rv:
+                        self._chunk({"type": "ERROR", "object": _status(
+                            410, "Expired", f"too old resource version: {since}")})
+                        return self._chunk(None)
+                    while True:
+                        with server._lock:
+                            pending = [e for e in server._events if e[0] > since and e[1] == path]
+                            if not pending:
+                                remaining = end - time.monotonic()
+                                if remaining <= 0 or server._stopping:
+                                    break
+                                server._lock.wait(min(remaining, 0.5))
+                                continue
+                        for rv, _, event_type, obj in pending:
+                            self._chunk({"type": event_type, "object": obj})
+                            since = rv
+                    self._chunk(None)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def _chunk(self, event):
+                data = b"" if event is None else json.dumps(event).encode() + b"\n"
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+            def _post(self, path, query):
+                obj = self._body()
+                target = f"{path}/{obj.get('metadata', {}).get('name', '')}"
+                with server._lock:
+                    if target in server.objects:
+                        name = target.rsplit("/", 1)[1]
+                        return self._reply(409, _status(409, "AlreadyExists",
+                                                        f'{path.rsplit("/", 1)[1]} "{name}" already exists'))
+                    self._reply(201, server._store(target, obj, "ADDED"))
+
+            def _put(self, path, query):
+                obj = self._body()
+                with server._lock:
+                    if path not in server.objects:
+                        return self._not_found(path)
+                    current = server.objects[path]["metadata"]["resourceVersion"]
+                    sent = obj.get("metadata", {}).get("resourceVersion")
+                    if sent and sent != current:
+                        return self._reply(409, _status(409, "Conflict", "the object has been modified"))
+                    self._reply(200, server._store(path, obj, "MODIFIED"))
+
+            def _patch(self, path, query):
+                content_type = self.headers.get("Content-Type", "").split(";")[0]
+                patch = self._body()
+                with server._lock:
+                    if path not in server.objects:
+                        return self._not_found(path)
+                    current = server.objects[path]
+                    if content_type == "application/json-patch+json":
+                        try:
+                            updated = jsonpatch.apply_patch(current, patch)
+                        except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+                            return self._reply(422, _status(422, "Invalid", str(e)))
+                    elif content_type in ("application/merge-patch+json",
+                                          "application/strategic-merge-patch+json"):
+                        updated = _merge(current, patch, content_type.startswith("application/strategic"))
+                    else:
+                        return self._reply(415, _status(415, "UnsupportedMediaType", content_type))
+                    self._reply(200, server._store(path, updated, "MODIFIED"))
+
+            def _delete(self, path, query):
+                with server._lock:
+                    if path not in server.objects:
+                        return self._not_found(path)
+                    obj = server.objects.pop(path)
+                    server._record(path.rsplit("/", 1)[0], "DELETED", obj)
+                self._reply(200, obj)
+
+        return Handler

@@ -1,0 +1,49 @@
+"""The `archway` command: inspect, serve, scheduler-config, certs."""
+import argparse
+import importlib
+import logging
+import sys
+
+from registry.errors import ArchwayError
+
+# Each module adds its own subcommands through `register(subparsers)`.
+_COMMAND_MODULES = ("registry.inspect", "webhook.serve", "webhook.schedconfig", "certs.cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="archway", description="Architecture-aware pod placement for Kubernetes.")
+    parser.add_argument("--config", metavar="FILE",
+                        help="YAML config file (default: $ARCHWAY_CONFIG, else built-in defaults)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in _COMMAND_MODULES:
+        try:  # LEAD-TODO: drop this tolerance once every module has landed
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            continue
+        module.register(subparsers)
+    for subparser in subparsers.choices.values():
+        # `archway inspect --config f.yaml` reads as naturally as `archway --config f.yaml inspect`.
+        subparser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                               help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except ArchwayError as e:
+        print(f"archway: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
