@@ -4,6 +4,9 @@ Every request here is checked against the host policy (redirect targets too), bo
 by both the per-read timeout and the caller's deadline, and bounded in size: a peer can neither
 hang archway nor make it buffer an unbounded body.
 """
+import atexit
+import os
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -13,7 +16,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 
-from .errors import DeadlineExceeded, HostRefused, ResponseTooLarge, TransportError
+from .errors import ConfigError, DeadlineExceeded, HostRefused, ResponseTooLarge, TransportError
 from .hostpolicy import HostPolicy
 from .settings import RegistrySettings
 
@@ -51,14 +54,13 @@ class HttpClient:
         self.session.mount("http://", adapter)
         self.stats = Stats()
         self._lock = threading.Lock()
+        self._trust = _trust_bundle(settings.ca_file) if settings.ca_file else True
 
     def is_insecure(self, netloc: str) -> bool:
         return netloc.lower() in self.settings.insecure_hosts
 
     def verify_for(self, netloc: str):
-        if self.is_insecure(netloc):
-            return False
-        return self.settings.ca_file or True
+        return False if self.is_insecure(netloc) else self._trust
 
     def get(self, url: str, *, headers: dict | None = None, deadline: float | None = None,
             max_bytes: int, method: str = "GET") -> Response:
@@ -129,6 +131,26 @@ class HttpClient:
                 raise DeadlineExceeded(f"deadline passed before contacting {urlsplit(url).netloc}")
             limit = min(limit, remaining)
         return (limit, limit)
+
+
+def _trust_bundle(ca_file: str) -> str:
+    """The public CAs plus the configured extra CA: requests takes one bundle path, and the
+    extra CA must add to the system's trust, not replace it."""
+    import certifi
+    try:
+        with open(ca_file, "rb") as f:
+            extra = f.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read registry.ca_file {ca_file}: {e.strerror}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in extra:
+        raise ConfigError(f"registry.ca_file {ca_file} holds no PEM certificate")
+    with open(certifi.where(), "rb") as f:
+        public = f.read()
+    bundle = tempfile.NamedTemporaryFile(prefix="archway-ca-", suffix=".pem", delete=False)
+    with bundle:
+        bundle.write(public + b"\n" + extra)
+    atexit.register(os.unlink, bundle.name)
+    return bundle.name
 
 
 def _reason(error: Exception) -> str:

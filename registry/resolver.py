@@ -5,7 +5,6 @@ admission's deadline passes, the lookup carries on and fills the cache, so the n
 same image is answered from memory instead of timing out again.
 """
 import dataclasses
-import hashlib
 import logging
 import threading
 import time
@@ -16,7 +15,7 @@ from urllib.parse import urlsplit
 
 from . import sifsources
 from .credentials import Keyring
-from .errors import ArchwayError, ConfigError, DeadlineExceeded, HostRefused, InvalidReference
+from .errors import ArchwayError, DeadlineExceeded, InvalidReference
 from .http import HttpClient
 from .model import ImageInfo
 from .oci import RegistryClient
@@ -124,7 +123,7 @@ class Resolver:
     # --- internals -------------------------------------------------------------------------
     def _submit(self, image: str, keyring: Keyring | None) -> Future:
         ref = parse_reference(image, _library_host(self.settings.library_url))
-        keys = self.keyring.merged(keyring) if keyring else self.keyring
+        keys = keyring.merged(self.keyring) if keyring else self.keyring  # the pod's own secrets win
         key = (str(ref), _credential_fingerprint(keys, ref))
         cached = self._cache.get(key)
         if cached is not None:
@@ -171,9 +170,6 @@ class Resolver:
         if ref.scheme in ("docker", "oras"):
             return self.oci.resolve(ref, keyring, deadline)
         if ref.scheme in ("https", "http"):
-            if ref.scheme == "http" and not self.http.is_insecure(ref.host):
-                raise HostRefused(f"{ref.url}: plain http is allowed only for hosts listed in "
-                                  f"registry.insecure_hosts")
             return sifsources.resolve_https(ref, self.http, deadline)
         if ref.scheme == "library":
             return sifsources.resolve_library(ref, self.http, self.settings, deadline)
@@ -193,22 +189,13 @@ def _credential_fingerprint(keyring: Keyring, ref: ImageReference) -> str:
     lookup made with someone else's secret, and a failure without credentials must not be
     served to a pod that has them."""
     credential = keyring.lookup(ref.host) if ref.scheme in ("docker", "oras") else None
-    if credential is None:
-        return ""
-    material = "\0".join(str(getattr(credential, f, "") or "")
-                         for f in ("username", "password", "identity_token"))
-    return hashlib.sha256(material.encode()).hexdigest()[:16]
+    return credential.fingerprint() if credential else ""
 
 
 def _load_global_keyring(settings: RegistrySettings) -> Keyring:
     if not settings.credentials_file:
         return Keyring.empty()
-    try:
-        with open(settings.credentials_file, "rb") as f:
-            return Keyring.from_dockerconfigjson(f.read())
-    except OSError as e:
-        raise ConfigError(f"cannot read registry.credentials_file "
-                          f"{settings.credentials_file}: {e.strerror}") from None
+    return Keyring.from_file(settings.credentials_file)
 
 
 def _library_host(library_url: str) -> str:

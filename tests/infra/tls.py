@@ -166,7 +166,18 @@ def self_signed(directory, name: str, *, key_kind: str = "rsa", days: int = 2) -
                       chain_path=path, cert=cert, key=key)
 
 
+_SESSION_CA: dict[str, CertificateAuthority] = {}
+
+
+def session_ca(tmp_path_factory) -> CertificateAuthority:
+    """The test session's one CA (what the `test_ca` fixture returns), made on first use."""
+    base = str(tmp_path_factory.getbasetemp())
+    if base not in _SESSION_CA:
+        _SESSION_CA[base] = CertificateAuthority(tmp_path_factory.mktemp("test-ca"))
+    return _SESSION_CA[base]
+
+
 @pytest.fixture(scope="session")
 def test_ca(tmp_path_factory) -> CertificateAuthority:
     """One CA for the whole test session; issue what you need from it."""
-    return CertificateAuthority(tmp_path_factory.mktemp("test-ca"))
+    return session_ca(tmp_path_factory)

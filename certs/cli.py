@@ -1,0 +1,100 @@
+"""`archway certs generate` and `archway certs bootstrap`."""
+import argparse
+import logging
+
+from .bootstrap import (BootstrapError, BootstrapSpec, api_client_from_environment,
+                        in_cluster_namespace, run_bootstrap)
+from .generate import generate
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    certs = subparsers.add_parser("certs", help="create the webhook's TLS certificates",
+                                  description="Create the webhook's TLS certificates.")
+    sub = certs.add_subparsers(dest="certs_command", metavar="ACTION", required=True)
+
+    gen = sub.add_parser(
+        "generate", help="write a CA and a serving certificate for a Service into a directory",
+        description="Write ca.crt, tls.crt and tls.key (0600) for the Service NAME in NS. "
+                    "The SANs are NAME, NAME.NS, NAME.NS.svc and NAME.NS.svc.<cluster domain>.")
+    gen.add_argument("--service", required=True, metavar="NAME")
+    gen.add_argument("--namespace", required=True, metavar="NS")
+    gen.add_argument("--out", required=True, metavar="DIR", help="created 0700 if missing")
+    gen.add_argument("--days", type=_positive_int, default=365,
+                     help="serving certificate validity (default 365)")
+    gen.add_argument("--ca-days", type=_positive_int, default=3650,
+                     help="CA validity (default 3650)")
+    gen.add_argument("--host", action="append", default=[], metavar="NAME_OR_IP",
+                     help="an extra SAN (repeatable)")
+    gen.add_argument("--cluster-domain", default="cluster.local")
+    gen.add_argument("--keep-ca-key", action="store_true",
+                     help="also write ca.key (0600) to sign a renewal under the same caBundle")
+    gen.add_argument("--force", action="store_true", help="overwrite existing files")
+    gen.set_defaults(func=_generate)
+
+    boot = sub.add_parser(
+        "bootstrap", help="create or renew the TLS Secret and patch the webhook's caBundle",
+        description="Run inside the cluster (Helm hook Job / CronJob): create or renew the "
+                    "kubernetes.io/tls Secret for the Service and patch caBundle into every "
+                    "webhook of the MutatingWebhookConfiguration. Idempotent.")
+    boot.add_argument("--service", required=True, metavar="NAME")
+    boot.add_argument("--namespace", metavar="NS",
+                      help="default: the pod's own namespace (in-cluster)")
+    boot.add_argument("--secret", required=True, metavar="NAME",
+                      help="the TLS Secret; the CA lives in NAME-ca unless --ca-secret")
+    boot.add_argument("--ca-secret", metavar="NAME")
+    boot.add_argument("--webhook-config", metavar="NAME",
+                      help="MutatingWebhookConfiguration to patch (omit: patch nothing)")
+    boot.add_argument("--allow-missing-webhook-config", action="store_true",
+                      help="succeed when it does not exist yet (the pre-install run)")
+    boot.add_argument("--days", type=_positive_int, default=365)
+    boot.add_argument("--ca-days", type=_positive_int, default=3650)
+    boot.add_argument("--renew-before-days", type=_positive_int, default=30)
+    boot.add_argument("--cluster-domain", default="cluster.local")
+    boot.add_argument("--kubeconfig", metavar="FILE",
+                      help="default: in-cluster credentials, else $KUBECONFIG / ~/.kube/config")
+    boot.set_defaults(func=_bootstrap)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def _generate(args) -> int:
+    files = generate(args.service, args.namespace, args.out, days=args.days,
+                     ca_days=args.ca_days, extra_hosts=tuple(args.host),
+                     cluster_domain=args.cluster_domain, keep_ca_key=args.keep_ca_key,
+                     force=args.force)
+    print(f"wrote {files.ca}, {files.cert}, {files.key}"
+          + (f", {files.ca_key}" if files.ca_key else ""))
+    print("use them with the chart's tls.mode=secret:\n"
+          f"  kubectl -n {args.namespace} create secret tls {args.service}-tls "
+          f"--cert={files.cert} --key={files.key}\n"
+          f"  caBundle: $(base64 -w0 {files.ca})")
+    return 0
+
+
+def _bootstrap(args) -> int:
+    namespace = args.namespace or in_cluster_namespace()
+    if not namespace:
+        raise BootstrapError("--namespace is required outside a pod")
+    spec = BootstrapSpec(namespace=namespace, service=args.service, secret=args.secret,
+                         ca_secret=args.ca_secret, webhook_config=args.webhook_config,
+                         days=args.days, ca_days=args.ca_days,
+                         renew_before_days=args.renew_before_days,
+                         cluster_domain=args.cluster_domain,
+                         allow_missing_webhook_config=args.allow_missing_webhook_config)
+    api_client = api_client_from_environment(args.kubeconfig)
+    try:
+        result = run_bootstrap(spec, api_client)
+    finally:
+        api_client.close()
+    print(result.summary(spec))
+    return 0

@@ -1,0 +1,233 @@
+"""Registry authentication: WWW-Authenticate challenges, bearer tokens, and where credentials may go.
+
+Flow (distribution token spec): a request answered 401 carries a challenge. `Basic` -> send the
+host's credential. `Bearer realm=...,service=...,scope=...` -> get a token from the realm
+(anonymously, or with the credential that belongs to the realm's host) and retry. Tokens are
+cached until shortly before `expires_in`, and the challenge of each registry host is remembered
+so later requests get their token up front instead of paying a 401 round trip.
+"""
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass
+from urllib.parse import urlencode, urlsplit
+
+from .credentials import Credential, Keyring
+from .errors import AuthError, RegistryError
+from .http import HttpClient
+from .reference import DOCKER_HUB, ImageReference
+
+MAX_TOKEN_RESPONSE_BYTES = 64 * 1024
+DEFAULT_EXPIRES_IN = 60          # seconds, per the token spec when the answer names none
+MAX_EXPIRES_IN = 24 * 3600       # a lying server cannot pin a token in the cache for years
+# Docker Hub serves tokens from another host than its registry; its credentials belong there too.
+DOCKER_HUB_TOKEN_HOSTS = {"auth.docker.io"}
+
+
+@dataclass(frozen=True)
+class Challenge:
+    scheme: str          # lower case: "bearer" or "basic" (others are ignored)
+    params: dict         # lower-case keys: realm, service, scope, error, ...
+
+    @property
+    def realm(self) -> str:
+        return self.params.get("realm", "")
+
+
+_PARAM = re.compile(r'([!#$%&\'*+.^_`|~0-9A-Za-z-]+)[ \t]*=[ \t]*("(?:[^"\\]|\\.)*"|[^\s,]*)')
+_SCHEME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def parse_www_authenticate(header: str) -> list[Challenge]:
+    """Parse a WWW-Authenticate value into its challenges (RFC 7235; quoted commas are fine).
+
+    `name=value` continues the current challenge; a bare token starts the next one. What cannot
+    be parsed ends the parse: an odd header must end in a clear auth error later, not a crash.
+    """
+    challenges: list[Challenge] = []
+    text, pos = header or "", 0
+    while pos < len(text):
+        if text[pos] in ", \t":
+            pos += 1
+            continue
+        param = _PARAM.match(text, pos)
+        if param and challenges:
+            value = param.group(2)
+            if value.startswith('"'):
+                value = re.sub(r"\\(.)", r"\1", value[1:-1])
+            challenges[-1].params[param.group(1).lower()] = value
+            pos = param.end()
+            continue
+        scheme = _SCHEME.match(text, pos)
+        if not scheme:
+            break
+        challenges.append(Challenge(scheme.group(0).lower(), {}))
+        pos = scheme.end()
+    return challenges
+
+
+def pick_challenge(challenges: list[Challenge]) -> Challenge | None:
+    """Bearer when offered (it keeps passwords away from the registry), else Basic."""
+    for wanted in ("bearer", "basic"):
+        for challenge in challenges:
+            if challenge.scheme == wanted and (wanted == "basic" or challenge.realm):
+                return challenge
+    return None
+
+
+def _hostname(netloc: str) -> str:
+    return (urlsplit("//" + netloc).hostname or netloc).lower()
+
+
+def credential_for_realm(keyring: Keyring, ref: ImageReference, realm_netloc: str
+                         ) -> Credential | None:
+    """Which credential, if any, may be sent to a token realm.
+
+    A credential belongs to the host it names. The realm may receive the registry's credential
+    only when it is on the same machine (same host name, any port); a realm elsewhere gets only
+    a credential that names the realm's own host. Docker Hub's auth.docker.io is Hub's own token
+    service and is treated as part of Hub.
+    """
+    own = keyring.lookup(realm_netloc) or keyring.lookup(_hostname(realm_netloc))
+    if own is not None:
+        return own
+    realm_host = _hostname(realm_netloc)
+    if realm_host == _hostname(ref.api_host) or realm_host == _hostname(ref.host):
+        return keyring.lookup(ref.host)
+    if ref.host == DOCKER_HUB and realm_host in DOCKER_HUB_TOKEN_HOSTS:
+        return keyring.lookup(ref.host)
+    return None
+
+
+def token_lifetime(answer: dict) -> float:
+    value = answer.get("expires_in", DEFAULT_EXPIRES_IN)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        value = DEFAULT_EXPIRES_IN
+    return float(min(value, MAX_EXPIRES_IN))
+
+
+def cache_until(now: float, lifetime: float) -> float:
+    """Stop using a token a little before it expires, so it cannot expire in flight."""
+    margin = min(10.0, lifetime / 4)
+    return now + lifetime - margin
+
+
+@dataclass
+class Authorization:
+    header: str | None          # the Authorization header value, None = anonymous
+    credential: Credential | None   # the credential the header was built from, if any
+
+
+class RegistryAuth:
+    """Authorization headers for registry requests; thread-safe, shared by all resolutions."""
+
+    def __init__(self, http: HttpClient, clock=time.monotonic):
+        self.http = http
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._tokens: dict[tuple, tuple[str, float]] = {}  # key -> (token, usable until)
+        self._challenges: dict[str, Challenge] = {}        # registry netloc -> its challenge
+        self.token_requests = 0
+
+    # -- used by the registry client
+    def authorization(self, ref: ImageReference, keyring: Keyring, deadline) -> Authorization:
+        """The header to send up front: from the host's remembered challenge, else anonymous."""
+        with self._lock:
+            challenge = self._challenges.get(ref.api_host)
+        if challenge is None:
+            return Authorization(None, None)
+        return self._for_challenge(challenge, ref, keyring, deadline, scope=None)
+
+    def answer_challenge(self, ref: ImageReference, header: str, keyring: Keyring, deadline,
+                         rejected: Authorization | None = None) -> Authorization:
+        """Build the header for a 401's challenge; `rejected` is what the 401 answered."""
+        challenge = pick_challenge(parse_www_authenticate(header))
+        if challenge is None:
+            raise AuthError(f"401 from {ref.api_host} for {ref.repository}: the registry asked for "
+                            f"an authentication scheme archway does not speak ({header[:100]!r})",
+                            host=ref.api_host, repository=ref.repository, status=401)
+        with self._lock:
+            self._challenges[ref.api_host] = challenge
+        if rejected is not None and rejected.header:
+            self._forget(rejected.header)
+        return self._for_challenge(challenge, ref, keyring, deadline,
+                                   scope=challenge.params.get("scope"))
+
+    # -- internals
+    def _for_challenge(self, challenge: Challenge, ref, keyring, deadline, scope) -> Authorization:
+        if challenge.scheme == "basic":
+            credential = keyring.lookup(ref.host)
+            if credential is None or not (credential.username or credential.password):
+                return Authorization(None, None)
+            return Authorization(credential.basic_header(), credential)
+        scope = scope or f"repository:{ref.repository}:pull"
+        realm_netloc = urlsplit(challenge.realm).netloc
+        credential = credential_for_realm(keyring, ref, realm_netloc)
+        if credential is not None and not self._may_send_secret(challenge.realm):
+            credential = None  # never a password over plain HTTP to a host not marked insecure
+        token = self._token(challenge, scope, credential, ref, deadline)
+        return Authorization("Bearer " + token, credential)
+
+    def _may_send_secret(self, realm: str) -> bool:
+        parts = urlsplit(realm)
+        return parts.scheme == "https" or self.http.is_insecure(parts.netloc)
+
+    def _token(self, challenge: Challenge, scope: str, credential, ref, deadline) -> str:
+        service = challenge.params.get("service", "")
+        key = (challenge.realm, service, scope, credential.fingerprint() if credential else "")
+        now = self.clock()
+        with self._lock:
+            cached = self._tokens.get(key)
+            if cached and cached[1] > now:
+                return cached[0]
+        token, lifetime = self._fetch_token(challenge.realm, service, scope, credential, ref, deadline)
+        with self._lock:
+            self._tokens[key] = (token, cache_until(self.clock(), lifetime))
+            if len(self._tokens) > 10_000:  # bounded: drop expired entries, then the oldest
+                live = {k: v for k, v in self._tokens.items() if v[1] > now}
+                self._tokens = dict(list(live.items())[-5_000:])
+        return token
+
+    def _fetch_token(self, realm, service, scope, credential, ref, deadline) -> tuple[str, float]:
+        parts = urlsplit(realm)
+        if parts.scheme not in ("https", "http") or not parts.netloc:
+            raise AuthError(f"{ref.api_host} named an unusable token realm {realm[:200]!r}",
+                            host=ref.api_host, repository=ref.repository, status=401)
+        query = {k: v for k, v in (("service", service), ("scope", scope)) if v}
+        headers = {}
+        if credential is not None and (credential.username or credential.password):
+            headers["Authorization"] = credential.basic_header()
+        url = realm + ("&" if parts.query else "?") + urlencode(query)
+        with self._lock:
+            self.token_requests += 1
+        response = self.http.get(url, headers=headers, deadline=deadline,
+                                 max_bytes=MAX_TOKEN_RESPONSE_BYTES)
+        where = f"token service {parts.netloc} (for {ref.api_host}/{ref.repository})"
+        if response.status in (401, 403):
+            detail = ("the credentials for this host were rejected" if headers
+                      else "no pull secret matched this host and anonymous access was refused")
+            raise AuthError(f"{response.status} from {ref.api_host} for {ref.repository}: {detail} "
+                            f"(by its token service {parts.netloc})",
+                            host=ref.api_host, repository=ref.repository, status=response.status)
+        if response.status != 200:
+            raise RegistryError(f"{where} answered HTTP {response.status}",
+                                host=ref.api_host, repository=ref.repository, status=response.status)
+        try:
+            answer = json.loads(response.body)
+        except (ValueError, UnicodeDecodeError):
+            answer = None
+        token = (answer.get("token") or answer.get("access_token")) if isinstance(answer, dict) else None
+        if not isinstance(token, str) or not token or any(c in token for c in "\r\n"):
+            raise RegistryError(f"{where} answered without a usable token",
+                                host=ref.api_host, repository=ref.repository, status=200)
+        return token, token_lifetime(answer)
+
+    def _forget(self, header: str) -> None:
+        """Drop a token the registry just refused (revoked or expired early)."""
+        if not header.startswith("Bearer "):
+            return
+        token = header[len("Bearer "):]
+        with self._lock:
+            for key in [k for k, v in self._tokens.items() if v[0] == token]:
+                del self._tokens[key]

@@ -1,0 +1,234 @@
+"""Real Prometheus (Debian 2.42) scraping test "nodes" whose traffic the test sets, plus a real
+node_exporter for this machine.
+
+    fake = FakeNodeExporters({"worker-a": 1e3, "worker-b": 1e5})    # bytes/s per fake node
+    node_exporter = NodeExporter(tmp_dir)
+    prom = PrometheusServer(tmp_dir, fake, node_exporter)
+    prom.wait_for('count(node_uname_info)', at_least=3)            # poll, never sleep blindly
+    fake.set_rate("worker-a", 5e6)
+
+Each fake node is its own tiny HTTP server (its own `instance`, as a real node's exporter would
+be), serving node_exporter's metric names in the text exposition format. Its byte counters are
+advanced by rate x elapsed time whenever they are read, so Prometheus' rate() sees exactly the
+rate the test set. Every fake node also reports busy `lo` and `veth` devices that the default
+query must leave out. Scrapes are every second; Prometheus needs ~6 s for its first scrape, so
+start it once per session (`prometheus_stack` fixture) and poll.
+"""
+import json
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import requests
+
+from .procs import Server, free_port, require_binary
+
+# Traffic on devices the default query excludes: if it leaked in, every ordering would break.
+EXCLUDED_DEVICE_RATE = 5e9
+
+
+class _Counter:
+    """A byte counter whose rate can change: value(t) is continuous across rate changes."""
+
+    def __init__(self, rate: float, now: float):
+        self.rate = rate
+        self._base = 0.0
+        self._since = now
+
+    def set_rate(self, rate: float, now: float) -> None:
+        self._base = self.value(now)
+        self._since = now
+        self.rate = rate
+
+    def value(self, now: float) -> float:
+        return self._base + self.rate * (now - self._since)
+
+
+class FakeNode:
+    def __init__(self, nodename: str, rate: float, address: str):
+        self.nodename = nodename
+        self.address = address          # the `instance` Prometheus gives it: "IP:9100"
+        now = time.monotonic()
+        self._lock = threading.Lock()
+        self._counters = {"eth0": _Counter(rate / 2, now),
+                          "lo": _Counter(EXCLUDED_DEVICE_RATE, now),
+                          "veth3f2a": _Counter(EXCLUDED_DEVICE_RATE, now)}
+        self.scrapes = 0
+        self.port = free_port()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    def set_rate(self, rate: float) -> None:
+        """Total bytes/s (receive + transmit, half each) on the node's real interface."""
+        with self._lock:
+            self._counters["eth0"].set_rate(rate / 2, time.monotonic())
+
+    def exposition(self) -> bytes:
+        with self._lock:
+            now = time.monotonic()
+            values = {device: c.value(now) for device, c in self._counters.items()}
+            self.scrapes += 1
+        lines = [
+            "# HELP node_uname_info Labeled system information as provided by the uname system call.",
+            "# TYPE node_uname_info gauge",
+            f'node_uname_info{{domainname="(none)",machine="x86_64",nodename="{self.nodename}",'
+            f'release="6.1.0-28-cloud-amd64",sysname="Linux",version="#1 SMP Debian"}} 1',
+        ]
+        for direction in ("receive", "transmit"):
+            lines.append(f"# HELP node_network_{direction}_bytes_total Network device statistic "
+                         f"{direction}_bytes.")
+            lines.append(f"# TYPE node_network_{direction}_bytes_total counter")
+            for device, value in values.items():
+                lines.append(f'node_network_{direction}_bytes_total{{device="{device}"}} {value:.1f}')
+        return ("\n".join(lines) + "\n").encode()
+
+    def _handler(self):
+        node = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                body = node.exposition()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        return Handler
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+class FakeNodeExporters:
+    """Several fake nodes; addresses 10.0.0.1, 10.0.0.2... in the order given."""
+
+    def __init__(self, rates: dict[str, float]):
+        self.nodes = {name: FakeNode(name, rate, f"10.0.0.{i}:9100")
+                      for i, (name, rate) in enumerate(rates.items(), start=1)}
+
+    def set_rate(self, nodename: str, rate: float) -> None:
+        self.nodes[nodename].set_rate(rate)
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.stop()
+
+
+class NodeExporter:
+    """The real prometheus-node-exporter, reporting this machine."""
+
+    def __init__(self, directory):
+        binary = require_binary("prometheus-node-exporter")
+        self.port = free_port()
+        self.server = Server([binary, f"--web.listen-address=127.0.0.1:{self.port}",
+                              "--no-collector.systemd"],
+                             port=self.port, log_path=os.path.join(str(directory), "node-exporter.log"))
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class PrometheusServer:
+    FAKE_JOB = "fake-nodes"
+    NODE_JOB = "node"
+
+    def __init__(self, directory, fake: FakeNodeExporters, node_exporter: NodeExporter | None = None):
+        self.binary = require_binary("prometheus")
+        self.directory = str(directory)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config_path = os.path.join(self.directory, "prometheus.yml")
+        scrape_configs = [{
+            "job_name": self.FAKE_JOB,
+            # The fake nodes listen on 127.0.0.1:<port>; `instance` is relabelled to the address
+            # a real node_exporter would have, so address matching can be tested too.
+            "static_configs": [{"targets": [f"127.0.0.1:{n.port}"], "labels": {"instance": n.address}}
+                               for n in fake.nodes.values()],
+        }]
+        if node_exporter is not None:
+            scrape_configs.append({"job_name": self.NODE_JOB,
+                                   "static_configs": [{"targets": [f"127.0.0.1:{node_exporter.port}"]}]})
+        with open(self.config_path, "w") as f:
+            json.dump({"global": {"scrape_interval": "1s", "evaluation_interval": "1s",
+                                  "scrape_timeout": "1s"},
+                       "scrape_configs": scrape_configs}, f)  # JSON is YAML
+        self.http = requests.Session()
+        self.http.trust_env = False
+        self.server = None
+        self.start()
+
+    def start(self) -> None:
+        self.server = Server([
+            self.binary, f"--config.file={self.config_path}",
+            f"--storage.tsdb.path={os.path.join(self.directory, 'data')}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+        ], port=self.port, log_path=os.path.join(self.directory, "prometheus.log"))
+
+    @property
+    def running(self) -> bool:
+        return self.server is not None and self.server.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+    def query(self, promql: str) -> list:
+        r = self.http.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=5)
+        r.raise_for_status()
+        return r.json()["data"]["result"]
+
+    def wait_for(self, promql: str, *, at_least: int = 1, timeout: float = 30.0,
+                 check=None) -> list:
+        """Poll an instant query until it returns `at_least` series (and `check(result)` holds)."""
+        end = time.monotonic() + timeout
+        result = []
+        while time.monotonic() < end:
+            try:
+                result = self.query(promql)
+            except requests.RequestException:
+                result = []
+            if len(result) >= at_least and (check is None or check(result)):
+                return result
+            time.sleep(0.25)
+        raise TimeoutError(f"{promql!r} gave {result!r} after {timeout} s; log:\n{self.server.log()}")
+
+
+def short_window(query: str, window: str = "4s", job: str = PrometheusServer.FAKE_JOB) -> str:
+    """The default query with a short rate() window (so a rate change shows within seconds)
+    restricted to one scrape job."""
+    return query.replace("[2m]", f"[{window}]").replace('{device!~', f'{{job="{job}",device!~')
+
+
+class PrometheusStack:
+    def __init__(self, fake, node_exporter, prometheus):
+        self.fake = fake
+        self.node_exporter = node_exporter
+        self.prometheus = prometheus
+
+
+FAKE_RATES = {"worker-a": 2e3, "worker-b": 2e5, "worker-c": 2e7}
+
+
+@pytest.fixture(scope="session")
+def prometheus_stack(tmp_path_factory):
+    """Prometheus + three fake nodes (FAKE_RATES) + this machine's node_exporter, once per
+    session. Tests that change rates or stop Prometheus must put things back."""
+    directory = tmp_path_factory.mktemp("prometheus")
+    fake = FakeNodeExporters(FAKE_RATES)
+    node_exporter = prometheus = None
+    try:
+        node_exporter = NodeExporter(directory)
+        prometheus = PrometheusServer(directory, fake, node_exporter)
+        yield PrometheusStack(fake, node_exporter, prometheus)
+    finally:
+        for part in (prometheus, node_exporter, fake):
+            if part is not None:
+                part.stop()

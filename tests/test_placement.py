@@ -1,0 +1,514 @@
+"""The pure placement decision: table-driven cases and hypothesis properties."""
+import copy
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from registry.errors import (AuthError, DeadlineExceeded, HostRefused, NotFound, RegistryError,
+                             TransportError)
+from registry.model import ImageInfo
+from registry.platforms import normalize, parse_platform
+from webhook.placement import (ANNOTATION_ARCHITECTURES, ARCH_LABEL, MAX_WARNING_CHARS,
+                               MAX_WARNINGS, PodShapeError, Policy, decide, pod_arch_constraint,
+                               pod_images)
+
+SCHEMA_VERSIONS = ("1.30.0", "1.33.0")
+ALL_ARCHS = frozenset({"amd64", "arm64", "arm", "ppc64le", "s390x", "riscv64"})
+
+
+def info(image, *platforms, source="oci-index"):
+    return ImageInfo(image, frozenset(parse_platform(p) for p in platforms), "sha256:" + "0" * 64,
+                     source)
+
+
+def make_pod(*images, init=(), node_selector=None, affinity=None, scheduler=None,
+             annotations=None, name="p"):
+    spec = {"containers": [{"name": f"c{i}", "image": im} for i, im in enumerate(images)]}
+    if init:
+        spec["initContainers"] = [{"name": f"i{i}", "image": im} for i, im in enumerate(init)]
+    if node_selector is not None:
+        spec["nodeSelector"] = node_selector
+    if affinity is not None:
+        spec["affinity"] = affinity
+    if scheduler is not None:
+        spec["schedulerName"] = scheduler
+    metadata = {"name": name, "namespace": "default"}
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def required(*terms):
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": list(terms)}}}
+
+
+def expr(key, operator, *values):
+    e = {"key": key, "operator": operator}
+    if values:
+        e["values"] = list(values)
+    return e
+
+
+def term(*expressions, fields=()):
+    t = {}
+    if expressions:
+        t["matchExpressions"] = list(expressions)
+    if fields:
+        t["matchFields"] = list(fields)
+    return t
+
+
+def applied(pod, decision):
+    mutated = jsonpatch.apply_patch(pod, list(decision.patch))
+    return mutated
+
+
+def validate(pod):
+    for version in SCHEMA_VERSIONS:
+        kubernetes_validate.validate(pod, version, strict=True)
+
+
+def terms_of(pod):
+    return pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+
+
+MULTI = info("reg/multi:1", "linux/amd64", "linux/arm64", "linux/arm/v7")
+AMD = info("reg/amd:1", "linux/amd64")
+ARM = info("reg/arm:1", "linux/arm64")
+AMD_ARM = info("reg/amdarm:1", "linux/amd64", "linux/arm64")
+RESULTS = {i.image: i for i in (MULTI, AMD, ARM, AMD_ARM)}
+
+
+# --- table: how the constraint is written -----------------------------------------------------
+
+def test_multi_arch_image_gets_one_required_term():
+    pod = make_pod("reg/multi:1")
+    d = decide(pod, RESULTS, Policy())
+    assert d.allowed and d.outcome == "mutated" and not d.warnings
+    assert d.architectures == {"amd64", "arm64", "arm"}
+    out = applied(pod, d)
+    assert terms_of(out) == [{"matchExpressions": [
+        {"key": ARCH_LABEL, "operator": "In", "values": ["amd64", "arm", "arm64"]}]}]
+    assert out["metadata"]["annotations"] == {ANNOTATION_ARCHITECTURES: "amd64,arm,arm64"}
+    assert "nodeSelector" not in out["spec"]
+    validate(out)
+
+
+def test_single_arch_without_affinity_uses_node_selector_with_escaped_pointer():
+    pod = make_pod("reg/multi:1", "reg/arm:1", node_selector={"disktype": "ssd"},
+                   annotations={"team": "a"})
+    d = decide(pod, RESULTS, Policy())
+    paths = {op["path"] for op in d.patch}
+    assert "/spec/nodeSelector/kubernetes.io~1arch" in paths
+    assert "/metadata/annotations/archway.dev~1architectures" in paths
+    out = applied(pod, d)
+    assert out["spec"]["nodeSelector"] == {"disktype": "ssd", ARCH_LABEL: "arm64"}
+    assert "affinity" not in out["spec"]
+    validate(out)
+
+
+def test_init_containers_count():
+    pod = make_pod("reg/multi:1", init=("reg/amd:1",))
+    d = decide(pod, RESULTS, Policy())
+    assert applied(pod, d)["spec"]["nodeSelector"] == {ARCH_LABEL: "amd64"}
+
+
+def test_ephemeral_containers_are_not_images_of_a_new_pod():
+    pod = make_pod("reg/multi:1")
+    pod["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "reg/amd:1"}]
+    assert pod_images(pod) == ("reg/multi:1",)
+
+
+def test_single_arch_with_required_affinity_goes_into_every_term():
+    pod = make_pod("reg/arm:1", affinity=required(
+        term(expr("topology.kubernetes.io/zone", "In", "a")),
+        term(expr("disktype", "In", "ssd"), expr("gpu", "DoesNotExist"))))
+    d = decide(pod, RESULTS, Policy())
+    out = applied(pod, d)
+    arch = {"key": ARCH_LABEL, "operator": "In", "values": ["arm64"]}
+    assert terms_of(out) == [
+        {"matchExpressions": [expr("topology.kubernetes.io/zone", "In", "a"), arch]},
+        {"matchExpressions": [expr("disktype", "In", "ssd"), expr("gpu", "DoesNotExist"), arch]}]
+    assert "nodeSelector" not in out["spec"]
+    validate(out)
+
+
+def test_preferred_affinity_is_kept_and_required_is_added_beside_it():
+    preferred = [{"weight": 5, "preference": term(expr("fast", "Exists"))}]
+    pod = make_pod("reg/amdarm:1", affinity={"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": preferred}},
+        node_selector={})
+    out = applied(pod, decide(pod, RESULTS, Policy()))
+    node_affinity = out["spec"]["affinity"]["nodeAffinity"]
+    assert node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] == preferred
+    assert len(terms_of(out)) == 1
+    assert out["spec"]["nodeSelector"] == {}
+    validate(out)
+
+
+def test_match_fields_term_of_a_daemonset_pod_gains_the_arch_requirement():
+    pin = {"key": "metadata.name", "operator": "In", "values": ["node-1"]}
+    pod = make_pod("reg/amdarm:1", affinity=required(term(fields=[pin])))
+    out = applied(pod, decide(pod, RESULTS, Policy()))
+    assert terms_of(out) == [{"matchFields": [pin], "matchExpressions": [
+        {"key": ARCH_LABEL, "operator": "In", "values": ["amd64", "arm64"]}]}]
+    validate(out)
+
+
+def test_a_term_that_matches_nothing_stays_empty():
+    pod = make_pod("reg/amdarm:1", affinity=required(term(), term(expr("zone", "In", "a"))))
+    out = applied(pod, decide(pod, RESULTS, Policy()))
+    assert terms_of(out)[0] == {}
+    assert terms_of(out)[1]["matchExpressions"][-1]["key"] == ARCH_LABEL
+
+
+def test_term_already_holding_the_same_requirement_is_not_duplicated():
+    same = expr(ARCH_LABEL, "In", "arm64", "amd64")
+    pod = make_pod("reg/amdarm:1", affinity=required(term(same), term(expr("zone", "In", "a"))))
+    out = applied(pod, decide(pod, RESULTS, Policy()))
+    assert terms_of(out)[0] == term(same)
+    assert len(terms_of(out)[1]["matchExpressions"]) == 2
+
+
+# --- table: the pod's own arch constraint -------------------------------------------------------
+
+@pytest.mark.parametrize("spec_part, expected", [
+    ({"node_selector": {ARCH_LABEL: "arm64"}}, {"arm64"}),
+    ({"node_selector": {"beta.kubernetes.io/arch": "amd64"}}, {"amd64"}),
+    ({"affinity": required(term(expr(ARCH_LABEL, "In", "arm64")),
+                           term(expr(ARCH_LABEL, "In", "amd64"), expr("z", "In", "a")))},
+     {"amd64", "arm64"}),
+    ({"affinity": required(term(expr(ARCH_LABEL, "NotIn", "s390x")))}, ALL_ARCHS - {"s390x"}),
+    ({"affinity": required(term(expr(ARCH_LABEL, "In", "arm64")), term())}, {"arm64"}),
+    ({"affinity": required(term(expr(ARCH_LABEL, "In", "amd64", "arm64"))),
+      "node_selector": {ARCH_LABEL: "arm64"}}, {"arm64"}),
+])
+def test_pod_arch_constraint_is_recognised(spec_part, expected):
+    constraint = pod_arch_constraint(make_pod("x", **spec_part))
+    assert constraint is not None and constraint.within(ALL_ARCHS) == expected
+
+
+@pytest.mark.parametrize("affinity", [
+    required(term(expr(ARCH_LABEL, "In", "arm64")), term(expr("zone", "In", "a"))),
+    required(term(expr(ARCH_LABEL, "Exists"))),
+    required(term(fields=[{"key": "metadata.name", "operator": "In", "values": ["n1"]}])),
+])
+def test_affinity_that_does_not_restrict_every_term_is_not_a_constraint(affinity):
+    assert pod_arch_constraint(make_pod("x", affinity=affinity)) is None
+
+
+def test_existing_constraint_within_s_is_kept_and_only_annotated():
+    pod = make_pod("reg/multi:1", node_selector={ARCH_LABEL: "arm64"})
+    d = decide(pod, RESULTS, Policy())
+    assert d.allowed and not d.warnings and d.reason == "pod already constrains kubernetes.io/arch"
+    assert d.patch == ({"op": "add", "path": "/metadata/annotations",
+                        "value": {ANNOTATION_ARCHITECTURES: "amd64,arm,arm64"}},)
+
+
+def test_mixed_terms_all_gain_the_requirement():
+    pod = make_pod("reg/amdarm:1", affinity=required(
+        term(expr(ARCH_LABEL, "In", "arm64")), term(expr("zone", "In", "a"))))
+    out = applied(pod, decide(pod, RESULTS, Policy()))
+    assert [len(t["matchExpressions"]) for t in terms_of(out)] == [2, 2]
+
+
+def test_conflicting_own_constraint_warns_or_denies():
+    pod = make_pod("reg/amd:1", node_selector={ARCH_LABEL: "arm64"})
+    d = decide(pod, RESULTS, Policy())
+    assert d.allowed and len(d.warnings) == 1 and "excludes" in d.warnings[0]
+    assert applied(pod, d)["spec"]["nodeSelector"] == {ARCH_LABEL: "arm64"}  # not overridden
+    denied = decide(pod, RESULTS, Policy(deny_on_conflict=True))
+    assert not denied.allowed and denied.patch == () and denied.outcome == "denied"
+    assert "arm64" in denied.message and "amd64" in denied.message
+
+
+def test_own_constraint_wider_than_s_warns():
+    pod = make_pod("reg/amd:1", affinity=required(term(expr(ARCH_LABEL, "NotIn", "s390x"))))
+    d = decide(pod, RESULTS, Policy(deny_on_conflict=True))
+    assert d.allowed and d.warnings == (
+        "the pod's arch constraint also allows archs its images lack; they support only amd64",)
+
+
+# --- table: what the images say -----------------------------------------------------------------
+
+def test_no_common_architecture_is_denied_with_each_image_listed():
+    pod = make_pod("reg/amd:1", "reg/arm:1", "reg/multi:1")
+    d = decide(pod, RESULTS, Policy())
+    assert not d.allowed and d.patch == () and d.architectures == frozenset()
+    assert d.message == ("the pod's images share no CPU architecture: reg/amd:1 (amd64); "
+                         "reg/arm:1 (arm64); reg/multi:1 (amd64, arm, arm64)")
+
+
+def test_no_common_architecture_admitted_by_config_has_no_constraint():
+    pod = make_pod("reg/amd:1", "reg/arm:1")
+    d = decide(pod, RESULTS, Policy(deny_on_empty=False, scheduler_name="archway"))
+    assert d.allowed and "share no CPU architecture" in d.warnings[0]
+    assert d.patch == ({"op": "add", "path": "/spec/schedulerName", "value": "archway"},)
+
+
+def test_unresolved_image_does_not_shrink_s_and_warns():
+    pod = make_pod("reg/amdarm:1", "reg/gone:1")
+    results = {**RESULTS, "reg/gone:1": NotFound("gone", host="reg", repository="gone", status=404)}
+    d = decide(pod, results, Policy())
+    assert d.allowed and d.outcome == "fail_open" and d.architectures == {"amd64", "arm64"}
+    assert d.warnings == ("could not inspect reg/gone:1 (not found); it does not restrict placement",)
+    assert len(terms_of(applied(pod, d))) == 1
+
+
+def test_every_image_unresolved_fails_open_without_constraint():
+    pod = make_pod("reg/a:1", "reg/b:1")
+    results = {"reg/a:1": DeadlineExceeded("slow"),
+               "reg/b:1": AuthError("no", host="reg", status=401)}
+    d = decide(pod, results, Policy())
+    assert d.allowed and d.patch == () and d.outcome == "fail_open" and d.architectures is None
+    assert [w.split(" (")[1].split(")")[0] for w in d.warnings] == [
+        "timed out", "registry refused the credentials"]
+
+
+def test_missing_result_counts_as_no_answer():
+    d = decide(make_pod("reg/slow:1"), {}, Policy())
+    assert d.allowed and "no answer before the deadline" in d.warnings[0]
+
+
+def test_fail_closed_denies_and_names_the_images():
+    pod = make_pod("reg/amd:1", "reg/down:1")
+    results = {**RESULTS, "reg/down:1": TransportError("refused", host="reg")}
+    d = decide(pod, results, Policy(fail_closed=True))
+    assert not d.allowed and d.outcome == "denied"
+    assert "reg/down:1: registry unreachable" in d.message and "fail_closed" in d.message
+
+
+def test_image_with_unknown_architecture_does_not_shrink_s():
+    empty = ImageInfo("reg/sif:1", frozenset(), None, "sif-oras", note="header arch 00")
+    windows = ImageInfo("reg/win:1", frozenset({normalize("windows", "amd64")}), None, "oci-index")
+    pod = make_pod("reg/amdarm:1", "reg/sif:1", "reg/win:1")
+    d = decide(pod, {**RESULTS, "reg/sif:1": empty, "reg/win:1": windows}, Policy(fail_closed=True))
+    assert d.allowed and d.outcome == "mutated" and d.architectures == {"amd64", "arm64"}
+    assert len(d.warnings) == 2 and all("records no CPU architecture" in w for w in d.warnings)
+
+
+@pytest.mark.parametrize("error, words", [
+    (HostRefused("x"), "host not allowed by archway's config"),
+    (RegistryError("boom", host="r", status=500), "registry answered HTTP 500"),
+    (RegistryError("boom", host="r"), "registry error"),
+])
+def test_error_words(error, words):
+    d = decide(make_pod("reg/x:1"), {"reg/x:1": error}, Policy())
+    assert f"({words})" in d.warnings[0]
+
+
+def test_warnings_are_short_and_capped():
+    long_image = "registry.example.com/" + "very-long-team-name/" * 8 + "app@sha256:" + "a" * 64
+    images = [f"{long_image}{i}" for i in range(8)]
+    d = decide(make_pod(*images), {im: DeadlineExceeded("x") for im in images}, Policy())
+    assert len(d.warnings) == MAX_WARNINGS
+    assert d.warnings[-1] == "... and 4 more warnings from archway"
+    assert all(len(w) <= MAX_WARNING_CHARS and w.isprintable() for w in d.warnings)
+
+
+def test_warnings_never_carry_control_characters():
+    image = "reg/evil\r\nX-Injected: 1:1"
+    d = decide(make_pod(image), {image: DeadlineExceeded("x")}, Policy())
+    assert "\r" not in d.warnings[0] and "\n" not in d.warnings[0]
+
+
+# --- table: schedulerName -------------------------------------------------------------------
+
+@pytest.mark.parametrize("current, configured, expected", [
+    (None, "archway-scheduler", "archway-scheduler"),
+    ("default-scheduler", "archway-scheduler", "archway-scheduler"),
+    ("", "archway-scheduler", "archway-scheduler"),
+    ("volcano", "archway-scheduler", "volcano"),
+    ("default-scheduler", None, "default-scheduler"),
+])
+def test_scheduler_name(current, configured, expected):
+    pod = make_pod("reg/multi:1", scheduler=current)
+    out = applied(pod, decide(pod, RESULTS, Policy(scheduler_name=configured)))
+    assert out["spec"].get("schedulerName", None) == (expected if current is not None or configured
+                                                      else None)
+
+
+def test_scheduler_name_is_set_even_when_nothing_resolved():
+    pod = make_pod("reg/x:1", scheduler="default-scheduler")
+    d = decide(pod, {"reg/x:1": DeadlineExceeded("x")}, Policy(scheduler_name="archway"))
+    assert applied(pod, d)["spec"]["schedulerName"] == "archway"
+
+
+# --- table: idempotence and shape errors ------------------------------------------------------
+
+@pytest.mark.parametrize("pod", [
+    make_pod("reg/multi:1"),
+    make_pod("reg/arm:1"),
+    make_pod("reg/amdarm:1", affinity=required(term(expr("z", "In", "a")), term(expr("d", "In", "b")))),
+    make_pod("reg/arm:1", affinity=required(term(expr("z", "In", "a")))),
+    make_pod("reg/multi:1", scheduler="default-scheduler"),
+])
+def test_reinvocation_changes_nothing(pod):
+    policy = Policy(scheduler_name="archway")
+    first = decide(pod, RESULTS, policy)
+    assert first.patch
+    second = decide(applied(pod, first), RESULTS, policy)
+    assert second.patch == () and second.allowed and second.outcome == "unchanged"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"containers": "nginx"}, "spec.containers must be a list"),
+    ({"containers": ["nginx"]}, "spec.containers[0] must be a mapping"),
+    ({"containers": [{"name": "a", "image": 7}]}, "spec.containers[0].image must be a string"),
+    ({"containers": [{"name": "a", "image": "x"}], "nodeSelector": ["a"]},
+     "spec.nodeSelector must be a mapping"),
+    ({"containers": [{"name": "a", "image": "x"}], "affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": {}}}}},
+     "must be a list"),
+])
+def test_malformed_pods_raise_a_typed_error(spec, message):
+    with pytest.raises(PodShapeError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        decide({"spec": spec}, {"x": AMD}, Policy())
+
+
+def test_decide_does_not_modify_its_input():
+    pod = make_pod("reg/arm:1", affinity=required(term(expr("z", "In", "a"))))
+    before = copy.deepcopy(pod)
+    decide(pod, RESULTS, Policy(scheduler_name="s"))
+    assert pod == before
+
+
+# --- properties -----------------------------------------------------------------------------
+
+ARCH_VALUES = sorted(ALL_ARCHS)
+arch_sets = st.frozensets(st.sampled_from(ARCH_VALUES), min_size=1, max_size=4)
+keys = st.sampled_from([ARCH_LABEL, ARCH_LABEL, "beta.kubernetes.io/arch",
+                        "topology.kubernetes.io/zone", "disktype"])
+
+
+@st.composite
+def expressions(draw):
+    key = draw(keys)
+    operator = draw(st.sampled_from(["In", "In", "NotIn", "Exists", "DoesNotExist"]))
+    if operator in ("In", "NotIn"):
+        pool = ARCH_VALUES if "arch" in key else ["a", "b", "ssd"]
+        return expr(key, operator, *draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3,
+                                                   unique=True)))
+    return expr(key, operator)
+
+
+@st.composite
+def node_terms(draw):
+    exprs = draw(st.lists(expressions(), max_size=3))
+    fields = draw(st.lists(st.just({"key": "metadata.name", "operator": "In",
+                                    "values": ["node-1"]}), max_size=1))
+    return term(*exprs, fields=fields)
+
+
+@st.composite
+def pods(draw):
+    n_images = draw(st.integers(1, 3))
+    images = [f"reg/img{i}:1" for i in range(n_images)]
+    selector = draw(st.one_of(st.none(), st.dictionaries(
+        st.sampled_from([ARCH_LABEL, "disktype"]), st.sampled_from(ARCH_VALUES), max_size=2)))
+    affinity = None
+    if draw(st.booleans()):
+        node_affinity = {}
+        if draw(st.booleans()):
+            node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
+                "nodeSelectorTerms": draw(st.lists(node_terms(), min_size=1, max_size=3))}
+        if draw(st.booleans()):
+            node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+                {"weight": 1, "preference": term(expr("disktype", "In", "ssd"))}]
+        affinity = {"nodeAffinity": node_affinity}
+    scheduler = draw(st.sampled_from([None, "default-scheduler", "other"]))
+    pod = make_pod(*images[1:], init=images[:1], node_selector=selector, affinity=affinity,
+                   scheduler=scheduler)
+    if n_images == 1:
+        pod = make_pod(*images, node_selector=selector, affinity=affinity, scheduler=scheduler)
+    results = {}
+    for image in images:
+        kind = draw(st.sampled_from(["archs", "archs", "archs", "unknown", "error"]))
+        if kind == "archs":
+            results[image] = ImageInfo(image, frozenset(normalize("linux", a) for a in
+                                                        draw(arch_sets)), None, "oci-index")
+        elif kind == "unknown":
+            results[image] = ImageInfo(image, frozenset(), None, "sif-https")
+        else:
+            results[image] = DeadlineExceeded("slow")
+    policy = Policy(fail_closed=draw(st.booleans()), deny_on_conflict=draw(st.booleans()),
+                    deny_on_empty=draw(st.booleans()),
+                    scheduler_name=draw(st.sampled_from([None, "archway"])))
+    return pod, results, policy
+
+
+def _required_terms_or_none(pod):
+    return (pod["spec"].get("affinity", {}).get("nodeAffinity", {})
+            .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms"))
+
+
+PROPERTY_SETTINGS = settings(max_examples=300, deadline=None,
+                             suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY_SETTINGS
+@given(pods())
+def test_property_terms_are_narrowed_never_added(case):
+    pod, results, policy = case
+    d = decide(pod, results, policy)
+    if not d.allowed:
+        assert d.patch == () and d.message
+        return
+    out = applied(pod, d)
+    assert out == jsonpatch.apply_patch(pod, jsonpatch.JsonPatch(list(d.patch)).patch)
+    before, after = _required_terms_or_none(pod), _required_terms_or_none(out)
+    if before is None:
+        assert after is None or len(after) == 1
+        return
+    assert len(after) == len(before), "never a new ORed term"
+    for old, new in zip(before, after):
+        assert new.get("matchFields") == old.get("matchFields")
+        old_exprs, new_exprs = old.get("matchExpressions", []), new.get("matchExpressions", [])
+        assert new_exprs[:len(old_exprs)] == old_exprs, "existing expressions are kept, in order"
+        added = new_exprs[len(old_exprs):]
+        assert len(added) <= 1
+        if added:
+            assert added[0] == {"key": ARCH_LABEL, "operator": "In",
+                                "values": sorted(d.architectures)}
+
+
+@PROPERTY_SETTINGS
+@given(pods())
+def test_property_unconstrained_pods_end_up_within_s(case):
+    pod, results, policy = case
+    d = decide(pod, results, policy)
+    assume(d.allowed and d.architectures and pod_arch_constraint(pod) is None)
+    assume(any(t for t in (_required_terms_or_none(pod) or [{"x": 1}])))
+    after = pod_arch_constraint(applied(pod, d))
+    assert after is not None and not after.exceeds(d.architectures)
+    # every term got the arch requirement: no term lets the pod onto another arch
+    for t in _required_terms_or_none(applied(pod, d)) or []:
+        if t:
+            assert any(e.get("key") == ARCH_LABEL for e in t.get("matchExpressions", []))
+
+
+@PROPERTY_SETTINGS
+@given(pods())
+def test_property_idempotent(case):
+    pod, results, policy = case
+    d = decide(pod, results, policy)
+    assume(d.allowed)
+    again = decide(applied(pod, d), results, policy)
+    assert again.allowed and again.patch == ()
+    assert again.architectures == d.architectures
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pods())
+def test_property_patched_pod_is_a_valid_pod(case):
+    pod, results, policy = case
+    d = decide(pod, results, policy)
+    assume(d.allowed)
+    validate(applied(pod, d))
+    assert all(len(w) <= MAX_WARNING_CHARS for w in d.warnings)
+    assert len(d.warnings) <= MAX_WARNINGS

@@ -1,0 +1,185 @@
+"""prioritize against a real Prometheus scraping fake nodes at known byte rates and this
+machine's real node_exporter (tests/infra/prometheus.py; one Prometheus per session)."""
+import json
+import logging
+import os
+import socket
+import time
+from contextlib import contextmanager
+
+import pytest
+from flask import Flask
+from prometheus_client import REGISTRY
+
+from tests.infra.prometheus import FAKE_RATES, prometheus_stack, short_window  # noqa: F401
+from webhook.config import DEFAULT_PROMETHEUS_QUERY, config_from_dict
+from webhook.extender import register_extender
+from webhook.traffic import NEUTRAL_SCORE, TrafficPoller, node_traffic
+
+pytestmark = pytest.mark.slow
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "extender")
+FAST_QUERY = short_window(DEFAULT_PROMETHEUS_QUERY)
+# Kubernetes names the fake nodes by FQDN while their exporters report short host names.
+NODE_NAMES = [f"{name}.cluster.internal" for name in FAKE_RATES] + ["not-scraped.cluster.internal"]
+
+
+def _pod():
+    with open(os.path.join(FIXTURES, "filter-nodenames.json")) as f:
+        return json.load(f)["Pod"]
+
+
+@contextmanager
+def extender_client(prometheus_url, **prometheus):
+    config = config_from_dict({
+        "prometheus": {"url": prometheus_url, "refresh_seconds": 0.3, **prometheus},
+        "extender": {"node_cache": False}, "kubernetes": {"enabled": "off"}})
+    app = Flask("test-prometheus")
+    register_extender(app, config, None)
+    extender = app.extensions["archway.extender"]
+    try:
+        yield app.test_client(), extender
+    finally:
+        extender.traffic.stop()
+
+
+def prioritize(client, names=NODE_NAMES, nodes=None):
+    args = {"Pod": _pod(), "Nodes": nodes, "NodeNames": None if nodes else names}
+    r = client.post("/scheduler/prioritize", data=json.dumps(args))
+    assert r.status_code == 200, r.data
+    reply = r.get_json()
+    expected = [n["metadata"]["name"] for n in nodes["items"]] if nodes else names
+    assert [entry["Host"] for entry in reply] == expected
+    return {entry["Host"]: entry["Score"] for entry in reply}
+
+
+def poll(fn, done, timeout=25.0, interval=0.2):
+    end = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if done(value) or time.monotonic() > end:
+            return value
+        time.sleep(interval)
+
+
+def ordered(scores):
+    a, b, c = (scores[f"worker-{x}.cluster.internal"] for x in "abc")
+    return a > b > c
+
+
+@pytest.fixture(scope="module")
+def prom(prometheus_stack):
+    # All three fake nodes must have a rate before the tests compare them.
+    prometheus_stack.prometheus.wait_for(FAST_QUERY, at_least=3, timeout=40)
+    return prometheus_stack
+
+
+def test_scores_are_ordered_as_the_rates(prom):
+    with extender_client(prom.prometheus.url, query=FAST_QUERY) as (client, _):
+        scores = poll(lambda: prioritize(client), ordered)
+        assert ordered(scores), scores
+        assert scores["not-scraped.cluster.internal"] == NEUTRAL_SCORE
+        # 2e3 / 2e5 / 2e7 bytes/s: quietest 10, busiest 0, the middle one halfway on a log scale.
+        assert scores["worker-a.cluster.internal"] == 10 and scores["worker-c.cluster.internal"] == 0
+        assert 3 <= scores["worker-b.cluster.internal"] <= 7
+
+
+def test_changing_a_rate_changes_the_scores_after_a_refresh(prom):
+    with extender_client(prom.prometheus.url, query=FAST_QUERY) as (client, extender):
+        poll(lambda: prioritize(client), ordered)
+        before = extender.traffic.queries
+        prom.fake.set_rate("worker-a", 2e9)   # the quietest node becomes the busiest
+        try:
+            scores = poll(lambda: prioritize(client),
+                          lambda s: s["worker-a.cluster.internal"] == 0)
+            assert scores["worker-a.cluster.internal"] == 0, scores
+            assert scores["worker-b.cluster.internal"] > scores["worker-c.cluster.internal"] > 0
+            assert extender.traffic.queries > before
+        finally:
+            prom.fake.set_rate("worker-a", FAKE_RATES["worker-a"])
+
+
+def test_address_matching_of_instance_against_node_addresses(prom):
+    query = FAST_QUERY.replace("sum by (nodename)", "sum by (instance)")
+    with open(os.path.join(FIXTURES, "filter-nodes.json")) as f:
+        template = json.load(f)["Nodes"]["items"][0]
+    items = []
+    for i, name in enumerate(["c-node", "a-node", "b-node", "unscraped"]):
+        node = json.loads(json.dumps(template))
+        node["metadata"]["name"] = name
+        ip = {"a-node": "10.0.0.1", "b-node": "10.0.0.2", "c-node": "10.0.0.3"}.get(name, "10.9.9.9")
+        node["status"]["addresses"][0]["address"] = ip
+        items.append(node)
+    nodes = {"metadata": {}, "items": items}
+    with extender_client(prom.prometheus.url, query=query, node_label="instance",
+                         match="address") as (client, _):
+        scores = poll(lambda: prioritize(client, nodes=nodes),
+                      lambda s: s["a-node"] > s["b-node"] > s["c-node"])
+        assert scores["a-node"] > scores["b-node"] > scores["c-node"], scores
+        assert scores["unscraped"] == NEUTRAL_SCORE
+
+
+def test_default_query_maps_this_machines_traffic_to_its_node(prom):
+    poller = TrafficPoller(config_from_dict({"prometheus": {"url": prom.prometheus.url}}).prometheus)
+    host = os.uname().nodename.lower()
+
+    def answer():
+        poller.refresh_once()
+        snapshot = poller.fresh_snapshot()
+        return snapshot.traffic if snapshot else {}
+
+    traffic = poll(answer, lambda t: host in t and all(n in t for n in FAKE_RATES), timeout=40,
+                   interval=0.5)
+    assert host in traffic, (traffic, poller.last_error)
+    assert traffic[host] >= 0 and traffic[host] < 1e9
+    # lo and veth carry 5e9 bytes/s each on every fake node: the default query leaves them
+    # out. (rate() over [2m] divides by the whole window, so in Prometheus' first two minutes it
+    # shows only a fraction of the true rate: compare magnitudes, with worker-b left untouched.)
+    assert 0 < traffic["worker-b"] < 1e8 and traffic["worker-b"] < traffic["worker-c"], traffic
+    # The node is named after this machine (or its FQDN): both find the series.
+    for node in (host, f"{host}.cluster.internal"):
+        assert node_traffic(traffic, [node, "some-other-node"]) == {node: traffic[host]}
+
+
+def test_stale_data_expires(prom):
+    with extender_client(prom.prometheus.url, query=FAST_QUERY, refresh_seconds=3600,
+                         stale_after_seconds=1.5) as (client, extender):
+        scores = poll(lambda: prioritize(client), ordered)   # the one and only query answered
+        assert ordered(scores)
+        assert extender.traffic.queries == 1
+        answered = extender.traffic.fresh_snapshot().fetched_at
+        scores = poll(lambda: prioritize(client),
+                      lambda s: set(s.values()) == {NEUTRAL_SCORE}, timeout=5)
+        assert set(scores.values()) == {NEUTRAL_SCORE}
+        assert time.monotonic() - answered >= 1.5
+
+
+def _metric(name):
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+def test_prometheus_down_gives_neutral_scores_200s_a_metric_and_one_log_line(prom, caplog):
+    caplog.set_level(logging.INFO, logger="archway.traffic")
+    with extender_client(prom.prometheus.url, query=FAST_QUERY, refresh_seconds=0.2,
+                         stale_after_seconds=1.5, timeout_seconds=1) as (client, extender):
+        poll(lambda: prioritize(client), ordered)
+        assert _metric("archway_prometheus_up") == 1
+        errors_before = _metric("archway_prometheus_query_errors_total")
+        prom.prometheus.stop()
+        try:
+            stopped = time.monotonic()
+            scores = poll(lambda: prioritize(client),   # every call a 200 (checked in prioritize)
+                          lambda s: set(s.values()) == {NEUTRAL_SCORE}, timeout=10)
+            assert set(scores.values()) == {NEUTRAL_SCORE}
+            assert time.monotonic() - stopped >= 1.0     # the last answer served until stale
+            assert _metric("archway_prometheus_up") == 0
+            assert _metric("archway_prometheus_query_errors_total") >= errors_before + 2
+            failures = [r for r in caplog.records if "query failed" in r.getMessage()]
+            assert len(failures) == 1, [r.getMessage() for r in failures]
+            assert "cannot reach" in extender.traffic.last_error
+        finally:
+            prom.prometheus.start()
+        # Back up: the next answer is used again, and said so once.
+        scores = poll(lambda: prioritize(client), ordered, timeout=40)
+        assert ordered(scores), scores
+        assert _metric("archway_prometheus_up") == 1

@@ -1,0 +1,162 @@
+"""The resolver: cache lifetimes, single-flight, one deadline for many images, per-credential
+caching — against the real Debian registry, counted at the server."""
+import threading
+import time
+
+import pytest
+
+from registry.credentials import Keyring
+from registry.errors import AuthError, DeadlineExceeded, HostRefused, InvalidReference
+from registry.model import ImageInfo
+from registry.resolver import Resolver, TTLCache
+from registry.settings import CacheSettings, RegistrySettings
+from tests.infra.proxy import DelayProxy
+from tests.infra.registry import basic_auth_registry, plain_registry, session_ca  # noqa: F401
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_ttl_cache_expires_and_evicts_least_recently_used():
+    clock = FakeClock()
+    cache = TTLCache(max_entries=2, clock=clock)
+    cache.put("a", 1, ttl=10)
+    cache.put("b", 2, ttl=100)
+    assert cache.get("a") == 1          # a is now the most recently used
+    cache.put("c", 3, ttl=100)          # evicts b, the least recently used
+    assert cache.get("b") is None and cache.get("c") == 3
+    clock.now += 11
+    assert cache.get("a") is None       # expired
+    assert cache.get("c") == 3
+
+
+def settings_for(*insecure, **cache):
+    return RegistrySettings(insecure_hosts=tuple(insecure), timeout_seconds=2,
+                            cache=CacheSettings(**cache) if cache else CacheSettings())
+
+
+def test_concurrent_resolutions_of_one_uncached_image_make_one_manifest_request(plain_registry):
+    plain_registry.push_index("sf/app", "v1", ["linux/amd64", "linux/arm64"])
+    resolver = Resolver(settings_for(plain_registry.host))
+    image = plain_registry.ref("sf/app", "v1")
+    mark = plain_registry.mark()
+    barrier = threading.Barrier(50)
+    results = []
+
+    def admit():
+        barrier.wait()
+        results.append(resolver.resolve(image, deadline=time.monotonic() + 10))
+
+    threads = [threading.Thread(target=admit) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 50
+    assert all(r.architectures == {"amd64", "arm64"} for r in results)
+    assert len(plain_registry.manifest_gets(mark, "sf/app")) == 1
+    assert resolver.stats.fetches == 1
+
+
+def test_cached_answers_make_no_request_and_tag_answers_expire(plain_registry):
+    plain_registry.push_image("sf/single", "v1", "linux/arm64")
+    clock = FakeClock()
+    resolver = Resolver(settings_for(plain_registry.host, tag_ttl_seconds=60), clock=clock)
+    image = plain_registry.ref("sf/single", "v1")
+    first = resolver.resolve(image)
+    mark = plain_registry.mark()
+    again = resolver.resolve(image)
+    by_digest = resolver.resolve(plain_registry.ref("sf/single", digest=first.digest))
+    assert again == first and by_digest.architectures == {"arm64"}
+    assert plain_registry.requests_since(mark) == []  # the digest form was cached by the tag lookup
+    clock.now += 61
+    resolver.resolve(image)
+    assert len(plain_registry.manifest_gets(mark, "sf/single")) == 1
+    # The digest entry lives longer than the tag's.
+    mark = plain_registry.mark()
+    resolver.resolve(plain_registry.ref("sf/single", digest=first.digest))
+    assert plain_registry.requests_since(mark) == []
+
+
+def test_failures_are_cached_briefly_then_retried(plain_registry):
+    clock = FakeClock()
+    resolver = Resolver(settings_for(plain_registry.host, negative_ttl_seconds=30), clock=clock)
+    image = plain_registry.ref("sf/later", "v1")
+    with pytest.raises(Exception) as first:
+        resolver.resolve(image)
+    mark = plain_registry.mark()
+    with pytest.raises(type(first.value)):
+        resolver.resolve(image)
+    assert plain_registry.requests_since(mark) == []
+    plain_registry.push_image("sf/later", "v1", "linux/s390x")
+    clock.now += 31
+    assert resolver.resolve(image).architectures == {"s390x"}
+
+
+def test_resolve_many_answers_within_the_deadline_and_the_lookup_fills_the_cache(plain_registry):
+    plain_registry.push_image("sf/slow", "v1", "linux/ppc64le")
+    proxy = DelayProxy(plain_registry.port, delay=0.6)
+    try:
+        resolver = Resolver(settings_for(proxy.host))
+        slow, bad = f"{proxy.host}/sf/slow:v1", "Not A Reference"
+        start = time.monotonic()
+        results = resolver.resolve_many([slow, bad], timeout=0.3)
+        elapsed = time.monotonic() - start
+        assert elapsed < 0.5
+        assert isinstance(results[slow], DeadlineExceeded)
+        assert isinstance(results[bad], InvalidReference)
+        # The lookup went on after the caller gave up; the next pod gets the answer from memory.
+        deadline = time.monotonic() + 10
+        while resolver.cache_size == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        start = time.monotonic()
+        warm = resolver.resolve_many([slow], timeout=0.3)[slow]
+        assert isinstance(warm, ImageInfo) and warm.architectures == {"ppc64le"}
+        assert time.monotonic() - start < 0.05
+    finally:
+        proxy.stop()
+
+
+def test_five_images_cost_about_as_much_as_one(plain_registry):
+    for i in range(5):
+        plain_registry.push_image(f"sf/five{i}", "v1", "linux/amd64")
+    proxy = DelayProxy(plain_registry.port, delay=0.2)
+    try:
+        one = Resolver(settings_for(proxy.host))
+        start = time.monotonic()
+        one.resolve_many([f"{proxy.host}/sf/five0:v1"], timeout=10)
+        single = time.monotonic() - start
+        five = Resolver(settings_for(proxy.host))
+        start = time.monotonic()
+        results = five.resolve_many([f"{proxy.host}/sf/five{i}:v1" for i in range(5)], timeout=10)
+        many = time.monotonic() - start
+        assert all(isinstance(r, ImageInfo) for r in results.values())
+        assert many < single * 1.5, (single, many)
+    finally:
+        proxy.stop()
+
+
+def test_failures_without_credentials_are_not_served_to_pods_with_them(basic_auth_registry):
+    reg = basic_auth_registry
+    reg.push_image("sf/private", "v1", "linux/arm64")
+    resolver = Resolver(RegistrySettings(ca_file=reg.ca.cert_path, timeout_seconds=2))
+    image = reg.ref("sf/private", "v1")
+    anonymous = resolver.resolve_many([image], timeout=5)[image]
+    assert isinstance(anonymous, AuthError)
+    keyring = Keyring.from_dockerconfigjson(reg.dockerconfigjson())
+    with_secret = resolver.resolve_many([image], keyring=keyring, timeout=5)[image]
+    assert isinstance(with_secret, ImageInfo) and with_secret.architectures == {"arm64"}
+    # ...and the answer made with the secret is not handed to a pod without it.
+    assert isinstance(resolver.resolve_many([image], timeout=5)[image], AuthError)
+
+
+def test_refused_hosts_fail_fast_without_a_lookup():
+    resolver = Resolver(RegistrySettings(deny_hosts=("blocked.example",)))
+    results = resolver.resolve_many(["blocked.example/team/app:v1", "169.254.169.254/x/y:1"],
+                                    timeout=5)
+    assert all(isinstance(r, HostRefused) for r in results.values())

@@ -1,0 +1,116 @@
+"""SIF images pushed to the real Debian docker-registry as oras artifacts, resolved through
+registry.oci.RegistryClient with Range reads of the SIF layer only.
+
+The registry's access log gives the bytes it sent per request; it does not log request headers,
+so a recording proxy sits in front of it to show that every blob GET carried a Range header.
+"""
+import os
+
+import pytest
+
+from registry.http import HttpClient
+from registry.oci import RegistryClient
+from registry.reference import parse_reference
+from registry.settings import RegistrySettings
+from tests.infra import sifbuild
+from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
+from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED
+from tests.infra.fileserver import RecordingProxy
+from tests.infra.procs import SHARED_TESTDATA
+from tests.infra.registry import RegistryServer
+from tests.infra.tls import session_ca
+
+SIF_DIR = os.path.join(SHARED_TESTDATA, "sif")
+BUILT_ARCHES = ("amd64", "arm64", "ppc64le", "s390x", "riscv64", "386")
+
+
+def _repo_tag(name: str) -> tuple[str, str]:
+    stem = name.split(".")[0].lower().replace("_", "-")
+    return f"sif/{stem}", "v1"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    ca = session_ca(tmp_path_factory)
+    registry = RegistryServer(tmp_path_factory.mktemp("oras-registry"), ca=ca)
+    proxy = RecordingProxy(ca, registry.url, upstream_ca=ca.cert_path)
+    sizes = {}
+    for name in list(README_EXPECTED) + list(README_ERRORS):
+        with open(os.path.join(SIF_DIR, name), "rb") as f:
+            data = f.read()
+        registry.push_sif(*_repo_tag(name), data, title=name)
+        sizes[name] = len(data)
+    workdir = str(tmp_path_factory.mktemp("oras-built"))
+    for arch in BUILT_ARCHES:
+        with open(sifbuild.siftool_image(workdir, f"{arch}.sif", arch), "rb") as f:
+            registry.push_sif("built/sif", arch, f.read())
+    try:
+        yield registry, proxy, sizes
+    finally:
+        proxy.stop()
+        registry.stop()
+
+
+def resolve(setup, repo, tag):
+    registry, proxy, _ = setup
+    settings = RegistrySettings(ca_file=registry.ca.cert_path)
+    http = HttpClient(settings)
+    proxy.clear()
+    mark = registry.mark()
+    info = RegistryClient(http, settings).resolve(
+        parse_reference(f"oras://{proxy.host}/{repo}:{tag}"))
+    blob_gets = [e for e in registry.requests_since(mark) if "/blobs/" in e.path]
+    return info, proxy.requests, blob_gets, http
+
+
+@pytest.mark.parametrize("name", sorted(README_EXPECTED))
+def test_shared_sif_as_oras_artifact(setup, name):
+    info, through_proxy, blob_gets, _ = resolve(setup, *_repo_tag(name))
+    assert {str(p) for p in info.platforms} == README_EXPECTED[name]
+    assert info.source == "sif-oras" and info.digest.startswith("sha256:")
+    blob_requests = [r for r in through_proxy if "/blobs/" in r.path]
+    assert blob_requests and all(r.range and r.range.startswith("bytes=") for r in blob_requests)
+    assert all(e.status == 206 for e in blob_gets)
+    # what the registry itself says it sent for the SIF layer
+    size = setup[2][name]
+    if name.endswith(".oci.sif"):
+        assert sum(e.size for e in blob_gets) <= 32768 + 4096
+    else:
+        assert [e.size for e in blob_gets] == [min(32768, size)]
+
+
+def test_default_layout_costs_one_manifest_and_one_32k_range(setup):
+    info, through_proxy, blob_gets, http = resolve(setup, *_repo_tag("busybox_ppc64le.sif"))
+    assert info.architectures == {"ppc64le"}
+    assert [(r.method, "/manifests/" in r.path, r.range) for r in through_proxy] == [
+        ("GET", True, None), ("GET", False, "bytes=0-32767")]
+    assert [e.size for e in blob_gets] == [32768]          # of a 2.8 MB image
+    assert http.stats.requests == 2
+
+
+def test_oci_sif_reads_past_the_first_block_with_a_second_range(setup):
+    info, through_proxy, blob_gets, _ = resolve(setup, *_repo_tag("docker-manifest-list.oci.sif"))
+    assert len(info.platforms) == 9
+    assert [r.range for r in through_proxy if "/blobs/" in r.path] == [
+        "bytes=0-32767", "bytes=67866-69934"]
+    assert [e.size for e in blob_gets] == [32768, 2069]
+
+
+def test_small_sif_layer_range_is_capped_at_its_size(setup):
+    _, through_proxy, blob_gets, _ = resolve(setup, *_repo_tag("docker-manifest.oci.sif"))
+    assert [r.range for r in through_proxy if "/blobs/" in r.path] == ["bytes=0-11967"]
+    assert [e.size for e in blob_gets] == [11968]
+
+
+def test_root_index_without_blobs_is_a_sif_error(setup):
+    from registry.errors import SIFError
+    with pytest.raises(SIFError, match="missing blob"):
+        resolve(setup, *_repo_tag("one-object-oci-root-index.sif"))
+
+
+@pytest.mark.parametrize("arch", BUILT_ARCHES)
+def test_siftool_built_sif_as_oras_artifact(setup, arch):
+    info, through_proxy, blob_gets, _ = resolve(setup, "built/sif", arch)
+    assert {str(p) for p in info.platforms} == {f"linux/{arch}"}
+    assert [r.range for r in through_proxy if "/blobs/" in r.path] == ["bytes=0-32767"]
+    assert [e.size for e in blob_gets] == [32768]

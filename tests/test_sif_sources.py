@@ -1,0 +1,301 @@
+"""SIF images over HTTPS with Range requests, and library:// against a library API stand-in."""
+import os
+
+import pytest
+
+from registry.errors import (AuthError, ConfigError, HostRefused, NotFound, RegistryError,
+                             ResponseTooLarge, SIFError)
+from registry.http import HttpClient
+from registry.reference import parse_reference
+from registry.resolver import Resolver
+from registry.settings import RegistrySettings
+from registry.sifsources import resolve_https, resolve_library
+from tests.infra import sifbuild
+from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
+from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED
+from tests.infra.fileserver import FileServer, LibraryServer, _parse_range
+from tests.infra.procs import SHARED_TESTDATA
+from tests.infra.tls import session_ca
+
+SIF_DIR = os.path.join(SHARED_TESTDATA, "sif")
+TOKEN = "lib-token-3f9a"
+DEFAULT_LAYOUT = ["busybox_amd64.sif", "busybox_arm64.sif", "busybox_ppc64le.sif", "one-group.sif",
+                  "one-group-signed-pgp.sif", "two-groups.sif", "empty.sif",
+                  "empty-launch-script.sif", "one-object-generic-json.sif"]
+
+
+@pytest.fixture(scope="module")
+def ca(tmp_path_factory):
+    return session_ca(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def files(ca, tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("sif-https"))
+    served = {f"/sif/{name}": os.path.join(SIF_DIR, name)
+              for name in list(README_EXPECTED) + list(README_ERRORS)}
+    for arch in ("amd64", "arm64", "ppc64le", "s390x", "riscv64", "386"):
+        served[f"/built/{arch}.sif"] = sifbuild.siftool_image(workdir, f"{arch}.sif", arch)
+    with open(os.path.join(SIF_DIR, "busybox_amd64.sif"), "rb") as f:
+        busybox = f.read()
+    served["/big.sif"] = busybox + b"\0" * (48 * 1024 * 1024)   # 48 MiB: what a real image weighs
+    served["/truncated.sif"] = busybox[:20000]
+    server = FileServer(ca, served)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def http(ca):
+    return HttpClient(RegistrySettings(ca_file=ca.cert_path))
+
+
+def https(files, path, http):
+    files.clear()
+    return resolve_https(parse_reference(files.url(path)), http, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# https://
+
+
+@pytest.mark.parametrize("name", sorted(README_EXPECTED))
+def test_shared_files_over_https(files, http, name):
+    info = https(files, f"/sif/{name}", http)
+    assert {str(p) for p in info.platforms} == README_EXPECTED[name]
+    assert info.source == "sif-https" and info.digest is None
+    assert all(r.range and r.range.startswith("bytes=") for r in files.requests)
+
+
+@pytest.mark.parametrize("name", DEFAULT_LAYOUT)
+def test_default_layout_costs_one_32k_range_request(files, http, name):
+    https(files, f"/sif/{name}", http)
+    size = os.path.getsize(os.path.join(SIF_DIR, name))
+    assert [(r.status, r.range) for r in files.requests] == [(206, "bytes=0-32767")]
+    assert files.bytes_sent() == min(32768, size) <= 64 * 1024
+    assert http.stats.requests == 1 and http.stats.bytes_read == files.bytes_sent()
+
+
+def test_oci_sif_over_https_reads_the_index_past_the_first_block(files, http):
+    info = https(files, "/sif/docker-manifest-list.oci.sif", http)
+    assert len(info.platforms) == 9
+    assert [r.range for r in files.requests] == ["bytes=0-32767", "bytes=67866-69934"]
+    assert files.bytes_sent() == 32768 + 2069
+
+
+def test_small_oci_sif_is_one_request(files, http):
+    info = https(files, "/sif/docker-manifest.oci.sif", http)
+    assert {str(p) for p in info.platforms} == {"linux/arm64"}
+    assert len(files.requests) == 1 and files.bytes_sent() == 11968
+
+
+def test_root_index_without_blobs_over_https(files, http):
+    with pytest.raises(SIFError, match=r"https://127\.0\.0\.1:\d+/sif/one-object-oci-root-index"
+                                       r"\.sif: OCI-SIF image is missing blob"):
+        https(files, "/sif/one-object-oci-root-index.sif", http)
+
+
+@pytest.mark.parametrize("arch", ["amd64", "arm64", "ppc64le", "s390x", "riscv64", "386"])
+def test_siftool_built_files_over_https(files, http, arch):
+    info = https(files, f"/built/{arch}.sif", http)
+    assert {str(p) for p in info.platforms} == {f"linux/{arch}"}
+    assert len(files.requests) == 1
+
+
+def test_big_image_reads_only_its_header(files, http):
+    info = https(files, "/big.sif", http)
+    assert {str(p) for p in info.platforms} == {"linux/amd64"}
+    assert files.bytes_sent() == 32768
+
+
+def test_truncated_file_over_https(files, http):
+    with pytest.raises(SIFError, match="truncated SIF image: the descriptor table"):
+        https(files, "/truncated.sif", http)
+    assert [r.status for r in files.requests] == [206]
+
+
+def test_missing_file_is_not_found(files, http):
+    with pytest.raises(NotFound, match="404"):
+        https(files, "/sif/nope.sif", http)
+
+
+def test_plain_http_refused_unless_insecure(files, http):
+    files.clear()
+    with pytest.raises(HostRefused, match="insecure_hosts"):
+        resolve_https(parse_reference(f"http://{files.host}/sif/empty.sif"), http, None)
+    assert files.requests == [] and http.stats.requests == 0
+
+
+@pytest.fixture
+def ignoring_range(files):
+    files.ignore_range = True
+    yield files
+    files.ignore_range = False
+    files.send_length = True
+
+
+@pytest.mark.parametrize("send_length", [True, False])
+def test_server_that_ignores_range_is_refused_without_reading_the_file(ignoring_range, http,
+                                                                       send_length):
+    ignoring_range.send_length = send_length
+    with pytest.raises(ResponseTooLarge, match="ignored the Range request"):
+        https(ignoring_range, "/big.sif", http)
+    size = len(ignoring_range.files["/big.sif"])
+    # The server answered 200 and tried to send 48 MiB; archway hung up after the headers (or
+    # after 32 KiB + one chunk without a Content-Length), so most of it never left the server.
+    served = ignoring_range.wait_for_requests(1)
+    assert [r.status for r in served] == [200]
+    assert served[0].bytes_sent < size // 4
+
+
+def test_small_file_from_a_server_that_ignores_range_still_works(ignoring_range, http):
+    info = https(ignoring_range, "/sif/image-defaults.oci.sif", http)
+    assert {str(p) for p in info.platforms} == {"linux/arm64"}
+    assert [r.status for r in ignoring_range.requests] == [200]
+
+
+def test_https_through_the_resolver(files, ca):
+    resolver = Resolver(RegistrySettings(ca_file=ca.cert_path))
+    info = resolver.resolve(files.url("/sif/busybox_arm64.sif"))
+    assert info.architectures == {"arm64"} and info.source == "sif-https"
+
+
+def test_untrusted_certificate_is_a_transport_error(files):
+    with pytest.raises(RegistryError, match="TLS error"):
+        https(files, "/sif/empty.sif", HttpClient(RegistrySettings()))
+
+
+@pytest.mark.parametrize("header,size,window", [
+    ("bytes=0-99", 50, (0, 49)), ("bytes=10-", 50, (10, 49)), ("bytes=-5", 50, (45, 49)),
+    ("bytes=50-60", 50, None), ("bytes=5-1", 50, None), ("bytes=a-b", 50, None),
+])
+def test_fileserver_range_parsing(header, size, window):
+    assert _parse_range(header, size) == window
+
+
+# ---------------------------------------------------------------------------------------------
+# library://
+
+
+@pytest.fixture(scope="module")
+def library(ca):
+    server = LibraryServer(ca, token=TOKEN)
+    for arch in ("amd64", "arm64", "ppc64le"):
+        server.add_image("alice/tools/busybox", ["latest", "1.36"], arch,
+                         image_id=f"img-{arch}-136")
+    server.add_image("alice/tools/busybox", ["1.35"], "amd64", image_id="img-amd64-135",
+                     hash="sha256." + "ab" * 32)
+    server.add_image("alice/tools/legacy", ["latest"], None, image_id="img-legacy")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def other_library(ca):
+    server = LibraryServer(ca)   # no token needed: it must still never receive ours
+    server.add_image("bob/x/tool", ["latest"], "s390x")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def library_settings(library, ca, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    return RegistrySettings(ca_file=ca.cert_path, library_url=library.url(),
+                            library_token_file=str(token_file))
+
+
+def lib(library, settings, text):
+    library.clear()
+    http = HttpClient(settings)
+    return resolve_library(parse_reference(text, library.host), http, settings, None)
+
+
+def test_library_multi_arch_tag(library, library_settings):
+    info = lib(library, library_settings, "library://alice/tools/busybox:latest")
+    assert info.architectures == {"amd64", "arm64", "ppc64le"}
+    assert info.source == "sif-library" and info.digest is None
+    assert [(r.path, r.status) for r in library.requests] == [
+        ("/v1/containers/alice/tools/busybox", 200)]
+
+
+def test_library_tag_only_some_arches_have(library, library_settings):
+    info = lib(library, library_settings, "library://alice/tools/busybox:1.35")
+    assert info.architectures == {"amd64"} and info.digest == "img-amd64-135"
+
+
+def test_library_tag_no_arch_has(library, library_settings):
+    with pytest.raises(NotFound, match="no architecture has the tag '9.9'"):
+        lib(library, library_settings, "library://alice/tools/busybox:9.9")
+
+
+def test_library_missing_container_carries_the_library_message(library, library_settings):
+    with pytest.raises(NotFound, match="answered 404: container not found"):
+        lib(library, library_settings, "library://alice/tools/nothing:latest")
+
+
+def test_library_hash_reference_uses_the_images_endpoint(library, library_settings):
+    info = lib(library, library_settings, "library://alice/tools/busybox:sha256." + "ab" * 32)
+    assert info.architectures == {"amd64"} and info.digest == "sha256." + "ab" * 32
+    assert [r.path for r in library.requests] == [
+        "/v1/images/alice/tools/busybox:sha256." + "ab" * 32]
+
+
+def test_library_without_arch_tags_falls_back_to_images(library, library_settings):
+    library.arch_tags = False
+    try:
+        info = lib(library, library_settings, "library://alice/tools/busybox:1.35")
+    finally:
+        library.arch_tags = True
+    assert info.architectures == {"amd64"}
+    assert [r.path for r in library.requests] == ["/v1/containers/alice/tools/busybox",
+                                                   "/v1/images/alice/tools/busybox:1.35"]
+
+
+def test_library_image_without_arch_is_unknown(library, library_settings):
+    info = lib(library, library_settings, "library://alice/tools/legacy:latest")
+    assert info.platforms == frozenset() and "no architecture" in info.note
+
+
+def test_library_token_sent_to_the_library_host(library, library_settings):
+    lib(library, library_settings, "library://alice/tools/busybox:latest")
+    assert [r.authorization for r in library.requests] == [f"Bearer {TOKEN}"]
+
+
+def test_library_token_never_sent_to_another_host(library, other_library, library_settings):
+    other_library.clear()
+    info = lib(library, library_settings, f"library://{other_library.host}/bob/x/tool:latest")
+    assert info.architectures == {"s390x"}
+    assert [r.authorization for r in other_library.requests] == [None]
+    assert library.requests == []
+
+
+def test_library_without_token_is_an_auth_error(library, ca):
+    settings = RegistrySettings(ca_file=ca.cert_path, library_url=library.url())
+    with pytest.raises(AuthError, match="401: Unauthorized.*sif.library_token_file"):
+        lib(library, settings, "library://alice/tools/busybox:latest")
+
+
+def test_library_token_file_missing_is_a_config_error(library, ca, tmp_path):
+    settings = RegistrySettings(ca_file=ca.cert_path, library_url=library.url(),
+                                library_token_file=str(tmp_path / "absent"))
+    with pytest.raises(ConfigError, match="sif.library_token_file"):
+        lib(library, settings, "library://alice/tools/busybox:latest")
+
+
+def test_library_garbage_answer(files, ca):
+    # a host that answers 200 with bytes that are not the library's JSON
+    settings = RegistrySettings(ca_file=ca.cert_path, library_url=files.url())
+    files.files["/v1/containers/a/b/c"] = b"\x1f\x8b not json"
+    try:
+        with pytest.raises(RegistryError, match="without a JSON `data` object"):
+            resolve_library(parse_reference("library://a/b/c", files.host), HttpClient(settings),
+                            settings, None)
+    finally:
+        del files.files["/v1/containers/a/b/c"]
+
+
+def test_library_through_the_resolver(library, library_settings):
+    info = Resolver(library_settings).resolve("library://alice/tools/busybox:1.36")
+    assert info.architectures == {"amd64", "arm64", "ppc64le"}

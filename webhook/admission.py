@@ -1,0 +1,174 @@
+"""AdmissionReview in and out (admission.k8s.io/v1 and v1beta1): parse, validate, answer.
+
+Pure functions. A body the apiserver would never send is a typed AdmissionError carrying the
+HTTP status to answer with (400, or 413 when oversized); the app turns it into a JSON reply.
+"""
+import base64
+import json
+from dataclasses import dataclass, field
+
+from registry.errors import ArchwayError
+
+from .placement import Decision, PodShapeError, pod_images
+
+API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+SKIP_ANNOTATION = "archway.dev/skip"
+
+
+class AdmissionError(ArchwayError):
+    """The request body is not an AdmissionReview archway can answer."""
+    status = 400
+
+
+class BodyTooLarge(AdmissionError):
+    status = 413
+
+
+@dataclass(frozen=True)
+class AdmissionRequest:
+    api_version: str                 # echoed in the reply: the apiserver expects its own version
+    uid: str
+    operation: str
+    kind: dict                       # {group, version, kind} of `object`
+    resource: dict                   # {group, version, resource}
+    sub_resource: str
+    namespace: str
+    name: str
+    object: dict | None
+    dry_run: bool = False
+    user: str = field(default="", compare=False)
+
+    @property
+    def is_pod_create(self) -> bool:
+        return (self.operation == "CREATE" and not self.sub_resource
+                and self.resource.get("group", "") == "" and self.resource.get("resource") == "pods")
+
+    @property
+    def pod_namespace(self) -> str:
+        """Pods created by controllers carry no metadata.namespace yet: the request has it."""
+        metadata = (self.object or {}).get("metadata") or {}
+        return metadata.get("namespace") or self.namespace
+
+    @property
+    def display_name(self) -> str:
+        """namespace/name for logs; `generateName*` for pods that have no name yet."""
+        metadata = (self.object or {}).get("metadata") or {}
+        name = metadata.get("name") or self.name
+        if not name:
+            name = (metadata.get("generateName") or "") + "*"
+        return f"{self.pod_namespace or '-'}/{name}"
+
+
+def parse_review(body: bytes, max_bytes: int) -> AdmissionRequest:
+    """Parse and validate an AdmissionReview request body."""
+    if len(body) > max_bytes:
+        raise BodyTooLarge(f"request body of {len(body)} bytes exceeds the limit of {max_bytes}")
+    try:
+        review = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise AdmissionError(f"request body is not JSON: {e}") from None
+    if not isinstance(review, dict):
+        raise AdmissionError("request body must be a JSON object (an AdmissionReview)")
+    api_version = review.get("apiVersion")
+    if api_version not in API_VERSIONS:
+        raise AdmissionError(f"apiVersion must be one of {', '.join(API_VERSIONS)}, "
+                             f"got {_show(api_version)}")
+    if review.get("kind") != "AdmissionReview":
+        raise AdmissionError(f"kind must be AdmissionReview, got {_show(review.get('kind'))}")
+    request = review.get("request")
+    if not isinstance(request, dict):
+        raise AdmissionError("AdmissionReview has no request object")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise AdmissionError("request.uid must be a non-empty string")
+    operation = request.get("operation")
+    if operation not in OPERATIONS:
+        raise AdmissionError(f"request.operation must be one of {', '.join(OPERATIONS)}, "
+                             f"got {_show(operation)}")
+    kind = _optional(request, "kind", dict, {})
+    resource = _optional(request, "resource", dict, {})
+    obj = _optional(request, "object", dict, None)
+    dry_run = _optional(request, "dryRun", bool, False)
+    user_info = _optional(request, "userInfo", dict, {})
+    parsed = AdmissionRequest(
+        api_version=api_version, uid=uid, operation=operation, kind=kind, resource=resource,
+        sub_resource=_optional(request, "subResource", str, ""),
+        namespace=_optional(request, "namespace", str, ""),
+        name=_optional(request, "name", str, ""),
+        object=obj, dry_run=dry_run,
+        user=user_info.get("username") if isinstance(user_info.get("username"), str) else "")
+    if parsed.is_pod_create:
+        _check_pod(obj)
+    return parsed
+
+
+def _optional(request: dict, key: str, kind: type, default):
+    value = request.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise AdmissionError(f"request.{key} must be {_TYPE_WORDS[kind]}, got {_show(value)}")
+    return value
+
+
+_TYPE_WORDS = {dict: "an object", str: "a string", bool: "true or false"}
+
+
+def _check_pod(obj) -> None:
+    if obj is None:
+        raise AdmissionError("request.object must hold the pod for a pod CREATE")
+    metadata = obj.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise AdmissionError("request.object.metadata must be an object")
+    annotations = (metadata or {}).get("annotations")
+    if annotations is not None and not isinstance(annotations, dict):
+        raise AdmissionError("request.object.metadata.annotations must be an object")
+    for key in ("name", "namespace", "generateName"):
+        if (metadata or {}).get(key) is not None and not isinstance(metadata[key], str):
+            raise AdmissionError(f"request.object.metadata.{key} must be a string")
+    try:
+        pod_images(obj)
+    except PodShapeError as e:
+        raise AdmissionError(f"request.object: {e}") from None
+
+
+def _show(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def skip_reason(request: AdmissionRequest, exclude_namespaces) -> str | None:
+    """Why this request is allowed unchanged without looking at any image; None: decide."""
+    if not request.is_pod_create:
+        return f"{request.operation} of {request.resource.get('resource') or 'object'}" + (
+            f"/{request.sub_resource}" if request.sub_resource else "")
+    pod = request.object or {}
+    if request.pod_namespace in exclude_namespaces:
+        return f"namespace {request.pod_namespace} is excluded"
+    if ((pod.get("metadata") or {}).get("annotations") or {}).get(SKIP_ANNOTATION) == "true":
+        return f"annotation {SKIP_ANNOTATION}=true"
+    if (pod.get("spec") or {}).get("nodeName"):
+        return "spec.nodeName is already set"  # bound by its creator: the scheduler never sees it
+    return None
+
+
+def review_response(request: AdmissionRequest, decision: Decision,
+                    audit_annotations: dict | None = None) -> dict:
+    """The AdmissionReview to send back for `decision` (same apiVersion as the request)."""
+    response = {"uid": request.uid, "allowed": decision.allowed}
+    if decision.allowed and decision.patch:
+        # patchType only ever travels with a patch: the apiserver rejects one without the other.
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(list(decision.patch)).encode()).decode()
+    if not decision.allowed:
+        response["status"] = {"code": 403, "reason": "Forbidden", "message": decision.message}
+    if decision.warnings:
+        response["warnings"] = list(decision.warnings)
+    if audit_annotations:
+        response["auditAnnotations"] = dict(audit_annotations)
+    return {"apiVersion": request.api_version, "kind": "AdmissionReview", "response": response}
+
+
+def allow_unchanged(request: AdmissionRequest, warnings=()) -> dict:
+    return review_response(request, Decision(allowed=True, warnings=tuple(warnings)))

@@ -1,0 +1,281 @@
+"""The scheduler extender: `POST /scheduler/filter` keeps a pod off nodes whose architecture its
+images cannot run on; `POST /scheduler/prioritize` prefers nodes with less network traffic.
+
+kube-scheduler calls these for every pod of the profile that lists archway as extender (the
+second scheduler the webhook's `schedulerName` points at). The extender is configured
+`ignorable: true`, so any error here only costs the pod archway's opinion, never its scheduling;
+that is why unknown things pass instead of blocking.
+"""
+import logging
+import time
+
+from flask import Flask, Response, request
+
+from registry.model import ImageInfo
+from webhook import metrics
+from webhook.extenderwire import (MalformedExtenderArgs, filter_result_json, host_priority_entry,
+                                  host_priority_list_json, parse_extender_args)
+from webhook.nodes import NodeCache, node_addresses, node_arch
+from webhook.placement import ANNOTATION_ARCHITECTURES, PodShapeError, pod_images
+from webhook.traffic import NEUTRAL_SCORE, TrafficPoller, TrafficScale, node_traffic
+
+log = logging.getLogger("archway.extender")
+
+# Full-Nodes mode sends every candidate Node (10-20 KB each with status.images): far above the
+# admission body limit, so the extender routes set their own.
+MAX_BODY_BYTES = 256 * 1024 * 1024
+# Bounds each socket read of a request body (gunicorn's gthread sockets block without limit).
+BODY_READ_TIMEOUT_SECONDS = 5.0
+# A NodeNames call arriving before the first node list finished waits at most this long.
+CACHE_SYNC_WAIT_SECONDS = 1.0
+
+
+# --- pure decisions ---------------------------------------------------------------------------
+
+def annotated_architectures(pod: dict) -> frozenset[str] | None:
+    """The set the webhook wrote into the pod at admission, or None when it is absent/blank."""
+    meta = pod.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    value = annotations.get(ANNOTATION_ARCHITECTURES) if isinstance(annotations, dict) else None
+    if not isinstance(value, str):
+        return None
+    archs = frozenset(a.strip().lower() for a in value.split(",") if a.strip())
+    return archs or None
+
+
+def common_architectures(results: dict) -> tuple[frozenset[str] | None, str]:
+    """(S, explanation). S is the intersection of the architectures of the images that told
+    theirs; None when none did (unresolvable or arch-less images do not shrink S)."""
+    known = {image: r.architectures for image, r in results.items()
+             if isinstance(r, ImageInfo) and r.architectures}
+    if not known:
+        return None, "no image told its architectures"
+    common = frozenset.intersection(*known.values())
+    detail = "; ".join(f"{image}: {', '.join(sorted(archs))}" for image, archs in known.items())
+    return common, detail
+
+
+class FilterOutcome:
+    __slots__ = ("keep", "failed", "unresolvable")
+
+    def __init__(self):
+        self.keep: list[int] = []
+        self.failed: dict[str, str] = {}
+        self.unresolvable: dict[str, str] = {}
+
+
+def filter_by_arch(pod_archs: frozenset[str] | None, node_archs, names, *,
+                   why_none: str = "") -> FilterOutcome:
+    """Which candidates may run the pod. `node_archs[i]` is node i's GOARCH or None (unknown).
+
+    A mismatching node goes to FailedAndUnresolvableNodes: no preemption can change a node's
+    architecture, and in FailedNodes the scheduler would consider evicting that node's pods for
+    a pod that still could not run there.
+    """
+    outcome = FilterOutcome()
+    if pod_archs is None:  # nothing known about the images: archway has no objection
+        outcome.keep = list(range(len(names)))
+        return outcome
+    if not pod_archs:
+        reason = f"the pod's images have no architecture in common ({why_none})"
+        for name in names:
+            outcome.unresolvable[name] = reason
+        return outcome
+    wanted = ", ".join(sorted(pod_archs))
+    reasons: dict[str, str] = {}
+    keep, unresolvable = outcome.keep, outcome.unresolvable
+    for i, arch in enumerate(node_archs):
+        if arch is None or arch in pod_archs:
+            keep.append(i)
+        else:
+            reason = reasons.get(arch)
+            if reason is None:
+                reason = reasons[arch] = (f"node arch {arch} not in the pod's images' "
+                                          f"architectures {wanted}")
+            unresolvable[names[i]] = reason
+    return outcome
+
+
+# --- the service --------------------------------------------------------------------------------
+
+class Extender:
+    """Holds what the two endpoints share: the resolver, the node cache, the traffic poller, and
+    the prioritize answers precomputed for the cached nodes."""
+
+    def __init__(self, config, resolver, *, node_cache: NodeCache | None = None,
+                 traffic: TrafficPoller | None = None):
+        self.config = config
+        self._resolver = resolver
+        if node_cache is None and config.extender.node_cache:
+            node_cache = NodeCache(lambda: _cluster_client(config.kubernetes))
+        self.node_cache = node_cache
+        self.traffic = traffic or TrafficPoller(config.prometheus)
+        self._book_key = None
+        self._book: dict[str, str] = {}
+        self._no_cache_logged = False
+
+    @property
+    def resolver(self):
+        # create_app may hand over a factory so the resolver (and its threads) is built after
+        # gunicorn forks the worker, not in the master.
+        resolver = self._resolver
+        if resolver is not None and not hasattr(resolver, "resolve_many") and callable(resolver):
+            resolver = self._resolver = resolver()
+        return resolver
+
+    # --- filter ------------------------------------------------------------------------------
+    def pod_architectures(self, pod: dict) -> tuple[frozenset[str] | None, str, str]:
+        """(S or None, where it came from, explanation used when S is empty)."""
+        archs = annotated_architectures(pod)
+        if archs is not None:
+            return archs, "annotation", ""
+        try:
+            images = pod_images(pod)
+        except PodShapeError as e:
+            raise MalformedExtenderArgs(f"ExtenderArgs.Pod: {e}") from None
+        resolver = self.resolver
+        if not images or resolver is None:
+            return None, "none", ""
+        results = resolver.resolve_many(images, timeout=self.config.extender.deadline_seconds)
+        archs, detail = common_architectures(results)
+        return archs, "resolver", detail
+
+    def filter(self, args) -> tuple[bytes, str]:
+        pod_archs, source, detail = self.pod_architectures(args.pod)
+        if args.nodes is not None:
+            node_archs = [node_arch(node) for node in args.nodes] if pod_archs else ()
+            names = [node["metadata"]["name"] for node in args.nodes]
+        else:
+            names = args.node_names
+            node_archs = self._cached_archs(names) if pod_archs else ()
+        outcome = filter_by_arch(pod_archs, node_archs, names, why_none=detail)
+        body = filter_result_json(args, outcome.keep, outcome.failed, outcome.unresolvable)
+        summary = (f"archs={','.join(sorted(pod_archs)) if pod_archs is not None else 'unknown'} "
+                   f"from {source}, {len(outcome.keep)}/{len(names)} nodes pass")
+        return body, summary
+
+    def _cached_archs(self, names: list[str]) -> list[str | None]:
+        """Arch per name from the node cache. A name the cache does not hold is treated as a
+        node of unknown arch, so it passes: the cache trails the scheduler's own informer by a
+        watch event at most (a node that just joined), or there is no cluster access at all;
+        refusing would stall scheduling on archway's blind spot, while the pod's
+        kubernetes.io/arch selector that the webhook set still guards the node."""
+        cache = self.node_cache
+        if cache is None or not cache.wait_synced(CACHE_SYNC_WAIT_SECONDS):
+            if not self._no_cache_logged:
+                self._no_cache_logged = True
+                log.warning("NodeNames filter without a node cache (extender.node_cache off, no "
+                            "cluster access, or the first list is not done): every node passes")
+            return [None] * len(names)
+        nodes = cache.nodes
+        return [fact.arch if fact is not None else None for fact in map(nodes.get, names)]
+
+    # --- prioritize --------------------------------------------------------------------------
+    def prioritize(self, args) -> bytes:
+        names = args.names
+        self.traffic.ensure_started()
+        snapshot = self.traffic.fresh_snapshot()
+        if snapshot is None:
+            return host_priority_list_json([host_priority_entry(n, NEUTRAL_SCORE) for n in names])
+        if args.nodes is not None:  # full mode: the request's own addresses are the freshest
+            addresses = {node["metadata"]["name"]: node_addresses(node) for node in args.nodes}
+            return host_priority_list_json(self._entries(snapshot, names, addresses))
+        book = self._score_book(snapshot)
+        entries = [book.get(n) for n in names]
+        missing = [n for n, e in zip(names, entries) if e is None]
+        if missing:  # names the node cache does not know (or no cache): work them out now
+            extra = dict(zip(missing, self._entries(snapshot, missing, {})))
+            entries = [e if e is not None else extra[n] for n, e in zip(names, entries)]
+        return host_priority_list_json(entries)
+
+    def _entries(self, snapshot, names, addresses) -> list[str]:
+        settings = self.config.prometheus
+        scale = TrafficScale.of(snapshot.traffic.values())
+        per_node = node_traffic(snapshot.traffic, names, match=settings.match,
+                                node_addresses=addresses)
+        return [host_priority_entry(n, scale.score(per_node[n]) if n in per_node else NEUTRAL_SCORE)
+                for n in names]
+
+    def _score_book(self, snapshot) -> dict[str, str]:
+        """Serialized HostPriority per cached node, rebuilt only when the traffic answer or the
+        node set changes, so a 5,000-node prioritize is dictionary lookups and one join."""
+        cache = self.node_cache
+        if cache is not None:
+            cache.ensure_started()
+        nodes = cache.nodes if cache is not None else {}
+        key = (snapshot.version, id(nodes))
+        if key != self._book_key:
+            names = list(nodes)
+            addresses = {name: fact.addresses for name, fact in nodes.items()}
+            self._book = dict(zip(names, self._entries(snapshot, names, addresses)))
+            self._book_key = key
+        return self._book
+
+
+def _cluster_client(kubernetes_settings):
+    from webhook.pullsecrets import build_api_client  # the same client choice as pull secrets
+    return build_api_client(kubernetes_settings)[0]
+
+
+# --- HTTP -----------------------------------------------------------------------------------------
+
+def register_extender(app: Flask, config, resolver) -> None:
+    """Add POST /scheduler/filter and /scheduler/prioritize to `app`. `resolver` is a
+    registry.resolver.Resolver, a zero-argument factory of one, or None (pod arch then comes
+    from the webhook's annotation only)."""
+    extender = Extender(config, resolver)
+    app.extensions["archway.extender"] = extender
+
+    def read_args():
+        request.max_content_length = MAX_BODY_BYTES
+        sock = request.environ.get("gunicorn.socket")
+        if sock is not None:
+            sock.settimeout(BODY_READ_TIMEOUT_SECONDS)
+        return parse_extender_args(request.get_data(cache=False))
+
+    def filter_view():
+        started = time.perf_counter()
+        try:
+            args = read_args()
+            body, summary = extender.filter(args)
+        except MalformedExtenderArgs as e:
+            return _bad_request("filter", e, started)
+        _finished("filter", "ok", started)
+        log.info("filter %s: %s (%.1f ms)", _pod_name(args.pod), summary,
+                 (time.perf_counter() - started) * 1000)
+        return Response(body, 200, mimetype="application/json")
+
+    def prioritize_view():
+        started = time.perf_counter()
+        try:
+            args = read_args()
+            body = extender.prioritize(args)
+        except MalformedExtenderArgs as e:
+            return _bad_request("prioritize", e, started)
+        _finished("prioritize", "ok", started)
+        return Response(body, 200, mimetype="application/json")
+
+    app.add_url_rule("/scheduler/filter", "scheduler_filter", filter_view, methods=["POST"])
+    app.add_url_rule("/scheduler/prioritize", "scheduler_prioritize", prioritize_view,
+                     methods=["POST"])
+
+
+def _bad_request(verb: str, error: Exception, started: float) -> Response:
+    _finished(verb, "bad_request", started)
+    log.info("%s: 400 %s", verb, error)
+    from flask import json as flask_json
+    return Response(flask_json.dumps({"error": f"malformed ExtenderArgs: {error}"}), 400,
+                    mimetype="application/json")
+
+
+def _finished(verb: str, outcome: str, started: float) -> None:
+    metrics.counter("archway_extender_requests_total", "Scheduler extender calls, by verb and outcome",
+                    ["verb", "outcome"]).labels(verb, outcome).inc()
+    metrics.histogram("archway_extender_duration_seconds",
+                      "Time to answer a scheduler extender call, server side",
+                      ["verb"]).labels(verb).observe(time.perf_counter() - started)
+
+
+def _pod_name(pod: dict) -> str:
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    return f"{meta.get('namespace', '')}/{meta.get('name') or meta.get('generateName', '?')}"

@@ -1,0 +1,238 @@
+"""Registry credentials of a pod: its imagePullSecrets and those of its ServiceAccount.
+
+Read through the Kubernetes API with the official client (in-cluster config, else a kubeconfig,
+else none) and cached for kubernetes.secret_cache_seconds. Anything that goes wrong (API down,
+403, a missing or malformed secret) costs only that secret: the pod is resolved with what is
+left, and a short warning says what was skipped. The global keyring of
+registry.credentials_file is merged in by the resolver, not here.
+
+The ServiceAccount's secrets are used even when the pod lists its own: whoever may create a pod
+with that ServiceAccount may also pull with them (leaving imagePullSecrets out makes the
+ServiceAccount admission plugin copy them in), so this leaks nothing.
+"""
+import base64
+import binascii
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.rest import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from registry.credentials import MAX_CONFIG_BYTES, Keyring
+from registry.errors import ArchwayError, ConfigError
+from registry.resolver import TTLCache
+
+log = logging.getLogger(__name__)
+
+_SECRET_KEYS = {"kubernetes.io/dockerconfigjson": ".dockerconfigjson",
+                "kubernetes.io/dockercfg": ".dockercfg"}
+_UNREACHABLE_TTL = 5.0     # an API that is down costs one timeout per few seconds, not per pod
+_MISSING_TTL = 10.0        # a secret created right after the pod is seen soon
+_MAX_OBJECT_BYTES = 2 * MAX_CONFIG_BYTES  # base64 of a 1 MiB secret, plus metadata
+_MIN_CALL_TIMEOUT = 0.05
+
+
+@dataclass(frozen=True)
+class PullCredentials:
+    keyring: Keyring
+    warnings: tuple[str, ...] = ()
+    secrets_used: int = 0
+
+
+@dataclass(frozen=True)
+class _Unavailable:
+    """A cached failure: the warning to repeat while it lasts."""
+    warning: str
+
+
+class PullSecrets:
+    def __init__(self, api_client, *, cache_seconds: float = 60.0, source: str = "none",
+                 clock=time.monotonic):
+        self.api = k8s.CoreV1Api(api_client) if api_client is not None else None
+        self.source = source                  # for the start-up log: where the API was found
+        self.cache_seconds = cache_seconds
+        self._clock = clock
+        self._cache = TTLCache(10_000, clock)
+
+    @classmethod
+    def from_config(cls, config) -> "PullSecrets":
+        api_client, source = build_api_client(config.kubernetes)
+        return cls(api_client, cache_seconds=config.kubernetes.secret_cache_seconds, source=source)
+
+    def credentials_for(self, pod: dict, namespace: str, deadline: float) -> PullCredentials:
+        """The keyring of `pod` (a Pod object) in `namespace`; stops asking at `deadline`."""
+        spec = pod.get("spec") or {}
+        names = _secret_names(spec.get("imagePullSecrets"))
+        if self.api is None:
+            warnings = (f"pull secrets not read (no Kubernetes API configured): "
+                        f"{_join(names)}",) if names and self.source != "disabled" else ()
+            return PullCredentials(Keyring.empty(), warnings)
+        warnings: list[str] = []
+        account = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
+        account_secrets = self._service_account_secrets(namespace, str(account), deadline)
+        if isinstance(account_secrets, _Unavailable):
+            warnings.append(account_secrets.warning)
+        else:
+            names += [n for n in account_secrets if n not in names]
+        keyring, used = Keyring.empty(), 0
+        for name in names:
+            found = self._secret_keyring(namespace, name, deadline)
+            if isinstance(found, _Unavailable):
+                if found.warning not in warnings:
+                    warnings.append(found.warning)
+                continue
+            keyring = keyring.merged(found)  # earlier secrets win for the same registry
+            used += 1
+        return PullCredentials(keyring, tuple(warnings), used)
+
+    # --- API reads, cached -----------------------------------------------------------------
+    def _service_account_secrets(self, namespace: str, name: str, deadline: float):
+        key = ("serviceaccount", namespace, name)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        try:
+            account = self._read(self.api.read_namespaced_service_account, name, namespace, deadline)
+            value = tuple(_secret_names(account.get("imagePullSecrets")))
+            ttl = self.cache_seconds
+        except _ReadFailed as e:
+            value, ttl = _Unavailable(f"ServiceAccount {namespace}/{name}: {e}"), e.ttl
+            if e.status == 404:
+                # No such ServiceAccount yet (the pod would be rejected later): nothing to use.
+                value = ()
+        if ttl > 0:
+            self._cache.put(key, value, ttl)
+        return value
+
+    def _secret_keyring(self, namespace: str, name: str, deadline: float):
+        key = ("secret", namespace, name)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        where = f"pull secret {namespace}/{name}"
+        ttl = self.cache_seconds
+        try:
+            value = _keyring_of(self._read(self.api.read_namespaced_secret, name, namespace,
+                                           deadline), where)
+        except _ReadFailed as e:
+            value, ttl = _Unavailable(f"{where}: {e}"), e.ttl
+        except ArchwayError as e:
+            log.warning("%s is unusable: %s", where, e)
+            value = _Unavailable(f"{where} is not a usable docker config secret")
+        if ttl > 0:
+            self._cache.put(key, value, ttl)
+        return value
+
+    def _read(self, method, name: str, namespace: str, deadline: float) -> dict:
+        remaining = deadline - self._clock()
+        if remaining < _MIN_CALL_TIMEOUT:
+            raise _ReadFailed("not read: the admission deadline passed", ttl=0)
+        try:
+            response = method(name, namespace, _request_timeout=remaining, _preload_content=False)
+            body = response.read(_MAX_OBJECT_BYTES + 1)
+        except ApiException as e:
+            raise _ReadFailed(_status_words(e.status), status=e.status,
+                              ttl=_MISSING_TTL if e.status == 404 else _UNREACHABLE_TTL) from None
+        except Exception as e:  # urllib3 raises a zoo of transport errors; all mean "unreachable"
+            log.warning("Kubernetes API read of %s/%s failed: %s", namespace, name,
+                        type(e).__name__)
+            raise _ReadFailed("Kubernetes API unreachable or too slow", ttl=_UNREACHABLE_TTL) from None
+        if len(body) > _MAX_OBJECT_BYTES:
+            raise _ReadFailed("object too large", ttl=_UNREACHABLE_TTL)
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            raise _ReadFailed("Kubernetes API sent something that is not JSON",
+                              ttl=_UNREACHABLE_TTL) from None
+        if not isinstance(obj, dict):
+            raise _ReadFailed("Kubernetes API sent an unexpected object", ttl=_UNREACHABLE_TTL)
+        return obj
+
+
+class _ReadFailed(Exception):
+    def __init__(self, message: str, *, status: int | None = None, ttl: float):
+        super().__init__(message)
+        self.status = status
+        self.ttl = ttl
+
+
+def _status_words(status) -> str:
+    if status == 404:
+        return "not found"
+    if status in (401, 403):
+        return f"archway may not read it (HTTP {status}; check its RBAC)"
+    return f"Kubernetes API answered HTTP {status}"
+
+
+def _secret_names(refs) -> list[str]:
+    """Names from a list of LocalObjectReference; anything else is ignored (validation's job)."""
+    if not isinstance(refs, list):
+        return []
+    return [r["name"] for r in refs if isinstance(r, dict) and isinstance(r.get("name"), str)
+            and r["name"]]
+
+
+def _keyring_of(secret: dict, where: str) -> Keyring:
+    """Raise ConfigError when the secret is not a docker config secret."""
+    secret_type = secret.get("type")
+    data_key = _SECRET_KEYS.get(secret_type)
+    if data_key is None:
+        raise ConfigError(f"{where} has type {secret_type!r}, not kubernetes.io/dockerconfigjson")
+    encoded = (secret.get("data") or {}).get(data_key)
+    if not isinstance(encoded, str):
+        raise ConfigError(f"{where} has no {data_key} key")
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise ConfigError(f"{where}: {data_key} is not base64") from None
+    return Keyring.from_dockerconfigjson(raw, source=where)
+
+
+def _join(names) -> str:
+    text = ", ".join(names)
+    return text if len(text) <= 50 else text[:47] + "..."
+
+
+def build_api_client(settings) -> tuple[object | None, str]:
+    """(ApiClient or None, where it came from). An explicitly configured kubeconfig wins; then
+    the in-cluster service account; then the default kubeconfig ($KUBECONFIG, ~/.kube/config)."""
+    if settings.enabled == "off":
+        return None, "disabled"
+    if settings.enabled != "auto":
+        raise ConfigError(f"kubernetes.enabled must be auto or off, got {settings.enabled!r}")
+    if settings.kubeconfig:
+        return _from_kubeconfig(os.path.expanduser(settings.kubeconfig), required=True)
+    configuration = k8s.Configuration()
+    try:
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    except ConfigException:
+        pass
+    else:
+        return _api_client(configuration), "in-cluster service account"
+    default = os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0])
+    if os.path.exists(default):
+        return _from_kubeconfig(default, required=False)
+    return None, "none"
+
+
+def _from_kubeconfig(path: str, *, required: bool):
+    configuration = k8s.Configuration()
+    try:
+        k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
+    except (ConfigException, OSError, ValueError, TypeError) as e:
+        if required:
+            raise ConfigError(f"cannot use kubeconfig {path}: {e}") from None
+        log.warning("ignoring kubeconfig %s: %s", path, e)
+        return None, "none"
+    return _api_client(configuration), f"kubeconfig {path}"
+
+
+def _api_client(configuration):
+    # No retries: a failed read already costs admission time; the cache handles the next pod.
+    configuration.retries = False
+    return k8s.ApiClient(configuration)

@@ -1,0 +1,168 @@
+"""`archway serve`: the webhook (and extender) app under a real gunicorn, over TLS.
+
+With no certificate configured it serves the embedded default: a local CA and serving pair
+generated once into server.state_dir (certs.selfsigned), so a newcomer can curl it at once.
+Nothing heavy is imported at module level: the CLI imports this module for every subcommand.
+"""
+import os
+import shutil
+import tempfile
+
+from gunicorn.app.base import BaseApplication
+
+from registry.errors import ConfigError
+
+from .config import load_config
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+GRACEFUL_TIMEOUT_SECONDS = 10
+# The apiserver's HTTP client drops idle connections after 90 s. Keeping ours open longer means
+# the client, not the server, always closes first, so no POST is ever sent on a connection the
+# server is closing at that instant (Go does not retry a POST that failed that way).
+KEEPALIVE_SECONDS = 100
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="run the admission webhook and scheduler extender under gunicorn",
+        description="Serve POST /mutate (admission webhook), the scheduler extender routes, "
+                    "/healthz, /readyz and /metrics. With no certificate configured, a local CA "
+                    "and serving certificate are generated once into server.state_dir.")
+    parser.add_argument("--bind", metavar="HOST:PORT",
+                        help="address to listen on (default: server.bind, 127.0.0.1:8443)")
+    parser.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    return serve(load_config(args.config), bind=args.bind)
+
+
+def serve(config, bind: str | None = None) -> int:
+    """Run gunicorn until it is stopped (SIGTERM: graceful). Returns the exit status."""
+    bind = bind or config.server.bind
+    host, port = split_bind(bind)
+    tls = tls_files(config, host)
+    _preflight(config, tls)
+
+    metrics_dir = _fresh_metrics_dir()
+    os.environ[MULTIPROC_ENV] = metrics_dir
+    try:
+        _announce(config, bind, host, port, tls)
+        try:
+            _Gunicorn(config, _options(config, bind, tls)).run()
+        except SystemExit as e:  # gunicorn's arbiter exits through sys.exit
+            return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        return 0
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def split_bind(bind: str) -> tuple[str, int]:
+    """'127.0.0.1:8443' / '[::1]:8443' / ':8443' -> (host, port); ConfigError when malformed."""
+    host, sep, port = bind.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"bind address {bind!r} must be HOST:PORT, e.g. 127.0.0.1:8443")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def tls_files(config, host: str):
+    """(cert_path, key_path, path_for_curl_cacert) or None for plain HTTP."""
+    server = config.server
+    if not server.tls:
+        return None
+    if bool(server.cert_file) != bool(server.key_file):
+        raise ConfigError("server.cert_file and server.key_file must be set together")
+    if server.cert_file:
+        cert, key = os.path.expanduser(server.cert_file), os.path.expanduser(server.key_file)
+        return cert, key, cert
+    from certs.selfsigned import DEFAULT_HOSTS, ensure_self_signed
+    hosts = list(DEFAULT_HOSTS)
+    if host not in ("0.0.0.0", "::") and host not in hosts:
+        hosts.append(host)
+    files = ensure_self_signed(server.state_dir, hosts)
+    return files.cert_path, files.key_path, files.ca_path
+
+
+def _preflight(config, tls) -> None:
+    """Fail at start-up, with the config's words, on what every worker would otherwise die of."""
+    from registry.resolver import Resolver
+
+    from .pullsecrets import build_api_client
+    if tls is not None:
+        from certs.tls import server_context
+        server_context(tls[0], tls[1])  # ConfigError when the pair does not load
+    Resolver(config.registry)  # reads registry.credentials_file; starts no thread
+    build_api_client(config.kubernetes)  # ConfigError on a bad kubernetes.kubeconfig
+
+
+def _fresh_metrics_dir() -> str:
+    # Per run: files left by a previous run's workers would be summed into this one's metrics.
+    parent = os.environ.get(MULTIPROC_ENV) or None
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix="archway-metrics-", dir=parent)
+
+
+def _announce(config, bind, host, port, tls) -> None:
+    url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else (f"[{host}]" if ":" in host else host)
+    scheme = "https" if tls else "http"
+    print(f"archway: serving {scheme}://{url_host}:{port}/mutate (workers={config.server.workers},"
+          f" threads={config.server.threads}, bind {bind})", flush=True)
+    if tls:
+        print(f"archway: TLS certificate {tls[0]}; clients trust it with: "
+              f"curl --cacert {tls[2]} ...", flush=True)
+    print(f"archway: try  curl {'--cacert ' + tls[2] + ' ' if tls else ''}"
+          f"-H 'Content-Type: application/json' "
+          f"--data @tests/fixtures/admission/v1-pod-unreachable-image.json "
+          f"{scheme}://{url_host}:{port}/mutate", flush=True)
+
+
+def _options(config, bind: str, tls) -> dict:
+    from . import metrics
+
+    def child_exit(_arbiter, worker):
+        metrics.mark_process_dead(worker.pid)
+
+    options = {
+        "bind": [bind],
+        "workers": config.server.workers,
+        "threads": config.server.threads,
+        "worker_class": "gthread",
+        # gthread workers heartbeat from their main loop, so this only catches a hung worker;
+        # admissions themselves end at admission.deadline_seconds.
+        "timeout": 30,
+        "graceful_timeout": GRACEFUL_TIMEOUT_SECONDS,
+        "keepalive": KEEPALIVE_SECONDS,
+        "accesslog": None,             # one line per admission comes from the app, without secrets
+        "errorlog": "-",
+        "loglevel": "info",
+        "proc_name": "archway",
+        "preload_app": False,          # the app (and its resolver) is built in each worker
+        "control_socket_disable": True,
+        "child_exit": child_exit,
+    }
+    if tls:
+        from certs.tls import gunicorn_ssl_context
+        options.update(certfile=tls[0], keyfile=tls[1],
+                       ssl_context=gunicorn_ssl_context(tls[0], tls[1]))
+    return options
+
+
+class _Gunicorn(BaseApplication):
+    """gunicorn configured from Python: no config file, no command line of its own."""
+
+    def __init__(self, config, options: dict):
+        self.archway_config = config
+        self.options = options
+        super().__init__()
+
+    def load_config(self):
+        for key, value in self.options.items():
+            if key not in self.cfg.settings:
+                raise ConfigError(f"gunicorn has no setting {key!r}")
+            self.cfg.set(key, value)
+
+    def load(self):
+        from .app import create_app
+        return create_app(self.archway_config)
