@@ -112,7 +112,8 @@ def plan_certificates(spec: BootstrapSpec, tls_data: dict[str, bytes] | None,
         if leaf_reason:
             leaf = None
     if leaf is None:
-        leaf = issue_serving_cert(ca, spec.hosts, days=spec.days, now=now)
+        leaf = issue_serving_cert(ca, spec.hosts, days=spec.days, now=now,
+                                  common_name=f"{spec.service}.{spec.namespace}.svc")
 
     previous = _previous_cas(tls_data, ca, now)
     return CertPlan(ca, ca_reason, leaf, leaf_reason, bundle_pem([ca.cert] + previous))

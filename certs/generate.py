@@ -49,7 +49,7 @@ def generate(service: str, namespace: str, out_dir: str, *, days: int = 365,
     hosts = list(dict.fromkeys(service_dns_names(service, namespace, cluster_domain)
                                + list(extra_hosts)))
     ca = issue_ca(f"archway CA for {service}.{namespace}", days=ca_days)
-    leaf = issue_serving_cert(ca, hosts, days=days)
+    leaf = issue_serving_cert(ca, hosts, days=days, common_name=f"{service}.{namespace}.svc")
     try:
         write_atomic(paths["key"], leaf.key_pem, PRIVATE_FILE)
         write_atomic(paths["cert"], leaf.cert_pem, PUBLIC_FILE)

@@ -57,7 +57,7 @@ def issue_ca(common_name: str, *, days: int, now: dt.datetime | None = None) -> 
     """A self-signed CA that may sign leaf certificates only (pathLen 0)."""
     now = now or utcnow()
     key = new_key()
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64])])
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
     cert = (
         x509.CertificateBuilder()
@@ -78,7 +78,7 @@ def issue_ca(common_name: str, *, days: int, now: dt.datetime | None = None) -> 
 
 
 def issue_serving_cert(ca: Issued, hosts: list[str], *, days: int,
-                       now: dt.datetime | None = None) -> Issued:
+                       now: dt.datetime | None = None, common_name: str | None = None) -> Issued:
     """A TLS server certificate for `hosts` (DNS names and IP addresses), signed by `ca`.
 
     Never valid longer than the CA: a leaf outliving its issuer would fail verification early."""
@@ -89,7 +89,7 @@ def issue_serving_cert(ca: Issued, hosts: list[str], *, days: int,
     not_after = min(now + dt.timedelta(days=days), ca.cert.not_valid_after_utc)
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, (common_name or hosts[0])[:64])]))
         .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())

@@ -154,12 +154,19 @@ def _trust_bundle(ca_file: str) -> str:
 
 
 def _reason(error: Exception) -> str:
-    """The innermost message of a requests/urllib3 error chain, without the noise."""
-    text = str(error)
-    for marker in ("Caused by ", "Failed to establish a new connection: "):
-        if marker in text:
-            text = text.split(marker, 1)[1]
-    return text.strip("()'\" ")[:200]
+    """A one-line cause from a requests/urllib3 error chain, without the noise."""
+    cause = error.args[0] if error.args else error
+    cause = getattr(cause, "reason", None) or cause  # urllib3's MaxRetryError wraps the cause
+    text = str(cause)
+    for known, short in (("Failed to resolve", "the host name does not resolve"),
+                         ("Name or service not known", "the host name does not resolve"),
+                         ("Connection refused", "connection refused"),
+                         ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed"),
+                         ("WRONG_VERSION_NUMBER", "the server does not speak TLS"),
+                         ("RemoteDisconnected", "the server closed the connection")):
+        if known in text:
+            return short
+    return text.split(": ", 1)[-1].strip("()'\" ")[:200]
 
 
 __all__ = ["HttpClient", "Response", "HostRefused"]

@@ -472,7 +472,7 @@ def test_oras_sif_is_read_with_one_range_request(plain, plain_client, name, arch
     assert (info.platforms, info.source, info.digest) == (linux(arch), "sif-oras", digest)
     served = plain.requests_since(mark)
     blobs = [e for e in served if "/blobs/" in e.path]
-    assert [e.status for e in blobs] == [206]
+    assert [e.status for e in blobs] == [206], served
     assert sum(e.size for e in blobs) <= 32768 < len(data)
 
 

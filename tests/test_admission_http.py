@@ -1,0 +1,555 @@
+"""The admission webhook end to end: fixtures posted over real TLS to a real `archway serve`
+(gunicorn, 2 workers), real Debian registries and an HTTPS file server behind it, the stand-in
+kube-apiserver for ServiceAccounts and Secrets. Patches are applied with jsonpatch and the
+resulting pods validated against the Kubernetes schema (strict, 1.30 and 1.33)."""
+import base64
+import json
+import os
+import re
+import socket
+import statistics
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+import requests
+import yaml
+
+from tests.infra.apiserver import FakeApiServer
+from tests.infra.fileserver import FileServer
+from tests.infra.procs import REPO, SHARED_TESTDATA, Server, free_port
+from tests.infra.proxy import DelayProxy
+from tests.infra.registry import RegistryServer
+from tests.infra.tls import session_ca
+
+FIXTURES = os.path.join(REPO, "tests", "fixtures", "admission")
+SIF_DIR = os.path.join(SHARED_TESTDATA, "sif")
+DEADLINE = 1.5            # admission.deadline_seconds of the server under test
+ARCH = "kubernetes.io/arch"
+RESPONSE_KEYS = {"uid", "allowed", "patchType", "patch", "warnings", "status", "auditAnnotations"}
+QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+NS = "team-a"
+
+
+# --- small fault-injection servers (the registries themselves are real) ----------------------
+
+class _Canned:
+    """Answers every request with one canned HTTP response."""
+
+    def __init__(self, status: int, body: bytes, content_type: str):
+        canned = (status, body, content_type)
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                status, body, content_type = canned
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_HEAD = do_GET
+
+        self.port = free_port()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        self.host = f"127.0.0.1:{self.port}"
+
+    def stop(self):
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+class _Garbage:
+    """Not HTTP at all: writes random-looking bytes and hangs up."""
+
+    def __init__(self):
+        self.port = free_port()
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self.host = f"127.0.0.1:{self.port}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                conn.sendall(b"\x00\xffSSH-2.0-nonsense\r\n\x13\x37" * 64)
+            except OSError:
+                pass
+            conn.close()
+
+    def stop(self):
+        self._listener.close()
+
+
+# --- the world the webhook runs in -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    ca = session_ca(tmp_path_factory)
+    stack = []
+    try:
+        registry = RegistryServer(tmp_path_factory.mktemp("registry"))
+        stack.append(registry)
+        registry.push_index("archway/multi", "1.0", ["linux/amd64", "linux/arm64", "linux/arm/v7"])
+        registry.push_image("archway/amd64only", "1.0", "linux/amd64")
+        registry.push_image("archway/arm64only", "1.0", "linux/arm64")
+        with open(os.path.join(SIF_DIR, "busybox_arm64.sif"), "rb") as f:
+            registry.push_sif("archway/sif-busybox", "arm64", f.read())
+
+        auth_registry = RegistryServer(tmp_path_factory.mktemp("auth-registry"), ca=ca,
+                                       auth="htpasswd")
+        stack.append(auth_registry)
+        auth_registry.push_image("archway/private", "1.0", "linux/s390x")
+
+        files = FileServer(ca, {"/images/busybox_ppc64le.sif":
+                                os.path.join(SIF_DIR, "busybox_ppc64le.sif")})
+        stack.append(files)
+
+        api = FakeApiServer()
+        stack.append(api)
+        base = f"/api/v1/namespaces/{NS}"
+        secret = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+                  "metadata": {"name": "regcred", "namespace": NS},
+                  "data": {".dockerconfigjson": base64.b64encode(
+                      auth_registry.dockerconfigjson()).decode()}}
+        other = dict(secret, metadata={"name": "other-registry", "namespace": NS}, data={
+            ".dockerconfigjson": base64.b64encode(
+                auth_registry.dockerconfigjson(key="elsewhere.example")).decode()})
+        api.put(f"{base}/secrets/regcred", secret)
+        api.put(f"{base}/secrets/other-registry", other)
+        api.put(f"{base}/serviceaccounts/default", {
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "default", "namespace": NS}})
+        api.put(f"{base}/serviceaccounts/builder", {
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "builder", "namespace": NS},
+            "imagePullSecrets": [{"name": "regcred"}]})
+
+        hang = DelayProxy(registry.port, hang=True)
+        stack.append(SimpleStop(hang.stop))
+        err500 = _Canned(500, b'{"errors":[{"code":"UNKNOWN","message":"boom"}]}', "application/json")
+        stack.append(err500)
+        junk_json = _Canned(200, b"<html>this is not a manifest</html>",
+                            "application/vnd.oci.image.index.v1+json")
+        stack.append(junk_json)
+        garbage = _Garbage()
+        stack.append(garbage)
+
+        workdir = tmp_path_factory.mktemp("archway")
+        config = {
+            "server": {"state_dir": str(workdir / "state"), "workers": 2, "threads": 8,
+                       "max_body_bytes": 256 * 1024},
+            "admission": {"deadline_seconds": DEADLINE},
+            "registry": {"insecure_hosts": [registry.host, hang.host, err500.host,
+                                            junk_json.host, garbage.host],
+                         "ca_file": ca.cert_path, "timeout_seconds": 5},
+            "kubernetes": {"kubeconfig": api.kubeconfig(str(workdir))},
+        }
+        config_path = workdir / "archway.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        server = Server([sys.executable, "-m", "webhook.cli", "--config", str(config_path),
+                         "serve", "--bind", f"127.0.0.1:{port}"], port=port,
+                        log_path=str(workdir / "serve.log"), cwd=REPO, env=env, ready_timeout=30)
+        stack.append(server)
+        w = World(server=server, port=port, cacert=str(workdir / "state" / "tls" / "ca.crt"),
+                  registry=registry, auth_registry=auth_registry, files=files, api=api,
+                  hang=hang, err500=err500, junk_json=junk_json, garbage=garbage)
+        w.wait_ready()
+        yield w
+    finally:
+        for item in reversed(stack):
+            item.stop()
+
+
+class SimpleStop:
+    def __init__(self, stop):
+        self.stop = stop
+
+
+class World:
+    def __init__(self, **parts):
+        self.__dict__.update(parts)
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.session = self.new_session()
+
+    def new_session(self):
+        session = requests.Session()
+        session.trust_env = False  # REQUESTS_CA_BUNDLE must not replace our CA
+        session.verify = self.cacert
+        return session
+
+    def wait_ready(self, timeout=30.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                if self.session.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("archway serve never became ready:\n" + self.server.log())
+
+    def substitute(self, text: str, **extra) -> str:
+        # AUTH_REGISTRY first: it contains the word REGISTRY.
+        text = text.replace("AUTH_REGISTRY", self.auth_registry.host)
+        text = text.replace("REGISTRY", self.registry.host).replace("FILESERVER", self.files.host)
+        for word, value in extra.items():
+            text = text.replace(word, value)
+        return text
+
+    def load(self, name: str, **extra) -> dict:
+        with open(os.path.join(FIXTURES, name + ".json")) as f:
+            review = json.loads(self.substitute(f.read(), **extra))
+        review["request"]["uid"] = str(uuid.uuid4())  # one log line per post, findable
+        return review
+
+    def post(self, review, session=None):
+        body = review if isinstance(review, (bytes, str)) else json.dumps(review)
+        return (session or self.session).post(self.url + "/mutate", data=body, timeout=10,
+                                              headers={"Content-Type": "application/json"})
+
+    def admit(self, review) -> dict:
+        r = self.post(review)
+        assert r.status_code == 200, r.text
+        reply = r.json()
+        check_apiserver_accepts(review, reply)
+        return reply["response"]
+
+    def server_ms(self, uid: str) -> float:
+        for line in reversed(self.server.log().splitlines()):
+            if f"uid={uid} " in line:
+                return float(re.search(r" ([0-9.]+) ms", line).group(1))
+        raise AssertionError(f"no log line for {uid}")
+
+
+def check_apiserver_accepts(review: dict, reply: dict) -> None:
+    """What kube-apiserver checks of a webhook's reply before using it."""
+    assert reply["apiVersion"] == review["apiVersion"] and reply["kind"] == "AdmissionReview"
+    response = reply["response"]
+    assert set(response) <= RESPONSE_KEYS, set(response) - RESPONSE_KEYS
+    assert response["uid"] == review["request"]["uid"]
+    assert isinstance(response["allowed"], bool)
+    assert ("patch" in response) == ("patchType" in response)
+    if "patch" in response:
+        assert response["patchType"] == "JSONPatch" and response["allowed"]
+        assert isinstance(json.loads(base64.b64decode(response["patch"])), list)
+    if not response["allowed"]:
+        assert response["status"]["code"] == 403 and response["status"]["message"]
+    else:
+        assert "status" not in response
+    for warning in response.get("warnings", []):
+        assert isinstance(warning, str) and len(warning) <= 120 and warning.isprintable()
+    for key, value in response.get("auditAnnotations", {}).items():
+        assert QUALIFIED_NAME.match(key) and isinstance(value, str)
+
+
+def patched_pod(review: dict, response: dict) -> dict:
+    pod = review["request"]["object"]
+    if "patch" not in response:
+        return pod
+    patch = json.loads(base64.b64decode(response["patch"]))
+    result = jsonpatch.apply_patch(pod, patch)
+    for version in ("1.30.0", "1.33.0"):
+        kubernetes_validate.validate(result, version, strict=True)
+    return result
+
+
+def required_terms(pod):
+    return (pod["spec"].get("affinity", {}).get("nodeAffinity", {})
+            .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms"))
+
+
+# --- placements ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["v1-pod-multiarch", "v1beta1-pod-multiarch"])
+def test_multi_arch_image_gets_required_affinity(world, name):
+    review = world.load(name)
+    response = world.admit(review)
+    assert response["allowed"] and "warnings" not in response
+    pod = patched_pod(review, response)
+    assert required_terms(pod) == [{"matchExpressions": [
+        {"key": ARCH, "operator": "In", "values": ["amd64", "arm", "arm64"]}]}]
+    assert pod["metadata"]["annotations"]["archway.dev/architectures"] == "amd64,arm,arm64"
+    assert response["auditAnnotations"] == {"outcome": "mutated", "architectures": "amd64,arm,arm64"}
+
+
+@pytest.mark.parametrize("name, arch", [
+    ("v1-pod-single-arch", "arm64"),
+    ("v1-pod-init-containers", "amd64"),
+    ("v1-pod-sif-oras", "arm64"),
+    ("v1-pod-sif-https", "ppc64le"),
+])
+def test_single_architecture_becomes_a_node_selector(world, name, arch):
+    review = world.load(name)
+    response = world.admit(review)
+    assert response["allowed"] and "warnings" not in response, response
+    pod = patched_pod(review, response)
+    assert pod["spec"]["nodeSelector"] == {ARCH: arch}
+    assert "affinity" not in pod["spec"]
+
+
+def test_existing_node_selector_is_not_overridden(world):
+    review = world.load("v1-pod-existing-nodeselector")
+    response = world.admit(review)
+    pod = patched_pod(review, response)
+    assert pod["spec"]["nodeSelector"] == {ARCH: "arm64", "disktype": "ssd"}
+    assert json.loads(base64.b64decode(response["patch"])) == [
+        {"op": "add", "path": "/metadata/annotations",
+         "value": {"archway.dev/architectures": "amd64,arm,arm64"}}]
+
+
+def test_two_affinity_terms_both_gain_the_arch_requirement(world):
+    review = world.load("v1-pod-affinity-two-terms")
+    before = review["request"]["object"]["spec"]["affinity"]["nodeAffinity"]
+    response = world.admit(review)
+    pod = patched_pod(review, response)
+    terms = required_terms(pod)
+    assert len(terms) == 2
+    arch = {"key": ARCH, "operator": "In", "values": ["amd64", "arm", "arm64"]}
+    for old, new in zip(before["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"],
+                        terms):
+        assert new["matchExpressions"] == old["matchExpressions"] + [arch]
+    assert (pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+            == before["preferredDuringSchedulingIgnoredDuringExecution"])
+
+
+def test_conflicting_images_are_denied_with_each_image_listed(world):
+    review = world.load("v1-pod-conflicting-images")
+    response = world.admit(review)
+    assert response["allowed"] is False
+    message = response["status"]["message"]
+    assert f"{world.registry.host}/archway/amd64only:1.0 (amd64)" in message
+    assert f"{world.registry.host}/archway/arm64only:1.0 (arm64)" in message
+
+
+@pytest.mark.parametrize("name", ["v1-pod-opted-out", "v1-pod-bound-to-node",
+                                  "v1-configmap-create", "v1-pod-update"])
+def test_left_alone(world, name):
+    review = world.load(name)
+    assert world.admit(review) == {"uid": review["request"]["uid"], "allowed": True}
+
+
+def test_excluded_namespace_is_left_alone(world):
+    review = world.load("v1-pod-single-arch")
+    review["request"]["namespace"] = "kube-system"
+    review["request"]["object"]["metadata"]["namespace"] = "kube-system"
+    assert world.admit(review) == {"uid": review["request"]["uid"], "allowed": True}
+
+
+# --- pull secrets through the stand-in apiserver ----------------------------------------------
+
+@pytest.mark.parametrize("name", ["v1-pod-private-pull-secret", "v1-pod-private-service-account"])
+def test_private_image_resolves_through_a_pull_secret(world, name):
+    review = world.load(name)
+    response = world.admit(review)
+    assert "warnings" not in response, response
+    assert patched_pod(review, response)["spec"]["nodeSelector"] == {ARCH: "s390x"}
+    assert world.api.count("GET", f"/api/v1/namespaces/{NS}/secrets/regcred") >= 1
+
+
+def test_private_image_without_credentials_fails_open_with_a_warning(world):
+    review = world.load("v1-pod-private-pull-secret")
+    review["request"]["namespace"] = "team-b"
+    review["request"]["object"]["metadata"]["namespace"] = "team-b"  # no secrets there
+    response = world.admit(review)
+    assert response["allowed"] and "patch" not in response
+    assert response["warnings"] == [
+        f"could not inspect {world.auth_registry.host}/archway/private:1.0 (registry refused the "
+        "credentials); it does not restrict placement",
+        "pull secret team-b/regcred: not found"]
+
+
+def test_forbidden_secret_read_degrades_with_a_warning(world):
+    world.api.faults["/api/v1/namespaces/team-c/"] = 403
+    try:
+        review = world.load("v1-pod-private-pull-secret")
+        review["request"]["namespace"] = "team-c"
+        review["request"]["object"]["metadata"]["namespace"] = "team-c"
+        response = world.admit(review)
+    finally:
+        world.api.faults.clear()
+    assert response["allowed"] and "patch" not in response
+    assert "pull secret team-c/regcred: archway may not read it (HTTP 403; check its RBAC)" in \
+        response["warnings"]
+
+
+# --- faults ----------------------------------------------------------------------------------
+
+def _single_image_review(world, image):
+    review = world.load("v1-pod-single-arch")
+    review["request"]["object"]["spec"]["containers"][0]["image"] = image
+    return review
+
+
+def test_registry_that_never_answers_is_cut_off_at_the_deadline(world):
+    review = _single_image_review(world, f"{world.hang.host}/archway/multi:1.0")
+    start = time.monotonic()
+    response = world.admit(review)
+    elapsed = time.monotonic() - start
+    print(f"\nhanging registry: answered in {elapsed * 1000:.0f} ms (deadline {DEADLINE} s)")
+    assert DEADLINE * 0.8 < elapsed < DEADLINE + 0.5
+    assert response["allowed"] and "patch" not in response
+    assert response["warnings"] == [f"could not inspect {world.hang.host}/archway/multi:1.0 "
+                                    "(timed out); it does not restrict placement"]
+    assert response["auditAnnotations"] == {"outcome": "fail_open"}
+
+
+@pytest.mark.parametrize("server, words", [
+    ("err500", "registry answered HTTP 500"),
+    ("junk_json", None),
+    ("garbage", None),
+])
+def test_broken_registries_fail_open_with_a_warning(world, server, words):
+    host = getattr(world, server).host
+    review = _single_image_review(world, f"{host}/archway/app:1.0")
+    response = world.admit(review)
+    assert response["allowed"] and "patch" not in response
+    [warning] = response["warnings"]
+    assert warning.startswith(f"could not inspect {host}/archway/app:1.0 (")
+    if words:
+        assert f"({words})" in warning
+
+
+def test_one_slow_image_does_not_lose_the_others(world):
+    review = world.load("v1-pod-single-arch")
+    containers = review["request"]["object"]["spec"]["containers"]
+    containers.append(dict(containers[0], name="sidecar", image=f"{world.hang.host}/x/y:2"))
+    response = world.admit(review)
+    assert patched_pod(review, response)["spec"]["nodeSelector"] == {ARCH: "arm64"}
+    assert len(response["warnings"]) == 1 and "(timed out)" in response["warnings"][0]
+
+
+# --- malformed input -------------------------------------------------------------------------
+
+def _fixture_with(path, value):
+    with open(os.path.join(FIXTURES, "v1-pod-single-arch.json")) as f:
+        review = json.load(f)
+    target = review
+    for key in path[:-1]:
+        target = target[key]
+    if value is KeyError:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return json.dumps(review)
+
+
+@pytest.mark.parametrize("body", [
+    "", "not json", "[]", "null", '"x"', "{}", '{"apiVersion": "admission.k8s.io/v1"}',
+    _fixture_with(["request"], KeyError),
+    _fixture_with(["request", "uid"], KeyError),
+    _fixture_with(["request", "uid"], 12),
+    _fixture_with(["request", "operation"], None),
+    _fixture_with(["request", "object"], []),
+    _fixture_with(["request", "object", "spec", "containers"], "nginx"),
+    _fixture_with(["request", "object", "spec", "affinity"], "everywhere"),
+    b"\xff\xfe\xfd",
+])
+def test_malformed_bodies_are_json_400s(world, body):
+    r = world.post(body)
+    assert r.status_code == 400, r.text
+    assert r.headers["Content-Type"].startswith("application/json")
+    assert isinstance(r.json()["error"], str) and r.json()["error"]
+
+
+def test_body_over_the_limit_is_rejected_without_reading_it(world):
+    review = world.load("v1-pod-single-arch")
+    review["request"]["object"]["metadata"]["annotations"] = {"filler": "x" * (300 * 1024)}
+    r = world.post(review)
+    assert r.status_code == 413 and "error" in r.json()
+
+
+@pytest.mark.parametrize("method, path, status", [
+    ("GET", "/mutate", 405), ("POST", "/mutate-pods", 404), ("GET", "/", 404),
+])
+def test_other_routes_answer_json(world, method, path, status):
+    r = world.session.request(method, world.url + path, timeout=5)
+    assert r.status_code == status and "error" in r.json()
+
+
+def test_health_and_readiness(world):
+    assert world.session.get(world.url + "/healthz", timeout=5).json() == {"status": "ok"}
+    ready = world.session.get(world.url + "/readyz", timeout=5).json()
+    assert ready["ready"] is True and ready["kubernetes_api"].startswith("kubeconfig ")
+
+
+def test_tls_is_1_2_or_newer(world):
+    import ssl
+    context = ssl.create_default_context(cafile=world.cacert)
+    context.maximum_version = ssl.TLSVersion.TLSv1_1
+    context.minimum_version = ssl.TLSVersion.TLSv1
+    with pytest.raises((ssl.SSLError, OSError)):
+        with socket.create_connection(("127.0.0.1", world.port), timeout=5) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1"):
+                pass
+
+
+# --- metrics and latency ---------------------------------------------------------------------
+
+def _metric(text: str, name: str, labels: str = "") -> float:
+    pattern = re.escape(name) + (r"\{" + re.escape(labels) + r"\}" if labels else "") + r" ([0-9.e+]+)"
+    found = re.search(pattern, text)
+    return float(found.group(1)) if found else 0.0
+
+
+def _scrape(world) -> str:
+    # A fresh connection each time, so scrapes land on either worker.
+    with world.new_session() as s:
+        return s.get(world.url + "/metrics", timeout=5, headers={"Connection": "close"}).text
+
+
+def test_metrics_add_up_across_workers(world):
+    before = _metric(_scrape(world), "archway_admissions_total", 'outcome="mutated"')
+    n = 6
+    for _ in range(n):
+        with world.new_session() as s:  # new connections spread over both workers
+            r = world.post(world.load("v1-pod-multiarch"), session=s)
+            assert r.status_code == 200
+    scrapes = [_scrape(world) for _ in range(4)]
+    for text in scrapes:
+        assert _metric(text, "archway_admissions_total", 'outcome="mutated"') == before + n
+        assert _metric(text, "archway_admission_duration_seconds_count") >= n
+        assert _metric(text, "archway_image_resolutions_total",
+                       'result="resolved",source="oci-index"') >= n
+    pids = set(re.findall(r"Booting worker with pid: (\d+)", world.server.log()))
+    assert len(pids) == 2
+
+
+def test_admission_latency_cold_and_warm(world):
+    """Cold: first pod naming an image no worker has seen. Warm: the same image again, same
+    connection (so the same worker and its cache)."""
+    tag = uuid.uuid4().hex[:8]
+    world.registry.push_index("archway/latency", tag, ["linux/amd64", "linux/arm64"])
+    image = f"{world.registry.host}/archway/latency:{tag}"
+    session = world.new_session()
+    world.post(world.load("v1-configmap-create"), session=session)  # connection + TLS up front
+    client_ms, server_ms = [], []
+    for _ in range(21):
+        review = _single_image_review(world, image)
+        start = time.perf_counter()
+        r = world.post(review, session=session)
+        client_ms.append((time.perf_counter() - start) * 1000)
+        assert r.status_code == 200 and r.json()["response"]["allowed"]
+        server_ms.append(world.server_ms(review["request"]["uid"]))
+    session.close()
+    cold_client, cold_server = client_ms[0], server_ms[0]
+    warm_client, warm_server = statistics.median(client_ms[1:]), statistics.median(server_ms[1:])
+    print(f"\nadmission latency cold: client {cold_client:.1f} ms, server {cold_server:.1f} ms; "
+          f"warm (median of 20): client {warm_client:.1f} ms, server {warm_server:.1f} ms")
+    assert warm_server < cold_server
+    assert warm_client < 250 and cold_client < DEADLINE * 1000

@@ -1,0 +1,69 @@
+"""`archway inspect` as a user runs it: a real process against the real registry."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.infra.procs import REPO, SHARED_TESTDATA
+from tests.infra.registry import plain_registry  # noqa: F401
+
+
+def archway(*args, env=None, timeout=60):
+    return subprocess.run([sys.executable, "-m", "webhook.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def config_file(plain_registry, tmp_path_factory):
+    path = tmp_path_factory.mktemp("inspect") / "archway.yaml"
+    path.write_text(yaml.safe_dump({"registry": {"insecure_hosts": [plain_registry.host],
+                                                 "timeout_seconds": 2}}))
+    return str(path)
+
+
+def test_json_lists_platforms_digest_and_source(plain_registry, config_file):
+    index = plain_registry.push_index("cli/multi", "v1", ["linux/amd64", "linux/arm/v7"],
+                                      kind="docker", attestations=True)
+    plain_registry.push_image("cli/single", "v1", "linux/s390x")
+    sif = os.path.join(SHARED_TESTDATA, "sif", "busybox_ppc64le.sif")
+    images = [plain_registry.ref("cli/multi", "v1"), plain_registry.ref("cli/single", "v1"), sif]
+    result = archway("inspect", "--json", "--config", config_file, *images)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [r["image"] for r in rows] == images
+    multi, single, local = rows
+    assert multi["architectures"] == ["amd64", "arm"]
+    assert multi["platforms"] == ["linux/amd64", "linux/arm/v7"]
+    assert multi["digest"] == index.digest and multi["source"] == "docker-manifest-list"
+    assert single["architectures"] == ["s390x"] and single["source"] == "oci-manifest"
+    assert local["architectures"] == ["ppc64le"]
+    assert all(r["error"] is None for r in rows)
+
+
+def test_an_image_that_cannot_be_resolved_exits_1_and_says_why(plain_registry, config_file):
+    missing = plain_registry.ref("cli/absent", "v9")
+    result = archway("inspect", "--json", missing, env={"ARCHWAY_CONFIG": config_file})
+    assert result.returncode == 1
+    (row,) = json.loads(result.stdout)
+    assert row["architectures"] == [] and "cli/absent" in row["error"]
+
+
+def test_text_output_reads_well_and_refused_hosts_are_explained(plain_registry, config_file):
+    plain_registry.push_image("cli/text", "v1", "linux/arm64")
+    result = archway("--config", config_file, "inspect", plain_registry.ref("cli/text", "v1"),
+                     "169.254.169.254/latest/meta:1")
+    assert result.returncode == 1
+    assert "architectures: arm64" in result.stdout
+    assert "link-local or metadata address" in result.stdout
+
+
+def test_a_broken_config_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("registry:\n  timeout_seconds: soon\n")
+    result = archway("inspect", "--config", str(bad), "nginx")
+    assert result.returncode == 2
+    assert "timeout_seconds" in result.stderr and "Traceback" not in result.stderr
