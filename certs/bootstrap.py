@@ -281,8 +281,13 @@ def _api_message(e) -> str:
     return f"the API server answered {e.status}: {message}"
 
 
+# Every call bounded in time; answers kept as raw JSON: nothing of an object is lost or
+# re-validated by the client's models on the way (a write's answer is not even parsed).
+_RAW = {"_preload_content": False, "_request_timeout": REQUEST_TIMEOUT_SECONDS}
+
+
 class _Kube:
-    """The five API calls the bootstrap makes, on plain dicts, each bounded in time."""
+    """The five API calls the bootstrap makes, on plain dicts."""
 
     def __init__(self, api_client):
         from kubernetes import client
@@ -299,9 +304,7 @@ class _Kube:
     def _read(self, method, *args) -> dict | None:
         from kubernetes.client.exceptions import ApiException
         try:
-            # Raw JSON: nothing of the object is lost or re-validated on the way.
-            response = method(*args, _preload_content=False,
-                              _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            response = method(*args, **_RAW)
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -316,7 +319,7 @@ class _Kube:
         if existing is None:
             body = self.client.V1Secret(metadata=meta, type=secret_type, data=encoded)
             self.core.create_namespaced_secret(namespace, body, field_manager=FIELD_MANAGER,
-                                               _request_timeout=REQUEST_TIMEOUT_SECONDS)
+                                               **_RAW)
             return
         # Replace with the resourceVersion read: a concurrent writer makes this fail with 409.
         old_meta = existing.get("metadata") or {}
@@ -326,12 +329,12 @@ class _Kube:
         body = self.client.V1Secret(metadata=meta, type=existing.get("type") or secret_type,
                                     data=encoded)
         self.core.replace_namespaced_secret(name, namespace, body, field_manager=FIELD_MANAGER,
-                                            _request_timeout=REQUEST_TIMEOUT_SECONDS)
+                                            **_RAW)
 
     def patch_webhook_config(self, name: str, ops: list[dict]) -> None:
         self.admission.patch_mutating_webhook_configuration(
-            name, ops, field_manager=FIELD_MANAGER,
-            _content_type="application/json-patch+json", _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            name, ops, field_manager=FIELD_MANAGER, _content_type="application/json-patch+json",
+            **_RAW)
 
 
 def api_client_from_environment(kubeconfig: str | None = None):

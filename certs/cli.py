@@ -74,10 +74,11 @@ def _generate(args) -> int:
                      force=args.force)
     print(f"wrote {files.ca}, {files.cert}, {files.key}"
           + (f", {files.ca_key}" if files.ca_key else ""))
-    print("use them with the chart's tls.mode=secret:\n"
+    print("to use them with the Helm chart (tls.mode=secret):\n"
           f"  kubectl -n {args.namespace} create secret tls {args.service}-tls "
           f"--cert={files.cert} --key={files.key}\n"
-          f"  caBundle: $(base64 -w0 {files.ca})")
+          f"  helm install ... --set tls.mode=secret --set tls.secretName={args.service}-tls "
+          f"--set tls.secret.caBundle=$(base64 -w0 {files.ca})")
     return 0
 
 

@@ -128,6 +128,7 @@ class RegistryAuth:
         self._lock = threading.Lock()
         self._tokens: dict[tuple, tuple[str, float]] = {}  # key -> (token, usable until)
         self._challenges: dict[str, Challenge] = {}        # registry netloc -> its challenge
+        self._fetching: dict[tuple, threading.Lock] = {}   # key -> lock held while fetching
         self.token_requests = 0
 
     # -- used by the registry client
@@ -176,18 +177,34 @@ class RegistryAuth:
     def _token(self, challenge: Challenge, scope: str, credential, ref, deadline) -> str:
         service = challenge.params.get("service", "")
         key = (challenge.realm, service, scope, credential.fingerprint() if credential else "")
-        now = self.clock()
+        token = self._cached(key)
+        if token is not None:
+            return token
+        # One fetch per key at a time: concurrent lookups of one repository share the token.
+        with self._lock:
+            key_lock = self._fetching.setdefault(key, threading.Lock())
+        with key_lock:
+            token = self._cached(key)
+            if token is not None:
+                return token
+            try:
+                token, lifetime = self._fetch_token(challenge.realm, service, scope, credential,
+                                                    ref, deadline)
+                with self._lock:
+                    now = self.clock()
+                    self._tokens[key] = (token, cache_until(now, lifetime))
+                    if len(self._tokens) > 10_000:  # bounded: keep the live, newest entries
+                        live = {k: v for k, v in self._tokens.items() if v[1] > now}
+                        self._tokens = dict(list(live.items())[-5_000:])
+            finally:
+                with self._lock:
+                    self._fetching.pop(key, None)
+        return token
+
+    def _cached(self, key) -> str | None:
         with self._lock:
             cached = self._tokens.get(key)
-            if cached and cached[1] > now:
-                return cached[0]
-        token, lifetime = self._fetch_token(challenge.realm, service, scope, credential, ref, deadline)
-        with self._lock:
-            self._tokens[key] = (token, cache_until(self.clock(), lifetime))
-            if len(self._tokens) > 10_000:  # bounded: drop expired entries, then the oldest
-                live = {k: v for k, v in self._tokens.items() if v[1] > now}
-                self._tokens = dict(list(live.items())[-5_000:])
-        return token
+            return cached[0] if cached and cached[1] > self.clock() else None
 
     def _fetch_token(self, realm, service, scope, credential, ref, deadline) -> tuple[str, float]:
         parts = urlsplit(realm)
@@ -195,17 +212,23 @@ class RegistryAuth:
             raise AuthError(f"{ref.api_host} named an unusable token realm {realm[:200]!r}",
                             host=ref.api_host, repository=ref.repository, status=401)
         query = {k: v for k, v in (("service", service), ("scope", scope)) if v}
-        headers = {}
-        if credential is not None and (credential.username or credential.password):
+        headers, form = {}, None
+        if credential is not None and credential.identity_token and not credential.password:
+            # An identity token is an OAuth2 refresh token: exchanged by a form POST
+            # (distribution's token spec), never sent as Basic auth.
+            form = {**query, "grant_type": "refresh_token", "client_id": "archway",
+                    "refresh_token": credential.identity_token}
+        elif credential is not None and (credential.username or credential.password):
             headers["Authorization"] = credential.basic_header()
-        url = realm + ("&" if parts.query else "?") + urlencode(query)
+        url = realm if form else realm + ("&" if parts.query else "?") + urlencode(query)
         with self._lock:
             self.token_requests += 1
-        response = self.http.get(url, headers=headers, deadline=deadline,
+        response = self.http.get(url, headers=headers, deadline=deadline, data=form,
+                                 method="POST" if form else "GET",
                                  max_bytes=MAX_TOKEN_RESPONSE_BYTES)
         where = f"token service {parts.netloc} (for {ref.api_host}/{ref.repository})"
         if response.status in (401, 403):
-            detail = ("the credentials for this host were rejected" if headers
+            detail = ("the credentials for this host were rejected" if headers or form
                       else "no pull secret matched this host and anonymous access was refused")
             raise AuthError(f"{response.status} from {ref.api_host} for {ref.repository}: {detail} "
                             f"(by its token service {parts.netloc})",

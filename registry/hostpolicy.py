@@ -19,24 +19,26 @@ _METADATA_NAMES = {"metadata.google.internal", "metadata", "instance-data", "met
 
 
 def split_host_port(netloc: str) -> tuple[str, int | None]:
-    parts = urlsplit("//" + netloc)
     try:
+        parts = urlsplit("//" + netloc)
         return (parts.hostname or netloc).lower(), parts.port
     except ValueError:
         raise HostRefused(f"malformed host {netloc!r}") from None
 
 
 def _matches(host: str, port: int | None, patterns) -> bool:
+    if ":" in host:  # IPv6: configs write it in brackets, which fnmatch would read as a class
+        host = f"[{host}]"
     names = {host, f"{host}:{port}"} if port else {host}
-    if host.count(":") > 1:  # IPv6 written with brackets in configs
-        names |= {f"[{host}]", f"[{host}]:{port}"} if port else {f"[{host}]"}
-    return any(fnmatch.fnmatchcase(n, p) for n in names for p in patterns)
+    return any(n == p or fnmatch.fnmatchcase(n, p) for n in names for p in patterns)
 
 
 def forbidden_address(address: str) -> bool:
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     if getattr(ip, "ipv4_mapped", None):
         ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return False  # ::1 sits inside the reserved ::/8, but a local registry is legitimate
     return (ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved
             or ip in _METADATA_ADDRESSES)
 

@@ -63,7 +63,7 @@ class HttpClient:
         return False if self.is_insecure(netloc) else self._trust
 
     def get(self, url: str, *, headers: dict | None = None, deadline: float | None = None,
-            max_bytes: int, method: str = "GET") -> Response:
+            max_bytes: int, method: str = "GET", data: dict | None = None) -> Response:
         """Send a request and read at most `max_bytes` of body (ResponseTooLarge past that).
 
         Redirects are followed by hand so that each target passes the host policy and the
@@ -73,7 +73,7 @@ class HttpClient:
         for _ in range(MAX_REDIRECTS + 1):
             netloc = urlsplit(url).netloc
             self.policy.check(netloc)
-            response = self._send(method, url, headers, deadline, max_bytes)
+            response = self._send(method, url, headers, deadline, max_bytes, data)
             if response.status not in (301, 302, 303, 307, 308) or "location" not in response.headers:
                 return response
             target = urljoin(url, response.headers["location"])
@@ -82,13 +82,13 @@ class HttpClient:
             url = target
         raise TransportError(f"more than {MAX_REDIRECTS} redirects from {url}", host=netloc)
 
-    def _send(self, method, url, headers, deadline, max_bytes) -> Response:
+    def _send(self, method, url, headers, deadline, max_bytes, data=None) -> Response:
         netloc = urlsplit(url).netloc
         timeout = self._timeout(deadline, url)
         with self._lock:
             self.stats.requests += 1
         try:
-            with self.session.request(method, url, headers=headers, timeout=timeout, stream=True,
+            with self.session.request(method, url, headers=headers, data=data, timeout=timeout, stream=True,
                                       allow_redirects=False, verify=self.verify_for(netloc)) as r:
                 declared = r.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > max_bytes and r.status_code < 300:

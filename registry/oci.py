@@ -111,7 +111,12 @@ class RegistryClient:
 
     def read_blob_range(self, ref: ImageReference, digest: str, offset: int, length: int,
                         keyring: Keyring | None = None, deadline: float | None = None) -> bytes:
-        """The bytes [offset, offset+length) of a blob (fewer at its end), by an HTTP Range read."""
+        """The bytes [offset, offset+length) of a blob (fewer at its end), by an HTTP Range read.
+
+        Callers that know the blob's size should not ask past its end: distribution 2.8 answers
+        such a request 416 with a Content-Length of the whole blob and a short body, which
+        reads as a broken connection (TransportError).
+        """
         if offset < 0 or length <= 0:
             return b""
         keyring = keyring if keyring is not None else Keyring.empty()
@@ -264,7 +269,7 @@ def manifest_media_type(content_type: str, document: dict) -> str | None:
     if declared in known:
         return declared
     body_type = document.get("mediaType")
-    if body_type in known:
+    if isinstance(body_type, str) and body_type in known:
         return body_type
     # Neither says: infer from the shape (the OCI spec makes mediaType optional in old images).
     if document.get("schemaVersion") == 1:

@@ -17,10 +17,12 @@ DOCKER_HUB_API = "registry-1.docker.io"
 _HUB_ALIASES = {"docker.io", "index.docker.io", "registry-1.docker.io"}
 
 _COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
-_REPOSITORY = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
-_TAG = re.compile(r"^[\w][\w.-]{0,127}$")
-_DIGEST = re.compile(r"^[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]{32,}$")
-_HOST = re.compile(r"^(?:\[[0-9a-fA-F:.]+\]|[a-zA-Z0-9.-]+)(?::[0-9]+)?$")
+# fullmatch everywhere: `$` would let a trailing newline through.
+_REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_DIGEST = re.compile(r"sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128}|"
+                     r"(?!sha256:|sha512:)[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]{32,}")
+_HOST = re.compile(r"(?:\[[0-9a-fA-F:.]+\]|[a-zA-Z0-9.-]+)(?::[0-9]+)?")
 MAX_REFERENCE_LENGTH = 4096
 
 
@@ -85,13 +87,13 @@ def parse_reference(text: str, default_library_host: str = "library.sylabs.io") 
 
 def _split_tag_digest(remainder: str, original: str):
     name, _, digest = remainder.partition("@")
-    if digest and not _DIGEST.match(digest):
+    if digest and not _DIGEST.fullmatch(digest):
         raise InvalidReference(f"{original!r}: malformed digest {digest!r}")
     tag = None
     last = name.rsplit("/", 1)[-1]
     if ":" in last:
         name, tag = name.rsplit(":", 1)
-        if not _TAG.match(tag):
+        if not _TAG.fullmatch(tag):
             raise InvalidReference(f"{original!r}: malformed tag {tag!r}")
     return name, tag, digest or None
 
@@ -103,13 +105,13 @@ def _parse_docker(remainder: str, original: str, scheme: str) -> ImageReference:
         host = first
     else:
         host, path = DOCKER_HUB, name
-    if not _HOST.match(host):
+    if not _HOST.fullmatch(host):
         raise InvalidReference(f"{original!r}: malformed registry host {host!r}")
     if host.lower() in _HUB_ALIASES:
         host = DOCKER_HUB
     if host == DOCKER_HUB and "/" not in path:
         path = f"library/{path}"
-    if not _REPOSITORY.match(path):
+    if not _REPOSITORY.fullmatch(path):
         raise InvalidReference(
             f"{original!r}: repository {path!r} must be lowercase letters, digits and separators")
     if not tag and not digest:
@@ -127,7 +129,7 @@ def _parse_library(remainder: str, original: str, default_host: str) -> ImageRef
         parts = ["library", "default"] + parts
     elif len(parts) == 2:
         parts = [parts[0], "default", parts[1]]
-    if len(parts) != 3 or not all(_REPOSITORY.match(p) for p in parts):
+    if len(parts) != 3 or not all(_REPOSITORY.fullmatch(p) for p in parts):
         raise InvalidReference(
             f"{original!r}: expected library://[host/]entity/collection/container[:tag]")
     return ImageReference("library", host, "/".join(parts), tag or (None if digest else "latest"),

@@ -154,3 +154,16 @@ def test_parse_does_not_depend_on_key_order_or_extra_fields():
     review["request"]["futureField"] = {"x": 1}
     shuffled = dict(reversed(list(copy.deepcopy(review).items())))
     assert parse_review(body(shuffled), LIMIT).uid == review["request"]["uid"]
+
+
+@pytest.mark.parametrize("spec_key, value, message", [
+    ("affinity", "everywhere", "spec.affinity must be a mapping"),
+    ("affinity", {"nodeAffinity": []}, "spec.affinity.nodeAffinity must be a mapping"),
+    ("nodeSelector", ["kubernetes.io/arch=arm64"], "spec.nodeSelector must be a mapping"),
+    ("schedulerName", 5, "spec.schedulerName must be a string"),
+])
+def test_fields_the_decision_reads_are_type_checked(spec_key, value, message):
+    review = fixture("v1-pod-single-arch")
+    review["request"]["object"]["spec"][spec_key] = value
+    with pytest.raises(AdmissionError, match=message):
+        parse_review(body(review), LIMIT)

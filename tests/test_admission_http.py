@@ -161,14 +161,16 @@ def world(tmp_path_factory):
         config_path = workdir / "archway.yaml"
         config_path.write_text(yaml.safe_dump(config))
         port = free_port()
-        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        # serve.py makes its per-run metrics directory inside this one: the test can look in.
+        env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(workdir / "metrics"))
         server = Server([sys.executable, "-m", "webhook.cli", "--config", str(config_path),
                          "serve", "--bind", f"127.0.0.1:{port}"], port=port,
                         log_path=str(workdir / "serve.log"), cwd=REPO, env=env, ready_timeout=30)
         stack.append(server)
         w = World(server=server, port=port, cacert=str(workdir / "state" / "tls" / "ca.crt"),
                   registry=registry, auth_registry=auth_registry, files=files, api=api,
-                  hang=hang, err500=err500, junk_json=junk_json, garbage=garbage)
+                  hang=hang, err500=err500, junk_json=junk_json, garbage=garbage,
+                  metrics_parent=str(workdir / "metrics"))
         w.wait_ready()
         yield w
     finally:
@@ -230,8 +232,12 @@ class World:
         check_apiserver_accepts(review, reply)
         return reply["response"]
 
+    def full_log(self) -> str:
+        with open(self.server.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
     def server_ms(self, uid: str) -> float:
-        for line in reversed(self.server.log().splitlines()):
+        for line in reversed(self.full_log().splitlines()):
             if f"uid={uid} " in line:
                 return float(re.search(r" ([0-9.]+) ms", line).group(1))
         raise AssertionError(f"no log line for {uid}")
@@ -449,17 +455,23 @@ def _fixture_with(path, value):
     return json.dumps(review)
 
 
-@pytest.mark.parametrize("body", [
-    "", "not json", "[]", "null", '"x"', "{}", '{"apiVersion": "admission.k8s.io/v1"}',
-    _fixture_with(["request"], KeyError),
-    _fixture_with(["request", "uid"], KeyError),
-    _fixture_with(["request", "uid"], 12),
-    _fixture_with(["request", "operation"], None),
-    _fixture_with(["request", "object"], []),
-    _fixture_with(["request", "object", "spec", "containers"], "nginx"),
-    _fixture_with(["request", "object", "spec", "affinity"], "everywhere"),
-    b"\xff\xfe\xfd",
-])
+MALFORMED_BODIES = {
+    "empty": "", "not-json": "not json", "list": "[]", "null": "null", "string": '"x"',
+    "empty-object": "{}", "no-kind": '{"apiVersion": "admission.k8s.io/v1"}',
+    "no-request": _fixture_with(["request"], KeyError),
+    "no-uid": _fixture_with(["request", "uid"], KeyError),
+    "numeric-uid": _fixture_with(["request", "uid"], 12),
+    "null-operation": _fixture_with(["request", "operation"], None),
+    "object-is-list": _fixture_with(["request", "object"], []),
+    "containers-is-string": _fixture_with(["request", "object", "spec", "containers"], "nginx"),
+    "affinity-is-string": _fixture_with(["request", "object", "spec", "affinity"], "everywhere"),
+    "nodeselector-is-list": _fixture_with(["request", "object", "spec", "nodeSelector"],
+                                          ["kubernetes.io/arch=arm64"]),
+    "not-utf8": b"\xff\xfe\xfd",
+}
+
+
+@pytest.mark.parametrize("body", MALFORMED_BODIES.values(), ids=MALFORMED_BODIES.keys())
 def test_malformed_bodies_are_json_400s(world, body):
     r = world.post(body)
     assert r.status_code == 400, r.text
@@ -467,10 +479,22 @@ def test_malformed_bodies_are_json_400s(world, body):
     assert isinstance(r.json()["error"], str) and r.json()["error"]
 
 
-def test_body_over_the_limit_is_rejected_without_reading_it(world):
+def test_body_over_the_limit_is_a_json_413(world):
     review = world.load("v1-pod-single-arch")
     review["request"]["object"]["metadata"]["annotations"] = {"filler": "x" * (300 * 1024)}
     r = world.post(review)
+    assert r.status_code == 413 and "exceeds server.max_body_bytes" in r.json()["error"]
+
+
+def test_chunked_body_over_the_limit_is_refused(world):
+    review = world.load("v1-pod-single-arch")
+    review["request"]["object"]["metadata"]["annotations"] = {"filler": "x" * (300 * 1024)}
+    data = json.dumps(review).encode()
+    chunks = (data[i:i + 8192] for i in range(0, len(data), 8192))  # no Content-Length
+    try:
+        r = world.session.post(world.url + "/mutate", data=chunks, timeout=10)
+    except requests.ConnectionError:
+        return  # hung up mid-upload without reading the rest: refused as well
     assert r.status_code == 413 and "error" in r.json()
 
 
@@ -488,6 +512,7 @@ def test_health_and_readiness(world):
     assert ready["ready"] is True and ready["kubernetes_api"].startswith("kubeconfig ")
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # asking for TLS 1.0/1.1 on purpose
 def test_tls_is_1_2_or_newer(world):
     import ssl
     context = ssl.create_default_context(cafile=world.cacert)
@@ -513,21 +538,39 @@ def _scrape(world) -> str:
         return s.get(world.url + "/metrics", timeout=5, headers={"Connection": "close"}).text
 
 
+def _admissions_by_worker(world) -> dict[str, float]:
+    """Each worker's own admission count, read from its file in the multiprocess directory."""
+    from prometheus_client.multiprocess import MultiProcessCollector
+    [run_dir] = os.listdir(world.metrics_parent)
+    counts = {}
+    for name in os.listdir(os.path.join(world.metrics_parent, run_dir)):
+        if name.startswith("counter_"):
+            path = os.path.join(world.metrics_parent, run_dir, name)
+            counts[name] = sum(sample.value for metric in MultiProcessCollector.merge([path])
+                               for sample in metric.samples
+                               if sample.name == "archway_admissions_total")
+    return {name: count for name, count in counts.items() if count}
+
+
 def test_metrics_add_up_across_workers(world):
     before = _metric(_scrape(world), "archway_admissions_total", 'outcome="mutated"')
-    n = 6
-    for _ in range(n):
-        with world.new_session() as s:  # new connections spread over both workers
+    posted = 0
+    # Fresh connections until both workers have answered admissions (each has its own file).
+    while posted < 6 or (len(_admissions_by_worker(world)) < 2 and posted < 60):
+        with world.new_session() as s:
             r = world.post(world.load("v1-pod-multiarch"), session=s)
             assert r.status_code == 200
-    scrapes = [_scrape(world) for _ in range(4)]
-    for text in scrapes:
-        assert _metric(text, "archway_admissions_total", 'outcome="mutated"') == before + n
-        assert _metric(text, "archway_admission_duration_seconds_count") >= n
+        posted += 1
+    by_worker = _admissions_by_worker(world)
+    assert len(by_worker) == 2, by_worker
+    for _ in range(4):  # whichever worker answers the scrape, it reports both workers' counts
+        text = _scrape(world)
+        assert _metric(text, "archway_admissions_total", 'outcome="mutated"') == before + posted
+        assert sum(_metric(text, "archway_admissions_total", f'outcome="{o}"') for o in
+                   ("mutated", "unchanged", "denied", "fail_open", "error")) == sum(by_worker.values())
+        assert _metric(text, "archway_admission_duration_seconds_count") >= posted
         assert _metric(text, "archway_image_resolutions_total",
-                       'result="resolved",source="oci-index"') >= n
-    pids = set(re.findall(r"Booting worker with pid: (\d+)", world.server.log()))
-    assert len(pids) == 2
+                       'result="resolved",source="oci-index"') >= posted
 
 
 def test_admission_latency_cold_and_warm(world):
@@ -553,3 +596,81 @@ def test_admission_latency_cold_and_warm(world):
           f"warm (median of 20): client {warm_client:.1f} ms, server {warm_server:.1f} ms")
     assert warm_server < cold_server
     assert warm_client < 250 and cold_client < DEADLINE * 1000
+
+
+# --- the embedded default and shutdown -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def default_serve(tmp_path_factory):
+    """`archway serve` exactly as a newcomer runs it: no config, only --bind (HOME is a temp
+    dir so the generated certificate lands there, not in the real home)."""
+    home = tmp_path_factory.mktemp("home")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ARCHWAY_CONFIG", "PROMETHEUS_MULTIPROC_DIR", "KUBECONFIG")}
+    env["HOME"] = str(home)
+    server = Server([sys.executable, "-m", "webhook.cli", "serve", "--bind", f"127.0.0.1:{port}"],
+                    port=port, log_path=str(home / "serve.log"), cwd=REPO, env=env,
+                    ready_timeout=30)
+    try:
+        yield server, home, port
+    finally:
+        server.stop()
+
+
+def test_embedded_default_serves_a_fixture_as_is(default_serve):
+    server, home, port = default_serve
+    cacert = home / ".local" / "state" / "archway" / "tls" / "ca.crt"
+    deadline = time.monotonic() + 20
+    while "curl --cacert" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert f"curl --cacert {cacert}" in server.log()
+    with open(os.path.join(FIXTURES, "v1-pod-unreachable-image.json"), "rb") as f:
+        review = json.load(f)
+    session = requests.Session()
+    session.trust_env = False
+    r = session.post(f"https://127.0.0.1:{port}/mutate", json=review, verify=str(cacert),
+                     timeout=10)
+    assert r.status_code == 200
+    check_apiserver_accepts(review, r.json())
+    response = r.json()["response"]
+    assert response["allowed"] and "patch" not in response
+    assert response["warnings"] == ["could not inspect 127.0.0.1:9/team/app:1.0 (registry "
+                                    "unreachable); it does not restrict placement"]
+
+
+def test_sigterm_lets_an_admission_in_flight_finish(default_serve, tmp_path):
+    server, home, port = default_serve
+    cacert = str(home / ".local" / "state" / "archway" / "tls" / "ca.crt")
+    hang = DelayProxy(free_port(), hang=True)   # default deadline: 3 s
+    try:
+        review = _single_image_review_from_file(f"{hang.host}/archway/slow:1.0")
+        result = {}
+
+        def post():
+            session = requests.Session()
+            session.trust_env = False
+            start = time.monotonic()
+            r = session.post(f"https://127.0.0.1:{port}/mutate", json=review, verify=cacert,
+                             timeout=15)
+            result.update(status=r.status_code, body=r.json(), seconds=time.monotonic() - start)
+
+        thread = threading.Thread(target=post)
+        thread.start()
+        while hang.connections == 0 and thread.is_alive():
+            time.sleep(0.02)
+        os.kill(server.proc.pid, 15)   # SIGTERM to gunicorn's master, as kubelet does
+        thread.join(15)
+        assert server.proc.wait(15) == 0
+    finally:
+        hang.stop()
+    assert result["status"] == 200 and result["body"]["response"]["allowed"]
+    assert "(timed out)" in result["body"]["response"]["warnings"][0]
+    assert 2.5 < result["seconds"] < 4.0
+
+
+def _single_image_review_from_file(image):
+    with open(os.path.join(FIXTURES, "v1-pod-single-arch.json")) as f:
+        review = json.load(f)
+    review["request"]["object"]["spec"]["containers"][0]["image"] = image
+    return review

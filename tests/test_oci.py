@@ -28,8 +28,8 @@ from registry.oci import (ACCEPT, RegistryClient, manifest_media_type, parse_man
 from registry.platforms import Platform
 from registry.reference import parse_reference
 from registry.settings import RegistrySettings
-from tests.infra.procs import SHARED_TESTDATA, free_port
-from tests.infra.registry import (OCI_MANIFEST, RegistryServer, TokenServer,  # noqa: F401
+from tests.infra.procs import SHARED_TESTDATA
+from tests.infra.registry import (OCI_MANIFEST, RegistryServer,  # noqa: F401
                                   basic_auth_registry, plain_registry, sha256_digest, test_ca,
                                   tls_registry, token_registry)
 
@@ -97,7 +97,8 @@ class StandIn:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
 
     @property
     def host(self):
@@ -419,6 +420,40 @@ def test_token_expiry_refetches(token_registry, test_ca):
     assert tokens.count() == 2
 
 
+def test_concurrent_first_lookups_share_one_token_request(token_registry, test_ca):
+    reg = token_registry
+    reg.push_image("team/app", "v1", "linux/s390x")
+    client = make_client(ca_file=test_ca.cert_path)
+    reg.token_server.clear()
+    results, errors = [], []
+
+    def work():
+        try:
+            results.append(resolve(client, reg.ref("team/app", "v1"), keyring_for(reg)))
+        except Exception as e:  # collected, asserted below
+            errors.append(e)
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert errors == [] and {r.platforms for r in results} == {linux("s390x")}
+    assert reg.token_server.count() == 1
+
+
+def test_identity_token_is_exchanged_by_post_and_a_wrong_one_is_a_clear_error(token_registry, test_ca):
+    reg = token_registry
+    reg.push_image("team/app", "v1", "linux/s390x")
+    reg.token_server.refresh_tokens["refresh-GOOD"] = "alice"
+    good = Keyring.from_dockerconfigjson({"auths": {reg.host: {"identitytoken": "refresh-GOOD"}}})
+    info = resolve(make_client(ca_file=test_ca.cert_path), reg.ref("team/app", "v1"), good)
+    assert info.platforms == linux("s390x")
+    bad = Keyring.from_dockerconfigjson({"auths": {reg.host: {"identitytoken": "refresh-XYZ"}}})
+    with pytest.raises(AuthError, match="credentials for this host were rejected") as error:
+        resolve(make_client(ca_file=test_ca.cert_path), reg.ref("team/app", "v1"), bad)
+    assert "refresh-XYZ" not in str(error.value)
+
+
 @pytest.fixture(scope="module")
 def foreign_realm_registry(tmp_path_factory, test_ca):
     """Token auth whose realm is on another host name (localhost vs 127.0.0.1); anonymous pull."""
@@ -441,6 +476,18 @@ def test_token_realm_on_another_host_gets_no_registry_password(foreign_realm_reg
         reg.dockerconfigjson(key=f"localhost:{tokens.port}")))
     resolve(make_client(ca_file=test_ca.cert_path), reg.ref("team/app", "v1"), both)
     assert tokens.count() == 2 and tokens.requests[1].user == "alice"
+
+
+def test_foreign_realm_without_anonymous_pull_explains_the_fix(tmp_path, test_ca):
+    reg = RegistryServer(tmp_path, ca=test_ca, auth="token", token_realm_host="localhost")
+    try:
+        reg.push_image("team/app", "v1", "linux/arm64")
+        with pytest.raises(AuthError) as info:
+            resolve(make_client(ca_file=test_ca.cert_path), reg.ref("team/app", "v1"), keyring_for(reg))
+        assert "token service is on another host" in str(info.value)
+        assert all(r.authorization is None for r in reg.token_server.requests)
+    finally:
+        reg.stop()
 
 
 def test_no_password_to_a_plain_http_realm_unless_insecure(tmp_path):
@@ -501,7 +548,23 @@ def test_read_blob_range(plain, plain_client):
     deadline = time.monotonic() + 5
     assert plain_client.read_blob_range(ref, digest, 10, 20, Keyring.empty(), deadline) == data[10:30]
     assert plain_client.read_blob_range(ref, digest, len(data) - 5, 100, Keyring.empty(), deadline) == data[-5:]
-    assert plain_client.read_blob_range(ref, digest, len(data) + 10, 5, Keyring.empty(), deadline) == b""
+
+
+def test_read_blob_range_past_the_end_and_ignored_ranges(stand_in):
+    data = b"0123456789" * 10
+    answers = {}
+    server = stand_in(lambda m, p, h: answers["next"])
+    client = make_client(insecure_hosts=(server.host,))
+    ref = parse_reference(f"{server.host}/team/blob:x")
+    digest = sha256_digest(data)
+    answers["next"] = (416, {}, b"")
+    assert client.read_blob_range(ref, digest, 500, 10, Keyring.empty(), time.monotonic() + 5) == b""
+    assert server.requests[-1][2]["Range"] == "bytes=500-509"
+    answers["next"] = (200, {}, data)           # ignores Range, but the whole blob fits
+    assert client.read_blob_range(ref, digest, 20, 200, Keyring.empty(), time.monotonic() + 5) == data[20:]
+    answers["next"] = (200, {}, data * 100)     # ignores Range, and the blob is big: refused
+    with pytest.raises(ResponseTooLarge, match="ignored the Range request"):
+        client.read_blob_range(ref, digest, 0, 64, Keyring.empty(), time.monotonic() + 5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -772,7 +835,7 @@ json_values = st.recursive(
     max_leaves=25)
 
 
-@hsettings(max_examples=400, deadline=None)
+@hsettings(max_examples=200, deadline=None)
 @given(document=json_values, content_type=st.sampled_from(["", "application/json", OCI_MANIFEST,
        "application/vnd.oci.image.index.v1+json",
        "application/vnd.docker.distribution.manifest.v1+prettyjws"]))

@@ -512,3 +512,15 @@ def test_property_patched_pod_is_a_valid_pod(case):
     validate(applied(pod, d))
     assert all(len(w) <= MAX_WARNING_CHARS for w in d.warnings)
     assert len(d.warnings) <= MAX_WARNINGS
+
+
+def test_passwords_in_sif_urls_never_reach_warnings_or_messages():
+    secret_url = "https://reader:s3cret@files.example/img/app.sif"
+    d = decide(make_pod(secret_url), {secret_url: NotFound("x", host="files.example")}, Policy())
+    assert "s3cret" not in d.warnings[0] and "https://***@files.example/img/app.sif" in d.warnings[0]
+    denied = decide(make_pod(secret_url), {secret_url: NotFound("x")}, Policy(fail_closed=True))
+    assert "s3cret" not in denied.message
+    clash = decide(make_pod(secret_url, "reg/arm:1"),
+                   {**RESULTS, secret_url: info(secret_url, "linux/amd64", source="sif-https")},
+                   Policy())
+    assert "s3cret" not in clash.message and "***@files.example" in clash.message

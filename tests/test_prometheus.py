@@ -11,10 +11,11 @@ import pytest
 from flask import Flask
 from prometheus_client import REGISTRY
 
+from tests.infra.apiserver import FakeApiServer
 from tests.infra.prometheus import FAKE_RATES, prometheus_stack, short_window  # noqa: F401
 from webhook.config import DEFAULT_PROMETHEUS_QUERY, config_from_dict
 from webhook.extender import register_extender
-from webhook.traffic import NEUTRAL_SCORE, TrafficPoller, node_traffic
+from webhook.traffic import NEUTRAL_SCORE, TrafficPoller, node_scores, node_traffic
 
 pytestmark = pytest.mark.slow
 
@@ -30,10 +31,11 @@ def _pod():
 
 
 @contextmanager
-def extender_client(prometheus_url, **prometheus):
+def extender_client(prometheus_url, kubeconfig=None, **prometheus):
     config = config_from_dict({
         "prometheus": {"url": prometheus_url, "refresh_seconds": 0.3, **prometheus},
-        "extender": {"node_cache": False}, "kubernetes": {"enabled": "off"}})
+        "extender": {"node_cache": kubeconfig is not None},
+        "kubernetes": {"kubeconfig": kubeconfig} if kubeconfig else {"enabled": "off"}})
     app = Flask("test-prometheus")
     register_extender(app, config, None)
     extender = app.extensions["archway.extender"]
@@ -41,6 +43,8 @@ def extender_client(prometheus_url, **prometheus):
         yield app.test_client(), extender
     finally:
         extender.traffic.stop()
+        if extender.node_cache is not None:
+            extender.node_cache.stop()
 
 
 def prioritize(client, names=NODE_NAMES, nodes=None):
@@ -65,6 +69,15 @@ def poll(fn, done, timeout=25.0, interval=0.2):
 def ordered(scores):
     a, b, c = (scores[f"worker-{x}.cluster.internal"] for x in "abc")
     return a > b > c
+
+
+def rates_settled(prom):
+    """Wait until Prometheus itself sees the fake nodes ordered as FAKE_RATES (an earlier test
+    may have changed a rate within the last rate() window)."""
+    def in_order(result):
+        value = {r["metric"]["nodename"]: float(r["value"][1]) for r in result}
+        return value.get("worker-a", 1e99) < value.get("worker-b", 0) < value.get("worker-c", 0)
+    prom.prometheus.wait_for(FAST_QUERY, at_least=3, check=in_order, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +110,27 @@ def test_changing_a_rate_changes_the_scores_after_a_refresh(prom):
             assert extender.traffic.queries > before
         finally:
             prom.fake.set_rate("worker-a", FAKE_RATES["worker-a"])
+
+
+def test_nodenames_prioritize_with_a_node_cache_gives_the_pure_functions_scores(prom, tmp_path):
+    rates_settled(prom)
+    apiserver = FakeApiServer()
+    try:
+        for name in NODE_NAMES[:3]:
+            apiserver.put(f"/api/v1/nodes/{name}", {"metadata": {"name": name, "labels": {
+                "kubernetes.io/arch": "amd64"}}})
+        with extender_client(prom.prometheus.url, kubeconfig=apiserver.kubeconfig(str(tmp_path)),
+                             query=FAST_QUERY, refresh_seconds=3600) as (client, extender):
+            assert extender.node_cache.wait_synced(10)
+            scores = poll(lambda: prioritize(client), ordered)
+            assert ordered(scores), scores
+            snapshot = extender.traffic.fresh_snapshot()
+            assert scores == dict(zip(NODE_NAMES, node_scores(snapshot.traffic, NODE_NAMES)))
+            # The cached nodes were answered from the precomputed book, the unknown one per call.
+            (version, nodes), book = extender._book
+            assert version == snapshot.version and set(book) == set(NODE_NAMES[:3])
+    finally:
+        apiserver.stop()
 
 
 def test_address_matching_of_instance_against_node_addresses(prom):
@@ -142,6 +176,7 @@ def test_default_query_maps_this_machines_traffic_to_its_node(prom):
 
 
 def test_stale_data_expires(prom):
+    rates_settled(prom)
     with extender_client(prom.prometheus.url, query=FAST_QUERY, refresh_seconds=3600,
                          stale_after_seconds=1.5) as (client, extender):
         scores = poll(lambda: prioritize(client), ordered)   # the one and only query answered

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from registry.errors import ArchwayError
 
-from .placement import Decision, PodShapeError, pod_images
+from .placement import Decision, PodShapeError, check_pod_shape
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
@@ -63,7 +63,8 @@ class AdmissionRequest:
 def parse_review(body: bytes, max_bytes: int) -> AdmissionRequest:
     """Parse and validate an AdmissionReview request body."""
     if len(body) > max_bytes:
-        raise BodyTooLarge(f"request body of {len(body)} bytes exceeds the limit of {max_bytes}")
+        raise BodyTooLarge(f"request body is larger than the limit of {max_bytes} bytes "
+                           "(server.max_body_bytes)")
     try:
         review = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -128,7 +129,7 @@ def _check_pod(obj) -> None:
         if (metadata or {}).get(key) is not None and not isinstance(metadata[key], str):
             raise AdmissionError(f"request.object.metadata.{key} must be a string")
     try:
-        pod_images(obj)
+        check_pod_shape(obj)
     except PodShapeError as e:
         raise AdmissionError(f"request.object: {e}") from None
 

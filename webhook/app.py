@@ -30,6 +30,9 @@ _PULL_SECRETS_SHARE = 0.4
 _ANSWER_MARGIN_SECONDS = 0.05
 # Bounds each socket read of a request body (gunicorn's gthread sockets block without limit).
 _BODY_READ_TIMEOUT_SECONDS = 5.0
+# An oversized body up to this size is read and dropped before the 413: a client still sending
+# when the server hangs up sees a reset instead of the answer. Larger ones are cut off at once.
+_DRAIN_LIMIT_BYTES = 16 * 1024 * 1024
 
 
 class ArchwayState:
@@ -46,7 +49,9 @@ class ArchwayState:
 
 def create_app(config, *, resolver=None, pull_secrets=None) -> Flask:
     app = Flask("archway")
-    app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
+    # One byte over the limit: a chunked body (no Content-Length) is read up to max + 1 bytes,
+    # so parse_review can tell "too large" (413) from "exactly the limit".
+    app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes + 1
     resolver = resolver if resolver is not None else Resolver(config.registry)
     pull_secrets = pull_secrets if pull_secrets is not None else PullSecrets.from_config(config)
     state = ArchwayState(config, resolver, pull_secrets)
@@ -86,7 +91,12 @@ def create_app(config, *, resolver=None, pull_secrets=None) -> Flask:
         # 404, 405, 413...: JSON like every other answer, never Flask's HTML page.
         if e.code and 400 <= e.code < 500:
             metrics.bad_request(e.code)
-        return jsonify(error=e.description or e.name), e.code
+        if e.code in (404, 405):
+            message = (f"{e.name}: {request.method} {request.path}; archway serves POST /mutate, "
+                       "GET /healthz, /readyz, /metrics and the scheduler extender routes")
+        else:
+            message = e.description or e.name
+        return jsonify(error=message), e.code
 
     @app.errorhandler(Exception)
     def internal_error(e: Exception):
@@ -95,6 +105,25 @@ def create_app(config, *, resolver=None, pull_secrets=None) -> Flask:
 
     register_extender(app, config, resolver)
     return app
+
+
+def _refuse_oversized(max_bytes: int):
+    length = request.content_length
+    if length is None or length <= max_bytes:
+        return None  # a chunked body is cut at MAX_CONTENT_LENGTH, then refused by parse_review
+    if length <= _DRAIN_LIMIT_BYTES:
+        stream, remaining = request.environ["wsgi.input"], length
+        try:
+            while remaining > 0:
+                chunk = stream.read(min(64 * 1024, remaining))
+                if not chunk:
+                    break
+                remaining -= len(chunk)
+        except OSError:
+            pass  # the answer below may still get through; nothing else to do
+    metrics.bad_request(413)
+    return jsonify(error=f"request body of {length} bytes exceeds server.max_body_bytes "
+                         f"({max_bytes})"), 413
 
 
 def _unreadable(path: str | None) -> str | None:
@@ -108,11 +137,15 @@ def _mutate(state: ArchwayState):
     sock = request.environ.get("gunicorn.socket")
     if sock is not None:
         sock.settimeout(_BODY_READ_TIMEOUT_SECONDS)
+    too_large = _refuse_oversized(state.config.server.max_body_bytes)
+    if too_large is not None:
+        return too_large
     body = request.get_data(cache=False)  # over MAX_CONTENT_LENGTH: 413 through http_error
     try:
         review = parse_review(body, state.config.server.max_body_bytes)
     except AdmissionError as e:
         metrics.bad_request(e.status)
+        log.info("rejected a malformed admission request from %s: %s", request.remote_addr, e)
         return jsonify(error=str(e)), e.status
 
     skipped = skip_reason(review, state.config.admission.exclude_namespaces)

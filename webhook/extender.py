@@ -24,10 +24,10 @@ log = logging.getLogger("archway.extender")
 # Full-Nodes mode sends every candidate Node (10-20 KB each with status.images): far above the
 # admission body limit, so the extender routes set their own.
 MAX_BODY_BYTES = 256 * 1024 * 1024
+# Kept back from extender.deadline_seconds to build and send the answer.
+ANSWER_MARGIN_SECONDS = 0.1
 # Bounds each socket read of a request body (gunicorn's gthread sockets block without limit).
 BODY_READ_TIMEOUT_SECONDS = 5.0
-# A NodeNames call arriving before the first node list finished waits at most this long.
-CACHE_SYNC_WAIT_SECONDS = 1.0
 
 
 # --- pure decisions ---------------------------------------------------------------------------
@@ -96,6 +96,9 @@ def filter_by_arch(pod_archs: frozenset[str] | None, node_archs, names, *,
     return outcome
 
 
+_NO_NODES: dict = {}
+
+
 # --- the service --------------------------------------------------------------------------------
 
 class Extender:
@@ -110,8 +113,9 @@ class Extender:
             node_cache = NodeCache(lambda: _cluster_client(config.kubernetes))
         self.node_cache = node_cache
         self.traffic = traffic or TrafficPoller(config.prometheus)
-        self._book_key = None
-        self._book: dict[str, str] = {}
+        # (key, serialized HostPriority per node name), each replaced as a whole.
+        self._book: tuple = (None, {})
+        self._uncached: tuple = (None, {})
         self._no_cache_logged = False
 
     @property
@@ -124,7 +128,7 @@ class Extender:
         return resolver
 
     # --- filter ------------------------------------------------------------------------------
-    def pod_architectures(self, pod: dict) -> tuple[frozenset[str] | None, str, str]:
+    def pod_architectures(self, pod: dict, deadline: float) -> tuple[frozenset[str] | None, str, str]:
         """(S or None, where it came from, explanation used when S is empty)."""
         archs = annotated_architectures(pod)
         if archs is not None:
@@ -136,32 +140,38 @@ class Extender:
         resolver = self.resolver
         if not images or resolver is None:
             return None, "none", ""
-        results = resolver.resolve_many(images, timeout=self.config.extender.deadline_seconds)
+        results = resolver.resolve_many(images, timeout=deadline - time.monotonic())
         archs, detail = common_architectures(results)
         return archs, "resolver", detail
 
-    def filter(self, args) -> tuple[bytes, str]:
-        pod_archs, source, detail = self.pod_architectures(args.pod)
+    def filter(self, args, started: float | None = None) -> tuple[bytes, str]:
+        """`started`: time.monotonic() when the request arrived; the answer is due within
+        extender.deadline_seconds of it."""
+        deadline = ((started or time.monotonic()) + self.config.extender.deadline_seconds
+                    - ANSWER_MARGIN_SECONDS)
+        pod_archs, source, detail = self.pod_architectures(args.pod, deadline)
         if args.nodes is not None:
             node_archs = [node_arch(node) for node in args.nodes] if pod_archs else ()
             names = [node["metadata"]["name"] for node in args.nodes]
         else:
             names = args.node_names
-            node_archs = self._cached_archs(names) if pod_archs else ()
+            node_archs = self._cached_archs(names, deadline) if pod_archs else ()
         outcome = filter_by_arch(pod_archs, node_archs, names, why_none=detail)
         body = filter_result_json(args, outcome.keep, outcome.failed, outcome.unresolvable)
         summary = (f"archs={','.join(sorted(pod_archs)) if pod_archs is not None else 'unknown'} "
                    f"from {source}, {len(outcome.keep)}/{len(names)} nodes pass")
         return body, summary
 
-    def _cached_archs(self, names: list[str]) -> list[str | None]:
+    def _cached_archs(self, names: list[str], deadline: float) -> list[str | None]:
         """Arch per name from the node cache. A name the cache does not hold is treated as a
         node of unknown arch, so it passes: the cache trails the scheduler's own informer by a
         watch event at most (a node that just joined), or there is no cluster access at all;
         refusing would stall scheduling on archway's blind spot, while the pod's
         kubernetes.io/arch selector that the webhook set still guards the node."""
         cache = self.node_cache
-        if cache is None or not cache.wait_synced(CACHE_SYNC_WAIT_SECONDS):
+        # The first call in a worker may arrive before the first list is in: wait for it
+        # within the extender's deadline rather than answer blind.
+        if cache is None or not cache.wait_synced(deadline - time.monotonic()):
             if not self._no_cache_logged:
                 self._no_cache_logged = True
                 log.warning("NodeNames filter without a node cache (extender.node_cache off, no "
@@ -184,9 +194,19 @@ class Extender:
         entries = [book.get(n) for n in names]
         missing = [n for n, e in zip(names, entries) if e is None]
         if missing:  # names the node cache does not know (or no cache): work them out now
-            extra = dict(zip(missing, self._entries(snapshot, missing, {})))
+            extra = self._uncached_entries(snapshot, missing)
             entries = [e if e is not None else extra[n] for n, e in zip(names, entries)]
         return host_priority_list_json(entries)
+
+    def _uncached_entries(self, snapshot, names) -> dict[str, str]:
+        # Without a node cache the scheduler tends to send the same candidate list pod after
+        # pod: remember the last answer until the traffic changes.
+        key = (snapshot.version, tuple(names))
+        last_key, entries = self._uncached   # one tuple: request threads swap it atomically
+        if key != last_key:
+            entries = dict(zip(names, self._entries(snapshot, names, {})))
+            self._uncached = (key, entries)
+        return entries
 
     def _entries(self, snapshot, names, addresses) -> list[str]:
         settings = self.config.prometheus
@@ -202,14 +222,15 @@ class Extender:
         cache = self.node_cache
         if cache is not None:
             cache.ensure_started()
-        nodes = cache.nodes if cache is not None else {}
-        key = (snapshot.version, id(nodes))
-        if key != self._book_key:
+        nodes = cache.nodes if cache is not None else _NO_NODES
+        last_key, book = self._book
+        # The cache replaces its dict on every change, so identity tells whether it changed.
+        if last_key is None or last_key[0] != snapshot.version or last_key[1] is not nodes:
             names = list(nodes)
             addresses = {name: fact.addresses for name, fact in nodes.items()}
-            self._book = dict(zip(names, self._entries(snapshot, names, addresses)))
-            self._book_key = key
-        return self._book
+            book = dict(zip(names, self._entries(snapshot, names, addresses)))
+            self._book = ((snapshot.version, nodes), book)
+        return book
 
 
 def _cluster_client(kubernetes_settings):
@@ -219,11 +240,11 @@ def _cluster_client(kubernetes_settings):
 
 # --- HTTP -----------------------------------------------------------------------------------------
 
-def register_extender(app: Flask, config, resolver) -> None:
+def register_extender(app: Flask, config, resolver, *, extender: Extender | None = None) -> None:
     """Add POST /scheduler/filter and /scheduler/prioritize to `app`. `resolver` is a
     registry.resolver.Resolver, a zero-argument factory of one, or None (pod arch then comes
-    from the webhook's annotation only)."""
-    extender = Extender(config, resolver)
+    from the webhook's annotation only). `extender` replaces the one built from `config`."""
+    extender = extender or Extender(config, resolver)
     app.extensions["archway.extender"] = extender
 
     def read_args():
@@ -234,10 +255,10 @@ def register_extender(app: Flask, config, resolver) -> None:
         return parse_extender_args(request.get_data(cache=False))
 
     def filter_view():
-        started = time.perf_counter()
+        started, arrived = time.perf_counter(), time.monotonic()
         try:
             args = read_args()
-            body, summary = extender.filter(args)
+            body, summary = extender.filter(args, arrived)
         except MalformedExtenderArgs as e:
             return _bad_request("filter", e, started)
         _finished("filter", "ok", started)

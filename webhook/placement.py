@@ -92,6 +92,17 @@ def pod_images(pod: dict) -> tuple[str, ...]:
     return tuple(images)
 
 
+def check_pod_shape(pod: dict) -> None:
+    """Raise PodShapeError unless every field the decision reads has the type a Pod gives it."""
+    pod_images(pod)
+    pod_arch_constraint(pod)
+    spec = _mapping(pod.get("spec"), "spec")
+    if not isinstance(spec.get("schedulerName"), (str, type(None))):
+        raise PodShapeError("spec.schedulerName must be a string")
+    if not isinstance(spec.get("affinity"), (dict, type(None))):
+        raise PodShapeError("spec.affinity must be a mapping")
+
+
 def _mapping(value, where: str) -> dict:
     if value is None:
         return {}
@@ -254,18 +265,19 @@ def decide(pod: dict, results: dict, policy: Policy) -> Decision:
                             "it does not restrict placement")
 
     if failed and policy.fail_closed:
-        listed = "; ".join(f"{image}: {describe_error(results.get(image))}" for image in failed)
+        listed = "; ".join(f"{display_image(image)}: {describe_error(results.get(image))}"
+                           for image in failed)
         return _deny(f"archway could not read the architectures of {listed} "
                      "(admission.fail_closed is true)", warnings, None)
 
     archs = frozenset.intersection(*known.values()) if known else None
     mutated = copy.deepcopy(pod)
-    spec = mutated.setdefault("spec", {})
+    spec = mutated.get("spec") if isinstance(mutated.get("spec"), dict) else {}
     reason = "no image told its architectures" if images else "pod has no images"
 
     if archs is not None and not archs:
         message = "the pod's images share no CPU architecture: " + "; ".join(
-            f"{image} ({', '.join(sorted(a))})" for image, a in known.items())
+            f"{display_image(image)} ({', '.join(sorted(a))})" for image, a in known.items())
         if policy.deny_on_empty:
             return _deny(message, warnings, archs)
         warnings.insert(0, "the images share no CPU architecture; admitted without an arch "
@@ -288,10 +300,10 @@ def decide(pod: dict, results: dict, policy: Policy) -> Decision:
                                          f"images lack; they support only {_join(archs)}"))
         else:
             reason = _constrain(spec, archs)
-        annotations = mutated.setdefault("metadata", {})
-        if not isinstance(annotations.get("annotations"), dict):
-            annotations["annotations"] = {}
-        annotations["annotations"][ANNOTATION_ARCHITECTURES] = ",".join(sorted(archs))
+        metadata = mutated.setdefault("metadata", {})
+        if not isinstance(metadata.get("annotations"), dict):
+            metadata["annotations"] = {}
+        metadata["annotations"][ANNOTATION_ARCHITECTURES] = ",".join(sorted(archs))
 
     if policy.scheduler_name and spec.get("schedulerName") in (None, "", DEFAULT_SCHEDULER):
         spec["schedulerName"] = policy.scheduler_name
@@ -376,10 +388,17 @@ def describe_error(error) -> str:
 
 
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
+_USERINFO = re.compile(r"(?<=://)[^/@]*@")
+
+
+def display_image(image: str) -> str:
+    """The image as shown in warnings and messages: a password in an https:// SIF URL
+    (https://user:pw@host/x.sif) is replaced by ***."""
+    return _USERINFO.sub("***@", image)
 
 
 def _short(image: str) -> str:
-    image = _UNPRINTABLE.sub("?", image)
+    image = _UNPRINTABLE.sub("?", display_image(image))
     return image if len(image) <= _MAX_IMAGE_CHARS else image[:_MAX_IMAGE_CHARS - 3] + "..."
 
 

@@ -122,7 +122,8 @@ class TokenServer:
             context.load_cert_chain(tls.chain_path, tls.key_path)
             self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
             self.scheme = "https"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
     @property
@@ -558,15 +559,27 @@ class RegistryServer:
                 if e.method in ("GET", "HEAD") and "/manifests/" in e.path
                 and (repo is None or e.path.startswith(f"/v2/{repo}/"))]
 
-    def _sync(self, timeout: float = 5.0) -> None:
+    def _sync(self, timeout: float = 5.0, settle: float = 0.03) -> None:
+        """Wait until every request answered so far is in the access log.
+
+        The registry logs a request after its handler returns, and a ranged blob body goes out
+        (sendfile) before that: a client can have its answer, send the probe, and see the probe
+        logged first. So: wait for the probe's line, then until the log stops growing.
+        """
         probe = f"/v2/archway-sync-probe/{uuid.uuid4().hex}/tags/list"
         self.http.get(self.url + probe, verify=self.verify, timeout=10)
         end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if probe in self._log_text():
-                return
+        while probe not in self._log_text():
+            if time.monotonic() > end:
+                raise TimeoutError(f"registry access log did not record {probe}")
             time.sleep(0.01)
-        raise TimeoutError(f"registry access log did not record {probe}")
+        size = os.path.getsize(self.server.log_path)
+        while time.monotonic() < end:
+            time.sleep(settle)
+            now = os.path.getsize(self.server.log_path)
+            if now == size:
+                return
+            size = now
 
     def stop(self) -> None:
         self.server.stop()

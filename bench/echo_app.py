@@ -1,0 +1,67 @@
+"""The baseline of figure 1: the least any Flask admission webhook does, served exactly as
+`archway serve` serves archway.
+
+It parses the AdmissionReview and answers it (uid echoed, allowed) and nothing else: no image
+lookup, no patch, no metrics, no log line. Everything around it is archway's own serving code:
+`webhook.serve.tls_files` and `webhook.serve._options` give the same gunicorn settings (gthread,
+workers, threads, keep-alive, timeouts) and the same TLS context on the same certificate, so
+the throughput ratio isolates what archway's request handling costs.
+
+    python3 -m bench.echo_app --config FILE serve --bind 127.0.0.1:PORT
+"""
+import argparse
+import sys
+
+from flask import Flask, jsonify, request
+from gunicorn.app.base import BaseApplication
+
+from webhook import serve
+from webhook.config import load_config
+
+
+def create_echo_app() -> Flask:
+    app = Flask("echo")
+
+    @app.post("/mutate")
+    def mutate():
+        review = request.get_json()
+        return jsonify({"apiVersion": review["apiVersion"], "kind": review["kind"],
+                        "response": {"uid": review["request"]["uid"], "allowed": True}})
+
+    @app.get("/healthz")
+    def healthz():
+        return jsonify(status="ok")
+
+    return app
+
+
+class _EchoGunicorn(BaseApplication):
+    def __init__(self, options: dict):
+        self.options = options
+        super().__init__()
+
+    def load_config(self):
+        for key, value in self.options.items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        return create_echo_app()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.echo_app")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("command", choices=["serve"])
+    parser.add_argument("--bind", required=True)
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+    host, _ = serve.split_bind(args.bind)
+    tls = serve.tls_files(config, host)
+    options = serve._options(config, args.bind, tls)
+    options["proc_name"] = "archway-bench-echo"
+    _EchoGunicorn(options).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

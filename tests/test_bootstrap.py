@@ -1,0 +1,273 @@
+"""`archway certs bootstrap` against the stand-in kube-apiserver (tests/infra/apiserver.py): the
+MutatingWebhookConfiguration is the one the Helm chart renders, the Secrets are what the webhook
+pods mount. Time moves by passing `now`; certificates are checked with the real openssl."""
+import base64
+import datetime as dt
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from certs import x509 as cx
+from certs.bootstrap import (BootstrapError, BootstrapSpec, api_client_from_environment,
+                             ca_bundle_patch, run_bootstrap)
+from tests.infra.apiserver import FakeApiServer
+from tests.infra.procs import REPO, require_binary
+
+NS, SERVICE, SECRET, MWC = "archway", "archway", "archway-tls", "archway"
+TLS_PATH = f"/api/v1/namespaces/{NS}/secrets/{SECRET}"
+CA_PATH = f"/api/v1/namespaces/{NS}/secrets/{SECRET}-ca"
+MWC_PATH = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{MWC}"
+SECRETS = f"/api/v1/namespaces/{NS}/secrets"
+WRITES = ("POST", "PUT", "PATCH", "DELETE")
+
+
+@pytest.fixture(scope="module")
+def chart_webhook_config(tmp_path_factory):
+    """The chart's MutatingWebhookConfiguration (release "archway" in namespace "archway"), plus a
+    second webhook so "every webhook" is tested."""
+    home = tmp_path_factory.mktemp("helm")
+    env = {**os.environ, **{f"HELM_{k}_HOME": str(home / k) for k in ("CACHE", "CONFIG", "DATA")}}
+    out = subprocess.run(
+        [require_binary("helm"), "template", "archway", os.path.join(REPO, "charts", "archway"),
+         "-n", NS, "--show-only", "templates/mutatingwebhookconfiguration.yaml"],
+        capture_output=True, text=True, env=env, timeout=60, check=True).stdout
+    config = yaml.safe_load(out)
+    assert config["metadata"]["name"] == MWC
+    assert "caBundle" not in config["webhooks"][0]["clientConfig"]   # bootstrap mode fills it
+    second = yaml.safe_load(yaml.safe_dump(config["webhooks"][0]))
+    second["name"] = "pods-v2.archway.dev"
+    config["webhooks"].append(second)
+    return config
+
+
+@pytest.fixture(scope="module")
+def api_server():
+    server = FakeApiServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def api(api_server, chart_webhook_config):
+    """The shared stand-in, emptied and holding only the chart's webhook configuration."""
+    with api_server._lock:
+        api_server.objects.clear()
+    api_server.faults.clear()
+    api_server.put(MWC_PATH, chart_webhook_config)
+    api_server.requests.clear()
+    return api_server
+
+
+@pytest.fixture(scope="module")
+def client(api_server, tmp_path_factory):
+    c = api_client_from_environment(api_server.kubeconfig(str(tmp_path_factory.mktemp("kube"))))
+    yield c
+    c.close()
+
+
+SPEC = BootstrapSpec(namespace=NS, service=SERVICE, secret=SECRET, webhook_config=MWC)
+NAMES = {"archway", "archway.archway", "archway.archway.svc", "archway.archway.svc.cluster.local"}
+
+
+def later(days: float) -> dt.datetime:
+    return cx.utcnow() + dt.timedelta(days=days)
+
+
+def secret_data(api, path) -> dict[str, bytes]:
+    return {k: base64.b64decode(v) for k, v in api.get(path)["data"].items()}
+
+
+def ca_bundles(api) -> list[bytes]:
+    return [base64.b64decode(w["clientConfig"]["caBundle"]) for w in api.get(MWC_PATH)["webhooks"]]
+
+
+def writes(api) -> list[tuple[str, str]]:
+    return [(m, p.split("?")[0]) for m, p in api.requests if m in WRITES]
+
+
+def openssl_verify(tmp_path, bundle: bytes, cert: bytes, at: dt.datetime | None = None) -> str:
+    (tmp_path / "bundle.pem").write_bytes(bundle)
+    (tmp_path / "leaf.pem").write_bytes(cert)
+    args = [require_binary("openssl"), "verify", "-CAfile", str(tmp_path / "bundle.pem"),
+            "-purpose", "sslserver", "-verify_hostname", "archway.archway.svc"]
+    if at:
+        args += ["-attime", str(int(at.timestamp()))]
+    out = subprocess.run(args + [str(tmp_path / "leaf.pem")], capture_output=True, text=True)
+    return (out.stdout + out.stderr).strip()
+
+
+def test_first_run_through_the_cli_creates_secrets_and_patches_every_webhook(api, tmp_path):
+    kubeconfig = api.kubeconfig(str(tmp_path))
+    run = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "certs", "bootstrap", "--kubeconfig", kubeconfig,
+         "--namespace", NS, "--service", SERVICE, "--secret", SECRET, "--webhook-config", MWC],
+        cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "TLS secret archway/archway-tls: created" in run.stdout
+    assert "patched, 2 webhook(s)" in run.stdout
+    assert "PRIVATE KEY" not in run.stdout + run.stderr
+
+    tls = api.get(TLS_PATH)
+    assert tls["type"] == "kubernetes.io/tls"
+    data = secret_data(api, TLS_PATH)
+    assert set(data) == {"tls.crt", "tls.key", "ca.crt"}
+    assert api.get(CA_PATH)["type"] == "Opaque" and set(secret_data(api, CA_PATH)) == {"ca.crt", "ca.key"}
+    assert "ca.key" not in data                     # the pods never get the CA's key
+
+    assert ca_bundles(api) == [data["ca.crt"], data["ca.crt"]]
+    assert openssl_verify(tmp_path, data["ca.crt"], data["tls.crt"]).endswith(": OK")
+    leaf = cx.load_issued(data["tls.crt"], data["tls.key"]).cert
+    assert cx.hosts_of(leaf) == NAMES
+    # Two Secrets created, one patch; nothing else written.
+    assert sorted(writes(api)) == [("PATCH", MWC_PATH), ("POST", SECRETS), ("POST", SECRETS)]
+    # Everything else in the webhook configuration is as the chart rendered it.
+    webhook = api.get(MWC_PATH)["webhooks"][0]
+    assert webhook["failurePolicy"] == "Ignore" and webhook["clientConfig"]["service"]["name"] == SERVICE
+
+
+def test_second_run_changes_nothing(api, client):
+    first = run_bootstrap(SPEC, client)
+    versions = [api.get(p)["metadata"]["resourceVersion"] for p in (TLS_PATH, CA_PATH, MWC_PATH)]
+    api.requests.clear()
+    second = run_bootstrap(SPEC, client)
+    assert writes(api) == []
+    assert (second.ca, second.certificate, second.webhook_config) == ("unchanged",) * 3
+    assert second.serial == first.serial
+    assert [api.get(p)["metadata"]["resourceVersion"] for p in (TLS_PATH, CA_PATH, MWC_PATH)] == versions
+
+
+def test_valid_certificate_left_alone_months_later(api, client):
+    run_bootstrap(SPEC, client)
+    before = secret_data(api, TLS_PATH)
+    api.requests.clear()
+    result = run_bootstrap(SPEC, client, now=later(300))      # 65 days left > 30
+    assert result.certificate == "unchanged" and writes(api) == []
+    assert secret_data(api, TLS_PATH) == before
+
+
+def test_expiring_certificate_renewed_under_the_same_ca(api, client, tmp_path):
+    run_bootstrap(SPEC, client)
+    before = secret_data(api, TLS_PATH)
+    ca_before = secret_data(api, CA_PATH)
+    api.requests.clear()
+    when = later(340)                                          # 25 days left < 30
+    result = run_bootstrap(SPEC, client, now=when)
+    after = secret_data(api, TLS_PATH)
+    assert result.certificate == "renewed" and "expires" in result.reasons[0]
+    assert after["tls.crt"] != before["tls.crt"] and after["tls.key"] != before["tls.key"]
+    assert secret_data(api, CA_PATH) == ca_before
+    # The caBundle does not change: pods still serving the old leaf stay trusted meanwhile.
+    assert after["ca.crt"] == before["ca.crt"] and ca_bundles(api) == [before["ca.crt"]] * 2
+    assert writes(api) == [("PUT", TLS_PATH)]
+    assert openssl_verify(tmp_path, after["ca.crt"], after["tls.crt"], at=when).endswith(": OK")
+    assert openssl_verify(tmp_path, after["ca.crt"], before["tls.crt"], at=when).endswith(": OK")
+
+
+def test_wrong_ca_bundle_is_fixed_on_that_webhook_only(api, client):
+    run_bootstrap(SPEC, client)
+    good = api.get(MWC_PATH)["webhooks"][0]["clientConfig"]["caBundle"]
+    stranger = base64.b64encode(cx.issue_ca("someone else", days=10).cert_pem).decode()
+    config = api.get(MWC_PATH)
+    config["webhooks"][1]["clientConfig"]["caBundle"] = stranger
+    api.put(MWC_PATH, config)
+    api.requests.clear()
+    result = run_bootstrap(SPEC, client)
+    assert (result.webhook_config, result.webhooks_patched) == ("patched", 1)
+    assert writes(api) == [("PATCH", MWC_PATH)]
+    assert [w["clientConfig"]["caBundle"] for w in api.get(MWC_PATH)["webhooks"]] == [good, good]
+
+
+def test_certificate_for_other_names_or_garbage_is_replaced(api, client):
+    run_bootstrap(SPEC, client)
+    other = BootstrapSpec(namespace=NS, service="renamed", secret=SECRET, webhook_config=MWC)
+    result = run_bootstrap(other, client)
+    assert result.certificate == "renewed" and "names" in result.reasons[0]
+    leaf = cx.load_cert(secret_data(api, TLS_PATH)["tls.crt"])
+    assert "renamed.archway.svc" in cx.hosts_of(leaf)
+
+    tls = api.get(TLS_PATH)
+    tls["data"]["tls.crt"] = base64.b64encode(b"not a certificate").decode()
+    api.put(TLS_PATH, tls)
+    result = run_bootstrap(other, client)
+    assert result.certificate == "renewed" and "unusable" in result.reasons[0]
+    assert cx.load_issued(secret_data(api, TLS_PATH)["tls.crt"], secret_data(api, TLS_PATH)["tls.key"])
+
+
+def test_ca_rotation_trusts_both_cas_and_patches_before_serving(api, client, tmp_path):
+    run_bootstrap(SPEC, client)
+    # Years later: the leaf has been renewed under the CA, which has 400 days left...
+    renewed_at = later(3650 - 400)
+    assert run_bootstrap(SPEC, client, now=renewed_at).ca == "unchanged"
+    old = secret_data(api, TLS_PATH)
+    api.requests.clear()
+    # ...and ten days later the CA can no longer cover a full 365-day leaf + 30 days.
+    when = renewed_at + dt.timedelta(days=10)
+    result = run_bootstrap(SPEC, client, now=when)
+    assert (result.ca, result.certificate) == ("renewed", "renewed")
+    new = secret_data(api, TLS_PATH)
+    bundle = cx.load_certs(new["ca.crt"])
+    assert len(bundle) == 2 and bundle[1] == cx.load_cert(old["ca.crt"])
+    assert ca_bundles(api) == [new["ca.crt"]] * 2
+    # Order: CA Secret, then caBundle, then the serving Secret.
+    assert writes(api) == [("PUT", CA_PATH), ("PATCH", MWC_PATH), ("PUT", TLS_PATH)]
+    # Both the old leaf (pods not yet synced) and the new one verify against the caBundle.
+    assert openssl_verify(tmp_path, new["ca.crt"], old["tls.crt"], at=when).endswith(": OK")
+    assert openssl_verify(tmp_path, new["ca.crt"], new["tls.crt"], at=when).endswith(": OK")
+    # The old caBundle alone would not have trusted the new leaf: the patch had to come first.
+    assert not openssl_verify(tmp_path, old["ca.crt"], new["tls.crt"], at=when).endswith(": OK")
+
+    # A run right after (e.g. post-upgrade after pre-upgrade) keeps both CAs.
+    api.requests.clear()
+    run_bootstrap(SPEC, client, now=when + dt.timedelta(minutes=1))
+    assert writes(api) == []
+    # Once the old CA has expired it leaves the bundle.
+    gone = when + dt.timedelta(days=400)
+    run_bootstrap(SPEC, client, now=gone)
+    assert len(cx.load_certs(secret_data(api, TLS_PATH)["ca.crt"])) == 1
+    assert ca_bundles(api) == [secret_data(api, TLS_PATH)["ca.crt"]] * 2
+
+
+def test_missing_webhook_config(api, client):
+    api.delete(MWC_PATH)
+    with pytest.raises(BootstrapError, match="not found"):
+        run_bootstrap(SPEC, client)
+    pre_install = BootstrapSpec(namespace=NS, service=SERVICE, secret=SECRET, webhook_config=MWC,
+                                allow_missing_webhook_config=True)
+    result = run_bootstrap(pre_install, client)
+    assert result.webhook_config == "missing" and api.get(TLS_PATH) is not None
+
+
+def test_api_errors_are_clear(api, client, tmp_path):
+    api.faults[SECRETS] = 403
+    with pytest.raises(BootstrapError, match="answered 403: injected fault"):
+        run_bootstrap(SPEC, client)
+    run = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "certs", "bootstrap", "--kubeconfig",
+         api.kubeconfig(str(tmp_path)), "--namespace", NS, "--service", SERVICE,
+         "--secret", SECRET], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "403" in run.stderr and "Traceback" not in run.stderr
+    api.faults.clear()
+
+    api.faults[SECRETS] = 409      # a writer that always wins: give up after a few attempts
+    with pytest.raises(BootstrapError, match="409"):
+        run_bootstrap(SPEC, client)
+
+
+def test_spec_rejects_inconsistent_lifetimes():
+    with pytest.raises(BootstrapError, match="renew-before"):
+        BootstrapSpec(namespace=NS, service=SERVICE, secret=SECRET, days=20, renew_before_days=30)
+    with pytest.raises(BootstrapError, match="ca-days"):
+        BootstrapSpec(namespace=NS, service=SERVICE, secret=SECRET, days=365, ca_days=366)
+
+
+def test_ca_bundle_patch_is_guarded_by_names():
+    config = {"webhooks": [{"name": "a", "clientConfig": {"caBundle": "Rk9P"}},
+                           {"name": "b"}]}
+    assert ca_bundle_patch(config, "Rk9P") == [
+        {"op": "test", "path": "/webhooks/1/name", "value": "b"},
+        {"op": "add", "path": "/webhooks/1/clientConfig", "value": {}},
+        {"op": "add", "path": "/webhooks/1/clientConfig/caBundle", "value": "Rk9P"}]
+    assert ca_bundle_patch({"webhooks": []}, "x") == []

@@ -1,0 +1,424 @@
+"""The scheduler extender's filter and prioritize, with bodies shaped exactly as kube-scheduler
+sends them (tests/fixtures/extender), a node cache fed by the stand-in API server's list + watch,
+a real registry behind the resolver, and one real `archway serve` (gunicorn) over HTTP."""
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import kubernetes_validate
+import pytest
+import requests
+from flask import Flask
+
+from registry.resolver import Resolver
+from registry.settings import RegistrySettings
+from tests.infra.apiserver import FakeApiServer
+from tests.infra.procs import REPO, free_port, wait_for_port
+from tests.infra.registry import plain_registry  # noqa: F401
+from webhook.config import config_from_dict
+from webhook.extender import (Extender, annotated_architectures, common_architectures,
+                              filter_by_arch, register_extender)
+from webhook.extenderwire import parse_extender_args
+from webhook.nodes import NodeCache, node_arch
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "extender")
+REPLY_KEYS = ["Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"]
+AMD64, ARM64, PPC64LE, S390X = (f"ip-10-0-1-1{i}.eu-west-1.compute.internal" for i in range(1, 5))
+
+
+def raw(name: str) -> bytes:
+    with open(os.path.join(FIXTURES, name), "rb") as f:
+        return f.read()
+
+
+def load(name: str) -> dict:
+    return json.loads(raw(name))
+
+
+def make_app(resolver=None, **sections):
+    sections.setdefault("extender", {"node_cache": False})
+    sections.setdefault("kubernetes", {"enabled": "off"})
+    app = Flask("test-extender")
+    register_extender(app, config_from_dict(sections), resolver)
+    return app
+
+
+@pytest.fixture(scope="module")
+def client():
+    return make_app().test_client()
+
+
+def post(client, verb, body, status=200):
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    r = client.post(f"/scheduler/{verb}", data=data, content_type="application/json")
+    assert r.status_code == status, r.data
+    assert r.mimetype == "application/json"
+    return r
+
+
+# --- the fixtures are what kube-scheduler really sends ---------------------------------------------
+
+@pytest.mark.parametrize("version", ["1.30.0", "1.33.0"])
+def test_fixture_objects_are_valid_pods_and_nodes(version):
+    for name in ("filter-nodes.json", "filter-nodenames.json", "filter-unannotated-nodes.json"):
+        args = load(name)
+        assert set(args) == {"Pod", "Nodes", "NodeNames"}   # Go field names, no json tags
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", **args["Pod"]}, version, strict=True)
+        if args["Nodes"] is not None:
+            assert args["NodeNames"] is None and set(args["Nodes"]) == {"metadata", "items"}
+            for node in args["Nodes"]["items"]:
+                kubernetes_validate.validate({"apiVersion": "v1", "kind": "Node", **node}, version,
+                                             strict=True)
+        else:
+            assert all(isinstance(n, str) for n in args["NodeNames"])
+
+
+# --- pure parts ----------------------------------------------------------------------------------
+
+def test_node_arch_label_then_beta_label_then_node_info():
+    nodes = {n["metadata"]["name"]: n for n in load("filter-nodes.json")["Nodes"]["items"]}
+    assert [node_arch(nodes[n]) for n in (AMD64, ARM64, PPC64LE, S390X)] == [
+        "amd64", "arm64", "ppc64le", "s390x"]
+    assert "kubernetes.io/arch" not in nodes[PPC64LE]["metadata"]["labels"]
+    assert not any("arch" in k for k in nodes[S390X]["metadata"]["labels"])
+    assert node_arch({"metadata": {"labels": {"kubernetes.io/arch": "x86_64"}}}) == "amd64"
+    assert node_arch({"metadata": {"labels": {"kubernetes.io/arch": 7}}, "status": "odd"}) is None
+
+
+def test_annotation_parsing():
+    pod = lambda value: {"metadata": {"annotations": {"archway.dev/architectures": value}}}  # noqa: E731
+    assert annotated_architectures(pod("arm64, AMD64")) == {"amd64", "arm64"}
+    assert annotated_architectures(pod("")) is None and annotated_architectures(pod(5)) is None
+    assert annotated_architectures({"metadata": None}) is None
+
+
+def test_filter_by_arch_decisions():
+    names = ["a", "b", "c"]
+    out = filter_by_arch(frozenset({"arm64"}), ["amd64", None, "arm64"], names)
+    assert out.keep == [1, 2] and out.failed == {}
+    assert out.unresolvable == {"a": "node arch amd64 not in the pod's images' architectures arm64"}
+    assert filter_by_arch(None, [], names).keep == [0, 1, 2]          # unknown pod: all pass
+    empty = filter_by_arch(frozenset(), ["amd64", None, "arm64"], names, why_none="x: amd64; y: arm64")
+    assert empty.keep == [] and set(empty.unresolvable) == set(names)
+    assert "no architecture in common (x: amd64; y: arm64)" in empty.unresolvable["b"]
+
+
+def test_common_architectures_ignores_failures_and_archless_images():
+    from registry.errors import DeadlineExceeded
+    from registry.model import ImageInfo
+    from registry.platforms import normalize
+    multi = ImageInfo("multi", frozenset({normalize("linux", "amd64"), normalize("linux", "arm64")}),
+                      None, "oci-index")
+    arm = ImageInfo("arm", frozenset({normalize("linux", "arm64")}), None, "oci-manifest")
+    archless = ImageInfo("sif", frozenset(), None, "sif-https", note="arch 00")
+    assert common_architectures({"multi": multi, "arm": arm, "sif": archless,
+                                 "slow": DeadlineExceeded("late")})[0] == {"arm64"}
+    assert common_architectures({"slow": DeadlineExceeded("late"), "sif": archless})[0] is None
+
+
+# --- filter, full Nodes mode ----------------------------------------------------------------------
+
+def test_full_mode_returns_the_passing_node_objects_exactly_as_sent(client):
+    body = raw("filter-nodes.json")
+    reply = post(client, "filter", body)
+    result = reply.get_json()
+    assert list(result) == REPLY_KEYS
+    assert result["NodeNames"] is None and result["Error"] == "" and result["FailedNodes"] == {}
+    sent = load("filter-nodes.json")["Nodes"]["items"]
+    assert result["Nodes"]["items"] == [sent[0], sent[1]]          # amd64 and arm64 pass
+    assert result["Nodes"]["metadata"] == {}
+    for node in result["Nodes"]["items"]:                          # byte for byte, not rebuilt
+        text = json.dumps(node, separators=(",", ":")).encode()
+        assert text in body and text in reply.data
+    assert result["FailedAndUnresolvableNodes"] == {
+        PPC64LE: "node arch ppc64le not in the pod's images' architectures amd64, arm64",
+        S390X: "node arch s390x not in the pod's images' architectures amd64, arm64"}
+
+
+def test_any_case_whitespace_and_non_ascii_are_accepted(client):
+    args = load("filter-nodes.json")
+    args["Nodes"]["items"][0]["metadata"]["annotations"]["note"] = "café ✓ \u2028"
+    nodes = args["Nodes"]
+    nodes["Items"] = nodes.pop("items")
+    shuffled = {"NODES": nodes, "nodeNames": None, "pod": args["Pod"]}
+    reply = post(client, "filter", json.dumps(shuffled, indent=2, ensure_ascii=False).encode())
+    result = reply.get_json()
+    assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == [AMD64, ARM64]
+    assert result["Nodes"]["items"][0]["metadata"]["annotations"]["note"] == "café ✓ \u2028"
+    assert set(result["FailedAndUnresolvableNodes"]) == {PPC64LE, S390X}
+
+
+def test_a_pod_of_unknown_architecture_passes_every_node():
+    # Images on a port nothing listens on: the resolver fails fast, nothing is known, all pass.
+    args = load("filter-nodes.json")
+    del args["Pod"]["metadata"]["annotations"]
+    args["Pod"]["spec"]["containers"][0]["image"] = "127.0.0.1:9/nothing/here:1"
+    resolver = Resolver(RegistrySettings(insecure_hosts=("127.0.0.1:9",)))
+    app = make_app(resolver, extender={"node_cache": False, "deadline_seconds": 1.5})
+    started = time.monotonic()
+    result = post(app.test_client(), "filter", args).get_json()
+    assert time.monotonic() - started < 3
+    assert len(result["Nodes"]["items"]) == 4 and result["FailedAndUnresolvableNodes"] == {}
+
+
+def test_unannotated_pod_resolved_through_a_real_registry(plain_registry):  # noqa: F811
+    plain_registry.push_image("archway-test/arm64-only", "1.0", "linux/arm64")
+    plain_registry.push_index("archway-test/multi", "1.0", ["linux/amd64", "linux/arm64", "linux/s390x"])
+    plain_registry.push_image("archway-test/amd64-only", "1.0", "linux/amd64")
+    resolver = Resolver(RegistrySettings(insecure_hosts=(plain_registry.host,)))
+    app = make_app(resolver)
+    body = raw("filter-unannotated-nodes.json").replace(b"REGISTRY", plain_registry.host.encode())
+    result = post(app.test_client(), "filter", body).get_json()
+    assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == [ARM64]
+    assert set(result["FailedAndUnresolvableNodes"]) == {AMD64, PPC64LE, S390X}
+    assert "architectures arm64" in result["FailedAndUnresolvableNodes"][AMD64]
+
+    # Images with no architecture in common: no node can run the pod, and the reason says why.
+    args = json.loads(body)
+    args["Pod"]["spec"]["containers"][1]["image"] = plain_registry.ref("archway-test/amd64-only", "1.0")
+    result = post(app.test_client(), "filter", args).get_json()
+    assert result["Nodes"]["items"] == []
+    reason = result["FailedAndUnresolvableNodes"][ARM64]
+    assert "no architecture in common" in reason and "amd64-only:1.0: amd64" in reason
+
+
+# --- filter, NodeNames mode without a cluster ----------------------------------------------------
+
+def test_nodenames_mode_without_a_node_cache_lets_every_node_pass(client):
+    result = post(client, "filter", raw("filter-nodenames.json")).get_json()
+    assert list(result) == REPLY_KEYS
+    assert result["Nodes"] is None and result["NodeNames"] == [AMD64, ARM64, PPC64LE, S390X]
+
+
+# --- malformed bodies -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body, words", [
+    (b"", "expected '{'"),
+    (b"not json", "expected '{'"),
+    (b"[]", "expected '{'"),
+    (b'{"Pod": {}, "NodeNames": ["a"]', "expected ',' or '}'"),
+    (b'{"Pod": {}, "NodeNames": ["a"]} trailing', "unexpected data"),
+    (b'{"Pod": {}, "NodeNames": ["a",]}', "not valid JSON"),
+    (b'{"Pod": 3, "NodeNames": ["a"]}', "Pod is missing or not an object"),
+    (b'{"NodeNames": ["a"]}', "Pod is missing"),
+    (b'{"Pod": {}, "Nodes": null, "NodeNames": null}', "neither Nodes nor NodeNames"),
+    (b'{"Pod": {}, "NodeNames": "a"}', "list of node names"),
+    (b'{"Pod": {}, "NodeNames": [1]}', "list of node names"),
+    (b'{"Pod": {}, "Nodes": []}', "expected '{' to open ExtenderArgs.Nodes"),
+    (b'{"Pod": {}, "Nodes": {"items": {}}}', "expected '[' to open Nodes.items"),
+    (b'{"Pod": {}, "Nodes": {"items": [7]}}', "items[0] is not an object"),
+    (b'{"Pod": {}, "Nodes": {"items": [{"metadata": {}}]}}', "items[0] has no metadata.name"),
+    (b'{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": "a"}} {}]}}', "expected ',' or ']'"),
+    (b'\xff\xfe{}', "not UTF-8"),
+    (b'{"Pod": {"spec": {"containers": 5}}, "NodeNames": ["a"]}', "spec.containers must be a list"),
+    (b"[" * 100000, "expected '{'"),
+    (b'{"Pod": ' + b"[" * 100000 + b"]" * 100000 + b', "NodeNames": ["a"]}', "nests too deeply"),
+])
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_malformed_bodies_get_400_with_a_message(client, verb, body, words):
+    if words.startswith("spec.") and verb == "prioritize":
+        words = None  # prioritize never reads the pod's images
+    r = client.post(f"/scheduler/{verb}", data=body, content_type="application/json")
+    if words is None:
+        assert r.status_code == 200
+        return
+    assert r.status_code == 400, r.data
+    assert words in r.get_json()["error"], r.get_json()
+
+
+def test_only_post_is_routed(client):
+    assert client.get("/scheduler/filter").status_code == 405
+
+
+# --- prioritize without Prometheus ----------------------------------------------------------------
+
+@pytest.mark.parametrize("fixture", ["filter-nodes.json", "filter-nodenames.json"])
+def test_prioritize_without_prometheus_is_neutral_in_input_order(client, fixture):
+    reply = post(client, "prioritize", raw(fixture)).get_json()
+    assert reply == [{"Host": n, "Score": 5} for n in (AMD64, ARM64, PPC64LE, S390X)]
+
+
+# --- the node cache: list + watch from the stand-in API server -------------------------------------
+
+@pytest.fixture(scope="module")
+def apiserver():
+    server = FakeApiServer()
+    for node in load("filter-nodes.json")["Nodes"]["items"]:
+        server.put(f"/api/v1/nodes/{node['metadata']['name']}", node)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def cached(apiserver, tmp_path_factory):
+    """A bare app whose extender keeps a node cache of the stand-in's nodes (fast re-watch)."""
+    kubeconfig = apiserver.kubeconfig(str(tmp_path_factory.mktemp("kube")))
+    config = config_from_dict({"kubernetes": {"kubeconfig": kubeconfig}})
+    from webhook.pullsecrets import build_api_client
+    cache = NodeCache(lambda: build_api_client(config.kubernetes)[0], watch_timeout_seconds=1,
+                      max_backoff_seconds=0.5)
+    app = Flask("test-extender-cache")
+    register_extender(app, config, None, extender=Extender(config, None, node_cache=cache))
+    yield app.test_client(), cache
+    cache.stop()
+
+
+def names_filter(client, names):
+    args = load("filter-nodenames.json")
+    args["NodeNames"] = names
+    return post(client, "filter", args).get_json()
+
+
+def _delete(apiserver, node):
+    # The stand-in records a deletion under the resourceVersion of the change before it, which a
+    # watcher has already seen, so the event would never reach it; the real API server gives
+    # every deletion its own resourceVersion. Until the stand-in does (reported), do it here.
+    with apiserver._lock:
+        apiserver._rv += 1
+    apiserver.emit("/api/v1/nodes", "DELETED", node)
+
+
+def wait_until(predicate, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+def test_nodenames_filter_reads_arch_from_the_node_cache(cached, apiserver):
+    client, cache = cached
+    assert cache.wait_synced(10)
+    result = names_filter(client, [AMD64, ARM64, PPC64LE, S390X, "joined-a-moment-ago"])
+    assert list(result) == REPLY_KEYS and result["Nodes"] is None
+    # A name the cache does not hold yet passes (see Extender._cached_archs for why).
+    assert result["NodeNames"] == [AMD64, ARM64, "joined-a-moment-ago"]
+    assert set(result["FailedAndUnresolvableNodes"]) == {PPC64LE, S390X}
+    for _ in range(20):
+        names_filter(client, [AMD64, ARM64])
+    # One list, then watches: never a GET per node or per filter call.
+    assert apiserver.count("GET", "/api/v1/nodes/") == 0
+    lists = [p for m, p in apiserver.requests if m == "GET" and p.startswith("/api/v1/nodes?")
+             and "watch=" not in p]
+    assert len(lists) == 1, lists
+
+
+def test_watch_events_update_the_cache(cached, apiserver):
+    client, cache = cached
+    cache.wait_synced(5)
+    node = copy.deepcopy(load("filter-nodes.json")["Nodes"]["items"][2])   # ppc64le
+    node["metadata"]["labels"]["kubernetes.io/arch"] = "arm64"
+    apiserver.emit("/api/v1/nodes", "MODIFIED", node)
+    wait_until(lambda: cache.nodes[PPC64LE].arch == "arm64")
+    assert PPC64LE in names_filter(client, [PPC64LE])["NodeNames"]
+
+    new = copy.deepcopy(node)
+    new["metadata"]["name"] = "ip-10-0-1-99.eu-west-1.compute.internal"
+    new["metadata"]["labels"]["kubernetes.io/arch"] = "riscv64"
+    apiserver.emit("/api/v1/nodes", "ADDED", new)
+    wait_until(lambda: "ip-10-0-1-99.eu-west-1.compute.internal" in cache.nodes)
+    assert names_filter(client, [new["metadata"]["name"]])["NodeNames"] == []
+
+    _delete(apiserver, new)
+    wait_until(lambda: new["metadata"]["name"] not in cache.nodes)
+    # A heartbeat that changes nothing archway uses does not bump the version.
+    version = cache.version
+    beat = copy.deepcopy(node)
+    beat["status"]["conditions"][3]["lastHeartbeatTime"] = "2025-01-14T09:13:41Z"
+    apiserver.emit("/api/v1/nodes", "MODIFIED", beat)
+    time.sleep(0.3)
+    assert cache.version == version
+    node["metadata"]["labels"]["kubernetes.io/arch"] = "ppc64le"
+    apiserver.emit("/api/v1/nodes", "MODIFIED", node)
+    wait_until(lambda: cache.nodes[PPC64LE].arch == "ppc64le")
+
+
+def test_410_gone_makes_the_cache_list_again(cached, apiserver):
+    client, cache = cached
+    cache.wait_synced(5)
+    lists = cache.lists
+    apiserver.faults["/api/v1/nodes"] = 500          # the watch drops and cannot come back...
+    try:
+        time.sleep(1.5)
+        node = copy.deepcopy(load("filter-nodes.json")["Nodes"]["items"][0])
+        node["metadata"]["name"] = "missed-while-away"
+        apiserver.put("/api/v1/nodes/missed-while-away", node)
+        apiserver.expire_history()                    # ...and its resourceVersion is gone
+    finally:
+        del apiserver.faults["/api/v1/nodes"]
+    wait_until(lambda: "missed-while-away" in cache.nodes, timeout=10)
+    assert cache.lists == lists + 1
+    assert "missed-while-away" in names_filter(client, ["missed-while-away"])["NodeNames"]
+    _delete(apiserver, node)
+    wait_until(lambda: "missed-while-away" not in cache.nodes)
+
+
+def test_no_cluster_means_an_empty_cache_that_settles_at_once():
+    cache = NodeCache(lambda: None)
+    started = time.monotonic()
+    assert cache.wait_synced(5) is False
+    assert time.monotonic() - started < 1 and cache.available is False and cache.nodes == {}
+
+
+# --- a real `archway serve` (gunicorn) over HTTP ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def served(apiserver, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("serve")
+    port = free_port()
+    config_path = os.path.join(str(directory), "archway.yaml")
+    with open(config_path, "w") as f:
+        json.dump({"server": {"tls": False, "workers": 1, "threads": 4,
+                              "state_dir": str(directory)},
+                   "kubernetes": {"kubeconfig": apiserver.kubeconfig(str(directory))},
+                   "extender": {"node_cache": True}}, f)
+    log_path = os.path.join(str(directory), "serve.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "webhook.cli", "--config", config_path, "serve",
+             "--bind", f"127.0.0.1:{port}"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": REPO}, start_new_session=True)
+    try:
+        wait_for_port(port, timeout=30, proc=proc)
+        session = requests.Session()
+        session.trust_env = False
+        yield session, f"http://127.0.0.1:{port}", log_path
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def test_served_filter_in_both_modes_and_prioritize(served, apiserver):
+    session, url, log_path = served
+    r = session.post(f"{url}/scheduler/filter", data=raw("filter-nodenames.json"), timeout=10)
+    assert r.status_code == 200 and r.headers["Content-Type"] == "application/json"
+    assert r.json()["NodeNames"] == [AMD64, ARM64] and list(r.json()) == REPLY_KEYS
+    r = session.post(f"{url}/scheduler/filter", data=raw("filter-nodes.json"), timeout=10)
+    assert [n["metadata"]["name"] for n in r.json()["Nodes"]["items"]] == [AMD64, ARM64]
+    r = session.post(f"{url}/scheduler/prioritize", data=raw("filter-nodenames.json"), timeout=10)
+    assert r.status_code == 200 and {e["Score"] for e in r.json()} == {5}
+    r = session.post(f"{url}/scheduler/filter", data=b'{"Pod": {}}', timeout=10)
+    assert r.status_code == 400 and "neither Nodes nor NodeNames" in r.json()["error"]
+    assert apiserver.count("GET", "/api/v1/nodes/") == 0
+
+
+def test_served_filter_takes_a_body_far_above_the_admission_limit(served):
+    session, url, _ = served
+    args = load("filter-nodes.json")
+    template = args["Nodes"]["items"]
+    items = []
+    for i in range(1500):                       # ~6 MB: twice the 3 MiB admission body limit
+        node = copy.deepcopy(template[i % 4])
+        node["metadata"]["name"] = f"node-{i:04d}"
+        items.append(node)
+    args["Nodes"]["items"] = items
+    body = json.dumps(args, separators=(",", ":")).encode()
+    assert len(body) > 2 * 3 * 1024 * 1024 * 0.9
+    r = session.post(f"{url}/scheduler/filter", data=body, timeout=30)
+    assert r.status_code == 200, r.text[:300]
+    result = r.json()
+    assert len(result["Nodes"]["items"]) == 750 and len(result["FailedAndUnresolvableNodes"]) == 750
