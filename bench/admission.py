@@ -6,6 +6,7 @@ AdmissionReview over the same number of keep-alive connections for the same time
 baseline alternating, so a change in the machine's load hits both.
 """
 import time
+from contextlib import contextmanager
 
 import requests
 
@@ -31,6 +32,16 @@ P99_TARGET_MS = 5.0
 def run(lab: Lab) -> list[Figure]:
     specs = (("1", "warm-cache admission throughput vs bare Flask+gunicorn echo", f">= {RATIO_TARGET}"),
              ("2", "warm-cache admission latency p50 / p99, server side", f"p99 < {P99_TARGET_MS:g} ms"))
+    try:
+        with admission_servers(lab) as (archway, echo, body):
+            return _measure(archway, echo, body, specs)
+    except Exception as e:
+        return [failed_figure(n, name, target, e) for n, name, target in specs]
+
+
+@contextmanager
+def admission_servers(lab: Lab, *, repo: str | None = None):
+    """(archway, echo, body): both servers up and warm, and the AdmissionReview to POST."""
     parts = []
     try:
         registry = RegistryServer(lab.path("registry-admission"), ca=lab.ca)
@@ -45,15 +56,15 @@ def run(lab: Lab) -> list[Figure]:
         config = lab.archway_config("admission",
                                     kubernetes={"enabled": "auto",
                                                 "kubeconfig": api.kubeconfig(lab.path("kube"))})
-        archway = GunicornServer.archway(lab.path("admission"), config, tls_ca=lab.ca.cert_path)
+        archway = GunicornServer.archway(lab.path("admission"), config, tls_ca=lab.ca.cert_path,
+                                         repo=repo)
         parts.append(archway)
         echo = GunicornServer.module(lab.path("admission"), "bench.echo_app", config,
-                                     tls_ca=lab.ca.cert_path, name="echo")
+                                     tls_ca=lab.ca.cert_path, name="echo", repo=repo)
         parts.append(echo)
         body = fixture_text("v1-pod-multiarch.json").replace("REGISTRY", registry.host).encode()
-        return _measure(archway, echo, body, specs)
-    except Exception as e:
-        return [failed_figure(n, name, target, e) for n, name, target in specs]
+        _warm(archway, echo, body)
+        yield archway, echo, body
     finally:
         for part in reversed(parts):
             part.stop()
@@ -82,7 +93,6 @@ def _mutated_total(archway: GunicornServer) -> float:
 
 
 def _measure(archway, echo, body, specs) -> list[Figure]:
-    _warm(archway, echo, body)
     hist = "archway_admission_duration_seconds"
     archway_runs, echo_runs = [], []
     mutated_before = _mutated_total(archway)

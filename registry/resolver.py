@@ -77,7 +77,7 @@ class Resolver:
         self.oci = RegistryClient(self.http, self.settings)
         self.keyring = keyring if keyring is not None else _load_global_keyring(self.settings)
         self.stats = ResolverStats()
-        self._clock = clock
+        # `clock` ages cache entries (tests move it); deadlines are always time.monotonic().
         self._cache = TTLCache(self.settings.cache.max_entries, clock)
         self._inflight: dict[tuple, Future] = {}
         self._lock = threading.Lock()
@@ -93,7 +93,7 @@ class Resolver:
                 deadline: float | None = None) -> ImageInfo:
         """Resolve one image; raise ArchwayError (DeadlineExceeded when `deadline` passes)."""
         future = self._submit(image, keyring)
-        timeout = None if deadline is None else max(0.0, deadline - self._clock())
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         done, _ = wait([future], timeout=timeout)
         if not done:
             raise DeadlineExceeded(f"{image}: no answer before the deadline")
@@ -143,7 +143,7 @@ class Resolver:
 
     def _fetch(self, image: str, ref: ImageReference, keyring: Keyring, key: tuple) -> ImageInfo:
         self._count("fetches")
-        deadline = self._clock() + self.fetch_timeout
+        deadline = time.monotonic() + self.fetch_timeout
         try:
             info = self._lookup(ref, keyring, deadline)
             info = dataclasses.replace(info, image=image)

@@ -674,3 +674,51 @@ def _single_image_review_from_file(image):
         review = json.load(f)
     review["request"]["object"]["spec"]["containers"][0]["image"] = image
     return review
+
+
+# --- in-process: the app without gunicorn (fault injection into the resolver) ----------------
+
+def _app(tmp_path, resolver, **server):
+    from webhook.app import create_app
+    from webhook.config import config_from_dict
+    from webhook.pullsecrets import PullSecrets
+    config = config_from_dict({"server": {"state_dir": str(tmp_path / "state"), **server},
+                               "kubernetes": {"enabled": "off"}})
+    return create_app(config, resolver=resolver, pull_secrets=PullSecrets(None, source="disabled"))
+
+
+class _ExplodingResolver:
+    cache_size = 0
+
+    def resolve_many(self, images, **kwargs):
+        raise RuntimeError("bug in the resolver")
+
+
+def test_a_bug_during_admission_fails_open_and_is_never_a_500(tmp_path):
+    client = _app(tmp_path, _ExplodingResolver()).test_client()
+    with open(os.path.join(FIXTURES, "v1-pod-multiarch.json")) as f:
+        review = json.load(f)
+    r = client.post("/mutate", json=review)
+    assert r.status_code == 200
+    check_apiserver_accepts(review, r.get_json())
+    response = r.get_json()["response"]
+    assert response["allowed"] and response["auditAnnotations"] == {"outcome": "error"}
+    assert response["warnings"] == [
+        "archway failed to decide (internal error); pod admitted unchanged"]
+
+
+def test_readyz_fails_when_the_serving_certificate_expired(tmp_path):
+    import datetime as dt
+
+    from certs.x509 import issue_ca, issue_serving_cert
+    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=10)
+    ca = issue_ca("expired test CA", days=30, now=past)
+    leaf = issue_serving_cert(ca, ["127.0.0.1"], days=1, now=past)
+    (tmp_path / "tls.crt").write_bytes(leaf.cert_pem)
+    (tmp_path / "tls.key").write_bytes(leaf.key_pem)
+    client = _app(tmp_path, _ExplodingResolver(), cert_file=str(tmp_path / "tls.crt"),
+                  key_file=str(tmp_path / "tls.key")).test_client()
+    r = client.get("/readyz")
+    assert r.status_code == 503
+    assert "expired" in r.get_json()["problems"]["serving_certificate"]
+    assert client.get("/healthz").status_code == 200  # alive, just not ready

@@ -447,7 +447,7 @@ def _required_terms_or_none(pod):
             .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms"))
 
 
-PROPERTY_SETTINGS = settings(max_examples=300, deadline=None,
+PROPERTY_SETTINGS = settings(max_examples=150, deadline=None,
                              suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -503,7 +503,7 @@ def test_property_idempotent(case):
     assert again.architectures == d.architectures
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pods())
 def test_property_patched_pod_is_a_valid_pod(case):
     pod, results, policy = case

@@ -11,6 +11,8 @@ from dataclasses import replace
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from certs.selfsigned import tls_dir
+from certs.x509 import CertificateError, load_cert, remaining
 from registry.errors import ArchwayError
 from registry.reference import parse_reference
 from registry.resolver import Resolver
@@ -57,6 +59,8 @@ def create_app(config, *, resolver=None, pull_secrets=None) -> Flask:
     state = ArchwayState(config, resolver, pull_secrets)
     app.extensions["archway"] = state
     state.readiness_checks["registry.ca_file"] = lambda: _unreadable(config.registry.ca_file)
+    # An expired certificate fails every apiserver call; a failing probe makes that visible.
+    state.readiness_checks["serving_certificate"] = lambda: _certificate_problem(config.server)
 
     @app.post("/mutate")
     def mutate():
@@ -124,6 +128,22 @@ def _refuse_oversized(max_bytes: int):
     metrics.bad_request(413)
     return jsonify(error=f"request body of {length} bytes exceeds server.max_body_bytes "
                          f"({max_bytes})"), 413
+
+
+def _certificate_problem(server) -> str | None:
+    if not server.tls:
+        return None
+    path = os.path.expanduser(server.cert_file or os.path.join(tls_dir(server.state_dir), "tls.crt"))
+    if not os.path.exists(path):
+        return None  # the app runs without `archway serve` (tests, a debugger): nothing to check
+    try:
+        with open(path, "rb") as f:
+            cert = load_cert(f.read(1024 * 1024))
+    except (OSError, CertificateError):
+        return f"serving certificate {path} cannot be read"
+    if remaining(cert).total_seconds() <= 0:
+        return f"serving certificate {path} expired at {cert.not_valid_after_utc:%Y-%m-%d %H:%M}Z"
+    return None
 
 
 def _unreadable(path: str | None) -> str | None:
