@@ -40,7 +40,7 @@ def run(lab: Lab) -> list[Figure]:
 
 
 @contextmanager
-def admission_servers(lab: Lab, *, repo: str | None = None):
+def admission_servers(lab: Lab):
     """(archway, echo, body): both servers up and warm, and the AdmissionReview to POST."""
     parts = []
     try:
@@ -56,11 +56,10 @@ def admission_servers(lab: Lab, *, repo: str | None = None):
         config = lab.archway_config("admission",
                                     kubernetes={"enabled": "auto",
                                                 "kubeconfig": api.kubeconfig(lab.path("kube"))})
-        archway = GunicornServer.archway(lab.path("admission"), config, tls_ca=lab.ca.cert_path,
-                                         repo=repo)
+        archway = GunicornServer.archway(lab.path("admission"), config, tls_ca=lab.ca.cert_path)
         parts.append(archway)
         echo = GunicornServer.module(lab.path("admission"), "bench.echo_app", config,
-                                     tls_ca=lab.ca.cert_path, name="echo", repo=repo)
+                                     tls_ca=lab.ca.cert_path, name="echo")
         parts.append(echo)
         body = fixture_text("v1-pod-multiarch.json").replace("REGISTRY", registry.host).encode()
         _warm(archway, echo, body)

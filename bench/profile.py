@@ -1,6 +1,6 @@
 """Where a missed target's time goes: py-spy samples archway's gunicorn workers under load.
 
-    python3 -m bench.profile admission [--seconds 8] [--repo /path/to/patched/copy]
+    python3 -m bench.profile admission [--seconds 8]
 
 Starts the servers of figure 1 (bench.admission.admission_servers), drives archway with wrk
 and records every worker with py-spy (non-blocking, so the profile does not slow what it
@@ -53,7 +53,6 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bench.profile")
     parser.add_argument("target", choices=["admission"])
     parser.add_argument("--seconds", type=float, default=8)
-    parser.add_argument("--repo", help="run the servers from this checkout (a patched copy)")
     args = parser.parse_args(argv)
     py_spy = shutil.which("py-spy")
     if not py_spy:
@@ -62,7 +61,7 @@ def main(argv=None) -> int:
     os.makedirs(RESULTS, exist_ok=True)
     lab = Lab()
     try:
-        with admission_servers(lab, repo=args.repo) as (archway, _echo, body):
+        with admission_servers(lab) as (archway, _echo, body):
             load = threading.Thread(target=run_wrk, args=(archway.url("/mutate"), body),
                                     kwargs=dict(seconds=args.seconds + 2, connections=CONNECTIONS))
             load.start()

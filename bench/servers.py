@@ -25,7 +25,7 @@ class GunicornServer:
     """One gunicorn master (and its workers) serving on 127.0.0.1:<free port>."""
 
     def __init__(self, directory: str, name: str, module_args: list[str], config: dict, *,
-                 tls_ca: str | None, repo: str | None = None):
+                 tls_ca: str | None):
         os.makedirs(directory, exist_ok=True)
         self.directory = directory
         self.name = name
@@ -35,30 +35,26 @@ class GunicornServer:
             json.dump(config, f, indent=1)  # JSON is YAML
         self.scheme = "https" if tls_ca else "http"
         self.ca = tls_ca
-        # `repo`: another checkout (a locally patched copy, to measure a proposed fix).
-        repo = repo or REPO
-        env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)   # serve makes its own per run
         args = [sys.executable, "-m", *module_args, "--config", self.config_path,
                 "serve", "--bind", f"127.0.0.1:{self.port}"]
         self.server = Server(args, port=self.port, log_path=os.path.join(directory, f"{name}.log"),
-                             env=env, cwd=repo, ready_timeout=30)
+                             env=env, cwd=REPO, ready_timeout=30)
         self.session = requests.Session()
         self.session.trust_env = False   # REQUESTS_CA_BUNDLE must not replace our CA
         self.session.verify = tls_ca if tls_ca else True
         self._wait_ready()
 
     @classmethod
-    def archway(cls, directory: str, config: dict, *, tls_ca: str | None, name: str = "archway",
-                repo: str | None = None):
+    def archway(cls, directory: str, config: dict, *, tls_ca: str | None, name: str = "archway"):
         """`python3 -m webhook.cli --config FILE serve --bind 127.0.0.1:PORT`, unchanged."""
-        return cls(directory, name, ["webhook.cli"], config, tls_ca=tls_ca, repo=repo)
+        return cls(directory, name, ["webhook.cli"], config, tls_ca=tls_ca)
 
     @classmethod
-    def module(cls, directory: str, module: str, config: dict, *, tls_ca: str | None, name: str,
-               repo: str | None = None):
+    def module(cls, directory: str, module: str, config: dict, *, tls_ca: str | None, name: str):
         """A bench entry point that takes the same `--config FILE serve --bind` arguments."""
-        return cls(directory, name, [module], config, tls_ca=tls_ca, repo=repo)
+        return cls(directory, name, [module], config, tls_ca=tls_ca)
 
     # --- addresses and requests
     def url(self, path: str = "") -> str:

@@ -556,16 +556,18 @@ def test_metrics_add_up_across_workers(world):
     before = _metric(_scrape(world), "archway_admissions_total", 'outcome="mutated"')
     posted = 0
     # Fresh connections until both workers have answered admissions (each has its own file).
-    while posted < 6 or (len(_admissions_by_worker(world)) < 2 and posted < 60):
+    while posted < 6 or (len(_admissions_by_worker(world)) < 2 and posted < 200):
         with world.new_session() as s:
             r = world.post(world.load("v1-pod-multiarch"), session=s)
             assert r.status_code == 200
         posted += 1
     by_worker = _admissions_by_worker(world)
     assert len(by_worker) == 2, by_worker
+    print(f"\nadmissions per worker after {posted} posts: {sorted(by_worker.values())}")
     for _ in range(4):  # whichever worker answers the scrape, it reports both workers' counts
         text = _scrape(world)
-        assert _metric(text, "archway_admissions_total", 'outcome="mutated"') == before + posted
+        assert _metric(text, "archway_admissions_total", 'outcome="mutated"') == before + posted, \
+            (before, posted, by_worker, text)
         assert sum(_metric(text, "archway_admissions_total", f'outcome="{o}"') for o in
                    ("mutated", "unchanged", "denied", "fail_open", "error")) == sum(by_worker.values())
         assert _metric(text, "archway_admission_duration_seconds_count") >= posted

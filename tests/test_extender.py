@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 import kubernetes_validate
@@ -22,7 +21,6 @@ from tests.infra.registry import plain_registry  # noqa: F401
 from webhook.config import config_from_dict
 from webhook.extender import (Extender, annotated_architectures, common_architectures,
                               filter_by_arch, register_extender)
-from webhook.extenderwire import parse_extender_args
 from webhook.nodes import NodeCache, node_arch
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "extender")
@@ -91,7 +89,7 @@ def test_node_arch_label_then_beta_label_then_node_info():
 
 def test_annotation_parsing():
     pod = lambda value: {"metadata": {"annotations": {"archway.dev/architectures": value}}}  # noqa: E731
-    assert annotated_architectures(pod("arm64, AMD64")) == {"amd64", "arm64"}
+    assert annotated_architectures(pod("arm64, AMD64,x86_64")) == {"amd64", "arm64"}
     assert annotated_architectures(pod("")) is None and annotated_architectures(pod(5)) is None
     assert annotated_architectures({"metadata": None}) is None
 
@@ -99,7 +97,7 @@ def test_annotation_parsing():
 def test_filter_by_arch_decisions():
     names = ["a", "b", "c"]
     out = filter_by_arch(frozenset({"arm64"}), ["amd64", None, "arm64"], names)
-    assert out.keep == [1, 2] and out.failed == {}
+    assert out.keep == [1, 2]
     assert out.unresolvable == {"a": "node arch amd64 not in the pod's images' architectures arm64"}
     assert filter_by_arch(None, [], names).keep == [0, 1, 2]          # unknown pod: all pass
     empty = filter_by_arch(frozenset(), ["amd64", None, "arm64"], names, why_none="x: amd64; y: arm64")
@@ -274,11 +272,6 @@ def names_filter(client, names):
 
 
 def _delete(apiserver, node):
-    # The stand-in records a deletion under the resourceVersion of the change before it, which a
-    # watcher has already seen, so the event would never reach it; the real API server gives
-    # every deletion its own resourceVersion. Until the stand-in does (reported), do it here.
-    with apiserver._lock:
-        apiserver._rv += 1
     apiserver.emit("/api/v1/nodes", "DELETED", node)
 
 
@@ -357,6 +350,24 @@ def test_410_gone_makes_the_cache_list_again(cached, apiserver):
     wait_until(lambda: "missed-while-away" not in cache.nodes)
 
 
+def test_a_refused_first_list_does_not_make_filter_calls_wait(tmp_path):
+    server = FakeApiServer()
+    server.put(f"/api/v1/nodes/{AMD64}", load("filter-nodes.json")["Nodes"]["items"][0])
+    server.faults["/api/v1/nodes"] = 403          # e.g. RBAC without list on nodes
+    config = config_from_dict({"kubernetes": {"kubeconfig": server.kubeconfig(str(tmp_path))}})
+    from webhook.pullsecrets import build_api_client
+    cache = NodeCache(lambda: build_api_client(config.kubernetes)[0], max_backoff_seconds=0.3)
+    try:
+        started = time.monotonic()
+        assert cache.wait_synced(5) is False
+        assert time.monotonic() - started < 3 and cache.nodes == {}
+        del server.faults["/api/v1/nodes"]        # RBAC fixed: the cache catches up by itself
+        wait_until(lambda: cache.synced and AMD64 in cache.nodes)
+    finally:
+        cache.stop()
+        server.stop()
+
+
 def test_no_cluster_means_an_empty_cache_that_settles_at_once():
     cache = NodeCache(lambda: None)
     started = time.monotonic()
@@ -404,6 +415,11 @@ def test_served_filter_in_both_modes_and_prioritize(served, apiserver):
     r = session.post(f"{url}/scheduler/filter", data=b'{"Pod": {}}', timeout=10)
     assert r.status_code == 400 and "neither Nodes nor NodeNames" in r.json()["error"]
     assert apiserver.count("GET", "/api/v1/nodes/") == 0
+    # gunicorn's workers write multiprocess metrics; /metrics adds them up.
+    text = session.get(f"{url}/metrics", timeout=10).text
+    assert 'archway_extender_requests_total{outcome="ok",verb="filter"} 2.0' in text
+    assert 'archway_extender_requests_total{outcome="bad_request",verb="filter"} 1.0' in text
+    assert 'archway_extender_duration_seconds_count{verb="prioritize"} 1.0' in text
 
 
 def test_served_filter_takes_a_body_far_above_the_admission_limit(served):

@@ -3,7 +3,6 @@ machine's real node_exporter (tests/infra/prometheus.py; one Prometheus per sess
 import json
 import logging
 import os
-import socket
 import time
 from contextlib import contextmanager
 
@@ -199,6 +198,7 @@ def test_prometheus_down_gives_neutral_scores_200s_a_metric_and_one_log_line(pro
                          stale_after_seconds=1.5, timeout_seconds=1) as (client, extender):
         poll(lambda: prioritize(client), ordered)
         assert _metric("archway_prometheus_up") == 1
+        assert time.time() - _metric("archway_prometheus_last_success_timestamp_seconds") < 5
         errors_before = _metric("archway_prometheus_query_errors_total")
         prom.prometheus.stop()
         try:

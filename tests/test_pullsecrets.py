@@ -147,7 +147,8 @@ def test_no_api_configured(monkeypatch, tmp_path):
     assert client is None and source == "none"
     creds = PullSecrets(None, source=source).credentials_for(pod("regcred"), NS, time.monotonic() + 1)
     assert creds.warnings == ("pull secrets not read (no Kubernetes API configured): regcred",)
-    off = PullSecrets(*build_api_client(k8s_settings(enabled="off"))[:1], source="disabled")
+    assert build_api_client(k8s_settings(enabled="off")) == (None, "disabled")
+    off = PullSecrets(None, source="disabled")
     assert off.credentials_for(pod("regcred"), NS, time.monotonic() + 1).warnings == ()
 
 

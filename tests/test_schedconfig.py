@@ -48,7 +48,7 @@ def test_defaults_exactly():
         "profiles": [{"schedulerName": "archway-scheduler"}],
         "extenders": [{"urlPrefix": "http://127.0.0.1:8444/scheduler", "filterVerb": "filter",
                        "prioritizeVerb": "prioritize", "weight": 1, "enableHTTPS": False,
-                       "nodeCacheCapable": True, "ignorable": True, "httpTimeout": "2s"}],
+                       "nodeCacheCapable": True, "ignorable": True, "httpTimeout": "3s"}],
     }
     # The chart renders the same document: the key order is part of the contract.
     assert list(doc) == ["apiVersion", "kind", "leaderElection", "profiles", "extenders"]

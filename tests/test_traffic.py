@@ -209,3 +209,72 @@ def test_poller_keeps_the_last_answer_until_stale_then_none(caplog):
 def test_poller_without_url_never_starts():
     poller = TrafficPoller(PrometheusSettings(url=None))
     assert poller.fresh_snapshot() is None and poller._thread is None
+
+
+# --- network faults from a real socket (fault injection) -----------------------------------------
+
+class _FaultServer:
+    """Accepts connections and misbehaves: `silent` never answers, `flood` streams an endless
+    body without Content-Length, `nested` answers JSON nested far too deep."""
+
+    def __init__(self, mode):
+        import socket
+        import threading
+        self.mode = mode
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.closing = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        import threading
+        while not self.closing.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn):
+        try:
+            conn.recv(65536)
+            if self.mode == "silent":
+                self.closing.wait(10)
+            elif self.mode == "flood":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Connection: close\r\n\r\n")
+                chunk = b" " * 65536
+                while not self.closing.is_set():
+                    conn.sendall(chunk)
+            elif self.mode == "nested":
+                body = b"[" * 200000 + b"]" * 200000
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def stop(self):
+        self.closing.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("mode, words", [
+    ("silent", "deadline passed waiting for 127.0.0.1"),
+    ("flood", "more than the 16777216 bytes"),
+    ("nested", "recursion"),
+])
+def test_poller_survives_a_prometheus_that_misbehaves(mode, words):
+    import time
+    server = _FaultServer(mode)
+    try:
+        poller = TrafficPoller(PrometheusSettings(url=server.url, timeout_seconds=1.0))
+        started = time.monotonic()
+        poller.refresh_once()
+        assert time.monotonic() - started < 3
+        assert words in poller.last_error and poller.fresh_snapshot() is None
+    finally:
+        server.stop()

@@ -6,12 +6,14 @@ second scheduler the webhook's `schedulerName` points at). The extender is confi
 `ignorable: true`, so any error here only costs the pod archway's opinion, never its scheduling;
 that is why unknown things pass instead of blocking.
 """
+import json
 import logging
 import time
 
 from flask import Flask, Response, request
 
 from registry.model import ImageInfo
+from registry.platforms import normalize
 from webhook import metrics
 from webhook.extenderwire import (MalformedExtenderArgs, filter_result_json, host_priority_entry,
                                   host_priority_list_json, parse_extender_args)
@@ -39,7 +41,7 @@ def annotated_architectures(pod: dict) -> frozenset[str] | None:
     value = annotations.get(ANNOTATION_ARCHITECTURES) if isinstance(annotations, dict) else None
     if not isinstance(value, str):
         return None
-    archs = frozenset(a.strip().lower() for a in value.split(",") if a.strip())
+    archs = frozenset(normalize("linux", a).architecture for a in value.split(",") if a.strip())
     return archs or None
 
 
@@ -56,12 +58,11 @@ def common_architectures(results: dict) -> tuple[frozenset[str] | None, str]:
 
 
 class FilterOutcome:
-    __slots__ = ("keep", "failed", "unresolvable")
+    __slots__ = ("keep", "unresolvable")
 
     def __init__(self):
-        self.keep: list[int] = []
-        self.failed: dict[str, str] = {}
-        self.unresolvable: dict[str, str] = {}
+        self.keep: list[int] = []                 # positions of the passing candidates
+        self.unresolvable: dict[str, str] = {}    # node -> why it cannot run the pod
 
 
 def filter_by_arch(pod_archs: frozenset[str] | None, node_archs, names, *,
@@ -157,7 +158,8 @@ class Extender:
             names = args.node_names
             node_archs = self._cached_archs(names, deadline) if pod_archs else ()
         outcome = filter_by_arch(pod_archs, node_archs, names, why_none=detail)
-        body = filter_result_json(args, outcome.keep, outcome.failed, outcome.unresolvable)
+        # FailedNodes stays empty: nothing archway rejects could be fixed by preemption.
+        body = filter_result_json(args, outcome.keep, {}, outcome.unresolvable)
         summary = (f"archs={','.join(sorted(pod_archs)) if pod_archs is not None else 'unknown'} "
                    f"from {source}, {len(outcome.keep)}/{len(names)} nodes pass")
         return body, summary
@@ -283,9 +285,9 @@ def register_extender(app: Flask, config, resolver, *, extender: Extender | None
 
 def _bad_request(verb: str, error: Exception, started: float) -> Response:
     _finished(verb, "bad_request", started)
+    metrics.bad_request(400)
     log.info("%s: 400 %s", verb, error)
-    from flask import json as flask_json
-    return Response(flask_json.dumps({"error": f"malformed ExtenderArgs: {error}"}), 400,
+    return Response(json.dumps({"error": f"malformed ExtenderArgs: {error}"}), 400,
                     mimetype="application/json")
 
 

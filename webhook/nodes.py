@@ -90,7 +90,7 @@ class NodeCache:
         self.available: bool | None = None   # None: not known yet; False: no cluster configured
         self.lists = 0                        # how many full lists were made (re-lists included)
         self._synced = threading.Event()
-        self._settled = threading.Event()     # synced, or known to have no cluster
+        self._settled = threading.Event()     # synced, or the first attempt failed / no cluster
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = None
@@ -116,7 +116,8 @@ class NodeCache:
             self._thread.start()
 
     def wait_synced(self, timeout: float) -> bool:
-        """True once the first list is in; returns at once when there is no cluster."""
+        """True once the first list is in; returns at once when there is no cluster or the
+        first attempt failed (the cache keeps retrying in the background)."""
         self.ensure_started()
         self._settled.wait(max(0.0, timeout))
         return self._synced.is_set()
@@ -146,20 +147,29 @@ class NodeCache:
         from kubernetes import client
         api = client.CoreV1Api(api_client)
         backoff = 0.0
+        failures = 0
         resource_version = None
         while not self._stop.is_set():
             try:
                 if resource_version is None:
                     resource_version = self._list(api)
-                    backoff = 0.0
+                    backoff, failures = 0.0, _recovered(failures)
                 resource_version = self._watch_from(api, resource_version)
-                backoff = 0.0
+                backoff, failures = 0.0, _recovered(failures)
             except _Gone:
                 log.info("node watch expired (410 Gone): listing again")
                 resource_version = None
             except Exception as e:
+                if self._stop.is_set():
+                    break
+                # A first list that fails (no RBAC for nodes, API down) must not make every
+                # NodeNames call wait for a sync that is not coming.
+                self._settled.set()
+                failures += 1
                 backoff = min(self.max_backoff_seconds, max(0.5, backoff * 2))
-                log.warning("node cache: %s; retrying in %.1f s", _describe(e), backoff)
+                # One warning per outage; the retries after it are debug noise.
+                (log.warning if failures == 1 else log.debug)(
+                    "node cache: %s; retrying with backoff (%.1f s now)", _describe(e), backoff)
                 self._stop.wait(backoff * random.uniform(0.8, 1.2))
 
     def _list(self, api) -> str:
@@ -236,6 +246,12 @@ class NodeCache:
             del nodes[name]
             self.nodes = nodes
             self.version += 1
+
+
+def _recovered(failures: int) -> int:
+    if failures:
+        log.info("node cache: the API server answers again after %d failed attempt(s)", failures)
+    return 0
 
 
 class _Gone(Exception):

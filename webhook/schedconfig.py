@@ -18,12 +18,13 @@ _DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")  # Go time
 def build_scheduler_config(*, scheduler_name: str = "archway-scheduler",
                            extender_url: str = "http://127.0.0.1:8444/scheduler",
                            weight: int = 1, node_cache_capable: bool = True,
-                           http_timeout: str = "2s", lease_name: str = "archway-scheduler",
+                           http_timeout: str = "3s", lease_name: str = "archway-scheduler",
                            lease_namespace: str = "archway") -> dict:
     """A kubescheduler.config.k8s.io/v1 KubeSchedulerConfiguration with one profile and archway
     as its extender. `ignorable: true`: when archway is down the pod is scheduled without its
     opinion instead of staying Pending. The lease is the second scheduler's own, so it never
-    contends with the default scheduler's leader election."""
+    contends with the default scheduler's leader election. httpTimeout 3s leaves room above the
+    extender's own deadline (extender.deadline_seconds, 2 s) for the answer to travel."""
     if not scheduler_name:
         raise ConfigError("the scheduler name must not be empty")
     if not isinstance(weight, int) or isinstance(weight, bool) or weight <= 0:
@@ -78,7 +79,7 @@ def register(subparsers) -> None:
     parser.add_argument("--node-cache-capable", action=argparse.BooleanOptionalAction, default=True,
                         help="send node names instead of whole Node objects; archway then keeps a "
                              "node cache (default: on)")
-    parser.add_argument("--http-timeout", default="2s",
+    parser.add_argument("--http-timeout", default="3s",
                         help="how long the scheduler waits for archway (default: %(default)s)")
     parser.add_argument("--lease-name", default="archway-scheduler",
                         help="the scheduler's own leader-election lease (default: %(default)s)")

@@ -32,6 +32,10 @@ def _record_query(ok: bool, series: int = 0) -> None:
     if ok:
         metrics.gauge("archway_prometheus_series", "Series the last traffic query returned",
                       multiprocess_mode="livemostrecent").set(series)
+        metrics.gauge("archway_prometheus_last_success_timestamp_seconds",
+                      "Unix time of the last successful traffic query (data older than "
+                      "prometheus.stale_after_seconds is not used)",
+                      multiprocess_mode="max").set(time.time())
     else:
         metrics.counter("archway_prometheus_query_errors_total",
                         "Prometheus traffic queries that failed").inc()
@@ -232,13 +236,12 @@ class TrafficPoller:
         self.queries += 1
         try:
             traffic = self._query()
-        except ArchwayError as e:
-            _record_query(False)
-            self.last_error = str(e)
-            if self._up is not False:  # one line per outage, not one per refresh
-                log.warning("Prometheus traffic query failed, prioritize goes neutral once the "
-                            "last answer is %gs old: %s", self.settings.stale_after_seconds, e)
-            self._up = False
+        except (ArchwayError, RecursionError) as e:
+            self._failed(str(e) or type(e).__name__)
+            return
+        except Exception as e:  # a bug must not silently end the thread and freeze the scores
+            log.exception("unexpected error in the Prometheus traffic query")
+            self._failed(f"unexpected error: {type(e).__name__}")
             return
         _record_query(True, len(traffic))
         if self._up is not True:
@@ -247,6 +250,14 @@ class TrafficPoller:
         self.last_error = None
         self._version += 1
         self._snapshot = TrafficSnapshot(traffic, self.clock(), self._version)
+
+    def _failed(self, error: str) -> None:
+        _record_query(False)
+        self.last_error = error
+        if self._up is not False:  # one line per outage, not one per refresh
+            log.warning("Prometheus traffic query failed, prioritize goes neutral once the "
+                        "last answer is %gs old: %s", self.settings.stale_after_seconds, error)
+        self._up = False
 
     def _query(self) -> dict[str, float]:
         url = (self.settings.url.rstrip("/") + "/api/v1/query?"

@@ -72,10 +72,13 @@ class FakeApiServer:
         with self._lock:
             return copy.deepcopy(self.objects.get(path))
 
-    def delete(self, path: str) -> None:
+    def delete(self, path: str) -> dict:
         with self._lock:
             obj = self.objects.pop(path)
+            self._rv += 1  # a deletion is a change of its own, with its own resourceVersion
+            obj["metadata"]["resourceVersion"] = str(self._rv)
             self._record(path.rsplit("/", 1)[0], "DELETED", obj)
+            return obj
 
     def emit(self, collection: str, event_type: str, obj: dict) -> None:
         """Apply a change as a watch event (ADDED/MODIFIED/DELETED) on `collection`."""
@@ -283,8 +286,7 @@ class FakeApiServer:
                 with server._lock:
                     if path not in server.objects:
                         return self._not_found(path)
-                    obj = server.objects.pop(path)
-                    server._record(path.rsplit("/", 1)[0], "DELETED", obj)
+                    obj = server.delete(path)
                 self._reply(200, obj)
 
         return Handler

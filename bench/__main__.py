@@ -1,0 +1,74 @@
+"""Run every archway benchmark side by side and print one table of figures with their targets.
+
+    python3 -m bench                       # everything (bench/run.sh does setup first)
+    python3 -m bench --only admission,extender
+
+To measure a proposed fix, copy the checkout, patch the copy and run `python3 -m bench` inside
+it: the servers and the in-process parts then all run the copy's code.
+
+Writes the same table, with notes on how each figure was measured and the machine's
+description, to bench/results/latest.md (gitignored). Exit status 0 when every target is met,
+1 when one is missed.
+"""
+import argparse
+import os
+import sys
+import time
+
+from . import admission, extender, memory, registry_costs, uncached
+from .lab import Lab
+from .report import load_average, machine, markdown, summary, table
+
+# Cheap first; the extender last, since its Prometheus scrapes 5,000 series while it runs.
+SECTIONS = {
+    "registry": registry_costs.run,
+    "uncached": uncached.run,
+    "admission": admission.run,
+    "memory": memory.run,
+    "extender": extender.run,
+}
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def _order(figure) -> tuple:
+    digits = "".join(c for c in figure.number if c.isdigit())
+    return (int(digits) if digits else 99, figure.number)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--only", help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
+    parser.add_argument("--output", default=os.path.join(RESULTS, "latest.md"))
+    args = parser.parse_args(argv)
+    wanted = args.only.split(",") if args.only else list(SECTIONS)
+    unknown = set(wanted) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section(s): {', '.join(sorted(unknown))}")
+
+    started = time.monotonic()
+    described = machine()
+    lab = Lab(keep=args.keep)
+    figures = []
+    try:
+        for name in wanted:
+            section_start = time.monotonic()
+            print(f"bench: {name}...", file=sys.stderr, flush=True)
+            figures += SECTIONS[name](lab)
+            print(f"bench: {name} done in {time.monotonic() - section_start:.0f} s",
+                  file=sys.stderr, flush=True)
+    finally:
+        lab.cleanup()
+    figures.sort(key=_order)
+    seconds = time.monotonic() - started
+    print(table(figures))
+    print(f"\n{summary(figures)}; whole run {seconds:.0f} s")
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w") as f:
+        f.write(markdown(figures, described, seconds=seconds, load_at_end=load_average()))
+    print(f"written to {args.output}" + (f"; scratch kept in {lab.directory}" if args.keep else ""))
+    return 0 if all(f.passed is not False for f in figures) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
