@@ -11,21 +11,21 @@ description, to bench/results/latest.md (gitignored). Exit status 0 when every t
 1 when one is missed.
 """
 import argparse
+import importlib
 import os
 import sys
 import time
 
-from . import admission, extender, memory, registry_costs, uncached
 from .lab import Lab
 from .report import load_average, machine, markdown, summary, table
 
 # Cheap first; the extender last, since its Prometheus scrapes 5,000 series while it runs.
-SECTIONS = {
-    "registry": registry_costs.run,
-    "uncached": uncached.run,
-    "admission": admission.run,
-    "memory": memory.run,
-    "extender": extender.run,
+SECTIONS = {           # name -> module of bench/ whose run(lab) returns its figures
+    "registry": "registry_costs",
+    "uncached": "uncached",
+    "admission": "admission",
+    "memory": "memory",
+    "extender": "extender",
 }
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -54,7 +54,8 @@ def main(argv=None) -> int:
         for name in wanted:
             section_start = time.monotonic()
             print(f"bench: {name}...", file=sys.stderr, flush=True)
-            figures += SECTIONS[name](lab)
+            module = importlib.import_module(f"{__package__}.{SECTIONS[name]}")
+            figures += module.run(lab)
             print(f"bench: {name} done in {time.monotonic() - section_start:.0f} s",
                   file=sys.stderr, flush=True)
     finally:

@@ -13,12 +13,17 @@ from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 
 from .errors import ConfigError, DeadlineExceeded, HostRefused, ResponseTooLarge, TransportError
 from .hostpolicy import HostPolicy
 from .settings import RegistrySettings
+
+# Unverified TLS happens only for hosts the operator listed in registry.insecure_hosts: a
+# warning on every request would only bury real log lines.
+urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 
 MAX_REDIRECTS = 5
 _CHUNK = 64 * 1024

@@ -173,6 +173,10 @@ def world(tmp_path_factory):
                   metrics_parent=str(workdir / "metrics"))
         w.wait_ready()
         yield w
+        errors = [line for line in w.full_log().splitlines()
+                  if "Error handling request" in line or "unhandled error" in line
+                  or "Traceback" in line]
+        assert not errors, "archway logged errors:\n" + w.full_log()[-6000:]
     finally:
         for item in reversed(stack):
             item.stop()
@@ -559,7 +563,7 @@ def test_metrics_add_up_across_workers(world):
     while posted < 6 or (len(_admissions_by_worker(world)) < 2 and posted < 200):
         with world.new_session() as s:
             r = world.post(world.load("v1-pod-multiarch"), session=s)
-            assert r.status_code == 200
+            assert r.status_code == 200, r.text
         posted += 1
     by_worker = _admissions_by_worker(world)
     assert len(by_worker) == 2, by_worker
@@ -589,7 +593,8 @@ def test_admission_latency_cold_and_warm(world):
         start = time.perf_counter()
         r = world.post(review, session=session)
         client_ms.append((time.perf_counter() - start) * 1000)
-        assert r.status_code == 200 and r.json()["response"]["allowed"]
+        assert r.status_code == 200, r.text
+        assert r.json()["response"]["allowed"]
         server_ms.append(world.server_ms(review["request"]["uid"]))
     session.close()
     cold_client, cold_server = client_ms[0], server_ms[0]
@@ -666,7 +671,8 @@ def test_sigterm_lets_an_admission_in_flight_finish(default_serve, tmp_path):
         assert server.proc.wait(15) == 0
     finally:
         hang.stop()
-    assert result["status"] == 200 and result["body"]["response"]["allowed"]
+    assert result["status"] == 200, (result, server.log())
+    assert result["body"]["response"]["allowed"]
     assert "(timed out)" in result["body"]["response"]["warnings"][0]
     assert 2.5 < result["seconds"] < 4.0
 

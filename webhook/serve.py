@@ -85,14 +85,28 @@ def tls_files(config, host: str):
 
 
 def _preflight(config, tls) -> None:
-    """Fail at start-up, with the config's words, on what every worker would otherwise die of."""
-    from registry.resolver import Resolver
+    """Fail at start-up, with the config's words, on what every worker would otherwise die of.
+
+    Nothing is built here that workers would inherit: the resolver (its CA bundle file, pools,
+    threads) is made in each worker after the fork.
+    """
+    from registry.credentials import Keyring
 
     from .pullsecrets import build_api_client
     if tls is not None:
         from certs.tls import server_context
         server_context(tls[0], tls[1])  # ConfigError when the pair does not load
-    Resolver(config.registry)  # reads registry.credentials_file; starts no thread
+    if config.registry.credentials_file:
+        Keyring.from_file(config.registry.credentials_file)
+    if config.registry.ca_file:
+        try:
+            with open(os.path.expanduser(config.registry.ca_file), "rb") as f:
+                pem = f.read(4 * 1024 * 1024)
+        except OSError as e:
+            raise ConfigError(f"cannot read registry.ca_file {config.registry.ca_file}: "
+                              f"{e.strerror}") from None
+        if b"-----BEGIN CERTIFICATE-----" not in pem:
+            raise ConfigError(f"registry.ca_file {config.registry.ca_file} holds no PEM certificate")
     build_api_client(config.kubernetes)  # ConfigError on a bad kubernetes.kubeconfig
 
 
