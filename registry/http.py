@@ -154,8 +154,17 @@ def _trust_bundle(ca_file: str) -> str:
     bundle = tempfile.NamedTemporaryFile(prefix="archway-ca-", suffix=".pem", delete=False)
     with bundle:
         bundle.write(public + b"\n" + extra)
-    atexit.register(os.unlink, bundle.name)
+    atexit.register(_remove_if_mine, bundle.name, os.getpid())
     return bundle.name
+
+
+def _remove_if_mine(path: str, creator_pid: int) -> None:
+    """Forked children inherit atexit hooks: only the process that made the file removes it."""
+    if os.getpid() == creator_pid:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def _reason(error: Exception) -> str:

@@ -579,6 +579,27 @@ def test_metrics_add_up_across_workers(world):
                        'result="resolved",source="oci-index"') >= posted
 
 
+def test_a_worker_restart_keeps_metrics_and_admissions_working(world):
+    """gunicorn replaces a worker that dies; the replacement and its sibling keep counting."""
+    booted = re.findall(r"Booting worker with pid: (\d+)", world.full_log())
+    victim = int(booted[-1])
+    before = _metric(_scrape(world), "archway_admissions_total", 'outcome="mutated"')
+    os.kill(victim, 15)
+    deadline = time.monotonic() + 15
+    while len(re.findall(r"Booting worker with pid", world.full_log())) == len(booted):
+        assert time.monotonic() < deadline, world.full_log()[-3000:]
+        time.sleep(0.05)
+    world.wait_ready()
+    for _ in range(8):
+        with world.new_session() as s:
+            r = world.post(world.load("v1-pod-multiarch"), session=s)
+            assert r.status_code == 200, r.text
+    [run_dir] = os.listdir(world.metrics_parent)
+    assert os.path.isdir(os.path.join(world.metrics_parent, run_dir))
+    # the dead worker's counts are kept: nothing counted is lost with the process
+    assert _metric(_scrape(world), "archway_admissions_total", 'outcome="mutated"') == before + 8
+
+
 def test_admission_latency_cold_and_warm(world):
     """Cold: first pod naming an image no worker has seen. Warm: the same image again, same
     connection (so the same worker and its cache)."""

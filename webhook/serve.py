@@ -46,15 +46,22 @@ def serve(config, bind: str | None = None) -> int:
 
     metrics_dir = _fresh_metrics_dir()
     os.environ[MULTIPROC_ENV] = metrics_dir
+    # gunicorn forks its workers inside run(): a worker leaving unwinds through this very frame.
+    # Only the master may clean up, or the first worker to exit deletes the directory that the
+    # others are still writing to.
+    master = os.getpid()
     try:
         _announce(config, bind, host, port, tls)
         try:
             _Gunicorn(config, _options(config, bind, tls)).run()
         except SystemExit as e:  # gunicorn's arbiter exits through sys.exit
+            if os.getpid() != master:
+                raise
             return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         return 0
     finally:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
+        if os.getpid() == master:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def split_bind(bind: str) -> tuple[str, int]:
