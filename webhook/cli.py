@@ -18,13 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMAND_MODULES:
-        try:  # LEAD-TODO: drop this tolerance once every module has landed
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-            continue
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     for subparser in subparsers.choices.values():
         # `archway inspect --config f.yaml` reads as naturally as `archway --config f.yaml inspect`.
         subparser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,

@@ -1,0 +1,17 @@
+"""The README's demo keeps working: it really patches pods through a real server and registry."""
+import subprocess
+import sys
+
+from tests.infra.procs import REPO
+
+
+def test_demo_shows_patches_and_a_denial():
+    result = subprocess.run([sys.executable, "scripts/demo.py"], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.count("allowed: True") == 3 and out.count("allowed: False") == 1
+    assert "kubernetes.io/arch: arm64" in out                      # the single-arch nodeSelector
+    assert '"path": "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution' \
+           '/nodeSelectorTerms/1/matchExpressions/1"' in out       # both ORed terms gained it
+    assert "share no CPU architecture" in out
