@@ -24,8 +24,9 @@ class WrkResult:
 
 
 def run_wrk(url: str, body: bytes, *, seconds: float, connections: int, threads: int = 1,
-            timeout_seconds: int = 5) -> WrkResult:
-    """POST `body` to `url` for `seconds` over `connections` keep-alive connections."""
+            timeout_seconds: int = 5, close_every: int = 0) -> WrkResult:
+    """POST `body` to `url` for `seconds` over `connections` keep-alive connections;
+    `close_every` > 0 closes one connection every that many requests (see post.lua)."""
     wrk = require_binary("wrk")
     with tempfile.NamedTemporaryFile(prefix="bench-body-", suffix=".json") as f:
         f.write(body)
@@ -33,7 +34,8 @@ def run_wrk(url: str, body: bytes, *, seconds: float, connections: int, threads:
         out = subprocess.run(
             [wrk, "-t", str(threads), "-c", str(connections), "-d", f"{seconds:g}s",
              "--timeout", f"{timeout_seconds}s", "-s", LUA_SCRIPT, url],
-            env=dict(os.environ, BENCH_BODY=f.name), capture_output=True, text=True,
+            env=dict(os.environ, BENCH_BODY=f.name, BENCH_CLOSE_EVERY=str(close_every)),
+            capture_output=True, text=True,
             timeout=seconds + 60)
     line = next((l for l in out.stdout.splitlines() if l.startswith("BENCH-JSON ")), None)
     if out.returncode != 0 or line is None:

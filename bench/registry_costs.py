@@ -92,12 +92,14 @@ def _requests_per_image(lab: Lab, number: str, name: str, target: str) -> Figure
     ok = (resolved and index_anon == 1 and single_anon == 2
           and index_same[:2] == (1, 0) and single_new[:2] == (2, 1) and single_same[:2] == (2, 0)
           and first[1] == 1)
-    measured = (f"index {index_anon} / single {single_anon}; token registry: new scope "
-                f"{single_new[0]}+{single_new[1]} token, cached scope {single_same[0]}+"
-                f"{single_same[1]} token, index {index_same[0]}+{index_same[1]} token")
+    measured = (f"index {index_anon} / single {single_anon}; token auth: +{single_new[1]} "
+                f"token for a new scope, +{single_same[1]} once cached")
     return Figure(number, name, measured, target, ok, [
         "fresh Resolver (the object each worker builds) against a real docker-registry over TLS; "
         "requests counted from the registry's access log, tokens at the token server",
+        f"token registry: new scope (single manifest) {single_new[0]} registry requests + "
+        f"{single_new[1]} token; same scope again {single_same[0]} + {single_same[1]}; index in a "
+        f"scope with a cached token {index_same[0]} + {index_same[1]}",
         f"token registry, very first image of the host: {first[0]} registry requests (the 401 "
         f"that names the token service, then the manifest) + {first[1]} token; later scopes on "
         f"that host get their token up front (remembered challenge)",

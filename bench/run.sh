@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# archway's benchmarks, side by side, in one run: prints one table of figures with their targets
+# (PASS/MISS) and writes it with the machine's description to bench/results/latest.md.
+#   bash bench/run.sh                     everything (a few minutes on 2 cores)
+#   bash bench/run.sh --only admission    some sections: registry, uncached, admission, memory, extender
+#   BENCH_SKIP_SETUP=1 bash bench/run.sh  skip the (idempotent) install step
+# Profiling a missed target needs py-spy: pip install -r bench/requirements.txt, then
+#   python3 -m bench.profile admission
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "${BENCH_SKIP_SETUP:-}" != 1 ]; then
+  # The real servers the benchmarks start (docker-registry, prometheus, wrk...) and the test
+  # infrastructure they reuse.
+  bash scripts/setup.sh --test
+fi
+exec python3 -m bench "$@"
