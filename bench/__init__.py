@@ -1,0 +1,1 @@
+"""archway benchmarks: `bash bench/run.sh` (see docs/benchmarks.md)."""

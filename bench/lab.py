@@ -1,5 +1,6 @@
 """What every benchmark section shares: a scratch directory, one test CA, archway's serving
 certificate, and the config archway runs with (the same shape the Helm chart renders)."""
+import base64
 import copy
 import json
 import os
@@ -81,3 +82,14 @@ def pod_review(images: list[str], *, uid: str = "bench", namespace: str = "shop"
     spec["containers"] = [dict(copy.deepcopy(template), name=f"c{i}", image=image)
                           for i, image in enumerate(images)]
     return json.dumps(review).encode()
+
+
+def mutated_archs(response) -> set[str]:
+    """The architectures archway's patch constrains the pod to (empty when it did not mutate)."""
+    if response.status_code != 200:
+        raise RuntimeError(f"admission answered {response.status_code}: {response.text[:300]}")
+    answer = response.json()["response"]
+    if not answer.get("allowed") or "patch" not in answer:
+        return set()
+    text = base64.b64decode(answer["patch"]).decode()
+    return {a for a in ("amd64", "arm64", "arm") if f'"{a}"' in text}

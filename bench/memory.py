@@ -10,10 +10,9 @@ import time
 
 from tests.infra.registry import RegistryServer
 
-from .lab import Lab, pod_review, push_index_variants
+from .lab import Lab, mutated_archs, pod_review, push_index_variants
 from .report import Figure, failed_figure
 from .servers import GunicornServer, rss_bytes
-from .uncached import _mutated_archs
 
 IMAGES = 10_000
 REAL_IMAGES = 300
@@ -77,5 +76,5 @@ def run(lab: Lab) -> list[Figure]:
 
 def _admit(server: GunicornServer, images: list[str]) -> None:
     answer = server.post("/mutate", pod_review(images, uid=f"memory-{time.monotonic_ns()}"))
-    if _mutated_archs(answer) != {"amd64", "arm64", "arm"}:
+    if mutated_archs(answer) != {"amd64", "arm64", "arm"}:
         raise RuntimeError(f"pod with {len(images)} images not mutated: {answer.text[:300]}")

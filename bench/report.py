@@ -91,7 +91,7 @@ def _tool_version(args: list[str]) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     text = (out.stdout or out.stderr).strip().splitlines()
-    return text[0][:80] if text else "unknown"
+    return text[0].split(" Copyright")[0][:80] if text else "unknown"
 
 
 def load_average() -> str:

@@ -4,8 +4,6 @@
 behind tests.infra.proxy.DelayProxy, which holds back every chunk the registry sends by 50 ms,
 like a registry in another region. Requests to the registry are counted from its access log.
 """
-import base64
-import json
 import threading
 import time
 import uuid
@@ -17,7 +15,7 @@ from registry.settings import RegistrySettings
 from tests.infra.proxy import DelayProxy
 from tests.infra.registry import RegistryServer
 
-from .lab import Lab, pod_review, push_index_variants
+from .lab import Lab, mutated_archs, pod_review, push_index_variants
 from .report import Figure, failed_figure
 from .servers import GunicornServer, cpu_seconds
 from .stats import median
@@ -87,17 +85,6 @@ def _session(ca: str) -> requests.Session:
     return s
 
 
-def _mutated_archs(response: requests.Response) -> set[str]:
-    """The architectures archway's patch constrains the pod to (empty when it did not mutate)."""
-    if response.status_code != 200:
-        raise RuntimeError(f"admission answered {response.status_code}: {response.text[:300]}")
-    answer = response.json()["response"]
-    if not answer.get("allowed") or "patch" not in answer:
-        return set()
-    text = base64.b64decode(answer["patch"]).decode()
-    return {a for a in ("amd64", "arm64", "arm") if f'"{a}"' in text}
-
-
 # --- figure 4 ---------------------------------------------------------------------------------
 
 def _single_flight(setup: _Setup, number: str, name: str, target: str) -> Figure:
@@ -112,7 +99,7 @@ def _single_flight(setup: _Setup, number: str, name: str, target: str) -> Figure
     answers = _concurrently([body] * CONCURRENT, server)
     worker_cpu = [cpu_seconds(pid) - used for pid, used in cpu_before.items()]
     fetches = setup.manifest_gets(mark, tag)
-    mutated = sum(1 for a in answers if _mutated_archs(a) == {"amd64", "arm64", "arm"})
+    mutated = sum(1 for a in answers if mutated_archs(a) == {"amd64", "arm64", "arm"})
     logged = len(server.admission_times_ms(log_mark))
 
     # The same burst straight into one Resolver (one worker's worth), for comparison.
@@ -205,7 +192,7 @@ def _fan_out(setup: _Setup, number: str, name: str, target: str) -> Figure:
                 answer = session.post(server.url("/mutate"), data=body, timeout=30,
                                       headers={"Content-Type": "application/json"})
                 client_times.append((time.perf_counter() - started) * 1000)
-                if _mutated_archs(answer) != {"amd64", "arm64", "arm"}:
+                if mutated_archs(answer) != {"amd64", "arm64", "arm"}:
                     raise RuntimeError(f"pod with {count} images was not mutated: {answer.text[:300]}")
                 logged = _wait_logged(server, mark)
                 server_times.append(logged)
