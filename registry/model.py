@@ -1,10 +1,10 @@
 """What a resolution returns."""
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .platforms import Platform, architectures
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ImageInfo:
     """The platforms one image supports, the digest it resolved to, and where the answer came from.
 
@@ -16,7 +16,6 @@ class ImageInfo:
     digest: str | None
     source: str                      # e.g. "oci-index", "docker-manifest", "sif-oras", "sif-https"
     note: str = ""
-    cacheable_by_digest: bool = field(default=True, compare=False)
 
     @property
     def architectures(self) -> frozenset[str]:

@@ -2,6 +2,7 @@
 
 The architecture part is what a node's `kubernetes.io/arch` label carries (GOARCH).
 """
+import functools
 from dataclasses import dataclass
 
 _ARCH_ALIASES = {
@@ -14,7 +15,7 @@ _ARCH_ALIASES = {
 _IMPLIED_VARIANT = {"armhf": "v7", "armel": "v6"}
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class Platform:
     os: str
     architecture: str
@@ -25,6 +26,7 @@ class Platform:
         return "/".join(parts)
 
 
+@functools.lru_cache(maxsize=1024)  # one shared object per platform, not one per cached image
 def normalize(os: str | None, architecture: str | None, variant: str | None = None) -> Platform:
     """Return the containerd-normalised platform (e.g. x86_64 -> amd64, armhf -> arm/v7)."""
     raw_arch = (architecture or "").strip().lower()

@@ -21,6 +21,7 @@ from .model import ImageInfo
 from .oci import RegistryClient
 from .reference import ImageReference, parse_reference
 from .settings import RegistrySettings
+from .sharedlookups import SharedLookups
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,8 @@ class TTLCache:
 
 class Resolver:
     def __init__(self, settings: RegistrySettings | None = None, *, keyring: Keyring | None = None,
-                 http: HttpClient | None = None, max_workers: int = 32, clock=time.monotonic):
+                 http: HttpClient | None = None, max_workers: int = 32, clock=time.monotonic,
+                 shared: SharedLookups | None = None):
         self.settings = settings or RegistrySettings()
         self.http = http or HttpClient(self.settings)
         self.oci = RegistryClient(self.http, self.settings)
@@ -84,6 +86,7 @@ class Resolver:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="resolve")
         # A lookup may outlive its caller's deadline; this bounds how long it keeps going.
         self.fetch_timeout = self.settings.timeout_seconds * 2
+        self._shared = shared  # lookups shared with the server's other worker processes
 
     @property
     def cache_size(self) -> int:
@@ -109,7 +112,9 @@ class Resolver:
                 futures[image] = self._submit(image, keyring)
             except ArchwayError as e:
                 futures[image] = _failed(e)
-        wait(futures.values(), timeout=max(0.0, timeout))
+        pending = [f for f in futures.values() if not f.done()]
+        if pending:  # answers from the cache are done already: no waiting machinery for them
+            wait(pending, timeout=max(0.0, timeout))
         results = {}
         for image, future in futures.items():
             if not future.done():
@@ -145,7 +150,11 @@ class Resolver:
         self._count("fetches")
         deadline = time.monotonic() + self.fetch_timeout
         try:
-            info = self._lookup(ref, keyring, deadline)
+            if self._shared is not None:
+                info = self._shared.run(key, lambda: self._lookup(ref, keyring, deadline),
+                                        self._ttl(ref), deadline)
+            else:
+                info = self._lookup(ref, keyring, deadline)
             info = dataclasses.replace(info, image=image)
             self._remember(key, ref, info)
             return info
@@ -175,9 +184,11 @@ class Resolver:
             return sifsources.resolve_library(ref, self.http, self.settings, deadline)
         raise InvalidReference(f"{ref}: unsupported scheme {ref.scheme}")
 
+    def _ttl(self, ref: ImageReference) -> float:
+        return self.settings.cache.digest_ttl_seconds if ref.digest else self.settings.cache.tag_ttl_seconds
+
     def _remember(self, key: tuple, ref: ImageReference, info: ImageInfo) -> None:
-        ttl = self.settings.cache.digest_ttl_seconds if ref.digest else self.settings.cache.tag_ttl_seconds
-        self._cache.put(key, info, ttl)
+        self._cache.put(key, info, self._ttl(ref))
         if info.digest and not ref.digest and ref.scheme in ("docker", "oras"):
             # The same content asked for by digest later is a hit, for the long TTL.
             by_digest = dataclasses.replace(ref, tag=None, digest=info.digest)

@@ -49,8 +49,7 @@ def resolve_https(ref: ImageReference, http: HttpClient, deadline: float | None)
         raise SIFError(f"{url}: {e}") from None
     # No digest: an ETag is an opaque validator (weak, per server, often a mtime), not a content
     # digest, and showing it as one would invite caching it as one.
-    return ImageInfo(str(ref), found.platforms, None, "sif-https", found.note,
-                     cacheable_by_digest=False)
+    return ImageInfo(str(ref), found.platforms, None, "sif-https", found.note)
 
 
 def fetch_range(http: HttpClient, url: str, offset: int, length: int,
@@ -123,7 +122,7 @@ def resolve_library(ref: ImageReference, http: HttpClient, settings: RegistrySet
     platforms = frozenset(normalize("linux", arch) for arch in images)
     ids = set(map(str, images.values()))
     digest = ids.pop() if len(ids) == 1 else None  # one image per arch: no single identity
-    return ImageInfo(str(ref), platforms, digest, "sif-library", cacheable_by_digest=False)
+    return ImageInfo(str(ref), platforms, digest, "sif-library")
 
 
 def library_base_url(ref: ImageReference, settings: RegistrySettings) -> str:
@@ -175,7 +174,7 @@ def _resolve_image(ref, http, base, headers, tag, deadline) -> ImageInfo:
     platforms = frozenset({normalize("linux", arch)}) if arch else frozenset()
     note = "" if arch else "the library records no architecture for this image"
     return ImageInfo(str(ref), platforms, digest if isinstance(digest, str) else None,
-                     "sif-library", note, cacheable_by_digest=False)
+                     "sif-library", note)
 
 
 def _library_get(http: HttpClient, url: str, headers: dict, deadline, ref) -> dict:

@@ -751,3 +751,24 @@ def test_readyz_fails_when_the_serving_certificate_expired(tmp_path):
     assert r.status_code == 503
     assert "expired" in r.get_json()["problems"]["serving_certificate"]
     assert client.get("/healthz").status_code == 200  # alive, just not ready
+
+
+def test_a_burst_of_pods_with_one_new_image_costs_one_manifest_fetch(world):
+    """50 concurrent admissions, on new connections so both gunicorn workers take some."""
+    world.registry.push_index("archway/burst", "1.0", ["linux/amd64", "linux/s390x"])
+    image = f"{world.registry.host}/archway/burst:1.0"
+    mark = world.registry.mark()
+    replies = []
+
+    def admit():
+        review = _single_image_review(world, image)
+        replies.append(world.post(review, session=world.new_session()).json()["response"])
+
+    threads = [threading.Thread(target=admit) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(replies) == 50
+    assert all(r.get("patch") and not r.get("warnings") for r in replies)
+    assert len(world.registry.manifest_gets(mark, "archway/burst")) == 1

@@ -16,6 +16,7 @@ from certs.x509 import CertificateError, load_cert, remaining
 from registry.errors import ArchwayError
 from registry.reference import parse_reference
 from registry.resolver import Resolver
+from registry import sharedlookups
 
 from . import metrics
 from .admission import (AdmissionError, AdmissionRequest, allow_unchanged, parse_review,
@@ -54,7 +55,10 @@ def create_app(config, *, resolver=None, pull_secrets=None) -> Flask:
     # One byte over the limit: a chunked body (no Content-Length) is read up to max + 1 bytes,
     # so parse_review can tell "too large" (413) from "exactly the limit".
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes + 1
-    resolver = resolver if resolver is not None else Resolver(config.registry)
+    if resolver is None:
+        shared = os.environ.get(sharedlookups.ENV_VAR)  # set by `archway serve` for its workers
+        resolver = Resolver(config.registry,
+                            shared=sharedlookups.SharedLookups(shared) if shared else None)
     pull_secrets = pull_secrets if pull_secrets is not None else PullSecrets.from_config(config)
     state = ArchwayState(config, resolver, pull_secrets)
     app.extensions["archway"] = state

@@ -271,7 +271,10 @@ def decide(pod: dict, results: dict, policy: Policy) -> Decision:
                      "(admission.fail_closed is true)", warnings, None)
 
     archs = frozenset.intersection(*known.values()) if known else None
-    mutated = copy.deepcopy(pod)
+    # Copy and diff only what a decision can change, at the same paths: the same patch as
+    # between whole pods, without deep-copying and walking every container and volume.
+    original = _changeable_part(pod)
+    mutated = copy.deepcopy(original)
     spec = mutated.get("spec") if isinstance(mutated.get("spec"), dict) else {}
     reason = "no image told its architectures" if images else "pod has no images"
 
@@ -308,13 +311,32 @@ def decide(pod: dict, results: dict, policy: Policy) -> Decision:
     if policy.scheduler_name and spec.get("schedulerName") in (None, "", DEFAULT_SCHEDULER):
         spec["schedulerName"] = policy.scheduler_name
 
-    patch = tuple(jsonpatch.make_patch(pod, mutated).patch)
+    patch = tuple(jsonpatch.make_patch(original, mutated).patch)
     if failed:
         outcome = "fail_open"
     else:
         outcome = "mutated" if patch else "unchanged"
     return Decision(allowed=True, patch=patch, warnings=cap_warnings(warnings), architectures=archs,
                     outcome=outcome, reason=reason)
+
+
+# What decide() may change: metadata.annotations and these members of spec.
+_CHANGEABLE_SPEC = ("affinity", "nodeSelector", "schedulerName")
+
+
+def _changeable_part(pod: dict) -> dict:
+    """`pod` reduced to the members decide() may change, at the same paths (the values are the
+    pod's own objects: copy before changing them)."""
+    part = {}
+    if "metadata" in pod:
+        metadata = pod["metadata"]
+        part["metadata"] = ({"annotations": metadata["annotations"]} if "annotations" in metadata
+                            else {}) if isinstance(metadata, dict) else metadata
+    if "spec" in pod:
+        spec = pod["spec"]
+        part["spec"] = ({k: spec[k] for k in _CHANGEABLE_SPEC if k in spec}
+                        if isinstance(spec, dict) else spec)
+    return part
 
 
 def _constrain(spec: dict, archs: frozenset[str]) -> str:

@@ -10,6 +10,7 @@ import tempfile
 
 from gunicorn.app.base import BaseApplication
 
+from registry import sharedlookups
 from registry.errors import ConfigError
 
 from .config import load_config
@@ -46,6 +47,9 @@ def serve(config, bind: str | None = None) -> int:
 
     metrics_dir = _fresh_metrics_dir()
     os.environ[MULTIPROC_ENV] = metrics_dir
+    # The workers share image lookups through slot files here (registry/sharedlookups.py).
+    os.environ[sharedlookups.ENV_VAR] = os.path.join(metrics_dir, "lookups")
+    os.makedirs(os.environ[sharedlookups.ENV_VAR], mode=0o700)
     # gunicorn forks its workers inside run(): a worker leaving unwinds through this very frame.
     # Only the master may clean up, or the first worker to exit deletes the directory that the
     # others are still writing to.
