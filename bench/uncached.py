@@ -55,7 +55,9 @@ class _Setup:
             self.repo = "bench/uncached"
             self.tags = push_index_variants(self.registry, self.repo, 1 + 1 + 10 + TRIALS * (1 + WIDE))
             self.proxy = DelayProxy(self.registry.port, delay=REGISTRY_DELAY)
-            self.server = GunicornServer.archway(lab.path("uncached"), lab.archway_config("uncached"),
+            # Figure 5 reads each admission's time from its log line.
+            config = lab.archway_config("uncached", server={"log_every_admission": True})
+            self.server = GunicornServer.archway(lab.path("uncached"), config,
                                                  tls_ca=lab.ca.cert_path)
         except Exception:
             self.stop()

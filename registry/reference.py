@@ -6,6 +6,7 @@
     library://entity/coll/c:tag -> Sylabs library API
     https://host/path/x.sif     -> plain file, read with Range requests
 """
+import functools
 import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -65,6 +66,11 @@ def parse_reference(text: str, default_library_host: str = "library.sylabs.io") 
     """Parse and normalise an image reference; raise InvalidReference saying what is wrong."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidReference("empty image reference")
+    return _parse(text, default_library_host)
+
+
+@functools.lru_cache(maxsize=4096)  # pods repeat the same few images; parsing is pure
+def _parse(text: str, default_library_host: str) -> ImageReference:
     text = text.strip()
     if len(text) > MAX_REFERENCE_LENGTH:
         raise InvalidReference(f"image reference longer than {MAX_REFERENCE_LENGTH} characters")

@@ -4,6 +4,7 @@ kube-apiserver for ServiceAccounts and Secrets. Patches are applied with jsonpat
 resulting pods validated against the Kubernetes schema (strict, 1.30 and 1.33)."""
 import base64
 import json
+import logging
 import os
 import re
 import socket
@@ -151,6 +152,7 @@ def world(tmp_path_factory):
         workdir = tmp_path_factory.mktemp("archway")
         config = {
             "server": {"state_dir": str(workdir / "state"), "workers": 2, "threads": 8,
+                       "log_every_admission": True,
                        "max_body_bytes": 256 * 1024},
             "admission": {"deadline_seconds": DEADLINE},
             "registry": {"insecure_hosts": [registry.host, hang.host, err500.host,
@@ -772,3 +774,31 @@ def test_a_burst_of_pods_with_one_new_image_costs_one_manifest_fetch(world):
     assert len(replies) == 50
     assert all(r.get("patch") and not r.get("warnings") for r in replies)
     assert len(world.registry.manifest_gets(mark, "archway/burst")) == 1
+
+
+class _FixedResolver:
+    cache_size = 0
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    def resolve_many(self, images, **kwargs):
+        return {image: self.answers[image] for image in images}
+
+
+def test_by_default_only_admissions_that_need_a_look_are_logged(tmp_path, caplog):
+    from registry.errors import TransportError
+    from registry.model import ImageInfo
+    from registry.platforms import normalize
+    good, down = "reg.example/app:1", "down.example/app:1"
+    resolver = _FixedResolver({good: ImageInfo(good, frozenset({normalize("linux", "arm64")}),
+                                               None, "oci-manifest"),
+                               down: TransportError("cannot reach down.example")})
+    for every, expected in ((False, ["fail_open"]), (True, ["mutated", "fail_open"])):
+        client = _app(tmp_path, resolver, log_every_admission=every).test_client()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="archway.admission"):
+            for image in (good, down):
+                assert client.post("/mutate", json=_single_image_review_from_file(image)).status_code == 200
+        logged = [re.search(r"outcome=(\w+)", r.getMessage()).group(1) for r in caplog.records]
+        assert logged == expected

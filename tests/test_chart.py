@@ -183,6 +183,7 @@ def test_alert_expressions_pass_promtool(render, tmp_path):
     for name, job in ((f"{RELEASE}-archway", "ArchwayWebhookDown"),
                       (f"{RELEASE}-archway-scheduler-metrics", "ArchwayPrometheusDataStale")):
         assert name in services and f'job="{name}"' in alerts[job]
+    assert set(monitors) == {f"{RELEASE}-archway", f"{RELEASE}-archway-scheduler"}
 
 
 @pytest.mark.parametrize("values, complaint", [

@@ -38,6 +38,10 @@ _BODY_READ_TIMEOUT_SECONDS = 5.0
 _DRAIN_LIMIT_BYTES = 16 * 1024 * 1024
 
 
+# Outcomes logged even when server.log_every_admission is off.
+_WORTH_A_LINE = frozenset({"denied", "fail_open", "error"})
+
+
 class ArchwayState:
     """What the routes share inside one worker process."""
 
@@ -188,11 +192,14 @@ def _mutate(state: ArchwayState):
     outcome = decision.outcome if decision.reason != "internal error" else "error"
     metrics.admission_finished(outcome, elapsed, len(decision.warnings))
     _count_images(images, results)
-    log.info("admission %s uid=%s images=%d archs=%s outcome=%s (%s) warnings=%d %.1f ms%s",
-             review.display_name, review.uid, len(images),
-             ",".join(sorted(decision.architectures)) if decision.architectures else "-",
-             outcome, decision.reason, len(decision.warnings), elapsed * 1000,
-             " dry-run" if review.dry_run else "")
+    # A log line costs as much as the decision itself: by default only what needs a look.
+    level = logging.INFO if state.config.server.log_every_admission or outcome in _WORTH_A_LINE \
+        else logging.DEBUG
+    log.log(level, "admission %s uid=%s images=%d archs=%s outcome=%s (%s) warnings=%d %.1f ms%s",
+            review.display_name, review.uid, len(images),
+            ",".join(sorted(decision.architectures)) if decision.architectures else "-",
+            outcome, decision.reason, len(decision.warnings), elapsed * 1000,
+            " dry-run" if review.dry_run else "")
     return jsonify(review_response(review, decision, _audit(decision, outcome)))
 
 

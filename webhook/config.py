@@ -29,6 +29,7 @@ class ServerSettings:
     workers: int = 2
     threads: int = 8
     max_body_bytes: int = 3 * 1024 * 1024  # the apiserver caps request bodies at 3 MiB
+    log_every_admission: bool = False     # false: a line only for denied / fail-open / errors
 
 
 @dataclass(frozen=True)

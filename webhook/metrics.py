@@ -16,7 +16,8 @@ from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry,
                                Histogram, generate_latest, multiprocess, values)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
+# Warm admissions take well under a millisecond: fine buckets there, coarse ones up to the deadline.
+LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 
 _metrics: dict = {}
 _lock = threading.Lock()

@@ -11,7 +11,6 @@ import logging
 import os
 import random
 import threading
-import time
 from dataclasses import dataclass
 
 from registry.platforms import normalize

@@ -8,7 +8,6 @@ anything archway does not call answers 404 like the real server does for an unkn
 import copy
 import json
 import os
-import queue
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
