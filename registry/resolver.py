@@ -87,6 +87,7 @@ class Resolver:
         # A lookup may outlive its caller's deadline; this bounds how long it keeps going.
         self.fetch_timeout = self.settings.timeout_seconds * 2
         self._shared = shared  # lookups shared with the server's other worker processes
+        self._library_host = urlsplit(self.settings.library_url).netloc or "library.sylabs.io"
 
     @property
     def cache_size(self) -> int:
@@ -95,47 +96,43 @@ class Resolver:
     def resolve(self, image: str, *, keyring: Keyring | None = None,
                 deadline: float | None = None) -> ImageInfo:
         """Resolve one image; raise ArchwayError (DeadlineExceeded when `deadline` passes)."""
-        future = self._submit(image, keyring)
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        done, _ = wait([future], timeout=timeout)
-        if not done:
-            raise DeadlineExceeded(f"{image}: no answer before the deadline")
-        return future.result()
+        answer = self._start(image, keyring)
+        if isinstance(answer, Future):
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not wait([answer], timeout=timeout).done:
+                raise DeadlineExceeded(f"{image}: no answer before the deadline")
+            answer = answer.exception() or answer.result()
+        if isinstance(answer, ArchwayError):
+            raise answer
+        return answer
 
     def resolve_many(self, images, *, keyring: Keyring | None = None,
                      timeout: float) -> dict[str, ImageInfo | ArchwayError]:
         """Resolve images concurrently under one overall timeout. Never raises for one image:
         each failure is the ArchwayError in that image's slot."""
-        futures = {}
+        answers = {}
         for image in dict.fromkeys(images):
             try:
-                futures[image] = self._submit(image, keyring)
+                answers[image] = self._start(image, keyring)
             except ArchwayError as e:
-                futures[image] = _failed(e)
-        pending = [f for f in futures.values() if not f.done()]
-        if pending:  # answers from the cache are done already: no waiting machinery for them
+                answers[image] = e
+        pending = [a for a in answers.values() if isinstance(a, Future)]
+        if pending:
             wait(pending, timeout=max(0.0, timeout))
-        results = {}
-        for image, future in futures.items():
-            if not future.done():
-                results[image] = DeadlineExceeded(
-                    f"{image}: no answer within {timeout:g} s (the registry is slow or unreachable)")
-            else:
-                error = future.exception()
-                results[image] = error if error is not None else future.result()
-        return results
+        return {image: _settled(answer, image, timeout) for image, answer in answers.items()}
 
     # --- internals -------------------------------------------------------------------------
-    def _submit(self, image: str, keyring: Keyring | None) -> Future:
-        ref = parse_reference(image, _library_host(self.settings.library_url))
+    def _start(self, image: str, keyring: Keyring | None):
+        """The cached answer (ImageInfo or ArchwayError), else a Future of the lookup."""
+        ref = parse_reference(image, self._library_host)
         keys = keyring.merged(self.keyring) if keyring else self.keyring  # the pod's own secrets win
         key = (str(ref), _credential_fingerprint(keys, ref))
         cached = self._cache.get(key)
         if cached is not None:
             self._count("cache_hits")
-            if isinstance(cached, ArchwayError):
-                return _failed(cached)
-            return _done(cached if cached.image == image else dataclasses.replace(cached, image=image))
+            if isinstance(cached, ImageInfo) and cached.image != image:
+                return dataclasses.replace(cached, image=image)
+            return cached
         with self._lock:
             future = self._inflight.get(key)
             if future is not None:
@@ -209,20 +206,13 @@ def _load_global_keyring(settings: RegistrySettings) -> Keyring:
     return Keyring.from_file(settings.credentials_file)
 
 
-def _library_host(library_url: str) -> str:
-    return urlsplit(library_url).netloc or "library.sylabs.io"
-
-
-def _done(value) -> Future:
-    future = Future()
-    future.set_result(value)
-    return future
-
-
-def _failed(error: BaseException) -> Future:
-    future = Future()
-    future.set_exception(error)
-    return future
+def _settled(answer, image: str, timeout: float) -> ImageInfo | ArchwayError:
+    if not isinstance(answer, Future):
+        return answer
+    if not answer.done():
+        return DeadlineExceeded(
+            f"{image}: no answer within {timeout:g} s (the registry is slow or unreachable)")
+    return answer.exception() or answer.result()
 
 
 def _relabel(shared: Future, image: str) -> Future:
