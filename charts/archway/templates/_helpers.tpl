@@ -103,7 +103,8 @@ app.kubernetes.io/component: {{ index . 1 }}
     "key_file" "/etc/archway/tls/tls.key"
     "state_dir" "/var/lib/archway"
     "workers" (int .Values.webhook.workers)
-    "threads" (int .Values.webhook.threads)) -}}
+    "threads" (int .Values.webhook.threads)
+    "log_every_admission" .Values.webhook.logEveryAdmission) -}}
 {{- toYaml $c -}}
 {{- end -}}
 
