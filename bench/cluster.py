@@ -13,13 +13,12 @@ joins traffic to node_uname_info per instance exactly as with one node_exporter 
 import copy
 import json
 import os
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import requests
 
 from tests.infra.procs import REPO, Server, free_port, require_binary
+from tests.infra.prometheus import ExpositionServer
 
 NODES = 5000
 IMAGES_PER_NODE = 50     # kubelet's default nodeStatusMaxImages
@@ -80,7 +79,7 @@ def traffic_rate(i: int) -> float:
     return 1e3 * 10 ** ((i * 7919 % NODES) / NODES * 4)
 
 
-class ManyNodesExporter:
+class ManyNodesExporter(ExpositionServer):
     """One HTTP exporter serving node_exporter's series for every node, each with its own
     `instance` label; the byte counters advance at traffic_rate(i) per second."""
 
@@ -93,11 +92,7 @@ class ManyNodesExporter:
         self.prefixes = [(f'node_network_receive_bytes_total{{instance="{node_address(i)}:9100",device="eth0"}} ',
                           f'node_network_transmit_bytes_total{{instance="{node_address(i)}:9100",device="eth0"}} ')
                          for i in range(count)]
-        self.scrapes = 0
-        self.port = free_port()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        self._serve()
 
     def exposition(self) -> bytes:
         elapsed = time.monotonic() - self.started
@@ -108,27 +103,6 @@ class ManyNodesExporter:
         lines += [f"{tx}{rate * elapsed:.1f}\n" for (_, tx), rate in zip(self.prefixes, self.rates)]
         self.scrapes += 1
         return "".join(lines).encode()
-
-    def _handler(self):
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                body = exporter.exposition()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        return Handler
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
 
 
 class Prometheus:

@@ -46,7 +46,42 @@ class _Counter:
         return self._base + self.rate * (now - self._since)
 
 
-class FakeNode:
+class ExpositionServer:
+    """Serves `self.exposition()` (Prometheus text format) on 127.0.0.1 to whoever scrapes."""
+
+    def _serve(self) -> None:
+        self.scrapes = 0
+        self.port = free_port()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    def exposition(self) -> bytes:
+        raise NotImplementedError
+
+    def _handler(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                body = server.exposition()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        return Handler
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+class FakeNode(ExpositionServer):
     def __init__(self, nodename: str, rate: float, address: str):
         self.nodename = nodename
         self.address = address          # the `instance` Prometheus gives it: "IP:9100"
@@ -55,11 +90,7 @@ class FakeNode:
         self._counters = {"eth0": _Counter(rate / 2, now),
                           "lo": _Counter(EXCLUDED_DEVICE_RATE, now),
                           "veth3f2a": _Counter(EXCLUDED_DEVICE_RATE, now)}
-        self.scrapes = 0
-        self.port = free_port()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        self._serve()
 
     def set_rate(self, rate: float) -> None:
         """Total bytes/s (receive + transmit, half each) on the node's real interface."""
@@ -84,27 +115,6 @@ class FakeNode:
             for device, value in values.items():
                 lines.append(f'node_network_{direction}_bytes_total{{device="{device}"}} {value:.1f}')
         return ("\n".join(lines) + "\n").encode()
-
-    def _handler(self):
-        node = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                body = node.exposition()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        return Handler
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
 
 
 class FakeNodeExporters:
