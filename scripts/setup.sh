@@ -10,7 +10,7 @@ sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
 
 if [ "${1:-}" = "--test" ]; then
   apt_packages=(docker-registry apache2-utils prometheus prometheus-node-exporter siftool
-                squashfs-tools openssl ca-certificates wrk)
+                squashfs-tools e2fsprogs openssl ca-certificates wrk)
   missing=()
   for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
