@@ -374,6 +374,16 @@ def test_private_image_resolves_through_a_pull_secret(world, name):
     assert world.api.count("GET", f"/api/v1/namespaces/{NS}/secrets/regcred") >= 1
 
 
+def test_credentials_never_reach_the_log(world):
+    for name in ("v1-pod-private-pull-secret", "v1-pod-private-service-account"):
+        world.admit(world.load(name))
+    log_text = world.full_log()
+    assert "s390x" in log_text  # the admissions were logged...
+    for user, password in world.auth_registry.users.items():
+        basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+        assert password not in log_text and basic not in log_text  # ...without their secrets
+
+
 def test_private_image_without_credentials_fails_open_with_a_warning(world):
     review = world.load("v1-pod-private-pull-secret")
     review["request"]["namespace"] = "team-b"
