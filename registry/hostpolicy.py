@@ -46,10 +46,12 @@ def forbidden_address(address: str) -> bool:
 class HostPolicy:
     """Allow and deny lists from config, plus the addresses that are always refused."""
 
-    def __init__(self, allow_hosts=(), deny_hosts=(), resolve=socket.getaddrinfo):
+    def __init__(self, allow_hosts=(), deny_hosts=(), resolve=socket.getaddrinfo,
+                 forbidden=forbidden_address):
         self.allow_hosts = tuple(allow_hosts)
         self.deny_hosts = tuple(deny_hosts)
         self._resolve = resolve
+        self._forbidden = forbidden
 
     def check(self, netloc: str) -> None:
         """Raise HostRefused unless archway may connect to `netloc` (host[:port])."""
@@ -61,9 +63,17 @@ class HostPolicy:
         if self.allow_hosts and not _matches(host, port, self.allow_hosts):
             raise HostRefused(f"{netloc} is not in registry.allow_hosts")
         for address in self._addresses(host, port):
-            if forbidden_address(address):
-                raise HostRefused(
-                    f"{netloc} resolves to {address}, a link-local or metadata address: refused")
+            self.check_peer(address, netloc)
+
+    def check_peer(self, address: str, netloc: str) -> None:
+        """Raise HostRefused if `address`, where a connection to `netloc` landed, is forbidden.
+
+        Checked again on the connected socket: a name may resolve to a harmless address when
+        checked and to a metadata address a moment later, when the connection resolves it.
+        """
+        if self._forbidden(address):
+            raise HostRefused(
+                f"{netloc} resolves to {address}, a link-local or metadata address: refused")
 
     def _addresses(self, host: str, port: int | None) -> set[str]:
         try:

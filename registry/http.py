@@ -15,6 +15,7 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 import urllib3
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 
@@ -58,8 +59,8 @@ class HttpClient:
         self.stats = Stats()
         self._lock = threading.Lock()
         self._trust = _trust_bundle(settings.ca_file) if settings.ca_file else True
-        adapter = _SharedContextAdapter(_verifying_context(self._trust), pool_connections=pool_size,
-                                        pool_maxsize=pool_size, max_retries=0)
+        adapter = _Adapter(_verifying_context(self._trust), self.policy, pool_connections=pool_size,
+                           pool_maxsize=pool_size, max_retries=0)
         self.session.mount("https://", adapter)
         self.session.mount("http://", adapter)
 
@@ -140,15 +141,25 @@ class HttpClient:
         return (limit, limit)
 
 
-class _SharedContextAdapter(HTTPAdapter):
-    """Every verified TLS connection shares one SSLContext. Left alone, requests/urllib3 build
-    a context per connection and load the whole CA bundle into it: about 0.7 MB of memory per
-    pooled connection, 20 MB for a worker's pool. Unverified connections (insecure_hosts) keep
-    urllib3's own per-connection context, so the shared one is never switched to CERT_NONE."""
+class _Adapter(HTTPAdapter):
+    """Connections that check where they landed, and share one SSLContext.
 
-    def __init__(self, context, **kwargs):
+    Every new socket's peer address passes the host policy again, so DNS answering differently
+    at connect time than at check time cannot reach a metadata address. Every verified TLS
+    connection shares one SSLContext: left alone, requests/urllib3 build a context per
+    connection and load the whole CA bundle into it, about 0.7 MB per pooled connection.
+    Unverified connections (insecure_hosts) keep urllib3's own per-connection context, so the
+    shared one is never switched to CERT_NONE."""
+
+    def __init__(self, context, policy: HostPolicy, **kwargs):
         self._context = context
+        self._pools = {scheme: _checked_pool(pool, policy)
+                       for scheme, pool in (("http", HTTPConnectionPool), ("https", HTTPSConnectionPool))}
         super().__init__(**kwargs)
+
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = self._pools
 
     def build_connection_pool_key_attributes(self, request, verify, cert=None):
         host_params, pool_kwargs = super().build_connection_pool_key_attributes(request, verify, cert)
@@ -162,6 +173,20 @@ class _SharedContextAdapter(HTTPAdapter):
         super().cert_verify(conn, url, verify, cert)
         if verify is not False:
             conn.ca_certs = conn.ca_cert_dir = None   # loading them again would cost each connect
+
+
+def _checked_pool(pool_class, policy: HostPolicy):
+    class CheckedConnection(pool_class.ConnectionCls):
+        def _new_conn(self):
+            sock = super()._new_conn()
+            try:
+                policy.check_peer(sock.getpeername()[0], f"{self.host}:{self.port}")
+            except HostRefused:
+                sock.close()
+                raise
+            return sock
+
+    return type(f"Checked{pool_class.__name__}", (pool_class,), {"ConnectionCls": CheckedConnection})
 
 
 def _verifying_context(trust):

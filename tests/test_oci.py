@@ -7,6 +7,7 @@ fault injection: oversized manifests, 5xx, garbage, silence, lying digests.
 import base64
 import json
 import os
+import ipaddress
 import socket
 import threading
 import time
@@ -704,6 +705,29 @@ def test_name_resolving_to_metadata_address_is_never_contacted(listener):
         resolve(client, f"{netloc}/team/app:v1")
     time.sleep(0.05)
     assert listener.accepted == []
+
+
+def test_a_name_that_rebinds_between_check_and_connect_is_refused_on_the_socket(plain_registry):
+    """DNS rebinding: the name check sees a harmless address, the connection lands on a
+    forbidden one. No test can listen on 169.254.169.254, so here loopback plays the forbidden
+    address: the policy's check sees 10.0.0.7 for localhost, the socket lands on 127.0.0.1."""
+    def resolver(host, port, proto=0):
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", port))]
+
+    def forbidden(address):
+        return ipaddress.ip_address(address).is_loopback
+
+    plain_registry.push_image("team/rebind", "v1", "linux/amd64")
+    netloc = f"localhost:{plain_registry.port}"
+    client = make_client(policy=HostPolicy(resolve=resolver, forbidden=forbidden),
+                         insecure_hosts=(netloc,))
+    mark = plain_registry.mark()
+    with pytest.raises(HostRefused, match="link-local or metadata"):
+        resolve(client, f"{netloc}/team/rebind:v1")
+    assert plain_registry.requests_since(mark) == []
+    # The same client with the real rules reaches the registry: the refusal was the peer check.
+    allowed = make_client(policy=HostPolicy(resolve=resolver), insecure_hosts=(netloc,))
+    assert resolve(allowed, f"{netloc}/team/rebind:v1").platforms == linux("amd64")
 
 
 def test_redirect_and_token_realm_to_refused_hosts_are_never_followed(stand_in, listener):
