@@ -18,7 +18,7 @@ from .errors import (AuthError, InvalidReference, NotFound, RegistryError, Respo
                      TransportError, UnsupportedImage)
 from .http import HttpClient, Response
 from .model import ImageInfo
-from .platforms import Platform, normalize
+from .platforms import Platform, is_attestation, normalize
 from .reference import ImageReference
 from .settings import RegistrySettings
 from .sif import BlockReader, read_sif_platforms
@@ -46,7 +46,6 @@ MAX_CONFIG_BYTES = 8 * 1024 * 1024   # configs carry the build history: allow mo
 SOURCE_BY_TYPE = {OCI_INDEX: "oci-index", DOCKER_LIST: "docker-manifest-list",
                   OCI_MANIFEST: "oci-manifest", DOCKER_MANIFEST: "docker-manifest",
                   SCHEMA1: "docker-schema1", SCHEMA1_SIGNED: "docker-schema1"}
-ATTESTATION_ANNOTATION = "vnd.docker.reference.type"
 _HASHES = {"sha256": hashlib.sha256, "sha512": hashlib.sha512}
 
 
@@ -312,15 +311,6 @@ def schema1_payload(body: bytes) -> bytes | None:
     if not 0 < length <= len(body):
         return None
     return body[:length] + tail
-
-
-def is_attestation(entry: dict) -> bool:
-    annotations = entry.get("annotations")
-    if isinstance(annotations, dict) and annotations.get(ATTESTATION_ANNOTATION) == "attestation-manifest":
-        return True
-    platform = entry.get("platform")
-    return isinstance(platform, dict) and platform.get("os") == "unknown" \
-        and platform.get("architecture") == "unknown"
 
 
 def platforms_from_index(document: dict) -> tuple[frozenset[Platform], str]:

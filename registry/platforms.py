@@ -54,3 +54,15 @@ def parse_platform(text: str) -> Platform:
 def architectures(platforms) -> frozenset[str]:
     """The `kubernetes.io/arch` values (GOARCH, no variant) of the Linux platforms given."""
     return frozenset(p.architecture for p in platforms if p.os == "linux" and p.architecture)
+
+
+def is_attestation(entry: dict) -> bool:
+    """An image-index entry that describes an attestation (BuildKit provenance, SBOM), not an
+    image: annotated as such, or with the platform unknown/unknown."""
+    annotations = entry.get("annotations")
+    if isinstance(annotations, dict) and \
+            annotations.get("vnd.docker.reference.type") == "attestation-manifest":
+        return True
+    platform = entry.get("platform")
+    return isinstance(platform, dict) and platform.get("os") == "unknown" \
+        and platform.get("architecture") == "unknown"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .errors import SIFError
-from .platforms import Platform, normalize
+from .platforms import Platform, is_attestation, normalize
 
 Read = Callable[[int, int], bytes]
 
@@ -384,7 +384,7 @@ def _index_platforms(index: dict, blobs: _OciBlobs, what: str, depth: int) -> li
         raise SIFError(f"OCI-SIF {what}: `manifests` is not a list of objects")
     platforms = []
     for entry in entries:
-        if _is_attestation(entry):
+        if is_attestation(entry):
             continue
         manifest = blobs.require(entry.get("digest"), what)  # absent blobs are an error either way
         declared = entry.get("platform")
@@ -397,16 +397,6 @@ def _index_platforms(index: dict, blobs: _OciBlobs, what: str, depth: int) -> li
         document = blobs.json(manifest, "manifest")
         platforms += _platforms_of(document, blobs, f"manifest {entry.get('digest')}", depth + 1)
     return platforms
-
-
-def _is_attestation(entry: dict) -> bool:
-    annotations = entry.get("annotations")
-    if isinstance(annotations, dict) and \
-            annotations.get("vnd.docker.reference.type") == "attestation-manifest":
-        return True
-    platform = entry.get("platform")
-    return isinstance(platform, dict) and \
-        platform.get("os") == "unknown" and platform.get("architecture") == "unknown"
 
 
 def _platform_of(fields, what: str) -> Platform | None:

@@ -14,22 +14,15 @@ import threading
 from dataclasses import dataclass
 
 from registry.platforms import normalize
+from webhook.placement import ARCH_KEYS
 
 log = logging.getLogger("archway.nodes")
-
-ARCH_LABEL = "kubernetes.io/arch"
-BETA_ARCH_LABEL = "beta.kubernetes.io/arch"
-
-_arch_memo: dict[str, str] = {}
 
 
 def _normal_arch(value) -> str | None:
     if not isinstance(value, str) or not value.strip():
         return None
-    arch = _arch_memo.get(value)
-    if arch is None:
-        arch = _arch_memo[value] = normalize("linux", value).architecture
-    return arch
+    return normalize("linux", value).architecture  # normalize() is memoised
 
 
 def node_arch(node: dict) -> str | None:
@@ -38,9 +31,10 @@ def node_arch(node: dict) -> str | None:
     meta = node.get("metadata")
     labels = meta.get("labels") if isinstance(meta, dict) else None
     if isinstance(labels, dict):
-        arch = _normal_arch(labels.get(ARCH_LABEL)) or _normal_arch(labels.get(BETA_ARCH_LABEL))
-        if arch:
-            return arch
+        for key in ARCH_KEYS:  # kubernetes.io/arch, then the deprecated beta label
+            arch = _normal_arch(labels.get(key))
+            if arch:
+                return arch
     status = node.get("status")
     info = status.get("nodeInfo") if isinstance(status, dict) else None
     return _normal_arch(info.get("architecture")) if isinstance(info, dict) else None
