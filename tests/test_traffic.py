@@ -208,7 +208,7 @@ def test_poller_keeps_the_last_answer_until_stale_then_none(caplog):
 
 def test_poller_without_url_never_starts():
     poller = TrafficPoller(PrometheusSettings(url=None))
-    assert poller.fresh_snapshot() is None and poller._thread is None
+    assert poller.fresh_snapshot() is None and poller._runner.thread is None
 
 
 # --- network faults from a real socket (fault injection) -----------------------------------------

@@ -8,12 +8,12 @@ be hundreds of megabytes; these facts are a few hundred kilobytes).
 """
 import json
 import logging
-import os
 import random
 import threading
 from dataclasses import dataclass
 
 from registry.platforms import normalize
+from webhook.background import ProcessThread
 from webhook.placement import ARCH_KEYS
 
 log = logging.getLogger("archway.nodes")
@@ -85,9 +85,7 @@ class NodeCache:
         self._synced = threading.Event()
         self._settled = threading.Event()     # synced, or the first attempt failed / no cluster
         self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = None
-        self._pid = None
+        self._runner = ProcessThread(self._run, "archway-node-cache")
         self._watch = None
 
     @property
@@ -95,18 +93,12 @@ class NodeCache:
         return self._synced.is_set()
 
     def ensure_started(self) -> None:
-        # Threads do not survive fork: a gunicorn worker starts its own on first use.
-        if self._pid == os.getpid() and self._thread is not None:
-            return
-        with self._lock:
-            if self._pid == os.getpid() and self._thread is not None:
-                return
-            self._pid = os.getpid()
-            self._synced.clear()
-            self._settled.clear()
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="archway-node-cache", daemon=True)
-            self._thread.start()
+        self._runner.start_once(self._reset)
+
+    def _reset(self) -> None:
+        self._synced.clear()
+        self._settled.clear()
+        self._stop.clear()
 
     def wait_synced(self, timeout: float) -> bool:
         """True once the first list is in; returns at once when there is no cluster or the
@@ -120,8 +112,7 @@ class NodeCache:
         watch = self._watch
         if watch is not None:
             watch.stop()
-        if self._thread is not None:
-            self._thread.join(5)
+        self._runner.join(5)
 
     # --- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:

@@ -6,7 +6,6 @@ worth) are pure functions below, tested without I/O.
 """
 import logging
 import math
-import os
 import threading
 import time
 from collections import Counter, defaultdict
@@ -17,6 +16,7 @@ from registry.errors import ArchwayError
 from registry.http import HttpClient
 from registry.settings import RegistrySettings
 from webhook import metrics
+from webhook.background import ProcessThread
 
 log = logging.getLogger("archway.traffic")
 
@@ -194,9 +194,7 @@ class TrafficPoller:
         self._version = 0
         self._up: bool | None = None
         self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = None
-        self._pid = None
+        self._runner = ProcessThread(self._run, "archway-traffic")
 
     @property
     def configured(self) -> bool:
@@ -210,21 +208,12 @@ class TrafficPoller:
         return snapshot
 
     def ensure_started(self) -> None:
-        if not self.configured or (self._pid == os.getpid() and self._thread is not None):
-            return
-        with self._lock:
-            # gunicorn forks workers after the app is built: each starts its own thread on first use.
-            if self._pid == os.getpid() and self._thread is not None:
-                return
-            self._pid = os.getpid()
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="archway-traffic", daemon=True)
-            self._thread.start()
+        if self.configured:
+            self._runner.start_once(self._stop.clear)
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(self.settings.timeout_seconds + 1)
+        self._runner.join(self.settings.timeout_seconds + 1)
 
     def _run(self) -> None:
         while not self._stop.is_set():
