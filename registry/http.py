@@ -5,6 +5,7 @@ by both the per-read timeout and the caller's deadline, and bounded in size: a p
 hang archway nor make it buffer an unbounded body.
 """
 import atexit
+import json
 import os
 import ssl
 import tempfile
@@ -13,11 +14,13 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
+import certifi
 import requests
 import urllib3
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.util.ssl_ import create_urllib3_context
 
 from .errors import ConfigError, DeadlineExceeded, HostRefused, ResponseTooLarge, TransportError
 from .hostpolicy import HostPolicy
@@ -39,7 +42,6 @@ class Response:
     url: str
 
     def json(self):
-        import json
         return json.loads(self.body)
 
 
@@ -191,8 +193,6 @@ def _checked_pool(pool_class, policy: HostPolicy):
 
 def _verifying_context(trust):
     """A client context trusting `trust` (True: certifi's public CAs; else a bundle path)."""
-    import certifi
-    from urllib3.util.ssl_ import create_urllib3_context
     context = create_urllib3_context(cert_reqs=ssl.CERT_REQUIRED)
     context.load_verify_locations(certifi.where() if trust is True else trust)
     return context
@@ -201,7 +201,6 @@ def _verifying_context(trust):
 def _trust_bundle(ca_file: str) -> str:
     """The public CAs plus the configured extra CA: requests takes one bundle path, and the
     extra CA must add to the system's trust, not replace it."""
-    import certifi
     try:
         with open(ca_file, "rb") as f:
             extra = f.read()
@@ -242,5 +241,3 @@ def _reason(error: Exception) -> str:
             return short
     return text.split(": ", 1)[-1].strip("()'\" ")[:200]
 
-
-__all__ = ["HttpClient", "Response", "HostRefused"]

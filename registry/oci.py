@@ -7,6 +7,7 @@ of its SIF layer's header (through registry.sif.BlockReader: usually one 32 KiB 
 Decisions (what a manifest means) are pure functions near the bottom; the client class only
 does I/O: scheme choice, auth retries, bounded reads and turning HTTP answers into typed errors.
 """
+import base64
 import hashlib
 import json
 import threading
@@ -298,7 +299,6 @@ def verify_digest(body: bytes, expected: str, ref: ImageReference, what: str,
 
 def schema1_payload(body: bytes) -> bytes | None:
     """The signed payload of a schema1 pretty-JWS manifest, which is what its digest covers."""
-    import base64
     try:
         document = json.loads(body)
         protected = document["signatures"][0]["protected"]
