@@ -198,16 +198,25 @@ def _verifying_context(trust):
     return context
 
 
+MAX_CA_FILE_BYTES = 4 * 1024 * 1024
+
+
+def read_ca_file(ca_file: str) -> bytes:
+    """The PEM certificates of registry.ca_file; ConfigError naming the key when unusable."""
+    try:
+        with open(os.path.expanduser(ca_file), "rb") as f:
+            pem = f.read(MAX_CA_FILE_BYTES)
+    except OSError as e:
+        raise ConfigError(f"cannot read registry.ca_file {ca_file}: {e.strerror}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        raise ConfigError(f"registry.ca_file {ca_file} holds no PEM certificate")
+    return pem
+
+
 def _trust_bundle(ca_file: str) -> str:
     """The public CAs plus the configured extra CA: requests takes one bundle path, and the
     extra CA must add to the system's trust, not replace it."""
-    try:
-        with open(ca_file, "rb") as f:
-            extra = f.read()
-    except OSError as e:
-        raise ConfigError(f"cannot read registry.ca_file {ca_file}: {e.strerror}") from None
-    if b"-----BEGIN CERTIFICATE-----" not in extra:
-        raise ConfigError(f"registry.ca_file {ca_file} holds no PEM certificate")
+    extra = read_ca_file(ca_file)
     with open(certifi.where(), "rb") as f:
         public = f.read()
     bundle = tempfile.NamedTemporaryFile(prefix="archway-ca-", suffix=".pem", delete=False)

@@ -102,6 +102,7 @@ def _preflight(config, tls) -> None:
     threads) is made in each worker after the fork.
     """
     from registry.credentials import Keyring
+    from registry.http import read_ca_file
 
     from .pullsecrets import build_api_client
     if tls is not None:
@@ -110,14 +111,7 @@ def _preflight(config, tls) -> None:
     if config.registry.credentials_file:
         Keyring.from_file(config.registry.credentials_file)
     if config.registry.ca_file:
-        try:
-            with open(os.path.expanduser(config.registry.ca_file), "rb") as f:
-                pem = f.read(4 * 1024 * 1024)
-        except OSError as e:
-            raise ConfigError(f"cannot read registry.ca_file {config.registry.ca_file}: "
-                              f"{e.strerror}") from None
-        if b"-----BEGIN CERTIFICATE-----" not in pem:
-            raise ConfigError(f"registry.ca_file {config.registry.ca_file} holds no PEM certificate")
+        read_ca_file(config.registry.ca_file)
     build_api_client(config.kubernetes)  # ConfigError on a bad kubernetes.kubeconfig
 
 
