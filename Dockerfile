@@ -10,7 +10,9 @@ RUN python -m venv /opt/archway
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY registry/ registry/
+COPY archway/ archway/
 COPY webhook/ webhook/
+COPY extender/ extender/
 COPY certs/ certs/
 RUN /opt/archway/bin/pip install . \
  && /opt/archway/bin/archway --help >/dev/null

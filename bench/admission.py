@@ -1,6 +1,6 @@
 """Figures 1 and 2: warm-cache admission throughput against a bare Flask app, and latency.
 
-Both servers are gunicorn with the same options (webhook.serve._options: gthread, 2 workers x
+Both servers are gunicorn with the same options (archway.serve._options: gthread, 2 workers x
 8 threads, keep-alive) and the same TLS certificate; wrk POSTs the multi-arch fixture
 AdmissionReview over the same number of keep-alive connections for the same time, archway and
 baseline alternating, so a change in the machine's load hits both.
@@ -181,7 +181,7 @@ def _measure(archway, echo, body, specs) -> list[Figure]:
             f"real mutation (archway_admissions_total{{outcome=\"mutated\"}} grew by "
             f"{mutated:.0f} for {served_all} requests wrk counted)",
             "baseline: bench/echo_app.py, Flask parses the AdmissionReview and answers "
-            "allowed with the uid; gunicorn options and TLS context from webhook.serve",
+            "allowed with the uid; gunicorn options and TLS context from archway.serve",
             f"wrk closes one connection every {CLOSE_EVERY} requests so that reconnections spread "
             f"over both workers (with keep-alive only, one worker often accepts all {CONNECTIONS} "
             f"connections and the other idles); only runs in which each worker did >= "

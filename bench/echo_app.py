@@ -3,7 +3,7 @@
 
 It parses the AdmissionReview and answers it (uid echoed, allowed) and nothing else: no image
 lookup, no patch, no metrics, no log line. Everything around it is archway's own serving code:
-`webhook.serve.tls_files` and `webhook.serve._options` give the same gunicorn settings (gthread,
+`archway.serve.tls_files` and `archway.serve._options` give the same gunicorn settings (gthread,
 workers, threads, keep-alive, timeouts) and the same TLS context on the same certificate, so
 the throughput ratio isolates what archway's request handling costs.
 
@@ -15,8 +15,8 @@ import sys
 from flask import Flask, jsonify, request
 from gunicorn.app.base import BaseApplication
 
-from webhook import serve
-from webhook.config import load_config
+from archway.webhook import serve
+from archway.config import load_config
 
 
 def create_echo_app() -> Flask:

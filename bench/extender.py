@@ -13,9 +13,9 @@ import json
 import time
 
 from tests.infra.apiserver import FakeApiServer
-from webhook.config import config_from_dict
-from webhook.extender import Extender
-from webhook.extenderwire import parse_extender_args
+from archway.config import config_from_dict
+from archway.extender.routes import Extender
+from archway.extender.wire import parse_extender_args
 
 from .cluster import NODES, ManyNodesExporter, Prometheus, extender_pod, make_nodes, node_name
 from .lab import Lab

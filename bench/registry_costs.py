@@ -1,6 +1,6 @@
 """Figures 3 and 6: what resolving a new image costs the servers it lives on, counted by them.
 
-Resolution runs in this process through `registry.resolver.Resolver`, the object each gunicorn
+Resolution runs in this process through `archway.registry.resolver.Resolver`, the object each gunicorn
 worker builds; the counts come from the real docker-registry's access log
 (`RegistryServer.requests_since`), the token server's request list, and the HTTPS file server's
 record of body bytes sent.
@@ -8,9 +8,9 @@ record of body bytes sent.
 import os
 import time
 
-from registry.credentials import Keyring
-from registry.resolver import Resolver
-from registry.settings import RegistrySettings
+from archway.registry.credentials import Keyring
+from archway.registry.resolver import Resolver
+from archway.registry.settings import RegistrySettings
 from tests.infra.fileserver import FileServer
 from tests.infra.procs import SHARED_TESTDATA
 from tests.infra.registry import RegistryServer

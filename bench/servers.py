@@ -1,7 +1,7 @@
 """The servers under measurement: `archway serve` and the bench's own gunicorn apps, each a child
 process started with Popen of the Python binary (tests.infra.procs.Server) and stopped by PID.
 
-    server = GunicornServer.archway(directory, config_dict)      # python3 -m webhook.cli serve
+    server = GunicornServer.archway(directory, config_dict)      # python3 -m archway.cli serve
     server = GunicornServer.module(directory, "bench.echo_app", config_dict)
     server.post("/mutate", body); server.metrics(); server.worker_pids(); server.log_since(mark)
 """
@@ -48,8 +48,8 @@ class GunicornServer:
 
     @classmethod
     def archway(cls, directory: str, config: dict, *, tls_ca: str | None, name: str = "archway"):
-        """`python3 -m webhook.cli --config FILE serve --bind 127.0.0.1:PORT`, unchanged."""
-        return cls(directory, name, ["webhook.cli"], config, tls_ca=tls_ca)
+        """`python3 -m archway.cli --config FILE serve --bind 127.0.0.1:PORT`, unchanged."""
+        return cls(directory, name, ["archway.cli"], config, tls_ca=tls_ca)
 
     @classmethod
     def module(cls, directory: str, module: str, config: dict, *, tls_ca: str | None, name: str):

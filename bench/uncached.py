@@ -10,8 +10,8 @@ import uuid
 
 import requests
 
-from registry.resolver import Resolver
-from registry.settings import RegistrySettings
+from archway.registry.resolver import Resolver
+from archway.registry.settings import RegistrySettings
 from tests.infra.proxy import DelayProxy
 from tests.infra.registry import RegistryServer
 

@@ -29,7 +29,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from registry.errors import ArchwayError
+from archway.errors import ArchwayError
 
 from .x509 import (CertificateError, Issued, bundle_pem, describe, hosts_of, is_ca, is_issued_by,
                    issue_ca, issue_serving_cert, load_certs, load_issued, normalize_hosts,

@@ -7,7 +7,7 @@ one-off pair; keep it if you want to renew tls.crt later under the same caBundle
 import os
 from dataclasses import dataclass
 
-from registry.errors import ArchwayError
+from archway.errors import ArchwayError
 
 from .files import PRIVATE_FILE, PUBLIC_FILE, write_atomic
 from .x509 import issue_ca, issue_serving_cert, service_dns_names

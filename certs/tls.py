@@ -14,7 +14,7 @@ import ssl
 import threading
 import time
 
-from registry.errors import ConfigError
+from archway.errors import ConfigError
 
 from .x509 import describe, file_signature, load_cert
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from urllib.parse import urlencode, urlsplit
 
 from .credentials import Credential, Keyring
-from .errors import AuthError, RegistryError
+from archway.errors import AuthError, RegistryError
 from .http import HttpClient
 from .reference import DOCKER_HUB, ImageReference
 

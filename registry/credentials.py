@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from .errors import ConfigError
+from archway.errors import ConfigError
 
 MAX_CONFIG_BYTES = 1024 * 1024   # a Kubernetes Secret cannot be larger
 DOCKER_HUB = "docker.io"

@@ -8,7 +8,7 @@ import ipaddress
 import socket
 from urllib.parse import urlsplit
 
-from .errors import HostRefused
+from archway.errors import HostRefused
 
 # Cloud metadata services that are not inside the link-local ranges.
 _METADATA_ADDRESSES = {

@@ -22,7 +22,7 @@ from requests.structures import CaseInsensitiveDict
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.util.ssl_ import create_urllib3_context
 
-from .errors import ConfigError, DeadlineExceeded, HostRefused, ResponseTooLarge, TransportError
+from archway.errors import ConfigError, DeadlineExceeded, HostRefused, ResponseTooLarge, TransportError
 from .hostpolicy import HostPolicy
 from .settings import RegistrySettings
 

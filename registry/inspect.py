@@ -4,7 +4,7 @@ import os
 import sys
 
 from . import sif
-from .errors import ArchwayError
+from archway.errors import ArchwayError
 from .model import ImageInfo
 from .resolver import Resolver
 
@@ -25,7 +25,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from webhook.config import load_config  # the config file format is shared with the server
+    from archway.config import load_config  # the config file format is shared with the server
 
     config = load_config(args.config)
     remote = [image for image in args.images if not os.path.isfile(image)]

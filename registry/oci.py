@@ -2,7 +2,7 @@
 
 One manifest GET answers a multi-platform image (index / manifest list). A single-platform
 manifest costs one more request, for its config blob. An oras SIF artifact costs ranged reads
-of its SIF layer's header (through registry.sif.BlockReader: usually one 32 KiB read).
+of its SIF layer's header (through archway.registry.sif.BlockReader: usually one 32 KiB read).
 
 Decisions (what a manifest means) are pure functions near the bottom; the client class only
 does I/O: scheme choice, auth retries, bounded reads and turning HTTP answers into typed errors.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .auth import Authorization, RegistryAuth
 from .credentials import Keyring
-from .errors import (AuthError, InvalidReference, NotFound, RegistryError, ResponseTooLarge,
+from archway.errors import (AuthError, InvalidReference, NotFound, RegistryError, ResponseTooLarge,
                      TransportError, UnsupportedImage)
 from .http import HttpClient, Response
 from .model import ImageInfo

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .errors import InvalidReference
+from archway.errors import InvalidReference
 
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from . import sifsources
 from .credentials import Keyring
-from .errors import ArchwayError, DeadlineExceeded, InvalidReference
+from archway.errors import ArchwayError, DeadlineExceeded, InvalidReference
 from .http import HttpClient
 from .model import ImageInfo
 from .oci import RegistryClient

@@ -1,7 +1,7 @@
 """Registry and SIF settings: the `registry:` and `sif:` sections of archway's config file."""
 from dataclasses import dataclass, field
 
-from .errors import ConfigError
+from archway.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import SIFError
+from archway.errors import SIFError
 from .platforms import Platform, is_attestation, normalize
 
 Read = Callable[[int, int], bytes]

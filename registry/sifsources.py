@@ -15,7 +15,7 @@ import json
 import re
 from urllib.parse import quote, urlsplit
 
-from .errors import (AuthError, ConfigError, HostRefused, NotFound, RegistryError,
+from archway.errors import (AuthError, ConfigError, HostRefused, NotFound, RegistryError,
                      ResponseTooLarge, SIFError)
 from .http import HttpClient
 from .model import ImageInfo

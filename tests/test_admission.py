@@ -8,9 +8,9 @@ import os
 import pytest
 
 from tests.infra.procs import REPO
-from webhook.admission import (AdmissionError, BodyTooLarge, allow_unchanged, parse_review,
+from archway.webhook.admission import (AdmissionError, BodyTooLarge, allow_unchanged, parse_review,
                                review_response, skip_reason)
-from webhook.placement import Decision
+from archway.webhook.placement import Decision
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "admission")
 LIMIT = 3 * 1024 * 1024

@@ -165,7 +165,7 @@ def world(tmp_path_factory):
         port = free_port()
         # serve.py makes its per-run metrics directory inside this one: the test can look in.
         env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(workdir / "metrics"))
-        server = Server([sys.executable, "-m", "webhook.cli", "--config", str(config_path),
+        server = Server([sys.executable, "-m", "archway.cli", "--config", str(config_path),
                          "serve", "--bind", f"127.0.0.1:{port}"], port=port,
                         log_path=str(workdir / "serve.log"), cwd=REPO, env=env, ready_timeout=30)
         stack.append(server)
@@ -649,7 +649,7 @@ def default_serve(tmp_path_factory):
     env = {k: v for k, v in os.environ.items()
            if k not in ("ARCHWAY_CONFIG", "PROMETHEUS_MULTIPROC_DIR", "KUBECONFIG")}
     env["HOME"] = str(home)
-    server = Server([sys.executable, "-m", "webhook.cli", "serve", "--bind", f"127.0.0.1:{port}"],
+    server = Server([sys.executable, "-m", "archway.cli", "serve", "--bind", f"127.0.0.1:{port}"],
                     port=port, log_path=str(home / "serve.log"), cwd=REPO, env=env,
                     ready_timeout=30)
     try:
@@ -720,9 +720,9 @@ def _single_image_review_from_file(image):
 # --- in-process: the app without gunicorn (fault injection into the resolver) ----------------
 
 def _app(tmp_path, resolver, **server):
-    from webhook.app import create_app
-    from webhook.config import config_from_dict
-    from webhook.pullsecrets import PullSecrets
+    from archway.webhook.app import create_app
+    from archway.config import config_from_dict
+    from archway.webhook.pullsecrets import PullSecrets
     config = config_from_dict({"server": {"state_dir": str(tmp_path / "state"), **server},
                                "kubernetes": {"enabled": "off"}})
     return create_app(config, resolver=resolver, pull_secrets=PullSecrets(None, source="disabled"))
@@ -751,7 +751,7 @@ def test_a_bug_during_admission_fails_open_and_is_never_a_500(tmp_path):
 def test_readyz_fails_when_the_serving_certificate_expired(tmp_path):
     import datetime as dt
 
-    from certs.x509 import issue_ca, issue_serving_cert
+    from archway.certs.x509 import issue_ca, issue_serving_cert
     past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=10)
     ca = issue_ca("expired test CA", days=30, now=past)
     leaf = issue_serving_cert(ca, ["127.0.0.1"], days=1, now=past)
@@ -797,9 +797,9 @@ class _FixedResolver:
 
 
 def test_by_default_only_admissions_that_need_a_look_are_logged(tmp_path, caplog):
-    from registry.errors import TransportError
-    from registry.model import ImageInfo
-    from registry.platforms import normalize
+    from archway.errors import TransportError
+    from archway.registry.model import ImageInfo
+    from archway.registry.platforms import normalize
     good, down = "reg.example/app:1", "down.example/app:1"
     resolver = _FixedResolver({good: ImageInfo(good, frozenset({normalize("linux", "arm64")}),
                                                None, "oci-manifest"),

@@ -10,8 +10,8 @@ import sys
 import pytest
 import yaml
 
-from certs import x509 as cx
-from certs.bootstrap import (BootstrapError, BootstrapSpec, api_client_from_environment,
+from archway.certs import x509 as cx
+from archway.certs.bootstrap import (BootstrapError, BootstrapSpec, api_client_from_environment,
                              ca_bundle_patch, run_bootstrap)
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.procs import REPO, require_binary
@@ -102,7 +102,7 @@ def openssl_verify(tmp_path, bundle: bytes, cert: bytes, at: dt.datetime | None 
 def test_first_run_through_the_cli_creates_secrets_and_patches_every_webhook(api, tmp_path):
     kubeconfig = api.kubeconfig(str(tmp_path))
     run = subprocess.run(
-        [sys.executable, "-m", "webhook.cli", "certs", "bootstrap", "--kubeconfig", kubeconfig,
+        [sys.executable, "-m", "archway.cli", "certs", "bootstrap", "--kubeconfig", kubeconfig,
          "--namespace", NS, "--service", SERVICE, "--secret", SECRET, "--webhook-config", MWC],
         cwd=REPO, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
@@ -245,7 +245,7 @@ def test_api_errors_are_clear(api, client, tmp_path):
     with pytest.raises(BootstrapError, match="answered 403: injected fault"):
         run_bootstrap(SPEC, client)
     run = subprocess.run(
-        [sys.executable, "-m", "webhook.cli", "certs", "bootstrap", "--kubeconfig",
+        [sys.executable, "-m", "archway.cli", "certs", "bootstrap", "--kubeconfig",
          api.kubeconfig(str(tmp_path)), "--namespace", NS, "--service", SERVICE,
          "--secret", SECRET], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "403" in run.stderr and "Traceback" not in run.stderr

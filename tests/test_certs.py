@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from certs import x509 as cx
-from certs.selfsigned import ensure_self_signed
-from certs.tls import ReloadingContext, server_context
+from archway.certs import x509 as cx
+from archway.certs.selfsigned import ensure_self_signed
+from archway.certs.tls import ReloadingContext, server_context
 from tests.infra.procs import REPO, Server, free_port, require_binary
 
 SERVICE, NAMESPACE = "archway", "archway-system"
@@ -26,7 +26,7 @@ SVC_NAMES = ["archway", "archway.archway-system", "archway.archway-system.svc",
 
 
 def archway(*args, check=True):
-    return subprocess.run([sys.executable, "-m", "webhook.cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "archway.cli", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=60, check=check)
 
 
@@ -241,7 +241,7 @@ def test_reload_keeps_old_pair_while_half_written(tmp_path, caplog):
         second = cx.issue_serving_cert(ca, ["127.0.0.1"], days=2)
         (tmp_path / "tls.crt").write_bytes(second.cert_pem)      # the key is not there yet
         clock[0] += 1.5
-        with caplog.at_level(logging.WARNING, logger="certs.tls"):
+        with caplog.at_level(logging.WARNING, logger="archway.certs.tls"):
             assert _handshake(server.port, cafile)[0] == first.cert.serial_number
         assert "keeping the current TLS certificate" in caplog.text
         assert "BEGIN" not in caplog.text                         # no key material in logs
@@ -258,7 +258,7 @@ def test_reload_keeps_old_pair_while_half_written(tmp_path, caplog):
 def test_server_context_is_cached_and_fails_clearly(tmp_path):
     files = ensure_self_signed(str(tmp_path))
     assert server_context(*files) is server_context(*files)
-    from registry.errors import ConfigError
+    from archway.errors import ConfigError
     with pytest.raises(ConfigError, match="cannot load TLS certificate"):
         server_context(files.cert_path, str(tmp_path / "missing.key"))
 
@@ -300,7 +300,7 @@ def served(tmp_path_factory):
         "kubernetes:\n  enabled: \"off\"\n")
     port = free_port()
     env = {**os.environ, "PYTHONPATH": REPO}
-    server = Server([sys.executable, "-m", "webhook.cli", "--config", str(config), "serve",
+    server = Server([sys.executable, "-m", "archway.cli", "--config", str(config), "serve",
                      "--bind", f"127.0.0.1:{port}"], port=port, log_path=str(base / "log"),
                     env=env, cwd=REPO, ready_timeout=30)
     try:

@@ -2,7 +2,7 @@
 TLS mode and the feature toggles; every rendered manifest validated by kubernetes-validate
 (strict) for Kubernetes 1.30 and 1.33; the CRD kinds it renders checked for their required fields
 here (and the alert expressions by the real promtool); the archway config it renders loaded by
-webhook.config; the KubeSchedulerConfiguration compared with `archway scheduler-config`."""
+archway.config; the KubeSchedulerConfiguration compared with `archway scheduler-config`."""
 import base64
 import functools
 import os
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.infra.procs import REPO, require_binary
-from webhook.config import config_from_dict
+from archway.config import config_from_dict
 
 CHART = os.path.join(REPO, "charts", "archway")
 RELEASE, NS = "arch", "archway-system"
@@ -375,7 +375,7 @@ def test_user_secret_mode(render):
 
 
 def expected_scheduler_config(**kwargs):
-    from webhook.schedconfig import build_scheduler_config
+    from archway.extender.schedconfig import build_scheduler_config
     return build_scheduler_config(**kwargs)
 
 
@@ -414,7 +414,7 @@ def test_scheduler_config_matches_archway_scheduler_config(render, case, kwargs)
     assert sidecar.server.tls is False
     assert extender["urlPrefix"] == f"http://{sidecar.server.bind}/scheduler"
     assert container(scheduler, "extender")["args"] == ["--config", "/etc/archway/config/extender.yaml", "serve"]
-    from webhook.app import create_app
+    from archway.webhook.app import create_app
     routes = {rule.rule for rule in create_app(sidecar).url_map.iter_rules()}
     assert {f"/scheduler/{extender['filterVerb']}", f"/scheduler/{extender['prioritizeVerb']}"} <= routes
 

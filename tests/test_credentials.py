@@ -5,8 +5,8 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from registry.credentials import Credential, Keyring, normalize_registry_key
-from registry.errors import ArchwayError, ConfigError
+from archway.registry.credentials import Credential, Keyring, normalize_registry_key
+from archway.errors import ArchwayError, ConfigError
 
 SECRET = "s3cr3t-Pa55:with-colon"
 

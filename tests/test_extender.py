@@ -13,15 +13,15 @@ import pytest
 import requests
 from flask import Flask
 
-from registry.resolver import Resolver
-from registry.settings import RegistrySettings
+from archway.registry.resolver import Resolver
+from archway.registry.settings import RegistrySettings
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.procs import REPO, free_port, wait_for_port
 from tests.infra.registry import plain_registry  # noqa: F401
-from webhook.config import config_from_dict
-from webhook.extender import (Extender, annotated_architectures, common_architectures,
+from archway.config import config_from_dict
+from archway.extender.routes import (Extender, annotated_architectures, common_architectures,
                               filter_by_arch, register_extender)
-from webhook.nodes import NodeCache, node_arch
+from archway.extender.nodes import NodeCache, node_arch
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "extender")
 REPLY_KEYS = ["Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"]
@@ -106,9 +106,9 @@ def test_filter_by_arch_decisions():
 
 
 def test_common_architectures_ignores_failures_and_archless_images():
-    from registry.errors import DeadlineExceeded
-    from registry.model import ImageInfo
-    from registry.platforms import normalize
+    from archway.errors import DeadlineExceeded
+    from archway.registry.model import ImageInfo
+    from archway.registry.platforms import normalize
     multi = ImageInfo("multi", frozenset({normalize("linux", "amd64"), normalize("linux", "arm64")}),
                       None, "oci-index")
     arm = ImageInfo("arm", frozenset({normalize("linux", "arm64")}), None, "oci-manifest")
@@ -256,7 +256,7 @@ def cached(apiserver, tmp_path_factory):
     """A bare app whose extender keeps a node cache of the stand-in's nodes (fast re-watch)."""
     kubeconfig = apiserver.kubeconfig(str(tmp_path_factory.mktemp("kube")))
     config = config_from_dict({"kubernetes": {"kubeconfig": kubeconfig}})
-    from webhook.pullsecrets import build_api_client
+    from archway.webhook.pullsecrets import build_api_client
     cache = NodeCache(lambda: build_api_client(config.kubernetes)[0], watch_timeout_seconds=1,
                       max_backoff_seconds=0.5)
     app = Flask("test-extender-cache")
@@ -355,7 +355,7 @@ def test_a_refused_first_list_does_not_make_filter_calls_wait(tmp_path):
     server.put(f"/api/v1/nodes/{AMD64}", load("filter-nodes.json")["Nodes"]["items"][0])
     server.faults["/api/v1/nodes"] = 403          # e.g. RBAC without list on nodes
     config = config_from_dict({"kubernetes": {"kubeconfig": server.kubeconfig(str(tmp_path))}})
-    from webhook.pullsecrets import build_api_client
+    from archway.webhook.pullsecrets import build_api_client
     cache = NodeCache(lambda: build_api_client(config.kubernetes)[0], max_backoff_seconds=0.3)
     try:
         started = time.monotonic()
@@ -390,7 +390,7 @@ def served(apiserver, tmp_path_factory):
     log_path = os.path.join(str(directory), "serve.log")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "webhook.cli", "--config", config_path, "serve",
+            [sys.executable, "-m", "archway.cli", "--config", config_path, "serve",
              "--bind", f"127.0.0.1:{port}"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": REPO}, start_new_session=True)
     try:

@@ -12,7 +12,7 @@ from tests.infra.registry import plain_registry  # noqa: F401
 
 
 def archway(*args, env=None, timeout=60):
-    return subprocess.run([sys.executable, "-m", "webhook.cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "archway.cli", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
 

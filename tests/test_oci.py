@@ -16,19 +16,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from registry.auth import (RegistryAuth, cache_until, credential_for_realm, parse_www_authenticate,
+from archway.registry.auth import (RegistryAuth, cache_until, credential_for_realm, parse_www_authenticate,
                            pick_challenge, token_lifetime)
-from registry.credentials import Keyring
-from registry.errors import (ArchwayError, AuthError, DeadlineExceeded, HostRefused, NotFound,
+from archway.registry.credentials import Keyring
+from archway.errors import (ArchwayError, AuthError, DeadlineExceeded, HostRefused, NotFound,
                              RegistryError, ResponseTooLarge, SIFError, TransportError,
                              UnsupportedImage)
-from registry.hostpolicy import HostPolicy
-from registry.http import HttpClient, Response
-from registry.oci import (ACCEPT, RegistryClient, manifest_media_type, parse_manifest,
+from archway.registry.hostpolicy import HostPolicy
+from archway.registry.http import HttpClient, Response
+from archway.registry.oci import (ACCEPT, RegistryClient, manifest_media_type, parse_manifest,
                           platforms_from_config, platforms_from_index)
-from registry.platforms import Platform
-from registry.reference import parse_reference
-from registry.settings import RegistrySettings
+from archway.registry.platforms import Platform
+from archway.registry.reference import parse_reference
+from archway.registry.settings import RegistrySettings
 from tests.infra.procs import SHARED_TESTDATA
 from tests.infra.registry import (OCI_MANIFEST, RegistryServer,  # noqa: F401
                                   basic_auth_registry, plain_registry, sha256_digest, test_ca,

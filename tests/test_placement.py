@@ -7,11 +7,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from registry.errors import (AuthError, DeadlineExceeded, HostRefused, NotFound, RegistryError,
+from archway.errors import (AuthError, DeadlineExceeded, HostRefused, NotFound, RegistryError,
                              TransportError)
-from registry.model import ImageInfo
-from registry.platforms import normalize, parse_platform
-from webhook.placement import (ANNOTATION_ARCHITECTURES, ARCH_LABEL, MAX_WARNING_CHARS,
+from archway.registry.model import ImageInfo
+from archway.registry.platforms import normalize, parse_platform
+from archway.webhook.placement import (ANNOTATION_ARCHITECTURES, ARCH_LABEL, MAX_WARNING_CHARS,
                                MAX_WARNINGS, PodShapeError, Policy, decide, pod_arch_constraint,
                                pod_images)
 

@@ -12,9 +12,9 @@ from prometheus_client import REGISTRY
 
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.prometheus import FAKE_RATES, prometheus_stack, short_window  # noqa: F401
-from webhook.config import DEFAULT_PROMETHEUS_QUERY, config_from_dict
-from webhook.extender import register_extender
-from webhook.traffic import NEUTRAL_SCORE, TrafficPoller, node_scores, node_traffic
+from archway.config import DEFAULT_PROMETHEUS_QUERY, config_from_dict
+from archway.extender.routes import register_extender
+from archway.extender.traffic import NEUTRAL_SCORE, TrafficPoller, node_scores, node_traffic
 
 pytestmark = pytest.mark.slow
 

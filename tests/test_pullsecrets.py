@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from registry.errors import ConfigError
+from archway.errors import ConfigError
 from tests.infra.apiserver import FakeApiServer
-from webhook.pullsecrets import PullSecrets, build_api_client
+from archway.webhook.pullsecrets import PullSecrets, build_api_client
 
 NS = "team-a"
 

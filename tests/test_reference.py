@@ -4,11 +4,11 @@ import socket
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from registry.errors import ArchwayError, ConfigError, HostRefused, InvalidReference
-from registry.hostpolicy import HostPolicy, forbidden_address
-from registry.platforms import Platform, architectures, normalize, parse_platform
-from registry.reference import parse_reference
-from registry.settings import RegistrySettings
+from archway.errors import ArchwayError, ConfigError, HostRefused, InvalidReference
+from archway.registry.hostpolicy import HostPolicy, forbidden_address
+from archway.registry.platforms import Platform, architectures, normalize, parse_platform
+from archway.registry.reference import parse_reference
+from archway.registry.settings import RegistrySettings
 
 DIGEST = "sha256:" + "ab" * 32
 

@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-from registry.credentials import Keyring
-from registry.errors import AuthError, DeadlineExceeded, HostRefused, InvalidReference
-from registry.model import ImageInfo
-from registry.resolver import Resolver, TTLCache
-from registry.settings import CacheSettings, RegistrySettings
+from archway.registry.credentials import Keyring
+from archway.errors import AuthError, DeadlineExceeded, HostRefused, InvalidReference
+from archway.registry.model import ImageInfo
+from archway.registry.resolver import Resolver, TTLCache
+from archway.registry.settings import CacheSettings, RegistrySettings
 from tests.infra.proxy import DelayProxy
 from tests.infra.registry import basic_auth_registry, plain_registry, session_ca  # noqa: F401
 

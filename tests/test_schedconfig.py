@@ -5,9 +5,9 @@ import sys
 import pytest
 import yaml
 
-from registry.errors import ConfigError
+from archway.errors import ConfigError
 from tests.infra.procs import REPO
-from webhook.schedconfig import build_scheduler_config
+from archway.extender.schedconfig import build_scheduler_config
 
 # Field names of the Go types in k8s.io/kube-scheduler/config/v1 (json tags): a misspelt key
 # (e.g. the legacy Policy file's `enableHttps`) would be rejected by kube-scheduler's strict decoding.
@@ -25,7 +25,7 @@ EXTENDER_FIELDS = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "webhook.cli", "scheduler-config", *args],
+    return subprocess.run([sys.executable, "-m", "archway.cli", "scheduler-config", *args],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
 
 

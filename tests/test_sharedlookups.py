@@ -3,10 +3,10 @@ import multiprocessing
 import os
 import time
 
-from registry import sharedlookups
-from registry.model import ImageInfo
-from registry.platforms import normalize
-from registry.sharedlookups import SharedLookups
+from archway.registry import sharedlookups
+from archway.registry.model import ImageInfo
+from archway.registry.platforms import normalize
+from archway.registry.sharedlookups import SharedLookups
 
 INFO = ImageInfo("reg.example/app:1", frozenset({normalize("linux", "arm64"),
                                                    normalize("linux", "arm", "v7")}),

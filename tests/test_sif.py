@@ -8,9 +8,9 @@ import subprocess
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from registry import sif
-from registry.errors import SIFError
-from registry.sif import BlockReader, file_reader, read_sif_platforms
+from archway.registry import sif
+from archway.errors import SIFError
+from archway.registry.sif import BlockReader, file_reader, read_sif_platforms
 from tests.infra import sifbuild
 from tests.infra.procs import SHARED_TESTDATA, require_binary
 

@@ -1,5 +1,5 @@
 """SIF images pushed to the real Debian docker-registry as oras artifacts, resolved through
-registry.oci.RegistryClient with Range reads of the SIF layer only.
+archway.registry.oci.RegistryClient with Range reads of the SIF layer only.
 
 The registry's access log gives the bytes it sent per request; it does not log request headers,
 so a recording proxy sits in front of it to show that every blob GET carried a Range header.
@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from registry.http import HttpClient
-from registry.oci import RegistryClient
-from registry.reference import parse_reference
-from registry.settings import RegistrySettings
+from archway.registry.http import HttpClient
+from archway.registry.oci import RegistryClient
+from archway.registry.reference import parse_reference
+from archway.registry.settings import RegistrySettings
 from tests.infra import sifbuild
 from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
 from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED
@@ -103,7 +103,7 @@ def test_small_sif_layer_range_is_capped_at_its_size(setup):
 
 
 def test_root_index_without_blobs_is_a_sif_error(setup):
-    from registry.errors import SIFError
+    from archway.errors import SIFError
     with pytest.raises(SIFError, match="missing blob"):
         resolve(setup, *_repo_tag("one-object-oci-root-index.sif"))
 

@@ -3,13 +3,13 @@ import os
 
 import pytest
 
-from registry.errors import (AuthError, ConfigError, HostRefused, NotFound, RegistryError,
+from archway.errors import (AuthError, ConfigError, HostRefused, NotFound, RegistryError,
                              ResponseTooLarge, SIFError)
-from registry.http import HttpClient
-from registry.reference import parse_reference
-from registry.resolver import Resolver
-from registry.settings import RegistrySettings
-from registry.sifsources import resolve_https, resolve_library
+from archway.registry.http import HttpClient
+from archway.registry.reference import parse_reference
+from archway.registry.resolver import Resolver
+from archway.registry.settings import RegistrySettings
+from archway.registry.sifsources import resolve_https, resolve_library
 from tests.infra import sifbuild
 from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
 from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED

@@ -5,9 +5,9 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from registry.http import Response
-from webhook.config import PrometheusSettings
-from webhook.traffic import (MAX_SCORE, NEUTRAL_SCORE, PrometheusError, TrafficPoller, TrafficScale,
+from archway.registry.http import Response
+from archway.config import PrometheusSettings
+from archway.extender.traffic import (MAX_SCORE, NEUTRAL_SCORE, PrometheusError, TrafficPoller, TrafficScale,
                              instance_host, match_by_address, match_by_name, node_scores,
                              node_traffic, parse_vector)
 
@@ -176,7 +176,7 @@ class _Clock:
 
 
 def test_poller_keeps_the_last_answer_until_stale_then_none(caplog):
-    from registry.errors import TransportError
+    from archway.errors import TransportError
     clock = _Clock()
     http = _CannedHttp(
         (200, b'{"status":"success","data":{"resultType":"vector","result":'

@@ -7,7 +7,7 @@ import base64
 import json
 from dataclasses import dataclass, field
 
-from registry.errors import ArchwayError
+from archway.errors import ArchwayError
 
 from .placement import Decision, PodShapeError, check_pod_shape
 

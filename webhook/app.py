@@ -11,17 +11,17 @@ from dataclasses import replace
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from certs.selfsigned import tls_dir
-from certs.x509 import CertificateError, load_cert, remaining
-from registry.errors import ArchwayError
-from registry.reference import parse_reference
-from registry.resolver import Resolver
-from registry import sharedlookups
+from archway.certs.selfsigned import tls_dir
+from archway.certs.x509 import CertificateError, load_cert, remaining
+from archway.errors import ArchwayError
+from archway.registry.reference import parse_reference
+from archway.registry.resolver import Resolver
+from archway.registry import sharedlookups
 
-from . import metrics
+from archway import metrics
 from .admission import (AdmissionError, AdmissionRequest, allow_unchanged, parse_review,
                         review_response, skip_reason)
-from .extender import register_extender
+from archway.extender.routes import register_extender
 from .placement import Decision, Policy, cap_warnings, decide, pod_images
 from .pullsecrets import PullSecrets
 

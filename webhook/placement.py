@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import jsonpatch
 
-from registry.errors import (ArchwayError, AuthError, DeadlineExceeded, HostRefused,
+from archway.errors import (ArchwayError, AuthError, DeadlineExceeded, HostRefused,
                              InvalidReference, NotFound, RegistryError, ResponseTooLarge,
                              SIFError, TransportError, UnsupportedImage)
-from registry.model import ImageInfo
+from archway.registry.model import ImageInfo
 
 ARCH_LABEL = "kubernetes.io/arch"
 # kubelet still sets the deprecated beta label; a pod selecting on it does constrain its arch.
@@ -44,7 +44,7 @@ class Policy:
 
     @classmethod
     def from_config(cls, config) -> "Policy":
-        """From a `webhook.config.Config` (its admission and placement sections)."""
+        """From a `archway.config.Config` (its admission and placement sections)."""
         return cls(fail_closed=config.admission.fail_closed,
                    deny_on_conflict=config.admission.deny_on_conflict,
                    deny_on_empty=config.admission.deny_on_empty,

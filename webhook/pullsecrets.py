@@ -23,9 +23,9 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from registry.credentials import MAX_CONFIG_BYTES, Keyring
-from registry.errors import ArchwayError, ConfigError
-from registry.resolver import TTLCache
+from archway.registry.credentials import MAX_CONFIG_BYTES, Keyring
+from archway.errors import ArchwayError, ConfigError
+from archway.registry.resolver import TTLCache
 
 log = logging.getLogger(__name__)
 

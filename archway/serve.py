@@ -1,7 +1,7 @@
 """`archway serve`: the webhook (and extender) app under a real gunicorn, over TLS.
 
 With no certificate configured it serves the embedded default: a local CA and serving pair
-generated once into server.state_dir (certs.selfsigned), so a newcomer can curl it at once.
+generated once into server.state_dir (archway.certs.selfsigned), so a newcomer can curl it at once.
 Nothing heavy is imported at module level: the CLI imports this module for every subcommand.
 """
 import os
@@ -10,8 +10,8 @@ import tempfile
 
 from gunicorn.app.base import BaseApplication
 
-from registry import sharedlookups
-from registry.errors import ConfigError
+from archway.registry import sharedlookups
+from archway.errors import ConfigError
 
 from .config import load_config
 
@@ -87,7 +87,7 @@ def tls_files(config, host: str):
     if server.cert_file:
         cert, key = os.path.expanduser(server.cert_file), os.path.expanduser(server.key_file)
         return cert, key, cert
-    from certs.selfsigned import DEFAULT_HOSTS, ensure_self_signed
+    from archway.certs.selfsigned import DEFAULT_HOSTS, ensure_self_signed
     hosts = list(DEFAULT_HOSTS)
     if host not in ("0.0.0.0", "::") and host not in hosts:
         hosts.append(host)
@@ -101,12 +101,12 @@ def _preflight(config, tls) -> None:
     Nothing is built here that workers would inherit: the resolver (its CA bundle file, pools,
     threads) is made in each worker after the fork.
     """
-    from registry.credentials import Keyring
-    from registry.http import read_ca_file
+    from archway.registry.credentials import Keyring
+    from archway.registry.http import read_ca_file
 
-    from .pullsecrets import build_api_client
+    from archway.webhook.pullsecrets import build_api_client
     if tls is not None:
-        from certs.tls import server_context
+        from archway.certs.tls import server_context
         server_context(tls[0], tls[1])  # ConfigError when the pair does not load
     if config.registry.credentials_file:
         Keyring.from_file(config.registry.credentials_file)
@@ -162,7 +162,7 @@ def _options(config, bind: str, tls) -> dict:
         "child_exit": child_exit,
     }
     if tls:
-        from certs.tls import gunicorn_ssl_context
+        from archway.certs.tls import gunicorn_ssl_context
         options.update(certfile=tls[0], keyfile=tls[1],
                        ssl_context=gunicorn_ssl_context(tls[0], tls[1]))
     return options
@@ -183,5 +183,5 @@ class _Gunicorn(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self):
-        from .app import create_app
+        from archway.webhook.app import create_app
         return create_app(self.archway_config)

@@ -12,14 +12,14 @@ import time
 
 from flask import Flask, Response, request
 
-from registry.model import ImageInfo
-from registry.platforms import normalize
-from webhook import metrics
-from webhook.extenderwire import (MalformedExtenderArgs, filter_result_json, host_priority_entry,
+from archway.registry.model import ImageInfo
+from archway.registry.platforms import normalize
+from archway import metrics
+from archway.extender.wire import (MalformedExtenderArgs, filter_result_json, host_priority_entry,
                                   host_priority_list_json, parse_extender_args)
-from webhook.nodes import NodeCache, node_addresses, node_arch
-from webhook.placement import ANNOTATION_ARCHITECTURES, PodShapeError, pod_images
-from webhook.traffic import NEUTRAL_SCORE, TrafficPoller, TrafficScale, node_traffic
+from archway.extender.nodes import NodeCache, node_addresses, node_arch
+from archway.webhook.placement import ANNOTATION_ARCHITECTURES, PodShapeError, pod_images
+from archway.extender.traffic import NEUTRAL_SCORE, TrafficPoller, TrafficScale, node_traffic
 
 log = logging.getLogger("archway.extender")
 
@@ -236,7 +236,7 @@ class Extender:
 
 
 def _cluster_client(kubernetes_settings):
-    from webhook.pullsecrets import build_api_client  # the same client choice as pull secrets
+    from archway.webhook.pullsecrets import build_api_client  # the same client choice as pull secrets
     return build_api_client(kubernetes_settings)[0]
 
 
@@ -244,7 +244,7 @@ def _cluster_client(kubernetes_settings):
 
 def register_extender(app: Flask, config, resolver, *, extender: Extender | None = None) -> None:
     """Add POST /scheduler/filter and /scheduler/prioritize to `app`. `resolver` is a
-    registry.resolver.Resolver, a zero-argument factory of one, or None (pod arch then comes
+    archway.registry.resolver.Resolver, a zero-argument factory of one, or None (pod arch then comes
     from the webhook's annotation only). `extender` replaces the one built from `config`."""
     extender = extender or Extender(config, resolver)
     app.extensions["archway.extender"] = extender

@@ -4,10 +4,10 @@ import importlib
 import logging
 import sys
 
-from registry.errors import ArchwayError
+from archway.errors import ArchwayError
 
 # Each module adds its own subcommands through `register(subparsers)`.
-_COMMAND_MODULES = ("registry.inspect", "webhook.serve", "webhook.schedconfig", "certs.cli")
+_COMMAND_MODULES = ("archway.registry.inspect", "archway.serve", "archway.extender.schedconfig", "archway.certs.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

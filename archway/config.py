@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from registry.errors import ConfigError
-from registry.settings import RegistrySettings
+from archway.errors import ConfigError
+from archway.registry.settings import RegistrySettings
 
 DEFAULT_PROMETHEUS_QUERY = (
     'sum by (nodename) ('

@@ -12,9 +12,9 @@ import random
 import threading
 from dataclasses import dataclass
 
-from registry.platforms import normalize
-from webhook.background import ProcessThread
-from webhook.placement import ARCH_KEYS
+from archway.registry.platforms import normalize
+from archway.background import ProcessThread
+from archway.webhook.placement import ARCH_KEYS
 
 log = logging.getLogger("archway.nodes")
 

@@ -10,7 +10,7 @@ import sys
 
 import yaml
 
-from registry.errors import ConfigError
+from archway.errors import ConfigError
 
 _DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")  # Go time.ParseDuration
 

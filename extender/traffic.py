@@ -12,11 +12,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
-from registry.errors import ArchwayError
-from registry.http import HttpClient
-from registry.settings import RegistrySettings
-from webhook import metrics
-from webhook.background import ProcessThread
+from archway.errors import ArchwayError
+from archway.registry.http import HttpClient
+from archway.registry.settings import RegistrySettings
+from archway import metrics
+from archway.background import ProcessThread
 
 log = logging.getLogger("archway.traffic")
 

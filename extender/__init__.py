@@ -1,0 +1,1 @@
+"""The scheduler extender: filter nodes by architecture, score them by network traffic."""
