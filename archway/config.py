@@ -1,15 +1,20 @@
-"""archway's configuration file (YAML). Every key is documented in docs/configuration.md.
+"""archway's configuration file (YAML): one schema, one loader, every key documented.
 
 The file is found through --config, else the environment variable ARCHWAY_CONFIG; with neither,
-every default applies (the embedded localhost setup).
+every default applies (the embedded localhost setup). Each section is a frozen dataclass below;
+its fields are the keys, their defaults are THE defaults, and `docs/configuration.md` documents
+exactly these keys (a test compares the two). Every section is checked the same way: unknown keys
+are refused with the file, section and key named; values must have the default's type.
 """
+import dataclasses
 import os
+import typing
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import yaml
 
 from archway.errors import ConfigError
-from archway.registry.settings import RegistrySettings
 
 DEFAULT_PROMETHEUS_QUERY = (
     'sum by (nodename) ('
@@ -17,6 +22,55 @@ DEFAULT_PROMETHEUS_QUERY = (
     ' + rate(node_network_transmit_bytes_total{device!~"lo|veth.*|cali.*|flannel.*|cni.*|docker.*"}[2m]))'
     ' * on(instance) group_left(nodename) node_uname_info)'
 )
+
+
+def choice(default: str, *choices: str) -> Any:
+    """A string field restricted to `choices` (the default first)."""
+    return field(default=default, metadata={"choices": (default, *choices)})
+
+
+def number(default: float, *, minimum: float = 0.0, inclusive: bool = False) -> Any:
+    """A number field; by default it must be positive (> 0)."""
+    return field(default=default, metadata={"minimum": minimum, "inclusive": inclusive})
+
+
+def checked(default_factory: Callable[[], Any], check: Callable[[Any, str], Any]) -> Any:
+    """A field whose YAML value `check(value, key)` validates and converts (maps, lists of maps)."""
+    return field(default_factory=default_factory, metadata={"check": check})
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    digest_ttl_seconds: float = 24 * 3600   # a digest's content never changes
+    tag_ttl_seconds: float = 300            # tags move; re-check every few minutes
+    negative_ttl_seconds: float = 30        # failures are retried soon
+    max_entries: int = 10_000
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    insecure_hosts: tuple[str, ...] = ()    # host[:port] reached over plain HTTP or unverified TLS
+    ca_file: str | None = None              # extra CA bundle trusted for registries
+    credentials_file: str | None = None     # a dockerconfigjson used for every pod
+    allow_hosts: tuple[str, ...] = ()       # when non-empty, only these hosts are contacted
+    deny_hosts: tuple[str, ...] = ()        # never contacted
+    timeout_seconds: float = 5.0            # per network read
+    max_manifest_bytes: int = 4 * 1024 * 1024
+    cache: CacheSettings = field(default_factory=CacheSettings)
+
+    def __post_init__(self):
+        # Host lists compare case-insensitively, with the surrounding blanks of a hand-edited file.
+        for name in ("insecure_hosts", "allow_hosts", "deny_hosts"):
+            object.__setattr__(self, name, tuple(h.strip().lower() for h in getattr(self, name)))
+
+
+@dataclass(frozen=True)
+class SifSettings:
+    library_url: str = "https://library.sylabs.io"
+    library_token_file: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "library_url", self.library_url.rstrip("/"))
 
 
 @dataclass(frozen=True)
@@ -48,7 +102,7 @@ class PlacementSettings:
 
 @dataclass(frozen=True)
 class KubernetesSettings:
-    enabled: str = "auto"                 # auto: in-cluster, else kubeconfig, else none; or "off"
+    enabled: str = choice("auto", "off")  # auto: kubeconfig, in-cluster, ~/.kube/config, or none
     kubeconfig: str | None = None
     secret_cache_seconds: float = 60.0
 
@@ -61,7 +115,7 @@ class PrometheusSettings:
     stale_after_seconds: float = 120.0
     timeout_seconds: float = 5.0
     node_label: str = "nodename"          # series label that names the node
-    match: str = "name"                   # "name" (short/FQDN tolerant) or "address" (IP:port vs node addresses)
+    match: str = choice("name", "address")  # name: short/FQDN tolerant; address: IP:port vs node
 
 
 @dataclass(frozen=True)
@@ -73,19 +127,13 @@ class ExtenderSettings:
 @dataclass(frozen=True)
 class Config:
     registry: RegistrySettings = field(default_factory=RegistrySettings)
+    sif: SifSettings = field(default_factory=SifSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     placement: PlacementSettings = field(default_factory=PlacementSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
     extender: ExtenderSettings = field(default_factory=ExtenderSettings)
-
-
-_SECTIONS = {
-    "server": ServerSettings, "admission": AdmissionSettings, "placement": PlacementSettings,
-    "kubernetes": KubernetesSettings, "prometheus": PrometheusSettings,
-    "extender": ExtenderSettings,
-}
 
 
 def load_config(path: str | None = None) -> Config:
@@ -95,54 +143,106 @@ def load_config(path: str | None = None) -> Config:
         return Config()
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
+            data = yaml.safe_load(f)
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
-    return config_from_dict(data, origin=path)
+    return config_from_dict(data or {}, origin=path)
 
 
-def config_from_dict(data: dict, origin: str = "config") -> Config:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{origin}: the top level must be a mapping")
-    unknown = set(data) - set(_SECTIONS) - {"registry", "sif"}
-    if unknown:
-        raise ConfigError(f"{origin}: unknown section(s) {', '.join(sorted(unknown))}")
-    sections = {name: _build(cls, data.get(name), name, origin) for name, cls in _SECTIONS.items()}
-    return Config(registry=RegistrySettings.from_config(data), **sections)
+def config_from_dict(data: Any, origin: str = "config") -> Config:
+    """Build and check a Config from parsed YAML; `origin` (the file) starts every error."""
+    return _build(Config, data, "", origin)
 
 
-def _build(cls, values, name: str, origin: str):
+def documented_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema (`registry.cache.tag_ttl_seconds`, ...): what the docs list."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        kind = _field_type(cls, f)
+        if dataclasses.is_dataclass(kind) and "check" not in f.metadata:
+            keys.extend(documented_keys(kind, f"{prefix}{f.name}."))  # type: ignore[arg-type]
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def _field_type(cls: type, f: dataclasses.Field) -> Any:
+    return typing.get_type_hints(cls)[f.name]
+
+
+def _build(cls: type, values: Any, path: str, origin: str) -> Any:
+    where = f"section {path.rstrip('.')}" if path else "the top level"
     if values is None:
         return cls()
     if not isinstance(values, dict):
-        raise ConfigError(f"{origin}: section {name} must be a mapping")
-    defaults = cls()
+        raise ConfigError(f"{origin}: {where} must be a mapping, got {_shown(values)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(str(k) for k in values if k not in fields)
+    if unknown:
+        known = ", ".join(fields)
+        what = "section(s)" if not path else "key(s)"
+        raise ConfigError(f"{origin}: unknown {what} {', '.join(path + k for k in unknown)} "
+                          f"(known in {where}: {known})")
     kwargs = {}
-    for key, value in values.items():
-        if not hasattr(defaults, key):
-            raise ConfigError(f"{origin}: unknown key {name}.{key}")
-        kwargs[key] = _coerce(getattr(defaults, key), value, f"{name}.{key}", origin)
+    for name, value in values.items():
+        f = fields[name]
+        kind = _field_type(cls, f)
+        key = path + name
+        if "check" in f.metadata:
+            kwargs[name] = f.metadata["check"](value, f"{origin}: {key}") if value is not None \
+                else f.default_factory()  # type: ignore[misc]
+        elif dataclasses.is_dataclass(kind):
+            kwargs[name] = _build(kind, value, key + ".", origin)
+        else:
+            kwargs[name] = _coerce(kind, f, value, key, origin)
     return cls(**kwargs)
 
 
-def _coerce(default, value, key: str, origin: str):
-    """Check a value against the type of its default, so typos fail at start-up, not at 3 am."""
+def _coerce(kind: Any, f: dataclasses.Field, value: Any, key: str, origin: str) -> Any:
+    """Check one value against its field's type, so typos fail at start-up, not at 3 am."""
+    default = f.default if f.default is not dataclasses.MISSING else None
+    optional = type(None) in typing.get_args(kind)
     if value is None:
-        return default if not isinstance(default, (str, type(None))) else None
-    if isinstance(default, bool):
+        if optional:
+            return None
+        return default
+    base = next((a for a in typing.get_args(kind) if a is not type(None)), kind) if optional else kind
+    if base is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{origin}: {key} must be true or false, got {value!r}")
+            raise ConfigError(f"{origin}: {key} must be true or false, got {_shown(value)}")
         return value
-    if isinstance(default, (int, float)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ConfigError(f"{origin}: {key} must be a positive number, got {value!r}")
-        return type(default)(value)
-    if isinstance(default, tuple):
+    if base in (int, float):
+        minimum, inclusive = f.metadata.get("minimum", 0.0), f.metadata.get("inclusive", False)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or value < minimum or (value == minimum and not inclusive):
+            bound = f"at least {minimum:g}" if inclusive else (
+                "a positive number" if minimum == 0 else f"above {minimum:g}")
+            raise ConfigError(f"{origin}: {key} must be {bound}, got {_shown(value)}")
+        if base is int and value != int(value):
+            raise ConfigError(f"{origin}: {key} must be a whole number, got {_shown(value)}")
+        return base(value)
+    if typing.get_origin(base) is tuple:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{origin}: {key} must be a list of strings")
+            raise ConfigError(f"{origin}: {key} must be a list of strings, got {_shown(value)}")
         return tuple(value)
+    choices = f.metadata.get("choices")
+    if isinstance(value, bool):
+        # YAML 1.1 reads an unquoted off/no/false (on/yes/true) as a boolean.
+        if choices and not value and "off" in choices:
+            return "off"
+        raise ConfigError(f"{origin}: {key} must be a string, got {_shown(value)}: YAML reads "
+                          f"unquoted on/off/yes/no/true/false as a boolean; quote the value")
     if not isinstance(value, str):
-        raise ConfigError(f"{origin}: {key} must be a string, got {value!r}")
+        raise ConfigError(f"{origin}: {key} must be a string, got {_shown(value)}")
+    if choices and value not in choices:
+        raise ConfigError(f"{origin}: {key} must be one of {', '.join(choices)}, got {value!r}")
     return value
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -10,7 +10,7 @@ import time
 
 from archway.registry.credentials import Keyring
 from archway.registry.resolver import Resolver
-from archway.registry.settings import RegistrySettings
+from archway.config import RegistrySettings
 from tests.infra.fileserver import FileServer
 from tests.infra.procs import SHARED_TESTDATA
 from tests.infra.registry import RegistryServer

@@ -11,7 +11,7 @@ import uuid
 import requests
 
 from archway.registry.resolver import Resolver
-from archway.registry.settings import RegistrySettings
+from archway.config import RegistrySettings
 from tests.infra.proxy import DelayProxy
 from tests.infra.registry import RegistryServer
 

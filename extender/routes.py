@@ -292,11 +292,8 @@ def _bad_request(verb: str, error: Exception, started: float) -> Response:
 
 
 def _finished(verb: str, outcome: str, started: float) -> None:
-    metrics.counter("archway_extender_requests_total", "Scheduler extender calls, by verb and outcome",
-                    ["verb", "outcome"]).labels(verb, outcome).inc()
-    metrics.histogram("archway_extender_duration_seconds",
-                      "Time to answer a scheduler extender call, server side",
-                      ["verb"]).labels(verb).observe(time.perf_counter() - started)
+    metrics.EXTENDER_REQUESTS.labels(verb, outcome).inc()
+    metrics.EXTENDER_DURATION.labels(verb).observe(time.perf_counter() - started)
 
 
 def _pod_name(pod: dict) -> str:

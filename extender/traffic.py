@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 
 from archway.errors import ArchwayError
 from archway.registry.http import HttpClient
-from archway.registry.settings import RegistrySettings
+from archway.config import RegistrySettings
 from archway import metrics
 from archway.background import ProcessThread
 
@@ -27,18 +27,12 @@ MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 
 
 def _record_query(ok: bool, series: int = 0) -> None:
-    metrics.gauge("archway_prometheus_up", "1 when the last Prometheus traffic query succeeded",
-                  multiprocess_mode="livemostrecent").set(1 if ok else 0)
+    metrics.PROMETHEUS_UP.set(1 if ok else 0)
     if ok:
-        metrics.gauge("archway_prometheus_series", "Series the last traffic query returned",
-                      multiprocess_mode="livemostrecent").set(series)
-        metrics.gauge("archway_prometheus_last_success_timestamp_seconds",
-                      "Unix time of the last successful traffic query (data older than "
-                      "prometheus.stale_after_seconds is not used)",
-                      multiprocess_mode="max").set(time.time())
+        metrics.PROMETHEUS_SERIES.set(series)
+        metrics.PROMETHEUS_LAST_SUCCESS.set(time.time())
     else:
-        metrics.counter("archway_prometheus_query_errors_total",
-                        "Prometheus traffic queries that failed").inc()
+        metrics.PROMETHEUS_QUERY_ERRORS.inc()
 
 
 class PrometheusError(ArchwayError):

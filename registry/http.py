@@ -24,7 +24,7 @@ from urllib3.util.ssl_ import create_urllib3_context
 
 from archway.errors import ConfigError, DeadlineExceeded, HostRefused, ResponseTooLarge, TransportError
 from .hostpolicy import HostPolicy
-from .settings import RegistrySettings
+from archway.config import RegistrySettings
 
 # Unverified TLS happens only for hosts the operator listed in registry.insecure_hosts: a
 # warning on every request would only bury real log lines.

@@ -29,7 +29,7 @@ def run(args) -> int:
 
     config = load_config(args.config)
     remote = [image for image in args.images if not os.path.isfile(image)]
-    results = Resolver(config.registry).resolve_many(remote, timeout=args.timeout) if remote else {}
+    results = Resolver(config.registry, sif=config.sif).resolve_many(remote, timeout=args.timeout) if remote else {}
     rows = [_local_file(image) if os.path.isfile(image) else results[image]
             for image in args.images]
     rows = [(image, row) for image, row in zip(args.images, rows)]

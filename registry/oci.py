@@ -21,7 +21,7 @@ from .http import HttpClient, Response
 from .model import ImageInfo
 from .platforms import Platform, is_attestation, normalize
 from .reference import ImageReference
-from .settings import RegistrySettings
+from archway.config import RegistrySettings
 from .sif import BlockReader, read_sif_platforms
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"

@@ -20,7 +20,7 @@ from .http import HttpClient
 from .model import ImageInfo
 from .oci import RegistryClient
 from .reference import ImageReference, parse_reference
-from .settings import RegistrySettings
+from archway.config import RegistrySettings, SifSettings
 from .sharedlookups import SharedLookups
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,9 @@ class TTLCache:
 class Resolver:
     def __init__(self, settings: RegistrySettings | None = None, *, keyring: Keyring | None = None,
                  http: HttpClient | None = None, max_workers: int = 32, clock=time.monotonic,
-                 shared: SharedLookups | None = None):
+                 shared: SharedLookups | None = None, sif: SifSettings | None = None):
         self.settings = settings or RegistrySettings()
+        self.sif = sif or SifSettings()
         self.http = http or HttpClient(self.settings)
         self.oci = RegistryClient(self.http, self.settings)
         self.keyring = keyring if keyring is not None else _load_global_keyring(self.settings)
@@ -87,7 +88,7 @@ class Resolver:
         # A lookup may outlive its caller's deadline; this bounds how long it keeps going.
         self.fetch_timeout = self.settings.timeout_seconds * 2
         self._shared = shared  # lookups shared with the server's other worker processes
-        self._library_host = urlsplit(self.settings.library_url).netloc or "library.sylabs.io"
+        self._library_host = urlsplit(self.sif.library_url).netloc or "library.sylabs.io"
 
     @property
     def cache_size(self) -> int:
@@ -178,7 +179,7 @@ class Resolver:
         if ref.scheme in ("https", "http"):
             return sifsources.resolve_https(ref, self.http, deadline)
         if ref.scheme == "library":
-            return sifsources.resolve_library(ref, self.http, self.settings, deadline)
+            return sifsources.resolve_library(ref, self.http, self.sif, deadline)
         raise InvalidReference(f"{ref}: unsupported scheme {ref.scheme}")
 
     def _ttl(self, ref: ImageReference) -> float:

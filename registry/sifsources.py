@@ -21,7 +21,7 @@ from .http import HttpClient
 from .model import ImageInfo
 from .platforms import normalize
 from .reference import ImageReference
-from .settings import RegistrySettings
+from archway.config import SifSettings
 from .sif import BlockReader, read_sif_platforms
 
 FIRST_BLOCK = 32768             # header + default descriptor table (32176 bytes) in one request
@@ -100,7 +100,7 @@ def _http_error(status: int, url: str, netloc: str) -> RegistryError:
 # library://
 
 
-def resolve_library(ref: ImageReference, http: HttpClient, settings: RegistrySettings,
+def resolve_library(ref: ImageReference, http: HttpClient, settings: SifSettings,
                     deadline: float | None) -> ImageInfo:
     base = library_base_url(ref, settings)
     headers = {"Accept": "application/json", **_library_auth(base, settings)}
@@ -125,15 +125,15 @@ def resolve_library(ref: ImageReference, http: HttpClient, settings: RegistrySet
     return ImageInfo(str(ref), platforms, digest, "sif-library")
 
 
-def library_base_url(ref: ImageReference, settings: RegistrySettings) -> str:
+def library_base_url(ref: ImageReference, settings: SifSettings) -> str:
     """settings.library_url for the configured library; https://<host> for any other host."""
-    configured = settings.library_url.rstrip("/")
+    configured = settings.library_url
     if ref.host == urlsplit(configured).netloc:
         return configured
     return f"https://{ref.host}"
 
 
-def _library_auth(base: str, settings: RegistrySettings) -> dict:
+def _library_auth(base: str, settings: SifSettings) -> dict:
     """The bearer token belongs to the configured library: never sent to another host."""
     if not settings.library_token_file:
         return {}

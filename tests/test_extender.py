@@ -14,7 +14,7 @@ import requests
 from flask import Flask
 
 from archway.registry.resolver import Resolver
-from archway.registry.settings import RegistrySettings
+from archway.config import RegistrySettings
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.procs import REPO, free_port, wait_for_port
 from tests.infra.registry import plain_registry  # noqa: F401

@@ -28,7 +28,7 @@ from archway.registry.oci import (ACCEPT, RegistryClient, manifest_media_type, p
                           platforms_from_config, platforms_from_index)
 from archway.registry.platforms import Platform
 from archway.registry.reference import parse_reference
-from archway.registry.settings import RegistrySettings
+from archway.config import RegistrySettings
 from tests.infra.procs import SHARED_TESTDATA
 from tests.infra.registry import (OCI_MANIFEST, RegistryServer,  # noqa: F401
                                   basic_auth_registry, plain_registry, sha256_digest, test_ca,

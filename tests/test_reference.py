@@ -4,11 +4,10 @@ import socket
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from archway.errors import ArchwayError, ConfigError, HostRefused, InvalidReference
+from archway.errors import HostRefused, InvalidReference
 from archway.registry.hostpolicy import HostPolicy, forbidden_address
 from archway.registry.platforms import Platform, architectures, normalize, parse_platform
 from archway.registry.reference import parse_reference
-from archway.registry.settings import RegistrySettings
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -212,19 +211,3 @@ def test_bracketed_ipv6_deny_pattern_matches():
 def test_malformed_bracket_netloc_is_refused_not_crashing():
     with pytest.raises(HostRefused):
         HostPolicy().check("[::1")
-
-
-# -- settings ------------------------------------------------------------------------------------
-
-def test_settings_from_config_and_bad_values():
-    s = RegistrySettings.from_config({"registry": {"insecure_hosts": ["Reg:5000"], "timeout_seconds": 2,
-                                                   "allow_hosts": ["a"], "deny_hosts": ["b"]},
-                                      "sif": {"library_url": "https://lib.example/"}})
-    assert s.insecure_hosts == ("reg:5000",) and s.timeout_seconds == 2.0
-    assert s.library_url == "https://lib.example" and s.max_manifest_bytes == 4 * 1024 * 1024
-    for bad in ({"registry": ["x"]}, {"registry": {"insecure_hosts": "x"}},
-                {"registry": {"timeout_seconds": 0}}, {"registry": {"timeout_seconds": True}},
-                {"registry": {"ca_file": 5}}):
-        with pytest.raises(ConfigError):
-            RegistrySettings.from_config(bad)
-    assert isinstance(ConfigError("x"), ArchwayError)

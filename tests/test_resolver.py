@@ -9,7 +9,7 @@ from archway.registry.credentials import Keyring
 from archway.errors import AuthError, DeadlineExceeded, HostRefused, InvalidReference
 from archway.registry.model import ImageInfo
 from archway.registry.resolver import Resolver, TTLCache
-from archway.registry.settings import CacheSettings, RegistrySettings
+from archway.config import CacheSettings, RegistrySettings
 from tests.infra.proxy import DelayProxy
 from tests.infra.registry import basic_auth_registry, plain_registry, session_ca  # noqa: F401
 

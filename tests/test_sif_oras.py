@@ -11,7 +11,7 @@ import pytest
 from archway.registry.http import HttpClient
 from archway.registry.oci import RegistryClient
 from archway.registry.reference import parse_reference
-from archway.registry.settings import RegistrySettings
+from archway.config import RegistrySettings
 from tests.infra import sifbuild
 from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
 from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED

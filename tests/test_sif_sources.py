@@ -8,7 +8,7 @@ from archway.errors import (AuthError, ConfigError, HostRefused, NotFound, Regis
 from archway.registry.http import HttpClient
 from archway.registry.reference import parse_reference
 from archway.registry.resolver import Resolver
-from archway.registry.settings import RegistrySettings
+from archway.config import RegistrySettings, SifSettings
 from archway.registry.sifsources import resolve_https, resolve_library
 from tests.infra import sifbuild
 from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
@@ -202,13 +202,12 @@ def other_library(ca):
 def library_settings(library, ca, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    return RegistrySettings(ca_file=ca.cert_path, library_url=library.url(),
-                            library_token_file=str(token_file))
+    return SifSettings(library_url=library.url(), library_token_file=str(token_file))
 
 
 def lib(library, settings, text):
     library.clear()
-    http = HttpClient(settings)
+    http = HttpClient(RegistrySettings(ca_file=library.ca_path))
     return resolve_library(parse_reference(text, library.host), http, settings, None)
 
 
@@ -272,30 +271,29 @@ def test_library_token_never_sent_to_another_host(library, other_library, librar
 
 
 def test_library_without_token_is_an_auth_error(library, ca):
-    settings = RegistrySettings(ca_file=ca.cert_path, library_url=library.url())
+    settings = SifSettings(library_url=library.url())
     with pytest.raises(AuthError, match="401: Unauthorized.*sif.library_token_file"):
         lib(library, settings, "library://alice/tools/busybox:latest")
 
 
 def test_library_token_file_missing_is_a_config_error(library, ca, tmp_path):
-    settings = RegistrySettings(ca_file=ca.cert_path, library_url=library.url(),
-                                library_token_file=str(tmp_path / "absent"))
+    settings = SifSettings(library_url=library.url(), library_token_file=str(tmp_path / "absent"))
     with pytest.raises(ConfigError, match="sif.library_token_file"):
         lib(library, settings, "library://alice/tools/busybox:latest")
 
 
 def test_library_garbage_answer(files, ca):
     # a host that answers 200 with bytes that are not the library's JSON
-    settings = RegistrySettings(ca_file=ca.cert_path, library_url=files.url())
+    settings = SifSettings(library_url=files.url())
     files.files["/v1/containers/a/b/c"] = b"\x1f\x8b not json"
     try:
         with pytest.raises(RegistryError, match="without a JSON `data` object"):
-            resolve_library(parse_reference("library://a/b/c", files.host), HttpClient(settings),
+            resolve_library(parse_reference("library://a/b/c", files.host), HttpClient(RegistrySettings(ca_file=ca.cert_path)),
                             settings, None)
     finally:
         del files.files["/v1/containers/a/b/c"]
 
 
 def test_library_through_the_resolver(library, library_settings):
-    info = Resolver(library_settings).resolve("library://alice/tools/busybox:1.36")
+    info = Resolver(RegistrySettings(ca_file=library.ca_path), sif=library_settings).resolve("library://alice/tools/busybox:1.36")
     assert info.architectures == {"amd64", "arm64", "ppc64le"}

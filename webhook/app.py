@@ -61,7 +61,7 @@ def create_app(config, *, resolver=None, pull_secrets=None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes + 1
     if resolver is None:
         shared = os.environ.get(sharedlookups.ENV_VAR)  # set by `archway serve` for its workers
-        resolver = Resolver(config.registry,
+        resolver = Resolver(config.registry, sif=config.sif,
                             shared=sharedlookups.SharedLookups(shared) if shared else None)
     pull_secrets = pull_secrets if pull_secrets is not None else PullSecrets.from_config(config)
     state = ArchwayState(config, resolver, pull_secrets)
@@ -244,9 +244,10 @@ def _count_images(images, results) -> None:
     for image in images:
         result = results.get(image)
         if isinstance(result, ArchwayError) or result is None:
-            metrics.image_resolved(_scheme(image), _error_kind(result))
+            metrics.IMAGE_RESOLUTIONS.labels(_scheme(image), _error_kind(result)).inc()
         else:
-            metrics.image_resolved(result.source, "resolved" if result.architectures else "no_arch")
+            metrics.IMAGE_RESOLUTIONS.labels(result.source, 
+                                              "resolved" if result.architectures else "no_arch").inc()
 
 
 def _scheme(image: str) -> str:

@@ -41,6 +41,7 @@ class _HttpsServer:
     """A threaded HTTPS server whose handler calls `self.handle(request)`."""
 
     def __init__(self, ca: CertificateAuthority, name: str):
+        self.ca_path = ca.cert_path  # what a client trusts to reach it
         self.port = free_port()
         self.requests: list[Served] = []
         self._lock = threading.Lock()
