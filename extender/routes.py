@@ -18,7 +18,8 @@ from archway import metrics
 from archway.extender.wire import (MalformedExtenderArgs, filter_result_json, host_priority_entry,
                                   host_priority_list_json, parse_extender_args)
 from archway.extender.nodes import NodeCache, node_addresses, node_arch
-from archway.webhook.placement import ANNOTATION_ARCHITECTURES, PodShapeError, pod_images
+from archway.podview import PodShapeError, PodView
+from archway.webhook.placement import ANNOTATION_ARCHITECTURES
 from archway.extender.traffic import NEUTRAL_SCORE, TrafficPoller, TrafficScale, node_traffic
 
 log = logging.getLogger("archway.extender")
@@ -34,12 +35,10 @@ BODY_READ_TIMEOUT_SECONDS = 5.0
 
 # --- pure decisions ---------------------------------------------------------------------------
 
-def annotated_architectures(pod: dict) -> frozenset[str] | None:
+def annotated_architectures(pod: PodView) -> frozenset[str] | None:
     """The set the webhook wrote into the pod at admission, or None when it is absent/blank."""
-    meta = pod.get("metadata")
-    annotations = meta.get("annotations") if isinstance(meta, dict) else None
-    value = annotations.get(ANNOTATION_ARCHITECTURES) if isinstance(annotations, dict) else None
-    if not isinstance(value, str):
+    value = pod.annotations.get(ANNOTATION_ARCHITECTURES)
+    if value is None:
         return None
     archs = frozenset(normalize("linux", a).architecture for a in value.split(",") if a.strip())
     return archs or None
@@ -129,15 +128,13 @@ class Extender:
         return resolver
 
     # --- filter ------------------------------------------------------------------------------
-    def pod_architectures(self, pod: dict, deadline: float) -> tuple[frozenset[str] | None, str, str]:
+    def pod_architectures(self, pod: PodView,
+                          deadline: float) -> tuple[frozenset[str] | None, str, str]:
         """(S or None, where it came from, explanation used when S is empty)."""
         archs = annotated_architectures(pod)
         if archs is not None:
             return archs, "annotation", ""
-        try:
-            images = pod_images(pod)
-        except PodShapeError as e:
-            raise MalformedExtenderArgs(f"ExtenderArgs.Pod: {e}") from None
+        images = pod.images
         resolver = self.resolver
         if not images or resolver is None:
             return None, "none", ""
@@ -150,7 +147,11 @@ class Extender:
         extender.deadline_seconds of it."""
         deadline = ((started or time.monotonic()) + self.config.extender.deadline_seconds
                     - ANSWER_MARGIN_SECONDS)
-        pod_archs, source, detail = self.pod_architectures(args.pod, deadline)
+        try:
+            pod = PodView.of(args.pod)
+        except PodShapeError as e:
+            raise MalformedExtenderArgs(f"ExtenderArgs.Pod: {e}") from None
+        pod_archs, source, detail = self.pod_architectures(pod, deadline)
         if args.nodes is not None:
             node_archs = [node_arch(node) for node in args.nodes] if pod_archs else ()
             names = [node["metadata"]["name"] for node in args.nodes]
@@ -160,7 +161,8 @@ class Extender:
         outcome = filter_by_arch(pod_archs, node_archs, names, why_none=detail)
         # FailedNodes stays empty: nothing archway rejects could be fixed by preemption.
         body = filter_result_json(args, outcome.keep, {}, outcome.unresolvable)
-        summary = (f"archs={','.join(sorted(pod_archs)) if pod_archs is not None else 'unknown'} "
+        summary = (f"{pod.display_name}: "
+                   f"archs={','.join(sorted(pod_archs)) if pod_archs is not None else 'unknown'} "
                    f"from {source}, {len(outcome.keep)}/{len(names)} nodes pass")
         return body, summary
 
@@ -264,7 +266,7 @@ def register_extender(app: Flask, config, resolver, *, extender: Extender | None
         except MalformedExtenderArgs as e:
             return _bad_request("filter", e, started)
         _finished("filter", "ok", started)
-        log.info("filter %s: %s (%.1f ms)", _pod_name(args.pod), summary,
+        log.info("filter %s (%.1f ms)", summary,
                  (time.perf_counter() - started) * 1000)
         return Response(body, 200, mimetype="application/json")
 
@@ -295,7 +297,3 @@ def _finished(verb: str, outcome: str, started: float) -> None:
     metrics.EXTENDER_REQUESTS.labels(verb, outcome).inc()
     metrics.EXTENDER_DURATION.labels(verb).observe(time.perf_counter() - started)
 
-
-def _pod_name(pod: dict) -> str:
-    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
-    return f"{meta.get('namespace', '')}/{meta.get('name') or meta.get('generateName', '?')}"

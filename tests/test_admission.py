@@ -38,7 +38,7 @@ def test_every_fixture_parses():
 def test_controller_pod_without_name_or_namespace():
     parsed = parse_review(body(fixture("v1-pod-multiarch")), LIMIT)
     assert parsed.is_pod_create
-    assert parsed.pod_namespace == "shop"          # from request.namespace
+    assert parsed.pod.namespace == "shop"          # from request.namespace
     assert parsed.display_name == "shop/web-7d9c5b8f6d-*"
 
 
@@ -100,7 +100,7 @@ MALFORMED = [
     (_mutated(["request", "dryRun"], "no"), "request.dryRun must be true or false"),
     (_mutated(["request", "object"], "a pod"), "request.object must be an object"),
     (_mutated(["request", "object"], KeyError), "must hold the pod"),
-    (_mutated(["request", "object", "metadata"], 7), "metadata must be an object"),
+    (_mutated(["request", "object", "metadata"], 7), "metadata must be a mapping"),
     (_mutated(["request", "object", "metadata", "annotations"], ["a"]), "annotations must be"),
     (_mutated(["request", "object", "spec"], []), "spec must be a mapping"),
     (_mutated(["request", "object", "spec", "containers"], {}), "spec.containers must be a list"),
@@ -125,8 +125,8 @@ def test_oversized_body_is_413():
 def test_reply_echoes_version_and_uid_and_encodes_the_patch():
     request = parse_review(body(fixture("v1beta1-pod-multiarch")), LIMIT)
     patch = ({"op": "add", "path": "/spec/nodeSelector", "value": {"kubernetes.io/arch": "arm64"}},)
-    reply = review_response(request, Decision(allowed=True, patch=patch, warnings=("w",)),
-                            {"architectures": "arm64"})
+    reply = review_response(request, Decision(allowed=True, patch=patch), warnings=("w",),
+                            audit_annotations={"architectures": "arm64"})
     assert reply == {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview",
                      "response": {"uid": "c4d5e6f7-0819-4a23-84c5-d6e7f8091a2d", "allowed": True,
                                   "patchType": "JSONPatch",

@@ -390,10 +390,10 @@ def test_private_image_without_credentials_fails_open_with_a_warning(world):
     review["request"]["object"]["metadata"]["namespace"] = "team-b"  # no secrets there
     response = world.admit(review)
     assert response["allowed"] and "patch" not in response
-    assert response["warnings"] == [
+    assert response["warnings"] == [  # the one the user can act on first
+        "pull secret team-b/regcred: not found",
         f"could not inspect {world.auth_registry.host}/archway/private:1.0 (registry refused the "
-        "credentials); it does not restrict placement",
-        "pull secret team-b/regcred: not found"]
+        "credentials); it does not restrict placement"]
 
 
 def test_forbidden_secret_read_degrades_with_a_warning(world):

@@ -19,6 +19,7 @@ from tests.infra.apiserver import FakeApiServer
 from tests.infra.procs import REPO, free_port, wait_for_port
 from tests.infra.registry import plain_registry  # noqa: F401
 from archway.config import config_from_dict
+from archway.podview import PodShapeError, PodView
 from archway.extender.routes import (Extender, annotated_architectures, common_architectures,
                               filter_by_arch, register_extender)
 from archway.extender.nodes import NodeCache, node_arch
@@ -88,10 +89,13 @@ def test_node_arch_label_then_beta_label_then_node_info():
 
 
 def test_annotation_parsing():
-    pod = lambda value: {"metadata": {"annotations": {"archway.dev/architectures": value}}}  # noqa: E731
+    def pod(value):
+        return PodView.of({"metadata": {"annotations": {"archway.dev/architectures": value}}})
     assert annotated_architectures(pod("arm64, AMD64,x86_64")) == {"amd64", "arm64"}
-    assert annotated_architectures(pod("")) is None and annotated_architectures(pod(5)) is None
-    assert annotated_architectures({"metadata": None}) is None
+    assert annotated_architectures(pod("")) is None
+    assert annotated_architectures(PodView.of({"metadata": None})) is None
+    with pytest.raises(PodShapeError, match=r"metadata.annotations\['archway.dev/architectures'\]"):
+        pod(5)
 
 
 def test_filter_by_arch_decisions():

@@ -11,12 +11,22 @@ from archway.errors import (AuthError, DeadlineExceeded, HostRefused, NotFound, 
                              TransportError)
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import normalize, parse_platform
-from archway.webhook.placement import (ANNOTATION_ARCHITECTURES, ARCH_LABEL, MAX_WARNING_CHARS,
-                               MAX_WARNINGS, PodShapeError, Policy, decide, pod_arch_constraint,
-                               pod_images)
+from archway.podview import PodShapeError, PodView
+from archway.webhook import placement
+from archway.webhook.admission import MAX_WARNING_CHARS, MAX_WARNINGS, cap_warnings
+from archway.webhook.placement import ANNOTATION_ARCHITECTURES, ARCH_LABEL, Policy
 
 SCHEMA_VERSIONS = ("1.30.0", "1.33.0")
 ALL_ARCHS = frozenset({"amd64", "arm64", "arm", "ppc64le", "s390x", "riscv64"})
+
+
+def decide(pod: dict, results, policy):
+    """placement.decide on the view of a pod written as a dict."""
+    return placement.decide(PodView.of(pod), results, policy)
+
+
+def pod_arch_constraint(pod: dict):
+    return placement.pod_arch_constraint(PodView.of(pod))
 
 
 def info(image, *platforms, source="oci-index"):
@@ -121,7 +131,7 @@ def test_init_containers_count():
 def test_ephemeral_containers_are_not_images_of_a_new_pod():
     pod = make_pod("reg/multi:1")
     pod["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "reg/amd:1"}]
-    assert pod_images(pod) == ("reg/multi:1",)
+    assert PodView.of(pod).images == ("reg/multi:1",)
 
 
 def test_single_arch_with_required_affinity_goes_into_every_term():
@@ -306,9 +316,11 @@ def test_warnings_are_short_and_capped():
     long_image = "registry.example.com/" + "very-long-team-name/" * 8 + "app@sha256:" + "a" * 64
     images = [f"{long_image}{i}" for i in range(8)]
     d = decide(make_pod(*images), {im: DeadlineExceeded("x") for im in images}, Policy())
-    assert len(d.warnings) == MAX_WARNINGS
-    assert d.warnings[-1] == "... and 4 more warnings from archway"
-    assert all(len(w) <= MAX_WARNING_CHARS and w.isprintable() for w in d.warnings)
+    assert len(d.warnings) == 8     # the decision keeps all; the reply caps them
+    capped = cap_warnings(d.warnings)
+    assert len(capped) == MAX_WARNINGS
+    assert capped[-1] == "... and 4 more warnings from archway"
+    assert all(len(w) <= MAX_WARNING_CHARS and w.isprintable() for w in capped)
 
 
 def test_warnings_never_carry_control_characters():
@@ -510,8 +522,9 @@ def test_property_patched_pod_is_a_valid_pod(case):
     d = decide(pod, results, policy)
     assume(d.allowed)
     validate(applied(pod, d))
-    assert all(len(w) <= MAX_WARNING_CHARS for w in d.warnings)
-    assert len(d.warnings) <= MAX_WARNINGS
+    capped = cap_warnings(d.warnings)
+    assert all(len(w) <= MAX_WARNING_CHARS for w in capped)
+    assert len(capped) <= MAX_WARNINGS
 
 
 def test_passwords_in_sif_urls_never_reach_warnings_or_messages():

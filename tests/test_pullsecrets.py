@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from archway.errors import ConfigError
+from archway.podview import PodView
 from tests.infra.apiserver import FakeApiServer
 from archway.webhook.pullsecrets import PullSecrets, build_api_client
 
@@ -39,7 +40,7 @@ def pod(*pull_secrets, sa=None):
         spec["imagePullSecrets"] = [{"name": s} for s in pull_secrets]
     if sa:
         spec["serviceAccountName"] = sa
-    return {"spec": spec}
+    return PodView.of({"metadata": {"namespace": NS}, "spec": spec})
 
 
 def k8s_settings(**kw):
@@ -76,14 +77,14 @@ def secrets_for(api, **kw):
 
 
 def test_pod_and_service_account_secrets_are_merged_pod_first(api):
-    creds = secrets_for(api).credentials_for(pod("pod-cred", sa="builder"), NS, time.monotonic() + 2)
+    creds = secrets_for(api).credentials_for(pod("pod-cred", sa="builder"), time.monotonic() + 2)
     assert creds.warnings == () and creds.secrets_used == 2
     assert creds.keyring.lookup("reg.example:5000").username == "pod-user"
     assert creds.keyring.lookup("other.example").username == "sa-user"
 
 
 def test_legacy_dockercfg_secret(api):
-    creds = secrets_for(api).credentials_for(pod("legacy"), NS, time.monotonic() + 2)
+    creds = secrets_for(api).credentials_for(pod("legacy"), time.monotonic() + 2)
     assert creds.keyring.lookup("old.example").username == "alice"
 
 
@@ -93,7 +94,7 @@ def test_legacy_dockercfg_secret(api):
     ("broken", "pull secret team-a/broken is not a usable docker config secret"),
 ])
 def test_unusable_secret_degrades_with_a_warning(api, name, words):
-    creds = secrets_for(api).credentials_for(pod(name, "pod-cred"), NS, time.monotonic() + 2)
+    creds = secrets_for(api).credentials_for(pod(name, "pod-cred"), time.monotonic() + 2)
     assert creds.warnings == (words,)
     assert creds.keyring.lookup("reg.example:5000") is not None  # the rest is still used
 
@@ -101,7 +102,7 @@ def test_unusable_secret_degrades_with_a_warning(api, name, words):
 def test_forbidden_reads_degrade_with_a_warning_and_no_secret_text(api):
     api.faults[f"/api/v1/namespaces/{NS}/secrets/pod-cred"] = 403
     try:
-        creds = secrets_for(api).credentials_for(pod("pod-cred"), NS, time.monotonic() + 2)
+        creds = secrets_for(api).credentials_for(pod("pod-cred"), time.monotonic() + 2)
     finally:
         api.faults.clear()
     assert creds.warnings == ("pull secret team-a/pod-cred: archway may not read it "
@@ -113,7 +114,7 @@ def test_reads_are_cached(api):
     secrets = secrets_for(api)
     before = api.count("GET", f"/api/v1/namespaces/{NS}/")
     for _ in range(3):
-        secrets.credentials_for(pod("pod-cred", sa="builder"), NS, time.monotonic() + 2)
+        secrets.credentials_for(pod("pod-cred", sa="builder"), time.monotonic() + 2)
     assert api.count("GET", f"/api/v1/namespaces/{NS}/") - before == 3  # SA + 2 secrets, once
 
 
@@ -121,7 +122,7 @@ def test_slow_api_is_bounded_by_the_deadline(api):
     api.delay_seconds = 2.0
     try:
         start = time.monotonic()
-        creds = secrets_for(api).credentials_for(pod("pod-cred"), NS, time.monotonic() + 0.3)
+        creds = secrets_for(api).credentials_for(pod("pod-cred"), time.monotonic() + 0.3)
         elapsed = time.monotonic() - start
     finally:
         api.delay_seconds = 0.0
@@ -134,7 +135,7 @@ def test_unreachable_api_degrades_to_anonymous(tmp_path):
     path = dead.kubeconfig(str(tmp_path))
     dead.stop()
     client, source = build_api_client(k8s_settings(kubeconfig=path))
-    creds = PullSecrets(client, source=source).credentials_for(pod("pod-cred"), NS,
+    creds = PullSecrets(client, source=source).credentials_for(pod("pod-cred"),
                                                                time.monotonic() + 1)
     assert len(creds.keyring) == 0
     assert "Kubernetes API unreachable or too slow" in " ".join(creds.warnings)
@@ -145,11 +146,11 @@ def test_no_api_configured(monkeypatch, tmp_path):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     client, source = build_api_client(k8s_settings())
     assert client is None and source == "none"
-    creds = PullSecrets(None, source=source).credentials_for(pod("regcred"), NS, time.monotonic() + 1)
+    creds = PullSecrets(None, source=source).credentials_for(pod("regcred"), time.monotonic() + 1)
     assert creds.warnings == ("pull secrets not read (no Kubernetes API configured): regcred",)
     assert build_api_client(k8s_settings(enabled="off")) == (None, "disabled")
     off = PullSecrets(None, source="disabled")
-    assert off.credentials_for(pod("regcred"), NS, time.monotonic() + 1).warnings == ()
+    assert off.credentials_for(pod("regcred"), time.monotonic() + 1).warnings == ()
 
 
 @pytest.mark.parametrize("settings, message", [

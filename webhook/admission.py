@@ -5,15 +5,20 @@ HTTP status to answer with (400, or 413 when oversized); the app turns it into a
 """
 import base64
 import json
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 
 from archway.errors import ArchwayError
+from archway.podview import PodShapeError, PodView
 
-from .placement import Decision, PodShapeError, check_pod_shape
+from .placement import Decision
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 SKIP_ANNOTATION = "archway.dev/skip"
+
+MAX_WARNINGS = 5          # kubectl prints every warning; a wall of them helps nobody
+MAX_WARNING_CHARS = 120   # the Kubernetes API conventions ask for warnings under 120 characters
 
 
 class AdmissionError(ArchwayError):
@@ -35,7 +40,7 @@ class AdmissionRequest:
     sub_resource: str
     namespace: str
     name: str
-    object: dict | None
+    pod: PodView | None              # the pod of a pod CREATE, read and shape-checked
     dry_run: bool = False
     user: str = field(default="", compare=False)
 
@@ -45,19 +50,11 @@ class AdmissionRequest:
                 and self.resource.get("group", "") == "" and self.resource.get("resource") == "pods")
 
     @property
-    def pod_namespace(self) -> str:
-        """Pods created by controllers carry no metadata.namespace yet: the request has it."""
-        metadata = (self.object or {}).get("metadata") or {}
-        return metadata.get("namespace") or self.namespace
-
-    @property
     def display_name(self) -> str:
         """namespace/name for logs; `generateName*` for pods that have no name yet."""
-        metadata = (self.object or {}).get("metadata") or {}
-        name = metadata.get("name") or self.name
-        if not name:
-            name = (metadata.get("generateName") or "") + "*"
-        return f"{self.pod_namespace or '-'}/{name}"
+        if self.pod is not None:
+            return self.pod.display_name
+        return f"{self.namespace or '-'}/{self.name or '*'}"
 
 
 def parse_review(body: bytes, max_bytes: int) -> AdmissionRequest:
@@ -97,11 +94,17 @@ def parse_review(body: bytes, max_bytes: int) -> AdmissionRequest:
         sub_resource=_optional(request, "subResource", str, ""),
         namespace=_optional(request, "namespace", str, ""),
         name=_optional(request, "name", str, ""),
-        object=obj, dry_run=dry_run,
+        pod=None, dry_run=dry_run,
         user=user_info.get("username") if isinstance(user_info.get("username"), str) else "")
-    if parsed.is_pod_create:
-        _check_pod(obj)
-    return parsed
+    if not parsed.is_pod_create:
+        return parsed
+    if obj is None:
+        raise AdmissionError("request.object must hold the pod for a pod CREATE")
+    try:
+        pod = PodView.of(obj, namespace=parsed.namespace, name=parsed.name)
+    except PodShapeError as e:
+        raise AdmissionError(f"request.object: {e}") from None
+    return replace(parsed, pod=pod)
 
 
 def _optional(request: dict, key: str, kind: type, default):
@@ -116,24 +119,6 @@ def _optional(request: dict, key: str, kind: type, default):
 _TYPE_WORDS = {dict: "an object", str: "a string", bool: "true or false"}
 
 
-def _check_pod(obj) -> None:
-    if obj is None:
-        raise AdmissionError("request.object must hold the pod for a pod CREATE")
-    metadata = obj.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise AdmissionError("request.object.metadata must be an object")
-    annotations = (metadata or {}).get("annotations")
-    if annotations is not None and not isinstance(annotations, dict):
-        raise AdmissionError("request.object.metadata.annotations must be an object")
-    for key in ("name", "namespace", "generateName"):
-        if (metadata or {}).get(key) is not None and not isinstance(metadata[key], str):
-            raise AdmissionError(f"request.object.metadata.{key} must be a string")
-    try:
-        check_pod_shape(obj)
-    except PodShapeError as e:
-        raise AdmissionError(f"request.object: {e}") from None
-
-
 def _show(value) -> str:
     text = json.dumps(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -144,19 +129,21 @@ def skip_reason(request: AdmissionRequest, exclude_namespaces) -> str | None:
     if not request.is_pod_create:
         return f"{request.operation} of {request.resource.get('resource') or 'object'}" + (
             f"/{request.sub_resource}" if request.sub_resource else "")
-    pod = request.object or {}
-    if request.pod_namespace in exclude_namespaces:
-        return f"namespace {request.pod_namespace} is excluded"
-    if ((pod.get("metadata") or {}).get("annotations") or {}).get(SKIP_ANNOTATION) == "true":
+    pod = request.pod
+    assert pod is not None  # parse_review reads the pod of every pod CREATE
+    if pod.namespace in exclude_namespaces:
+        return f"namespace {pod.namespace} is excluded"
+    if pod.annotations.get(SKIP_ANNOTATION) == "true":
         return f"annotation {SKIP_ANNOTATION}=true"
-    if (pod.get("spec") or {}).get("nodeName"):
+    if pod.node_name:
         return "spec.nodeName is already set"  # bound by its creator: the scheduler never sees it
     return None
 
 
-def review_response(request: AdmissionRequest, decision: Decision,
+def review_response(request: AdmissionRequest, decision: Decision, *, warnings=(),
                     audit_annotations: dict | None = None) -> dict:
-    """The AdmissionReview to send back for `decision` (same apiVersion as the request)."""
+    """The AdmissionReview to send back for `decision` (same apiVersion as the request).
+    `warnings` are the reply's, already capped (cap_warnings)."""
     response = {"uid": request.uid, "allowed": decision.allowed}
     if decision.allowed and decision.patch:
         # patchType only ever travels with a patch: the apiserver rejects one without the other.
@@ -164,12 +151,30 @@ def review_response(request: AdmissionRequest, decision: Decision,
         response["patch"] = base64.b64encode(json.dumps(list(decision.patch)).encode()).decode()
     if not decision.allowed:
         response["status"] = {"code": 403, "reason": "Forbidden", "message": decision.message}
-    if decision.warnings:
-        response["warnings"] = list(decision.warnings)
+    if warnings:
+        response["warnings"] = list(warnings)
     if audit_annotations:
         response["auditAnnotations"] = dict(audit_annotations)
     return {"apiVersion": request.api_version, "kind": "AdmissionReview", "response": response}
 
 
-def allow_unchanged(request: AdmissionRequest, warnings=()) -> dict:
-    return review_response(request, Decision(allowed=True, warnings=tuple(warnings)))
+def allow_unchanged(request: AdmissionRequest) -> dict:
+    return review_response(request, Decision(allowed=True))
+
+
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
+
+
+def cap_warnings(warnings) -> tuple[str, ...]:
+    """At most MAX_WARNINGS printable lines of at most MAX_WARNING_CHARS, in the order given;
+    the last line counts what was left out."""
+    warnings = [_clip(w) for w in warnings]
+    if len(warnings) > MAX_WARNINGS:
+        more = len(warnings) - (MAX_WARNINGS - 1)
+        warnings = warnings[:MAX_WARNINGS - 1] + [f"... and {more} more warnings from archway"]
+    return tuple(warnings)
+
+
+def _clip(text: str) -> str:
+    text = _UNPRINTABLE.sub("?", text)
+    return text if len(text) <= MAX_WARNING_CHARS else text[:MAX_WARNING_CHARS - 3] + "..."

@@ -25,6 +25,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from archway.registry.credentials import MAX_CONFIG_BYTES, Keyring
 from archway.errors import ArchwayError, ConfigError
+from archway.podview import PodView
 from archway.registry.resolver import TTLCache
 
 log = logging.getLogger(__name__)
@@ -64,17 +65,17 @@ class PullSecrets:
         api_client, source = build_api_client(config.kubernetes)
         return cls(api_client, cache_seconds=config.kubernetes.secret_cache_seconds, source=source)
 
-    def credentials_for(self, pod: dict, namespace: str, deadline: float) -> PullCredentials:
-        """The keyring of `pod` (a Pod object) in `namespace`; stops asking at `deadline`."""
-        spec = pod.get("spec") or {}
-        names = _secret_names(spec.get("imagePullSecrets"))
+    def credentials_for(self, pod: PodView, deadline: float) -> PullCredentials:
+        """The keyring of `pod` in its namespace; stops asking the API at `deadline`."""
+        names = list(pod.pull_secret_names)
+        namespace = pod.namespace
         if self.api is None:
             warnings = (f"pull secrets not read (no Kubernetes API configured): "
                         f"{_join(names)}",) if names and self.source != "disabled" else ()
             return PullCredentials(Keyring.empty(), warnings)
         warnings: list[str] = []
-        account = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
-        account_secrets = self._service_account_secrets(namespace, str(account), deadline)
+        account = pod.service_account or "default"
+        account_secrets = self._service_account_secrets(namespace, account, deadline)
         if isinstance(account_secrets, _Unavailable):
             warnings.append(account_secrets.warning)
         else:

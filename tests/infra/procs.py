@@ -9,7 +9,9 @@ import time
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SHARED_TESTDATA = os.path.join(os.path.dirname(REPO), "shared", "testdata")
+# Next to the repository; a checkout elsewhere (a git worktree) names it in ARCHWAY_TESTDATA.
+SHARED_TESTDATA = (os.environ.get("ARCHWAY_TESTDATA")
+                   or os.path.join(os.path.dirname(REPO), "shared", "testdata"))
 
 
 def free_port() -> int:

@@ -1,0 +1,275 @@
+"""A Pod, read once: the fields archway decides on, type-checked in this one place.
+
+The admission webhook, the placement decision, the pull-secret lookup and the scheduler extender
+all read pods. They read them through `PodView.of(obj)`, which walks the object once and raises
+PodShapeError naming the first field whose type is not the one a Pod gives it (a list where a
+mapping belongs, a number where an image belongs). After that nobody re-checks or re-walks the
+dict: the view holds tuples and read-only mappings.
+
+The apiserver and kube-scheduler only ever send pods decoded into Go structs, so a shape error
+means a client that is not one of them; each caller turns it into its own 400.
+"""
+import copy
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from archway.errors import ArchwayError
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+# What a placement decision may change: metadata.annotations and these members of spec. The view
+# keeps them as sent (see `patchable`) so the patch is a diff at the pod's own paths.
+PATCHABLE_SPEC = ("affinity", "nodeSelector", "schedulerName", "schedulingGates")
+
+
+class PodShapeError(ArchwayError):
+    """The object is not shaped like a Pod; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Container:
+    name: str
+    image: str                  # "" when absent (apiserver validation rejects it after us)
+    pull_policy: str            # imagePullPolicy; "" when absent
+    init: bool                  # an initContainer
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One NodeSelectorRequirement (of matchExpressions or matchFields)."""
+    key: str
+    operator: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NodeSelectorTerm:
+    """Requirements ANDed; the terms of a selector are ORed. A term with no requirement at all
+    matches no node (k8s.io/component-helpers nodeaffinity)."""
+    match_expressions: tuple[Requirement, ...]
+    match_fields: tuple[Requirement, ...]
+
+    @property
+    def matches_nothing(self) -> bool:
+        return not self.match_expressions and not self.match_fields
+
+
+@dataclass(frozen=True)
+class PreferredTerm:
+    weight: int
+    preference: NodeSelectorTerm
+
+
+@dataclass(frozen=True)
+class OwnerReference:
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+
+
+@dataclass(frozen=True)
+class PodView:
+    namespace: str
+    name: str
+    generate_name: str
+    annotations: Mapping[str, str]
+    labels: Mapping[str, str]
+    owner_references: tuple[OwnerReference, ...]
+    containers: tuple[Container, ...]          # initContainers first, then containers
+    pull_secret_names: tuple[str, ...]         # spec.imagePullSecrets, in order, no blanks
+    service_account: str                       # serviceAccountName (or the deprecated alias)
+    node_name: str
+    scheduler_name: str
+    scheduling_gates: tuple[str, ...]
+    node_selector: Mapping[str, str]
+    required_terms: tuple[NodeSelectorTerm, ...] | None   # None: no required node affinity
+    preferred_terms: tuple[PreferredTerm, ...]
+    patchable: Mapping[str, Any]   # the pod cut down to what a decision may change (see above)
+
+    @classmethod
+    def of(cls, obj: Any, *, namespace: str = "", name: str = "") -> "PodView":
+        """Read a Pod object. `namespace` and `name` stand in for what metadata lacks: a pod
+        created by a controller has no metadata.namespace yet (the admission request has it)."""
+        pod = _mapping(obj, "pod")
+        metadata = _mapping(pod.get("metadata"), "metadata")
+        spec = _mapping(pod.get("spec"), "spec")
+        affinity = _mapping(spec.get("affinity"), "spec.affinity")
+        node_affinity = _mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
+        return cls(
+            namespace=_string(metadata.get("namespace"), "metadata.namespace") or namespace,
+            name=_string(metadata.get("name"), "metadata.name") or name,
+            generate_name=_string(metadata.get("generateName"), "metadata.generateName"),
+            annotations=_string_map(metadata.get("annotations"), "metadata.annotations"),
+            labels=_string_map(metadata.get("labels"), "metadata.labels"),
+            owner_references=tuple(
+                _owner(ref, f"metadata.ownerReferences[{i}]") for i, ref in
+                enumerate(_list(metadata.get("ownerReferences"), "metadata.ownerReferences"))),
+            containers=_containers(spec, "initContainers") + _containers(spec, "containers"),
+            pull_secret_names=_pull_secret_names(spec.get("imagePullSecrets")),
+            service_account=(_string(spec.get("serviceAccountName"), "spec.serviceAccountName")
+                             or _string(spec.get("serviceAccount"), "spec.serviceAccount")),
+            node_name=_string(spec.get("nodeName"), "spec.nodeName"),
+            scheduler_name=_string(spec.get("schedulerName"), "spec.schedulerName"),
+            scheduling_gates=tuple(
+                _string(_mapping(gate, f"spec.schedulingGates[{i}]").get("name"),
+                        f"spec.schedulingGates[{i}].name")
+                for i, gate in enumerate(_list(spec.get("schedulingGates"),
+                                               "spec.schedulingGates"))),
+            node_selector=_string_map(spec.get("nodeSelector"), "spec.nodeSelector"),
+            required_terms=_required_terms(node_affinity),
+            preferred_terms=_preferred_terms(node_affinity),
+            patchable=MappingProxyType(_patchable(pod, metadata, spec)),
+        )
+
+    @property
+    def images(self) -> tuple[str, ...]:
+        """The distinct images of initContainers and containers, in order.
+
+        ephemeralContainers are left out on purpose: the apiserver rejects them at CREATE (they
+        are only added later through the pods/ephemeralcontainers subresource, after
+        scheduling), and they could not change where an already bound pod runs anyway.
+        """
+        return tuple(dict.fromkeys(c.image for c in self.containers if c.image))
+
+    @property
+    def display_name(self) -> str:
+        """namespace/name for logs; `generateName*` for a pod that has no name yet."""
+        return f"{self.namespace or '-'}/{self.name or self.generate_name + '*'}"
+
+    def patchable_copy(self) -> dict:
+        """A deep copy of `patchable` to change and diff against it."""
+        return copy.deepcopy(dict(self.patchable))
+
+
+# --- the walk ------------------------------------------------------------------------------------
+
+def _mapping(value: Any, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise PodShapeError(f"{where} must be a mapping")
+    return value
+
+
+def _list(value: Any, where: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise PodShapeError(f"{where} must be a list")
+    return value
+
+
+def _string(value: Any, where: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise PodShapeError(f"{where} must be a string")
+    return value
+
+
+def _string_map(value: Any, where: str) -> Mapping[str, str]:
+    mapping = _mapping(value, where)
+    if not mapping:
+        return _EMPTY
+    for key, item in mapping.items():
+        if not isinstance(item, str):
+            raise PodShapeError(f"{where}[{key!r}] must be a string")
+    return MappingProxyType(dict(mapping))
+
+
+def _containers(spec: dict, field: str) -> tuple[Container, ...]:
+    containers = []
+    for i, item in enumerate(_list(spec.get(field), f"spec.{field}")):
+        where = f"spec.{field}[{i}]"
+        if not isinstance(item, dict):
+            raise PodShapeError(f"{where} must be a mapping")
+        container = item
+        containers.append(Container(
+            name=_string(container.get("name"), f"{where}.name"),
+            image=_string(container.get("image"), f"{where}.image"),
+            pull_policy=_string(container.get("imagePullPolicy"), f"{where}.imagePullPolicy"),
+            init=field == "initContainers"))
+    return tuple(containers)
+
+
+def _pull_secret_names(refs: Any) -> tuple[str, ...]:
+    names = []
+    for i, ref in enumerate(_list(refs, "spec.imagePullSecrets")):
+        name = _string(_mapping(ref, f"spec.imagePullSecrets[{i}]").get("name"),
+                       f"spec.imagePullSecrets[{i}].name")
+        if name and name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def _owner(ref: Any, where: str) -> OwnerReference:
+    ref = _mapping(ref, where)
+    controller = ref.get("controller")
+    if controller is not None and not isinstance(controller, bool):
+        raise PodShapeError(f"{where}.controller must be true or false")
+    return OwnerReference(
+        api_version=_string(ref.get("apiVersion"), f"{where}.apiVersion"),
+        kind=_string(ref.get("kind"), f"{where}.kind"),
+        name=_string(ref.get("name"), f"{where}.name"),
+        uid=_string(ref.get("uid"), f"{where}.uid"),
+        controller=bool(controller))
+
+
+def _requirements(value: Any, where: str) -> tuple[Requirement, ...]:
+    requirements = []
+    for i, item in enumerate(_list(value, where)):
+        here = f"{where}[{i}]"
+        item = _mapping(item, here)
+        values = _list(item.get("values"), f"{here}.values")
+        requirements.append(Requirement(
+            key=_string(item.get("key"), f"{here}.key"),
+            operator=_string(item.get("operator"), f"{here}.operator"),
+            # a non-string value can match no label value; validation rejects it after us
+            values=tuple(v for v in values if isinstance(v, str))))
+    return tuple(requirements)
+
+
+def _term(value: Any, where: str) -> NodeSelectorTerm:
+    term = _mapping(value, where)
+    return NodeSelectorTerm(_requirements(term.get("matchExpressions"), f"{where}.matchExpressions"),
+                            _requirements(term.get("matchFields"), f"{where}.matchFields"))
+
+
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+_PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def _required_terms(node_affinity: dict) -> tuple[NodeSelectorTerm, ...] | None:
+    if node_affinity.get(_REQUIRED) is None:
+        return None
+    where = f"spec.affinity.nodeAffinity.{_REQUIRED}"
+    required = _mapping(node_affinity[_REQUIRED], where)
+    return tuple(_term(t, f"{where}.nodeSelectorTerms[{i}]") for i, t in
+                 enumerate(_list(required.get("nodeSelectorTerms"), f"{where}.nodeSelectorTerms")))
+
+
+def _preferred_terms(node_affinity: dict) -> tuple[PreferredTerm, ...]:
+    where = f"spec.affinity.nodeAffinity.{_PREFERRED}"
+    terms = []
+    for i, item in enumerate(_list(node_affinity.get(_PREFERRED), where)):
+        item = _mapping(item, f"{where}[{i}]")
+        weight = item.get("weight", 0)
+        if isinstance(weight, bool) or not isinstance(weight, int):
+            raise PodShapeError(f"{where}[{i}].weight must be an integer")
+        terms.append(PreferredTerm(weight, _term(item.get("preference"), f"{where}[{i}].preference")))
+    return tuple(terms)
+
+
+def _patchable(pod: dict, metadata: dict, spec: dict) -> dict:
+    """The members a decision may change, at their own paths (values are the pod's objects,
+    shared: `patchable_copy` copies before anything changes them)."""
+    part: dict = {}
+    if pod.get("metadata") is not None:
+        part["metadata"] = {"annotations": metadata["annotations"]} if "annotations" in metadata \
+            else {}
+    if pod.get("spec") is not None:
+        part["spec"] = {key: spec[key] for key in PATCHABLE_SPEC if key in spec}
+    return part

@@ -1,0 +1,176 @@
+"""The admission service without HTTP: parse -> skip -> resolve -> decide -> reply.
+
+The resolver and the pull-secret reader are stand-ins recording what they were asked, and the
+clock is a counter: these tests do no I/O and take milliseconds.
+"""
+import base64
+import json
+
+import jsonpatch
+
+from archway.errors import DeadlineExceeded, NotFound
+from archway.podview import PodView
+from archway.registry.credentials import Keyring
+from archway.registry.model import ImageInfo
+from archway.registry.platforms import parse_platform
+from archway.webhook.admission import MAX_WARNINGS
+from archway.webhook.placement import Policy
+from archway.webhook.pullsecrets import PullCredentials
+from archway.webhook.service import ANSWER_MARGIN_SECONDS, PULL_SECRETS_SHARE, AdmissionService
+
+START = 1000.0
+
+
+class Clock:
+    def __init__(self, now=START):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+class Resolver:
+    def __init__(self, results=None, error=None, clock=None, takes=0.0):
+        self.results, self.error, self.clock, self.takes = results or {}, error, clock, takes
+        self.calls = []
+
+    def resolve_many(self, images, *, keyring=None, timeout):
+        self.calls.append((tuple(images), keyring, timeout))
+        if self.clock is not None:
+            self.clock.now += self.takes
+        if self.error is not None:
+            raise self.error
+        return {image: self.results[image] for image in images if image in self.results}
+
+
+class Secrets:
+    def __init__(self, warnings=(), keyring=None):
+        self.warnings, self.keyring = tuple(warnings), keyring or Keyring.empty()
+        self.calls = []
+
+    def credentials_for(self, pod, deadline):
+        self.calls.append((pod, deadline))
+        return PullCredentials(self.keyring, self.warnings)
+
+
+def service(resolver=None, secrets=None, clock=None, policy=Policy(), **kw):
+    settings = dict(deadline_seconds=3.0, exclude_namespaces=("kube-system",),
+                    max_body_bytes=3 * 1024 * 1024)
+    settings.update(kw)
+    return AdmissionService(policy=policy, resolver=resolver or Resolver(),
+                            pull_secrets=secrets or Secrets(), clock=clock or Clock(), **settings)
+
+
+def review(*images, namespace="shop", operation="CREATE", annotations=None, node_name=None,
+           pull_secrets=()):
+    spec = {"containers": [{"name": f"c{i}", "image": im} for i, im in enumerate(images)]}
+    if node_name:
+        spec["nodeName"] = node_name
+    if pull_secrets:
+        spec["imagePullSecrets"] = [{"name": n} for n in pull_secrets]
+    metadata = {"generateName": "web-"}
+    if annotations:
+        metadata["annotations"] = annotations
+    return json.dumps({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "u-1", "operation": operation, "namespace": namespace,
+                    "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "object": {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+                               "spec": spec}}}).encode()
+
+
+def info(image, *platforms):
+    return ImageInfo(image, frozenset(parse_platform(p) for p in platforms), None, "oci-index")
+
+
+def response(answer):
+    assert answer.status == 200, answer.body
+    return answer.body["response"]
+
+
+def test_pull_secret_warnings_come_first_and_the_rest_is_counted_right():
+    """Six image warnings and one pull-secret warning: the pull-secret one is kept, first, and
+    the last line counts the three image warnings that did not fit."""
+    images = [f"reg.example/app{i}:1" for i in range(6)]
+    secrets = Secrets(warnings=["pull secret shop/regcred: not found"])
+    answer = service(Resolver({im: NotFound("x") for im in images}), secrets).review(
+        review(*images, pull_secrets=["regcred"]))
+    warnings = response(answer)["warnings"]
+    assert len(warnings) == MAX_WARNINGS
+    assert warnings[0] == "pull secret shop/regcred: not found"
+    assert [w.split()[3] for w in warnings[1:4]] == images[:3]   # "could not inspect <image>"
+    assert warnings[4] == "... and 3 more warnings from archway"
+
+
+def test_warnings_fitting_the_cap_are_all_kept():
+    images = [f"reg.example/app{i}:1" for i in range(MAX_WARNINGS - 1)]
+    answer = service(Resolver({im: DeadlineExceeded("x") for im in images}),
+                     Secrets(warnings=["w"])).review(review(*images))
+    warnings = response(answer)["warnings"]
+    assert warnings[0] == "w" and len(warnings) == MAX_WARNINGS
+    assert not any(w.startswith("...") for w in warnings)
+
+
+def test_a_pod_is_pinned_to_its_images_architectures():
+    resolver = Resolver({"reg/arm:1": info("reg/arm:1", "linux/arm64")})
+    answer = response(service(resolver).review(review("reg/arm:1")))
+    patch = json.loads(base64.b64decode(answer["patch"]))
+    pod = jsonpatch.apply_patch({"metadata": {}, "spec": {}}, patch)
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/arch": "arm64"}
+    assert answer["auditAnnotations"] == {"outcome": "mutated", "architectures": "arm64"}
+    assert "warnings" not in answer
+
+
+def test_the_deadline_is_shared_between_the_api_and_the_registries():
+    clock = Clock()
+    resolver, secrets = Resolver(clock=clock), Secrets()
+    clock.now = START + 0.5   # the body took half a second to arrive
+    service(resolver, secrets, clock).review(review("reg/a:1"), started=START)
+    (pod, secrets_deadline), = secrets.calls
+    assert isinstance(pod, PodView) and pod.namespace == "shop"
+    assert secrets_deadline == START + 3.0 * PULL_SECRETS_SHARE
+    (images, keyring, timeout), = resolver.calls
+    assert images == ("reg/a:1",) and keyring is secrets.keyring
+    assert abs(timeout - (3.0 - ANSWER_MARGIN_SECONDS - 0.5)) < 1e-9
+
+
+def test_skipped_requests_read_nothing():
+    resolver, secrets = Resolver(), Secrets()
+    svc = service(resolver, secrets)
+    for body in (review("reg/a:1", namespace="kube-system"),
+                 review("reg/a:1", operation="UPDATE"),
+                 review("reg/a:1", annotations={"archway.dev/skip": "true"}),
+                 review("reg/a:1", node_name="n1")):
+        assert response(svc.review(body)) == {"uid": "u-1", "allowed": True}
+    assert resolver.calls == [] and secrets.calls == []
+
+
+def test_a_pod_without_images_reads_no_secrets():
+    secrets = Secrets(warnings=["should not appear"])
+    answer = response(service(secrets=secrets).review(review()))
+    assert answer["allowed"] and "warnings" not in answer and secrets.calls == []
+
+
+def test_a_malformed_pod_is_a_400_with_the_field_named():
+    body = json.loads(review("reg/a:1"))
+    body["request"]["object"]["spec"]["containers"][0]["imagePullPolicy"] = 3
+    answer = service().review(json.dumps(body).encode())
+    assert answer.status == 400
+    assert answer.body == {"error": "request.object: spec.containers[0].imagePullPolicy must be a "
+                                    "string"}
+
+
+def test_an_oversized_body_is_a_413():
+    answer = service(max_body_bytes=100).review(review("reg/a:1"))
+    assert answer.status == 413 and "server.max_body_bytes" in answer.body["error"]
+
+
+def test_a_failing_resolver_fails_open_or_closed_by_policy():
+    broken = Resolver(error=RuntimeError("bug"))
+    opened = response(service(broken).review(review("reg/a:1")))
+    assert opened["allowed"] and "patch" not in opened
+    assert opened["warnings"] == ["archway failed to decide (internal error); pod admitted unchanged"]
+    assert opened["auditAnnotations"] == {"outcome": "error"}
+    closed = response(service(broken, policy=Policy(fail_closed=True)).review(review("reg/a:1")))
+    assert not closed["allowed"] and "fail_closed" in closed["status"]["message"]

@@ -1,0 +1,176 @@
+"""The admission service: an AdmissionReview body in, the answer out. Plain Python, no HTTP.
+
+    parse -> skip -> resolve (pull secrets, then the images, under the deadline) -> decide -> reply
+
+The Flask view (app.py) only reads the body and writes the answer; everything admission means
+happens here, so it is tested without a server. The resolver and the pull-secret reader are
+small interfaces (`resolve_many`, `credentials_for`) handed in; `decide` is the pure placement
+decision. The reply's warnings are put together and capped once, here: the pull-secret warnings
+(the ones a user can act on) first, then the decision's.
+"""
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from archway import metrics
+from archway.errors import ArchwayError
+from archway.podview import PodView
+from archway.registry.credentials import Keyring
+from archway.registry.model import ImageInfo
+from archway.registry.reference import parse_reference
+
+from .admission import (AdmissionError, AdmissionRequest, allow_unchanged, cap_warnings,
+                        parse_review, review_response, skip_reason)
+from .placement import Decision, Policy, classify_error, decide
+
+log = logging.getLogger("archway.admission")
+
+# Share of the admission deadline the Kubernetes API reads may use: registries need the rest.
+PULL_SECRETS_SHARE = 0.4
+# Kept back from the deadline to build and send the answer.
+ANSWER_MARGIN_SECONDS = 0.05
+# Outcomes logged even when server.log_every_admission is off.
+_WORTH_A_LINE = frozenset({"denied", "fail_open", "error"})
+
+
+class ImageResolver(Protocol):
+    def resolve_many(self, images, *, keyring: Keyring | None = None,
+                     timeout: float) -> dict[str, Any]: ...
+
+
+class PullCredentialSource(Protocol):
+    def credentials_for(self, pod: PodView, deadline: float) -> Any: ...  # -> PullCredentials
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What to send back: an HTTP status and a JSON body (an AdmissionReview when 200)."""
+    status: int
+    body: dict
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What was learnt about the pod's images before deciding."""
+    results: dict                        # image -> ImageInfo | ArchwayError; missing: no answer
+    warnings: tuple[str, ...] = ()       # about credentials that could not be used
+
+
+class AdmissionService:
+    def __init__(self, *, policy: Policy, resolver: ImageResolver,
+                 pull_secrets: PullCredentialSource, deadline_seconds: float,
+                 exclude_namespaces=(), max_body_bytes: int, log_every: bool = False,
+                 clock: Callable[[], float] = time.monotonic):
+        self.policy = policy
+        self.resolver = resolver
+        self.pull_secrets = pull_secrets
+        self.deadline_seconds = deadline_seconds
+        self.exclude_namespaces = tuple(exclude_namespaces)
+        self.max_body_bytes = max_body_bytes
+        self.log_every = log_every
+        self.clock = clock
+
+    @classmethod
+    def from_config(cls, config, *, resolver: ImageResolver,
+                    pull_secrets: PullCredentialSource) -> "AdmissionService":
+        return cls(policy=Policy.from_config(config), resolver=resolver, pull_secrets=pull_secrets,
+                   deadline_seconds=config.admission.deadline_seconds,
+                   exclude_namespaces=config.admission.exclude_namespaces,
+                   max_body_bytes=config.server.max_body_bytes,
+                   log_every=config.server.log_every_admission)
+
+    def review(self, body: bytes, *, started: float | None = None, peer: str = "-") -> Answer:
+        """Answer one AdmissionReview body. `started`: clock() when the request arrived (the
+        deadline counts from there)."""
+        start = self.clock() if started is None else started
+        try:
+            request = parse_review(body, self.max_body_bytes)
+        except AdmissionError as e:
+            metrics.bad_request(e.status)
+            log.info("rejected a malformed admission request from %s: %s", peer, e)
+            return Answer(e.status, {"error": str(e)})
+
+        skipped = skip_reason(request, self.exclude_namespaces)
+        if skipped is not None:
+            log.info("admission %s uid=%s unchanged: %s", request.display_name, request.uid, skipped)
+            metrics.admission_finished("unchanged", self.clock() - start, 0)
+            return Answer(200, allow_unchanged(request))
+
+        pod = request.pod
+        assert pod is not None  # every pod CREATE carries one; the rest was skipped
+        resolution = Resolution({})
+        try:
+            resolution = self.resolve(pod, start)
+            decision = decide(pod, resolution.results, self.policy)
+            outcome = decision.outcome
+        except Exception:  # a bug must not turn into a 500: the apiserver would apply failurePolicy
+            log.exception("admission %s uid=%s failed", request.display_name, request.uid)
+            decision, outcome = self._internal_error(), "error"
+        warnings = cap_warnings(resolution.warnings + decision.warnings)
+        elapsed = self.clock() - start
+        metrics.admission_finished(outcome, elapsed, len(warnings))
+        _count_images(pod.images, resolution.results)
+        self._log(request, decision, outcome, warnings, elapsed)
+        return Answer(200, review_response(request, decision, warnings=warnings,
+                                                    audit_annotations=_audit(decision, outcome)))
+
+    def resolve(self, pod: PodView, start: float) -> Resolution:
+        """The images' results and the credential warnings; the API reads may use a share of
+        the deadline, the registries get what is left."""
+        images = pod.images
+        if not images:
+            return Resolution({})
+        credentials = self.pull_secrets.credentials_for(
+            pod, start + self.deadline_seconds * PULL_SECRETS_SHARE)
+        deadline = start + self.deadline_seconds - ANSWER_MARGIN_SECONDS
+        results = self.resolver.resolve_many(images, keyring=credentials.keyring,
+                                             timeout=deadline - self.clock())
+        return Resolution(results, tuple(credentials.warnings))
+
+    def _internal_error(self) -> Decision:
+        if self.policy.fail_closed:
+            return Decision(allowed=False, outcome="denied", reason="internal error",
+                            message="archway failed to decide (internal error; see its log) "
+                                    "and admission.fail_closed is true")
+        return Decision(allowed=True, outcome="fail_open", reason="internal error",
+                        warnings=("archway failed to decide (internal error); "
+                                  "pod admitted unchanged",))
+
+    def _log(self, request: AdmissionRequest, decision: Decision, outcome: str, warnings,
+             elapsed: float) -> None:
+        # A log line costs as much as the decision itself: by default only what needs a look.
+        level = logging.INFO if self.log_every or outcome in _WORTH_A_LINE else logging.DEBUG
+        if not log.isEnabledFor(level):
+            return
+        images = request.pod.images if request.pod is not None else ()
+        log.log(level, "admission %s uid=%s images=%d archs=%s outcome=%s (%s) warnings=%d "
+                       "%.1f ms%s",
+                request.display_name, request.uid, len(images),
+                ",".join(sorted(decision.architectures)) if decision.architectures else "-",
+                outcome, decision.reason, len(warnings), elapsed * 1000,
+                " dry-run" if request.dry_run else "")
+
+
+def _audit(decision: Decision, outcome: str) -> dict:
+    audit = {"outcome": outcome}
+    if decision.architectures:
+        audit["architectures"] = ",".join(sorted(decision.architectures))
+    return audit
+
+
+def _count_images(images, results: dict) -> None:
+    for image in images:
+        result = results.get(image)
+        if isinstance(result, ImageInfo):
+            metrics.IMAGE_RESOLUTIONS.labels(
+                result.source, "resolved" if result.architectures else "no_arch").inc()
+        else:
+            metrics.IMAGE_RESOLUTIONS.labels(_scheme(image), classify_error(result).label).inc()
+
+
+def _scheme(image: str) -> str:
+    try:
+        return parse_reference(image).scheme
+    except ArchwayError:
+        return "invalid"
