@@ -75,6 +75,7 @@ class SifSettings:
 
 @dataclass(frozen=True)
 class ServerSettings:
+    product: str = choice("all", "webhook", "extender")  # what this server answers
     bind: str = "127.0.0.1:8443"
     tls: bool = True                      # false: plain HTTP (localhost extender sidecar only)
     cert_file: str | None = None          # none: a self-signed pair generated into state_dir

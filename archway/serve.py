@@ -1,4 +1,4 @@
-"""`archway serve`: the webhook (and extender) app under a real gunicorn, over TLS.
+"""`archway serve`: the webhook and/or the extender (server.product) under a real gunicorn, over TLS.
 
 With no certificate configured it serves the embedded default: a local CA and serving pair
 generated once into server.state_dir (archway.certs.selfsigned), so a newcomer can curl it at once.
@@ -7,10 +7,10 @@ Nothing heavy is imported at module level: the CLI imports this module for every
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 
 from gunicorn.app.base import BaseApplication
 
-from archway.registry import sharedlookups
 from archway.errors import ConfigError
 
 from .config import load_config
@@ -25,17 +25,23 @@ KEEPALIVE_SECONDS = 100
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "serve", help="run the admission webhook and scheduler extender under gunicorn",
-        description="Serve POST /mutate (admission webhook), the scheduler extender routes, "
-                    "/healthz, /readyz and /metrics. With no certificate configured, a local CA "
-                    "and serving certificate are generated once into server.state_dir.")
+        "serve", help="run the admission webhook and/or the scheduler extender under gunicorn",
+        description="Serve POST /mutate (admission webhook), the scheduler extender routes, or "
+                    "both (server.product), with /healthz, /readyz and /metrics. With no "
+                    "certificate configured, a local CA and serving certificate are generated "
+                    "once into server.state_dir.")
     parser.add_argument("--bind", metavar="HOST:PORT",
                         help="address to listen on (default: server.bind, 127.0.0.1:8443)")
+    parser.add_argument("--product", choices=("all", "webhook", "extender"),
+                        help="what to serve (default: server.product, all)")
     parser.set_defaults(func=_run)
 
 
 def _run(args) -> int:
-    return serve(load_config(args.config), bind=args.bind)
+    config = load_config(args.config)
+    if args.product:
+        config = replace(config, server=replace(config.server, product=args.product))
+    return serve(config, bind=args.bind)
 
 
 def serve(config, bind: str | None = None) -> int:
@@ -46,10 +52,11 @@ def serve(config, bind: str | None = None) -> int:
     _preflight(config, tls)
 
     metrics_dir = _fresh_metrics_dir()
+    # prometheus_client reads this variable in each worker; it cannot be handed over otherwise.
     os.environ[MULTIPROC_ENV] = metrics_dir
     # The workers share image lookups through slot files here (registry/sharedlookups.py).
-    os.environ[sharedlookups.ENV_VAR] = os.path.join(metrics_dir, "lookups")
-    os.makedirs(os.environ[sharedlookups.ENV_VAR], mode=0o700)
+    lookups_dir = os.path.join(metrics_dir, "lookups")
+    os.makedirs(lookups_dir, mode=0o700)
     # gunicorn forks its workers inside run(): a worker leaving unwinds through this very frame.
     # Only the master may clean up, or the first worker to exit deletes the directory that the
     # others are still writing to.
@@ -57,7 +64,7 @@ def serve(config, bind: str | None = None) -> int:
     try:
         _announce(config, bind, host, port, tls)
         try:
-            _Gunicorn(config, _options(config, bind, tls)).run()
+            _Gunicorn(config, _options(config, bind, tls), lookups_dir=lookups_dir).run()
         except SystemExit as e:  # gunicorn's arbiter exits through sys.exit
             if os.getpid() != master:
                 raise
@@ -125,16 +132,19 @@ def _fresh_metrics_dir() -> str:
 
 def _announce(config, bind, host, port, tls) -> None:
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else (f"[{host}]" if ":" in host else host)
-    scheme = "https" if tls else "http"
-    print(f"archway: serving {scheme}://{url_host}:{port}/mutate (workers={config.server.workers},"
+    base = f"{'https' if tls else 'http'}://{url_host}:{port}"
+    product = config.server.product
+    what = "the webhook and the extender" if product == "all" else f"the {product}"
+    print(f"archway: serving {what} on {base} (workers={config.server.workers},"
           f" threads={config.server.threads}, bind {bind})", flush=True)
     if tls:
         print(f"archway: TLS certificate {tls[0]}; clients trust it with: "
               f"curl --cacert {tls[2]} ...", flush=True)
-    print(f"archway: try  curl {'--cacert ' + tls[2] + ' ' if tls else ''}"
-          f"-H 'Content-Type: application/json' "
-          f"--data @tests/fixtures/admission/v1-pod-unreachable-image.json "
-          f"{scheme}://{url_host}:{port}/mutate", flush=True)
+    if product != "extender":
+        print(f"archway: try  curl {'--cacert ' + tls[2] + ' ' if tls else ''}"
+              f"-H 'Content-Type: application/json' "
+              f"--data @tests/fixtures/admission/v1-pod-unreachable-image.json "
+              f"{base}/mutate", flush=True)
 
 
 def _options(config, bind: str, tls) -> dict:
@@ -171,9 +181,10 @@ def _options(config, bind: str, tls) -> dict:
 class _Gunicorn(BaseApplication):
     """gunicorn configured from Python: no config file, no command line of its own."""
 
-    def __init__(self, config, options: dict):
+    def __init__(self, config, options: dict, *, lookups_dir: str | None = None):
         self.archway_config = config
         self.options = options
+        self.lookups_dir = lookups_dir
         super().__init__()
 
     def load_config(self):
@@ -183,5 +194,6 @@ class _Gunicorn(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self):
-        from archway.webhook.app import create_app
-        return create_app(self.archway_config)
+        # Runs in each worker after the fork (preload_app is off): the app is the worker's own.
+        from archway.app import create_app
+        return create_app(self.archway_config, lookups_dir=self.lookups_dir)

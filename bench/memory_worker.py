@@ -2,7 +2,7 @@
 
     python3 -m bench.memory_worker --config FILE serve --bind 127.0.0.1:PORT
 
-Everything is archway's own serving code (archway.cli -> archway.serve -> archway.webhook.app); the
+Everything is archway's own serving code (archway.cli -> archway.serve -> archway.app); the
 only difference is that the gunicorn application class adds `POST /bench/fill` to the app each
 worker builds. That route resolves many image names through the worker's own resolver
 (`Resolver.resolve_many`: cache keys, digest aliases, TTLs, single-flight as for any pod) and its
@@ -27,7 +27,7 @@ from requests.structures import CaseInsensitiveDict
 from archway.registry import oci
 from archway.registry.http import Response
 from archway.registry.reference import parse_reference
-from archway.webhook import cli, serve
+from archway import cli, serve
 
 _Gunicorn = serve._Gunicorn
 

@@ -17,8 +17,6 @@ import time
 from .model import ImageInfo
 from .platforms import normalize
 
-# `archway serve` names the directory to its workers through this variable.
-ENV_VAR = "ARCHWAY_SHARED_LOOKUPS_DIR"
 SLOTS = 1024
 _POLL_SECONDS = 0.005
 _MAX_RECORD_BYTES = 256 * 1024

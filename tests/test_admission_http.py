@@ -522,6 +522,16 @@ def test_other_routes_answer_json(world, method, path, status):
     assert r.status_code == status and "error" in r.json()
 
 
+def test_the_default_server_is_webhook_and_extender(world):
+    """`archway serve` with no product set answers the extender routes next to /mutate."""
+    with open(os.path.join(REPO, "tests", "fixtures", "extender", "filter-nodenames.json"),
+              "rb") as f:
+        r = world.session.post(world.url + "/scheduler/prioritize", data=f.read(), timeout=5)
+    assert r.status_code == 200 and all("Host" in entry for entry in r.json())
+    r = world.session.get(world.url + "/no-such-route", timeout=5)
+    assert "POST /mutate" in r.json()["error"] and "POST /scheduler/filter" in r.json()["error"]
+
+
 def test_health_and_readiness(world):
     assert world.session.get(world.url + "/healthz", timeout=5).json() == {"status": "ok"}
     ready = world.session.get(world.url + "/readyz", timeout=5).json()
@@ -720,7 +730,7 @@ def _single_image_review_from_file(image):
 # --- in-process: the app without gunicorn (fault injection into the resolver) ----------------
 
 def _app(tmp_path, resolver, **server):
-    from archway.webhook.app import create_app
+    from archway.app import create_app
     from archway.config import config_from_dict
     from archway.webhook.pullsecrets import PullSecrets
     config = config_from_dict({"server": {"state_dir": str(tmp_path / "state"), **server},

@@ -414,12 +414,18 @@ def test_scheduler_config_matches_archway_scheduler_config(render, case, kwargs)
     assert sidecar.server.tls is False
     assert extender["urlPrefix"] == f"http://{sidecar.server.bind}/scheduler"
     assert container(scheduler, "extender")["args"] == ["--config", "/etc/archway/config/extender.yaml", "serve"]
-    from archway.webhook.app import create_app
+    # Each deployment serves its own product only: the sidecar no /mutate, the webhook no
+    # extender routes; both their health and metrics.
+    from archway.app import create_app
     routes = {rule.rule for rule in create_app(sidecar).url_map.iter_rules()}
-    assert {f"/scheduler/{extender['filterVerb']}", f"/scheduler/{extender['prioritizeVerb']}"} <= routes
+    assert routes == {f"/scheduler/{extender['filterVerb']}",
+                      f"/scheduler/{extender['prioritizeVerb']}",
+                      "/healthz", "/readyz", "/metrics"}
 
     # The profile's name is the one the webhook injects (when it injects one).
     webhook = config_from_dict(archway_configs(docs)["webhook.yaml"])
+    webhook_routes = {rule.rule for rule in create_app(webhook).url_map.iter_rules()}
+    assert webhook_routes == {"/mutate", "/healthz", "/readyz", "/metrics"}
     [profile] = rendered["profiles"]
     if case == "scheduler-name-on":
         assert webhook.placement.scheduler_name == profile["schedulerName"] == "arch-aware"

@@ -395,7 +395,7 @@ def served(apiserver, tmp_path_factory):
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "archway.cli", "--config", config_path, "serve",
-             "--bind", f"127.0.0.1:{port}"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+             "--product", "extender", "--bind", f"127.0.0.1:{port}"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": REPO}, start_new_session=True)
     try:
         wait_for_port(port, timeout=30, proc=proc)
@@ -424,6 +424,17 @@ def test_served_filter_in_both_modes_and_prioritize(served, apiserver):
     assert 'archway_extender_requests_total{outcome="ok",verb="filter"} 2.0' in text
     assert 'archway_extender_requests_total{outcome="bad_request",verb="filter"} 1.0' in text
     assert 'archway_extender_duration_seconds_count{verb="prioritize"} 1.0' in text
+
+
+def test_the_extender_product_serves_no_admission(served):
+    session, url, _ = served
+    r = session.post(f"{url}/mutate", json={}, timeout=10)
+    assert r.status_code == 404
+    served_routes = r.json()["error"].split("archway serves ")[1]
+    assert "POST /scheduler/filter" in served_routes and "/mutate" not in served_routes
+    assert session.get(f"{url}/healthz", timeout=10).json() == {"status": "ok"}
+    ready = session.get(f"{url}/readyz", timeout=10).json()
+    assert ready["ready"] is True and "kubernetes_api" not in ready   # no pull secrets read here
 
 
 def test_served_filter_takes_a_body_far_above_the_admission_limit(served):

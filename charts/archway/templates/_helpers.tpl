@@ -97,6 +97,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "archway.webhookConfig" -}}
 {{- $c := include "archway.configBase" . | fromJson -}}
 {{- $_ := set $c "server" (dict
+    "product" "webhook"
     "bind" (printf "%s:%d" (include "archway.bindHost" .Values.webhook.bindAddress) (int .Values.webhook.port))
     "tls" true
     "cert_file" "/etc/archway/tls/tls.crt"
@@ -112,6 +113,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $c := include "archway.configBase" . | fromJson -}}
 {{- $host := ternary "0.0.0.0" "127.0.0.1" .Values.scheduler.extender.exposeMetrics -}}
 {{- $_ := set $c "server" (dict
+    "product" "extender"
     "bind" (printf "%s:%d" $host (int .Values.scheduler.extender.port))
     "tls" false
     "state_dir" "/var/lib/archway"
