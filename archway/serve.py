@@ -12,6 +12,7 @@ from dataclasses import replace
 from gunicorn.app.base import BaseApplication
 
 from archway.errors import ConfigError
+from archway.hostport import join_host_port, split_host_port
 
 from .config import load_config
 
@@ -77,11 +78,13 @@ def serve(config, bind: str | None = None) -> int:
 
 def split_bind(bind: str) -> tuple[str, int]:
     """'127.0.0.1:8443' / '[::1]:8443' / ':8443' -> (host, port); ConfigError when malformed."""
-    host, sep, port = bind.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    try:
+        host, port = split_host_port(bind)
+    except ValueError:
+        port = None
+    if not port or "/" in bind:
         raise ConfigError(f"bind address {bind!r} must be HOST:PORT, e.g. 127.0.0.1:8443")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
+    return host or "0.0.0.0", port
 
 
 def tls_files(config, host: str):
@@ -131,8 +134,8 @@ def _fresh_metrics_dir() -> str:
 
 
 def _announce(config, bind, host, port, tls) -> None:
-    url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else (f"[{host}]" if ":" in host else host)
-    base = f"{'https' if tls else 'http'}://{url_host}:{port}"
+    url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    base = f"{'https' if tls else 'http'}://{join_host_port(url_host, port)}"
     product = config.server.product
     what = "the webhook and the extender" if product == "all" else f"the {product}"
     print(f"archway: serving {what} on {base} (workers={config.server.workers},"

@@ -20,7 +20,7 @@ from archway.extender.wire import (MalformedExtenderArgs, filter_result_json, ho
 from archway.extender.nodes import NodeCache, node_addresses, node_arch
 from archway.podview import PodShapeError, PodView
 from archway.webhook.placement import ANNOTATION_ARCHITECTURES
-from archway.extender.traffic import NEUTRAL_SCORE, TrafficPoller, TrafficScale, node_traffic
+from archway.extender.traffic import NEUTRAL_SCORE, TrafficPoller, node_scores
 
 log = logging.getLogger("archway.extender")
 
@@ -213,12 +213,9 @@ class Extender:
         return entries
 
     def _entries(self, snapshot, names, addresses) -> list[str]:
-        settings = self.config.prometheus
-        scale = TrafficScale.of(snapshot.traffic.values())
-        per_node = node_traffic(snapshot.traffic, names, match=settings.match,
-                                node_addresses=addresses)
-        return [host_priority_entry(n, scale.score(per_node[n]) if n in per_node else NEUTRAL_SCORE)
-                for n in names]
+        scores = node_scores(snapshot.traffic, names, match=self.config.prometheus.match,
+                             node_addresses=addresses)
+        return [host_priority_entry(n, score) for n, score in zip(names, scores)]
 
     def _score_book(self, snapshot) -> dict[str, str]:
         """Serialized HostPriority per cached node, rebuilt only when the traffic answer or the

@@ -233,11 +233,6 @@ def filter_result_json(args: ExtenderArgs, keep: list[int], failed: dict[str, st
     return ('{"Nodes":' + node_list + ',"NodeNames":null' + tail).encode()
 
 
-def filter_error_json(message: str) -> bytes:
-    return ('{"Nodes":null,"NodeNames":null,"FailedNodes":{},"FailedAndUnresolvableNodes":{},'
-            '"Error":' + _encode_string(message) + "}").encode()
-
-
 def host_priority_entry(name: str, score: int) -> str:
     """One HostPriority, pre-serialised so a 5,000-node reply is a string join."""
     return '{"Host":' + _encode_string(name) + ',"Score":' + str(int(score)) + "}"

@@ -15,6 +15,7 @@ from urllib.parse import urlencode, urlsplit
 
 from .credentials import Credential, Keyring
 from archway.errors import AuthError, RegistryError
+from archway.hostport import host_of
 from .http import HttpClient
 from .reference import DOCKER_HUB, ImageReference
 
@@ -76,10 +77,6 @@ def pick_challenge(challenges: list[Challenge]) -> Challenge | None:
     return None
 
 
-def _hostname(netloc: str) -> str:
-    return (urlsplit("//" + netloc).hostname or netloc).lower()
-
-
 def credential_for_realm(keyring: Keyring, ref: ImageReference, realm_netloc: str
                          ) -> Credential | None:
     """Which credential, if any, may be sent to a token realm.
@@ -89,11 +86,11 @@ def credential_for_realm(keyring: Keyring, ref: ImageReference, realm_netloc: st
     a credential that names the realm's own host. Docker Hub's auth.docker.io is Hub's own token
     service and is treated as part of Hub.
     """
-    own = keyring.lookup(realm_netloc) or keyring.lookup(_hostname(realm_netloc))
+    own = keyring.lookup(realm_netloc) or keyring.lookup(host_of(realm_netloc))
     if own is not None:
         return own
-    realm_host = _hostname(realm_netloc)
-    if realm_host == _hostname(ref.api_host) or realm_host == _hostname(ref.host):
+    realm_host = host_of(realm_netloc)
+    if realm_host == host_of(ref.api_host) or realm_host == host_of(ref.host):
         return keyring.lookup(ref.host)
     if ref.host == DOCKER_HUB and realm_host in DOCKER_HUB_TOKEN_HOSTS:
         return keyring.lookup(ref.host)

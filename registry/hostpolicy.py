@@ -6,9 +6,9 @@ pod could make archway probe a cloud metadata service or an internal link-local 
 import fnmatch
 import ipaddress
 import socket
-from urllib.parse import urlsplit
 
 from archway.errors import HostRefused
+from archway.hostport import split_host_port
 
 # Cloud metadata services that are not inside the link-local ranges.
 _METADATA_ADDRESSES = {
@@ -18,12 +18,12 @@ _METADATA_ADDRESSES = {
 _METADATA_NAMES = {"metadata.google.internal", "metadata", "instance-data", "metadata.azure.com"}
 
 
-def split_host_port(netloc: str) -> tuple[str, int | None]:
+def _host_port(netloc: str) -> tuple[str, int | None]:
     try:
-        parts = urlsplit("//" + netloc)
-        return (parts.hostname or netloc).lower(), parts.port
+        host, port = split_host_port(netloc)
     except ValueError:
         raise HostRefused(f"malformed host {netloc!r}") from None
+    return host or netloc.lower(), port
 
 
 def _matches(host: str, port: int | None, patterns) -> bool:
@@ -55,7 +55,7 @@ class HostPolicy:
 
     def check(self, netloc: str) -> None:
         """Raise HostRefused unless archway may connect to `netloc` (host[:port])."""
-        host, port = split_host_port(netloc)
+        host, port = _host_port(netloc)
         if host in _METADATA_NAMES:
             raise HostRefused(f"{host} is a cloud metadata service: archway never contacts it")
         if _matches(host, port, self.deny_hosts):

@@ -16,19 +16,15 @@ from urllib.parse import urljoin, urlsplit
 
 import certifi
 import requests
-import urllib3
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.util.ssl_ import create_urllib3_context
 
 from archway.errors import ConfigError, DeadlineExceeded, HostRefused, ResponseTooLarge, TransportError
+from archway.hostport import join_host_port
 from .hostpolicy import HostPolicy
 from archway.config import RegistrySettings
-
-# Unverified TLS happens only for hosts the operator listed in registry.insecure_hosts: a
-# warning on every request would only bury real log lines.
-urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 
 MAX_REDIRECTS = 5
 _CHUNK = 64 * 1024
@@ -156,7 +152,7 @@ class _Adapter(HTTPAdapter):
     def __init__(self, context, policy: HostPolicy, **kwargs):
         self._context = context
         self._pools = {scheme: _checked_pool(pool, policy)
-                       for scheme, pool in (("http", HTTPConnectionPool), ("https", HTTPSConnectionPool))}
+                       for scheme, pool in (("http", HTTPConnectionPool), ("https", _HTTPSPool))}
         super().__init__(**kwargs)
 
     def init_poolmanager(self, *args, **kwargs):
@@ -177,12 +173,26 @@ class _Adapter(HTTPAdapter):
             conn.ca_certs = conn.ca_cert_dir = None   # loading them again would cost each connect
 
 
+class _HTTPSPool(HTTPSConnectionPool):
+    """urllib3 warns (InsecureRequestWarning) on every request over unverified TLS. archway asks
+    for that (verify=False, so cert_reqs CERT_NONE in the pool's key) only for the hosts the
+    operator listed in registry.insecure_hosts, where a warning per request would bury real log
+    lines: those pools connect without it. Every other pool warns as usual, and nothing
+    process-wide (warning filters) is changed."""
+
+    def _validate_conn(self, conn) -> None:
+        if self.cert_reqs != "CERT_NONE":
+            super()._validate_conn(conn)
+        elif conn.is_closed:
+            conn.connect()
+
+
 def _checked_pool(pool_class, policy: HostPolicy):
     class CheckedConnection(pool_class.ConnectionCls):
         def _new_conn(self):
             sock = super()._new_conn()
             try:
-                policy.check_peer(sock.getpeername()[0], f"{self.host}:{self.port}")
+                policy.check_peer(sock.getpeername()[0], join_host_port(self.host, self.port))
             except HostRefused:
                 sock.close()
                 raise

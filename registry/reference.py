@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from archway.errors import InvalidReference
+from archway.hostport import host_of
 
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
@@ -44,7 +45,7 @@ class ImageReference:
     @property
     def hostname(self) -> str:
         """The host without port or IPv6 brackets, for address checks."""
-        return urlsplit("//" + self.api_host).hostname or self.api_host
+        return host_of(self.api_host)
 
     @property
     def manifest_reference(self) -> str:

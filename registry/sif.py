@@ -43,7 +43,6 @@ ARCH_CODES = {
     "06": "ppc64le", "07": "mips", "08": "mipsle", "09": "mips64", "10": "mips64le",
     "11": "s390x", "12": "riscv64", "13": "loong64",
 }
-GOARCH_CODES = {goarch: code for code, goarch in ARCH_CODES.items() if goarch}
 
 _HEADER = struct.Struct("<32s10s3s3s16s8q")
 _DESCRIPTOR = struct.Struct("<iBIIIqqqqqqq128s384s")
