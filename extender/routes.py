@@ -12,14 +12,14 @@ import time
 
 from flask import Flask, Response, request
 
-from archway.registry.model import ImageInfo
 from archway.registry.platforms import normalize
 from archway import metrics
 from archway.extender.wire import (MalformedExtenderArgs, filter_result_json, host_priority_entry,
                                   host_priority_list_json, parse_extender_args)
 from archway.extender.nodes import NodeCache, node_addresses, node_arch
 from archway.podview import PodShapeError, PodView
-from archway.webhook.placement import ANNOTATION_ARCHITECTURES
+from archway.webhook.placement import (ANNOTATION_ARCHITECTURES, common_architectures,
+                                      told_architectures)
 from archway.extender.traffic import NEUTRAL_SCORE, TrafficPoller, node_scores
 
 log = logging.getLogger("archway.extender")
@@ -44,16 +44,14 @@ def annotated_architectures(pod: PodView) -> frozenset[str] | None:
     return archs or None
 
 
-def common_architectures(results: dict) -> tuple[frozenset[str] | None, str]:
-    """(S, explanation). S is the intersection of the architectures of the images that told
-    theirs; None when none did (unresolvable or arch-less images do not shrink S)."""
-    known = {image: r.architectures for image, r in results.items()
-             if isinstance(r, ImageInfo) and r.architectures}
-    if not known:
+def shared_architectures(results: dict) -> tuple[frozenset[str] | None, str]:
+    """(S, explanation): the placement decision's S of these results (unresolvable or arch-less
+    images do not shrink it), and which image told what."""
+    told = told_architectures(results)
+    if not told:
         return None, "no image told its architectures"
-    common = frozenset.intersection(*known.values())
-    detail = "; ".join(f"{image}: {', '.join(sorted(archs))}" for image, archs in known.items())
-    return common, detail
+    detail = "; ".join(f"{image}: {', '.join(sorted(archs))}" for image, archs in told.items())
+    return common_architectures(told), detail
 
 
 class FilterOutcome:
@@ -139,7 +137,7 @@ class Extender:
         if not images or resolver is None:
             return None, "none", ""
         results = resolver.resolve_many(images, timeout=deadline - time.monotonic())
-        archs, detail = common_architectures(results)
+        archs, detail = shared_architectures(results)
         return archs, "resolver", detail
 
     def filter(self, args, started: float | None = None) -> tuple[bytes, str]:

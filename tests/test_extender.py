@@ -20,7 +20,7 @@ from tests.infra.procs import REPO, free_port, wait_for_port
 from tests.infra.registry import plain_registry  # noqa: F401
 from archway.config import config_from_dict
 from archway.podview import PodShapeError, PodView
-from archway.extender.routes import (Extender, annotated_architectures, common_architectures,
+from archway.extender.routes import (Extender, annotated_architectures, shared_architectures,
                               filter_by_arch, register_extender)
 from archway.extender.nodes import NodeCache, node_arch
 
@@ -109,7 +109,7 @@ def test_filter_by_arch_decisions():
     assert "no architecture in common (x: amd64; y: arm64)" in empty.unresolvable["b"]
 
 
-def test_common_architectures_ignores_failures_and_archless_images():
+def test_shared_architectures_ignores_failures_and_archless_images():
     from archway.errors import DeadlineExceeded
     from archway.registry.model import ImageInfo
     from archway.registry.platforms import normalize
@@ -117,9 +117,9 @@ def test_common_architectures_ignores_failures_and_archless_images():
                       None, "oci-index")
     arm = ImageInfo("arm", frozenset({normalize("linux", "arm64")}), None, "oci-manifest")
     archless = ImageInfo("sif", frozenset(), None, "sif-https", note="arch 00")
-    assert common_architectures({"multi": multi, "arm": arm, "sif": archless,
+    assert shared_architectures({"multi": multi, "arm": arm, "sif": archless,
                                  "slow": DeadlineExceeded("late")})[0] == {"arm64"}
-    assert common_architectures({"slow": DeadlineExceeded("late"), "sif": archless})[0] is None
+    assert shared_architectures({"slow": DeadlineExceeded("late"), "sif": archless})[0] is None
 
 
 # --- filter, full Nodes mode ----------------------------------------------------------------------

@@ -153,21 +153,31 @@ def pod_arch_constraint(pod: PodView) -> ArchSet | None:
 
 # --- the decision ----------------------------------------------------------------------------
 
+def told_architectures(results: dict) -> dict[str, frozenset[str]]:
+    """image -> its architectures, for the images whose result names some: a failure or an
+    image that records no architecture says nothing about where the pod can run."""
+    return {image: result.architectures for image, result in results.items()
+            if isinstance(result, ImageInfo) and result.architectures}
+
+
+def common_architectures(told: dict[str, frozenset[str]]) -> frozenset[str] | None:
+    """S, the architectures every image of `told` runs on; None when no image told any."""
+    return frozenset.intersection(*told.values()) if told else None
+
+
 def decide(pod: PodView, results: dict, policy: Policy) -> Decision:
     """Decide how to place `pod` given `results` (image -> ImageInfo | ArchwayError).
 
     An image missing from `results` counts as unresolved (the resolver ran out of time).
     """
     images = pod.images
-    known: dict[str, frozenset[str]] = {}
+    known = told_architectures({image: results.get(image) for image in images})
     warnings: list[str] = []
     failed: list[str] = []
     for image in images:
         result = results.get(image)
         if isinstance(result, ImageInfo):
-            if result.architectures:
-                known[image] = result.architectures
-            else:
+            if not result.architectures:
                 warnings.append(f"{_short(image)} records no CPU architecture; "
                                 "it does not restrict placement")
         else:
@@ -181,7 +191,7 @@ def decide(pod: PodView, results: dict, policy: Policy) -> Decision:
         return _deny(f"archway could not read the architectures of {listed} "
                      "(admission.fail_closed is true)", warnings, None)
 
-    archs = frozenset.intersection(*known.values()) if known else None
+    archs = common_architectures(known)
     # Copy and diff only what a decision can change, at the same paths: the same patch as
     # between whole pods, without deep-copying and walking every container and volume.
     mutated = pod.patchable_copy()
