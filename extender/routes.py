@@ -86,11 +86,11 @@ def filter_by_arch(pod_archs: frozenset[str] | None, node_archs, names, *,
         if arch is None or arch in pod_archs:
             keep.append(i)
         else:
-            reason = reasons.get(arch)
-            if reason is None:
-                reason = reasons[arch] = (f"node arch {arch} not in the pod's images' "
-                                          f"architectures {wanted}")
-            unresolvable[names[i]] = reason
+            why = reasons.get(arch)
+            if why is None:
+                why = reasons[arch] = (f"node arch {arch} not in the pod's images' "
+                                       f"architectures {wanted}")
+            unresolvable[names[i]] = why
     return outcome
 
 

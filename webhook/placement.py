@@ -142,8 +142,8 @@ def pod_arch_constraint(pod: PodView) -> ArchSet | None:
     # A term with no requirements matches no node, so it adds nothing to the ORed terms.
     terms = [t for t in pod.required_terms or () if not t.matches_nothing]
     if terms:
-        allowed = [_term_allows(t) for t in terms]
-        if all(a is not None for a in allowed):
+        allowed = [a for a in map(_term_allows, terms) if a is not None]
+        if len(allowed) == len(terms):
             union = NO_ARCH
             for a in allowed:
                 union = union | a

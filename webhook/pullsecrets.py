@@ -70,9 +70,9 @@ class PullSecrets:
         names = list(pod.pull_secret_names)
         namespace = pod.namespace
         if self.api is None:
-            warnings = (f"pull secrets not read (no Kubernetes API configured): "
-                        f"{_join(names)}",) if names and self.source != "disabled" else ()
-            return PullCredentials(Keyring.empty(), warnings)
+            unread = (f"pull secrets not read (no Kubernetes API configured): "
+                      f"{_join(names)}",) if names and self.source != "disabled" else ()
+            return PullCredentials(Keyring.empty(), unread)
         warnings: list[str] = []
         account = pod.service_account or "default"
         account_secrets = self._service_account_secrets(namespace, account, deadline)
@@ -97,7 +97,9 @@ class PullSecrets:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
+        value: tuple[str, ...] | _Unavailable
         try:
+            assert self.api is not None  # credentials_for reads nothing without an API
             account = self._read(self.api.read_namespaced_service_account, name, namespace, deadline)
             value = tuple(_secret_names(account.get("imagePullSecrets")))
             ttl = self.cache_seconds
@@ -118,6 +120,7 @@ class PullSecrets:
         where = f"pull secret {namespace}/{name}"
         ttl = self.cache_seconds
         try:
+            assert self.api is not None  # credentials_for reads nothing without an API
             value = _keyring_of(self._read(self.api.read_namespaced_secret, name, namespace,
                                            deadline), where)
         except _ReadFailed as e:
@@ -181,7 +184,7 @@ def _secret_names(refs) -> list[str]:
 def _keyring_of(secret: dict, where: str) -> Keyring:
     """Raise ConfigError when the secret is not a docker config secret."""
     secret_type = secret.get("type")
-    data_key = _SECRET_KEYS.get(secret_type)
+    data_key = _SECRET_KEYS.get(secret_type) if isinstance(secret_type, str) else None
     if data_key is None:
         raise ConfigError(f"{where} has type {secret_type!r}, not kubernetes.io/dockerconfigjson")
     encoded = (secret.get("data") or {}).get(data_key)
