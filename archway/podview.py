@@ -11,6 +11,7 @@ means a client that is not one of them; each caller turns it into its own 400.
 """
 import copy
 from dataclasses import dataclass
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -99,32 +100,32 @@ class PodView:
         affinity = _mapping(spec.get("affinity"), "spec.affinity")
         node_affinity = _mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
         return cls(
-            namespace=_string(metadata.get("namespace"), "metadata.namespace") or namespace,
-            name=_string(metadata.get("name"), "metadata.name") or name,
-            generate_name=_string(metadata.get("generateName"), "metadata.generateName"),
+            namespace=_text(metadata, "namespace", "metadata") or namespace,
+            name=_text(metadata, "name", "metadata") or name,
+            generate_name=_text(metadata, "generateName", "metadata"),
             annotations=_string_map(metadata.get("annotations"), "metadata.annotations"),
             labels=_string_map(metadata.get("labels"), "metadata.labels"),
-            owner_references=tuple(
+            owner_references=tuple([
                 _owner(ref, f"metadata.ownerReferences[{i}]") for i, ref in
-                enumerate(_list(metadata.get("ownerReferences"), "metadata.ownerReferences"))),
+                enumerate(_list(metadata.get("ownerReferences"), "metadata.ownerReferences"))]),
             containers=_containers(spec, "initContainers") + _containers(spec, "containers"),
             pull_secret_names=_pull_secret_names(spec.get("imagePullSecrets")),
-            service_account=(_string(spec.get("serviceAccountName"), "spec.serviceAccountName")
-                             or _string(spec.get("serviceAccount"), "spec.serviceAccount")),
-            node_name=_string(spec.get("nodeName"), "spec.nodeName"),
-            scheduler_name=_string(spec.get("schedulerName"), "spec.schedulerName"),
-            scheduling_gates=tuple(
-                _string(_mapping(gate, f"spec.schedulingGates[{i}]").get("name"),
-                        f"spec.schedulingGates[{i}].name")
+            service_account=(_text(spec, "serviceAccountName", "spec")
+                             or _text(spec, "serviceAccount", "spec")),
+            node_name=_text(spec, "nodeName", "spec"),
+            scheduler_name=_text(spec, "schedulerName", "spec"),
+            scheduling_gates=tuple([
+                _text(_mapping(gate, f"spec.schedulingGates[{i}]"), "name",
+                      f"spec.schedulingGates[{i}]")
                 for i, gate in enumerate(_list(spec.get("schedulingGates"),
-                                               "spec.schedulingGates"))),
+                                               "spec.schedulingGates"))]),
             node_selector=_string_map(spec.get("nodeSelector"), "spec.nodeSelector"),
             required_terms=_required_terms(node_affinity),
             preferred_terms=_preferred_terms(node_affinity),
             patchable=MappingProxyType(_patchable(pod, metadata, spec)),
         )
 
-    @property
+    @cached_property
     def images(self) -> tuple[str, ...]:
         """The distinct images of initContainers and containers, in order.
 
@@ -162,12 +163,14 @@ def _list(value: Any, where: str) -> list:
     return value
 
 
-def _string(value: Any, where: str) -> str:
+def _text(mapping: dict, key: str, where: str) -> str:
+    """mapping[key] as a string ("" when absent); `where` names the mapping for the error."""
+    value = mapping.get(key)
+    if isinstance(value, str):
+        return value
     if value is None:
         return ""
-    if not isinstance(value, str):
-        raise PodShapeError(f"{where} must be a string")
-    return value
+    raise PodShapeError(f"{where}.{key} must be a string")
 
 
 def _string_map(value: Any, where: str) -> Mapping[str, str]:
@@ -186,20 +189,17 @@ def _containers(spec: dict, field: str) -> tuple[Container, ...]:
         where = f"spec.{field}[{i}]"
         if not isinstance(item, dict):
             raise PodShapeError(f"{where} must be a mapping")
-        container = item
         containers.append(Container(
-            name=_string(container.get("name"), f"{where}.name"),
-            image=_string(container.get("image"), f"{where}.image"),
-            pull_policy=_string(container.get("imagePullPolicy"), f"{where}.imagePullPolicy"),
-            init=field == "initContainers"))
+            name=_text(item, "name", where), image=_text(item, "image", where),
+            pull_policy=_text(item, "imagePullPolicy", where), init=field == "initContainers"))
     return tuple(containers)
 
 
 def _pull_secret_names(refs: Any) -> tuple[str, ...]:
     names = []
     for i, ref in enumerate(_list(refs, "spec.imagePullSecrets")):
-        name = _string(_mapping(ref, f"spec.imagePullSecrets[{i}]").get("name"),
-                       f"spec.imagePullSecrets[{i}].name")
+        where = f"spec.imagePullSecrets[{i}]"
+        name = _text(_mapping(ref, where), "name", where)
         if name and name not in names:
             names.append(name)
     return tuple(names)
@@ -211,11 +211,8 @@ def _owner(ref: Any, where: str) -> OwnerReference:
     if controller is not None and not isinstance(controller, bool):
         raise PodShapeError(f"{where}.controller must be true or false")
     return OwnerReference(
-        api_version=_string(ref.get("apiVersion"), f"{where}.apiVersion"),
-        kind=_string(ref.get("kind"), f"{where}.kind"),
-        name=_string(ref.get("name"), f"{where}.name"),
-        uid=_string(ref.get("uid"), f"{where}.uid"),
-        controller=bool(controller))
+        api_version=_text(ref, "apiVersion", where), kind=_text(ref, "kind", where),
+        name=_text(ref, "name", where), uid=_text(ref, "uid", where), controller=bool(controller))
 
 
 def _requirements(value: Any, where: str) -> tuple[Requirement, ...]:
@@ -225,8 +222,7 @@ def _requirements(value: Any, where: str) -> tuple[Requirement, ...]:
         item = _mapping(item, here)
         values = _list(item.get("values"), f"{here}.values")
         requirements.append(Requirement(
-            key=_string(item.get("key"), f"{here}.key"),
-            operator=_string(item.get("operator"), f"{here}.operator"),
+            key=_text(item, "key", here), operator=_text(item, "operator", here),
             # a non-string value can match no label value; validation rejects it after us
             values=tuple(v for v in values if isinstance(v, str))))
     return tuple(requirements)

@@ -6,7 +6,7 @@ HTTP status to answer with (400, or 413 when oversized); the app turns it into a
 import base64
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from archway.errors import ArchwayError
 from archway.podview import PodShapeError, PodView
@@ -46,8 +46,7 @@ class AdmissionRequest:
 
     @property
     def is_pod_create(self) -> bool:
-        return (self.operation == "CREATE" and not self.sub_resource
-                and self.resource.get("group", "") == "" and self.resource.get("resource") == "pods")
+        return _is_pod_create(self.operation, self.resource, self.sub_resource)
 
     @property
     def display_name(self) -> str:
@@ -89,22 +88,26 @@ def parse_review(body: bytes, max_bytes: int) -> AdmissionRequest:
     obj = _optional(request, "object", dict, None)
     dry_run = _optional(request, "dryRun", bool, False)
     user_info = _optional(request, "userInfo", dict, {})
-    parsed = AdmissionRequest(
+    sub_resource = _optional(request, "subResource", str, "")
+    namespace = _optional(request, "namespace", str, "")
+    name = _optional(request, "name", str, "")
+    pod = None
+    if _is_pod_create(operation, resource, sub_resource):
+        if obj is None:
+            raise AdmissionError("request.object must hold the pod for a pod CREATE")
+        try:
+            pod = PodView.of(obj, namespace=namespace, name=name)
+        except PodShapeError as e:
+            raise AdmissionError(f"request.object: {e}") from None
+    return AdmissionRequest(
         api_version=api_version, uid=uid, operation=operation, kind=kind, resource=resource,
-        sub_resource=_optional(request, "subResource", str, ""),
-        namespace=_optional(request, "namespace", str, ""),
-        name=_optional(request, "name", str, ""),
-        pod=None, dry_run=dry_run,
+        sub_resource=sub_resource, namespace=namespace, name=name, pod=pod, dry_run=dry_run,
         user=user_info.get("username") if isinstance(user_info.get("username"), str) else "")
-    if not parsed.is_pod_create:
-        return parsed
-    if obj is None:
-        raise AdmissionError("request.object must hold the pod for a pod CREATE")
-    try:
-        pod = PodView.of(obj, namespace=parsed.namespace, name=parsed.name)
-    except PodShapeError as e:
-        raise AdmissionError(f"request.object: {e}") from None
-    return replace(parsed, pod=pod)
+
+
+def _is_pod_create(operation: str, resource: dict, sub_resource: str) -> bool:
+    return (operation == "CREATE" and not sub_resource
+            and resource.get("group", "") == "" and resource.get("resource") == "pods")
 
 
 def _optional(request: dict, key: str, kind: type, default):
