@@ -53,3 +53,20 @@ class SIFError(ArchwayError):
 
 class ConfigError(ArchwayError):
     """The configuration file is missing, unreadable or holds a wrong value."""
+
+
+class CredentialProviderError(AuthError):
+    """A kubelet credential provider plugin failed (it hung, exited non-zero, answered garbage
+    or too much): the image is looked up without its credentials."""
+
+    def __init__(self, message, *, provider="", reason="", **kwargs):
+        super().__init__(message, **kwargs)
+        self.provider = provider
+        self.reason = reason   # timeout, exit_status, invalid_response, output_too_large, exec_error
+
+
+def error_kind(error: BaseException | None) -> str:
+    """snake_case of the error class, a bounded metric label: DeadlineExceeded ->
+    deadline_exceeded (None, an answer that never came, counts as deadline_exceeded)."""
+    name = type(error).__name__ if error is not None else "DeadlineExceeded"
+    return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
