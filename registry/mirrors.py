@@ -188,7 +188,7 @@ def _host(url: str, options, directory: str, path: str, *, mirror: bool) -> Regi
         default = not (ca_files or skip_verify or headers)
         return RegistryHost("https", "", "/v2", ALL_CAPABILITIES, ca_files, skip_verify, headers,
                             mirror=False, default=default)
-    if not url.startswith("http"):
+    if "://" not in url:
         url = "https://" + url
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
