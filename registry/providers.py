@@ -484,7 +484,13 @@ class CredentialProviders:
         if not os.path.isdir(os.path.expanduser(settings.bin_dir)):
             raise ConfigError(f"registry.credential_providers.bin_dir {settings.bin_dir} is not a "
                               f"directory")
-        return cls(settings.config, settings.bin_dir, settings.timeout_seconds)
+        providers = cls(settings.config, settings.bin_dir, settings.timeout_seconds)
+        for spec in providers._specs:   # the kubelet, too, refuses to start without them
+            path = os.path.join(providers.bin_dir, spec.name)
+            if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+                raise ConfigError(f"credential provider {spec.name}: {path} is not an executable "
+                                  f"file (registry.credential_providers.bin_dir)")
+        return providers
 
     def keyring_for(self, image: str) -> tuple[Keyring, tuple[CredentialProviderError, ...]]:
         """Every matching plugin's credentials for `image`, in config order, as one keyring (for

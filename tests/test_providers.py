@@ -12,6 +12,7 @@ from archway.errors import AuthError, ConfigError, CredentialProviderError
 from archway.registry.providers import (CredentialProviders, parse_duration, parse_provider_config,
                                         read_provider_config)
 from archway.registry.resolver import Resolver
+from archway.webhook.placement import describe_error
 from tests.infra.credprovider import API_VERSION, ProviderPlugin, provider
 from tests.infra.registry import plain_registry, test_ca, token_registry  # noqa: F401
 
@@ -69,6 +70,7 @@ def test_a_failing_plugin_is_named_when_the_registry_then_refuses(token_registry
         Resolver(settings).resolve(reg.ref("team/locked", "v1"), deadline=time.monotonic() + 20)
     assert isinstance(info.value, AuthError) and info.value.provider == "test-provider"
     assert "401" in str(info.value) and "credential provider test-provider failed" in str(info.value)
+    assert describe_error(info.value) == "credential provider failed"   # the admission warning
 
 
 # --- caching exactly as the kubelet ------------------------------------------------------------
@@ -302,6 +304,13 @@ def test_settings_need_a_bin_dir(tmp_path):
         CredentialProviders.from_settings(CredentialProviderSettings(
             config=str(config), bin_dir=str(tmp_path / "nope")))
     assert CredentialProviders.from_settings(CredentialProviderSettings()) is None
+
+
+def test_settings_refuse_a_provider_without_its_executable(plugin):
+    plugin.config(provider("not-installed"))
+    with pytest.raises(ConfigError, match="not-installed: .* is not an executable file"):
+        CredentialProviders.from_settings(CredentialProviderSettings(
+            config=plugin.config_path, bin_dir=plugin.bin_dir))
 
 
 @pytest.mark.parametrize("text, seconds", [

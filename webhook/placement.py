@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import jsonpatch
 
-from archway.errors import (ArchwayError, AuthError, DeadlineExceeded, HostRefused,
-                             InvalidReference, NotFound, RegistryError, ResponseTooLarge,
-                             SIFError, TransportError, UnsupportedImage)
+from archway.errors import (ArchwayError, AuthError, CredentialProviderError, DeadlineExceeded,
+                             HostRefused, InvalidReference, NotFound, RegistryError,
+                             ResponseTooLarge, SIFError, TransportError, UnsupportedImage)
 from archway.registry.model import ImageInfo
 
 ARCH_LABEL = "kubernetes.io/arch"
@@ -386,6 +386,7 @@ def _deny(message: str, warnings: list[str], archs) -> Decision:
 
 _ERROR_WORDS = (  # most specific first: the classes form a hierarchy
     (DeadlineExceeded, "timed out"),
+    (CredentialProviderError, "credential provider failed"),
     (AuthError, "registry refused the credentials"),
     (NotFound, "not found"),
     (ResponseTooLarge, "registry response too large"),
