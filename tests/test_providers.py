@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
 from archway.config import CredentialProviderSettings, RegistrySettings
 from archway.errors import AuthError, ConfigError, CredentialProviderError
@@ -34,6 +35,11 @@ def providers_for(plugin, *entries, clock=None, timeout=10.0):
     plugin.config(*entries)
     return CredentialProviders(plugin.config_path, plugin.bin_dir, timeout,
                                **({"clock": clock} if clock else {}))
+
+
+def calls_counted(provider_name: str, outcome: str) -> float:
+    return REGISTRY.get_sample_value("archway_credential_provider_calls_total",
+                                     {"provider": provider_name, "outcome": outcome}) or 0.0
 
 
 def usernames(keyring, image):
@@ -83,9 +89,11 @@ def test_a_failing_plugin_is_named_when_the_registry_then_refuses(token_registry
 def test_answers_are_cached_by_their_cache_key_type(plugin, key_type, expected_calls):
     providers = providers_for(plugin, provider(key_type=key_type, match=["*.example"],
                                                auth_key="*.example"))
+    runs = calls_counted("test-provider", "success")
     for image in ("a.example/x", "a.example/x", "a.example/y", "b.example/z", "a.example/x"):
         assert usernames(providers.keyring_for(image)[0], image) == ["alice"]
     assert plugin.images() == expected_calls
+    assert calls_counted("test-provider", "success") == runs + len(expected_calls)  # runs, not hits
 
 
 def test_cache_duration_from_the_answer_else_the_default_and_zero_means_never(plugin):
@@ -154,6 +162,7 @@ def test_a_changed_config_is_used_by_the_next_lookup_and_a_broken_one_is_not(plu
 def test_plugin_faults_are_typed_errors_warnings_and_fail_open(plugin, caplog, mode, reason, words):
     providers = providers_for(plugin, provider("test-provider", mode=mode),
                               provider("second-provider", username="backup"), timeout=1.0)
+    failed_before = calls_counted("test-provider", reason)
     started = time.monotonic()
     with caplog.at_level(logging.WARNING):
         keyring, errors = providers.keyring_for("reg.example/app")
@@ -165,6 +174,7 @@ def test_plugin_faults_are_typed_errors_warnings_and_fail_open(plugin, caplog, m
     assert words in caplog.text and "without its credentials" in caplog.text
     # Fail open: the other provider's credentials are still there.
     assert usernames(keyring, "reg.example/app") == ["backup"]
+    assert calls_counted("test-provider", reason) == failed_before + 1
     if mode == "hang":   # the plugin and the child it started were killed, not left behind
         call = plugin.calls()[0]
         for pid in (call["pid"], call["child"]):
