@@ -279,13 +279,13 @@ def _communicate(process, request: bytes, timeout: float, fail) -> tuple[bytes, 
 
 
 def _kill(process) -> None:
-    """The plugin and anything it started, by its process group id; then reap it."""
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
+    """The plugin and anything it left running, by its process group (the plugin's own session:
+    nothing else is in it); then reap it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
     for pipe in (process.stdin, process.stdout, process.stderr):
         if pipe is not None and not pipe.closed:
             pipe.close()
