@@ -48,6 +48,23 @@ class CacheSettings:
 
 
 @dataclass(frozen=True)
+class CredentialProviderSettings:
+    config: str | None = None               # a kubelet CredentialProviderConfig file or directory
+    bin_dir: str | None = None              # where the provider executables are
+    timeout_seconds: float = 10.0           # a plugin still running after this is killed
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    url: str | None = None                  # forward proxy for every registry request
+    no_proxy: tuple[str, ...] = ()          # hosts reached directly (NO_PROXY syntax)
+    from_environment: bool = True           # without url: HTTPS_PROXY, HTTP_PROXY, NO_PROXY
+
+    def __post_init__(self):
+        object.__setattr__(self, "no_proxy", tuple(h.strip().lower() for h in self.no_proxy))
+
+
+@dataclass(frozen=True)
 class RegistrySettings:
     insecure_hosts: tuple[str, ...] = ()    # host[:port] reached over plain HTTP or unverified TLS
     ca_file: str | None = None              # extra CA bundle trusted for registries
@@ -57,6 +74,9 @@ class RegistrySettings:
     timeout_seconds: float = 5.0            # per network read
     max_manifest_bytes: int = 4 * 1024 * 1024
     cache: CacheSettings = field(default_factory=CacheSettings)
+    hosts_dir: str | None = None            # containerd's certs.d layout: mirrors per registry
+    credential_providers: CredentialProviderSettings = field(default_factory=CredentialProviderSettings)
+    proxy: ProxySettings = field(default_factory=ProxySettings)
 
     def __post_init__(self):
         # Host lists compare case-insensitively, with the surrounding blanks of a hand-edited file.

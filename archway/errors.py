@@ -1,4 +1,5 @@
 """Typed errors. Every message says what went wrong and, where it can, what to fix."""
+from dataclasses import dataclass
 
 
 class ArchwayError(Exception):
@@ -53,3 +54,49 @@ class SIFError(ArchwayError):
 
 class ConfigError(ArchwayError):
     """The configuration file is missing, unreadable or holds a wrong value."""
+
+
+class CredentialProviderError(AuthError):
+    """A kubelet credential provider plugin failed (it hung, exited non-zero, answered garbage
+    or too much): the image is looked up without its credentials."""
+
+    def __init__(self, message, *, provider="", reason="", **kwargs):
+        super().__init__(message, **kwargs)
+        self.provider = provider
+        self.reason = reason   # timeout, exit_status, invalid_response, output_too_large, exec_error
+
+
+# --- naming a failed image resolution: a metric label and a few words for a warning ---------
+
+@dataclass(frozen=True)
+class ErrorClass:
+    label: str   # for the image_resolutions metric: a small fixed set
+    words: str   # for a warning: a few words, never the error's message (it can hold URLs)
+
+
+_ERROR_CLASSES = (  # most specific first: the classes form a hierarchy
+    (DeadlineExceeded, ErrorClass("deadline_exceeded", "timed out")),
+    (CredentialProviderError, ErrorClass("credential_provider_error", "credential provider failed")),
+    (AuthError, ErrorClass("auth_error", "registry refused the credentials")),
+    (NotFound, ErrorClass("not_found", "not found")),
+    (ResponseTooLarge, ErrorClass("response_too_large", "registry response too large")),
+    (UnsupportedImage, ErrorClass("unsupported_image", "unsupported image format")),
+    (TransportError, ErrorClass("transport_error", "registry unreachable")),
+    (HostRefused, ErrorClass("host_refused", "host not allowed by archway's config")),
+    (InvalidReference, ErrorClass("invalid_reference", "invalid image reference")),
+    (SIFError, ErrorClass("sif_error", "unreadable SIF image")),
+)
+_NO_ANSWER = ErrorClass("deadline_exceeded", "no answer before the deadline")
+
+
+def classify_error(error: BaseException | None) -> ErrorClass:
+    """How an image's failed resolution is named; `error` None: no answer came in time."""
+    if error is None:
+        return _NO_ANSWER
+    for cls, found in _ERROR_CLASSES:
+        if isinstance(error, cls):
+            return found
+    if isinstance(error, RegistryError):
+        return ErrorClass("registry_error", f"registry answered HTTP {error.status}"
+                          if error.status else "registry error")
+    return ErrorClass("resolver_error", "resolver error")

@@ -45,6 +45,15 @@ REGISTRY_REQUESTS = Counter("archway_registry_requests_total",
 TOKEN_REQUESTS = Counter("archway_registry_token_requests_total",
                          "Bearer token requests to registry token services, by outcome",
                          ["outcome"])
+CREDENTIAL_PROVIDER_CALLS = Counter(
+    "archway_credential_provider_calls_total",
+    "Runs of kubelet credential provider plugins, by provider and outcome (success, timeout, "
+    "exit_status, invalid_response, output_too_large, exec_error); cached answers are not runs",
+    ["provider", "outcome"])
+MIRROR_REQUESTS = Counter(
+    "archway_registry_mirror_requests_total",
+    "Image lookups sent to a registry mirror (registry.hosts_dir), by outcome: answered, or the "
+    "error kind that made archway try the next host", ["outcome"])
 
 # --- scheduler extender -------------------------------------------------------------------------
 EXTENDER_REQUESTS = Counter("archway_extender_requests_total",

@@ -113,6 +113,8 @@ def _preflight(config, tls) -> None:
     """
     from archway.registry.credentials import Keyring
     from archway.registry.http import read_ca_file
+    from archway.registry.providers import CredentialProviders
+    from archway.registry.proxy import ProxyRules
 
     from archway.webhook.pullsecrets import build_api_client
     if tls is not None:
@@ -122,6 +124,11 @@ def _preflight(config, tls) -> None:
         Keyring.from_file(config.registry.credentials_file)
     if config.registry.ca_file:
         read_ca_file(config.registry.ca_file)
+    CredentialProviders.from_settings(config.registry.credential_providers)
+    ProxyRules.from_settings(config.registry.proxy)   # a bad proxy URL or variable
+    hosts_dir = config.registry.hosts_dir
+    if hosts_dir and not os.path.isdir(os.path.expanduser(hosts_dir)):
+        raise ConfigError(f"registry.hosts_dir {hosts_dir} is not a directory")
     build_api_client(config.kubernetes)  # ConfigError on a bad kubernetes.kubeconfig
 
 

@@ -1,7 +1,10 @@
 """Registry credentials from Kubernetes pull secrets (dockerconfigjson / legacy dockercfg).
 
-A `Keyring` maps a registry host[:port] to one `Credential`. Secrets never appear in a repr, a
-log line or an error message: errors name the offending key, never its value.
+A `Keyring` holds credentials under the keys they were written with (`host[:port][/path]`, globs
+allowed in the host) and finds the ones for an image exactly as the kubelet does
+(archway.registry.imagematch): most specific key first, every match kept, because the kubelet
+tries them in turn until one pull succeeds. Secrets never appear in a repr, a log line or an
+error message: errors name the offending key, never its value.
 """
 import base64
 import binascii
@@ -10,36 +13,23 @@ import hmac
 import json
 import os
 import secrets
-from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from dataclasses import dataclass, field, replace
 
 from archway.errors import ConfigError
+from .imagematch import image_matches, registry_key
 
 MAX_CONFIG_BYTES = 1024 * 1024   # a Kubernetes Secret cannot be larger
-DOCKER_HUB = "docker.io"
-# Every name Docker Hub's credentials may be stored under (Docker writes the first one).
-DOCKER_HUB_KEYS = {"index.docker.io", "docker.io", "registry-1.docker.io"}
 
 # Fingerprints are HMACs under a per-process key: stable for cache keys inside this process,
 # useless to anyone trying to guess a password from a fingerprint that ended up in a log.
 _FINGERPRINT_KEY = secrets.token_bytes(32)
 
-
-def normalize_registry_key(key: str) -> str:
-    """'https://index.docker.io/v1/' -> 'docker.io'; 'HTTP://Reg:5000/v2/' -> 'reg:5000'."""
-    text = key.strip()
-    if "://" not in text:
-        text = "//" + text
-    try:
-        netloc = urlsplit(text).netloc.lower()
-    except ValueError:   # e.g. an unbalanced "[": not a host at all
-        return ""
-    return DOCKER_HUB if netloc in DOCKER_HUB_KEYS else netloc
+normalize_registry_key = registry_key   # the name the pull-secret code has always used
 
 
 @dataclass(frozen=True)
 class Credential:
-    registry: str                      # normalised host[:port] this credential belongs to
+    registry: str                      # the key it is filed under: host[:port][/path]
     username: str = field(default="", repr=False)
     password: str = field(default="", repr=False)
     identity_token: str = field(default="", repr=False)
@@ -54,16 +44,30 @@ class Credential:
         raw = f"{self.username}:{self.password}".encode()
         return "Basic " + base64.b64encode(raw).decode()
 
+    def secret_fingerprint(self) -> str:
+        """Identity of the secret material alone, whatever key it is filed under."""
+        material = "\0".join((self.username, self.password, self.identity_token))
+        return hmac.new(_FINGERPRINT_KEY, material.encode(), hashlib.sha256).hexdigest()[:32]
+
     def fingerprint(self) -> str:
         material = "\0".join((self.registry, self.username, self.password, self.identity_token))
         return hmac.new(_FINGERPRINT_KEY, material.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 class Keyring:
-    """Credentials by registry host[:port]; immutable once built."""
+    """Credentials in the order they were added; immutable once built.
 
-    def __init__(self, credentials: dict[str, Credential] | None = None):
-        self._by_host = dict(credentials or {})
+    One Keyring is what the kubelet calls a BasicDockerKeyring (all of a pod's pull secrets go
+    into one). `then(other)` is its union keyring: this keyring's matches first, then the
+    other's (the pod's secrets before the node's credentials).
+    """
+
+    def __init__(self, credentials=(), *, fallback: "Keyring | None" = None):
+        self._entries: tuple[Credential, ...] = tuple(
+            credentials.values() if isinstance(credentials, dict) else credentials)
+        self._fallback = fallback
+        # Reverse-sorted keys: `quay.io/team` is tried before `quay.io` (the kubelet's index).
+        self._index = sorted({c.registry for c in self._entries}, reverse=True)
 
     @classmethod
     def empty(cls) -> "Keyring":
@@ -89,50 +93,85 @@ class Keyring:
         auths = config.get("auths") if "auths" in config else config
         if not isinstance(auths, dict):
             raise ConfigError(f"{source}: 'auths' must be a JSON object mapping hosts to credentials")
-        found: dict[str, Credential] = {}
-        for key, entry in auths.items():
-            credential = _parse_entry(key, entry, source)
-            # Several keys may alias one host (Docker Hub): the first one written wins.
-            if credential and credential.registry not in found:
-                found[credential.registry] = credential
-        return cls(found)
+        found = [_parse_entry(key, entry, source) for key, entry in auths.items()]
+        return cls([c for c in found if c is not None])
+
+    def candidates(self, image: str) -> list[Credential]:
+        """Every credential for `image` (a repository name such as `docker.io/library/nginx`),
+        in the order the kubelet tries them; the same secret only once."""
+        found = [c for key in self._index if image_matches(key, image)
+                 for c in self._entries if c.registry == key]
+        if self._fallback is not None:
+            found += self._fallback.candidates(image)
+        seen, unique = set(), []
+        for credential in found:
+            if credential.secret_fingerprint() not in seen:
+                seen.add(credential.secret_fingerprint())
+                unique.append(credential)
+        return unique
 
     def lookup(self, host: str) -> Credential | None:
-        """The credential naming exactly this host[:port] (Docker Hub's aliases count as one)."""
-        return self._by_host.get(normalize_registry_key(host)) if host else None
+        """The first credential for a registry host[:port] (a key with a path needs an image)."""
+        if not host:
+            return None
+        found = self.candidates(registry_key(host) or host.lower())
+        return found[0] if found else None
+
+    def pinned(self, host: str, credential: Credential) -> "Keyring":
+        """This keyring with `credential` answering first for `host`: the one being tried."""
+        return Keyring([replace(credential, registry=registry_key(host))], fallback=self)
 
     def merged(self, other: "Keyring | None") -> "Keyring":
-        """A keyring with both sets of credentials; on the same host, `self` wins."""
+        """Both sets of credentials in one keyring, `self`'s first where keys are equal."""
         if other is None:
             return self
-        return Keyring({**other._by_host, **self._by_host})
+        return Keyring(self._all() + other._all())
+
+    def then(self, other: "Keyring | None") -> "Keyring":
+        """A union keyring: this keyring's matches, then `other`'s."""
+        if other is None or not other:
+            return self
+        if not self:
+            return other
+        rest = self._fallback.then(other) if self._fallback is not None else other
+        return Keyring(self._entries, fallback=rest)
 
     def hosts(self) -> list[str]:
-        return sorted(self._by_host)
+        return sorted({c.registry for c in self._all()})
 
     def fingerprint(self) -> str:
         """Stable (per process) identity of these credentials for cache keys; reveals nothing."""
-        if not self._by_host:
-            return "anonymous"
-        digest = hmac.new(_FINGERPRINT_KEY, digestmod=hashlib.sha256)
-        for host in sorted(self._by_host):
-            digest.update(self._by_host[host].fingerprint().encode() + b"\0")
-        return digest.hexdigest()[:32]
+        return _fingerprint(self._all()) if self else "anonymous"
+
+    def fingerprint_for(self, image: str) -> str:
+        """Identity of the credentials `image` would be pulled with; '' when none."""
+        found = self.candidates(image)
+        return _fingerprint(found) if found else ""
+
+    def _all(self) -> tuple[Credential, ...]:
+        return self._entries + (self._fallback._all() if self._fallback is not None else ())
 
     def __len__(self):
-        return len(self._by_host)
+        return len(self._all())
 
     def __bool__(self):
-        return bool(self._by_host)
+        return bool(self._entries) or bool(self._fallback)
 
     def __eq__(self, other):
-        return isinstance(other, Keyring) and self._by_host == other._by_host
+        return isinstance(other, Keyring) and self._all() == other._all()
 
     def __hash__(self):
         return hash(self.fingerprint())
 
     def __repr__(self):
         return f"Keyring(hosts={self.hosts()})"
+
+
+def _fingerprint(credentials) -> str:
+    digest = hmac.new(_FINGERPRINT_KEY, digestmod=hashlib.sha256)
+    for credential in credentials:
+        digest.update(credential.fingerprint().encode() + b"\0")
+    return digest.hexdigest()[:32]
 
 
 def _load(data, source: str) -> dict:
@@ -163,7 +202,7 @@ def _text(entry: dict, name: str, where: str) -> str:
 
 def _parse_entry(key, entry, source: str) -> Credential | None:
     where = f"{source}: auths[{key!r}]"
-    if not isinstance(key, str) or not normalize_registry_key(key):
+    if not isinstance(key, str) or not registry_key(key):
         raise ConfigError(f"{where}: the key must name a registry host")
     if not isinstance(entry, dict):
         raise ConfigError(f"{where} must be a JSON object")
@@ -182,4 +221,4 @@ def _parse_entry(key, entry, source: str) -> Credential | None:
         username, password = decoded.split(":", 1)
     if not (username or password or token):
         return None  # e.g. an entry served by a credential helper: nothing usable here
-    return Credential(normalize_registry_key(key), username, password, token)
+    return Credential(registry_key(key), username, password, token)

@@ -24,6 +24,7 @@ from urllib3.util.ssl_ import create_urllib3_context
 from archway.errors import ConfigError, DeadlineExceeded, HostRefused, ResponseTooLarge, TransportError
 from archway.hostport import join_host_port
 from .hostpolicy import HostPolicy
+from .proxy import ProxyRules
 from archway.config import RegistrySettings
 
 MAX_REDIRECTS = 5
@@ -49,15 +50,19 @@ class Stats:
 
 class HttpClient:
     def __init__(self, settings: RegistrySettings, policy: HostPolicy | None = None,
-                 pool_size: int = 32):
+                 pool_size: int = 32, environ=None):
         self.settings = settings
         self.policy = policy or HostPolicy(settings.allow_hosts, settings.deny_hosts)
         self.session = requests.Session()
-        self.session.trust_env = False  # no proxy or CA bundle from the environment overriding config
+        # No CA bundle from the environment overriding config; proxies come from ProxyRules.
+        self.session.trust_env = False
+        self.proxies = ProxyRules.from_settings(settings.proxy, environ)
         self.stats = Stats()
         self._lock = threading.Lock()
         self._trust = _trust_bundle(settings.ca_file) if settings.ca_file else True
-        adapter = _Adapter(_verifying_context(self._trust), self.policy, pool_connections=pool_size,
+        self._host_trust: dict[str, bool | str] = {}   # netloc -> verify, from hosts.toml
+        self._host_trust_source: dict[str, tuple] = {}
+        adapter = _Adapter(self._trust, self.policy, pool_connections=pool_size,
                            pool_maxsize=pool_size, max_retries=0)
         self.session.mount("https://", adapter)
         self.session.mount("http://", adapter)
@@ -66,7 +71,26 @@ class HttpClient:
         return netloc.lower() in self.settings.insecure_hosts
 
     def verify_for(self, netloc: str):
+        trust = self._host_trust.get(netloc.lower())
+        if trust is not None:
+            return trust
         return False if self.is_insecure(netloc) else self._trust
+
+    def trust_host(self, netloc: str, ca_files: tuple[str, ...] = (),
+                   skip_verify: bool = False) -> None:
+        """TLS verification for one host as a hosts.toml sets it: not at all (skip_verify), or
+        with its `ca` files trusted besides the usual CAs. Only that host is affected."""
+        wanted = (tuple(ca_files), bool(skip_verify))
+        with self._lock:
+            if self._host_trust_source.get(netloc.lower()) == wanted:
+                return
+            self._host_trust_source[netloc.lower()] = wanted
+            if skip_verify:
+                self._host_trust[netloc.lower()] = False
+            elif ca_files:
+                self._host_trust[netloc.lower()] = _trust_bundle(self.settings.ca_file, *ca_files)
+            else:
+                self._host_trust.pop(netloc.lower(), None)
 
     def get(self, url: str, *, headers: dict | None = None, deadline: float | None = None,
             max_bytes: int, method: str = "GET", data: dict | None = None) -> Response:
@@ -95,7 +119,8 @@ class HttpClient:
             self.stats.requests += 1
         try:
             with self.session.request(method, url, headers=headers, data=data, timeout=timeout, stream=True,
-                                      allow_redirects=False, verify=self.verify_for(netloc)) as r:
+                                      allow_redirects=False, verify=self.verify_for(netloc),
+                                      proxies=self.proxies.for_url(url)) as r:
                 declared = r.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > max_bytes and r.status_code < 300:
                     raise ResponseTooLarge(
@@ -149,8 +174,10 @@ class _Adapter(HTTPAdapter):
     Unverified connections (insecure_hosts) keep urllib3's own per-connection context, so the
     shared one is never switched to CERT_NONE."""
 
-    def __init__(self, context, policy: HostPolicy, **kwargs):
-        self._context = context
+    def __init__(self, trust, policy: HostPolicy, **kwargs):
+        self._trust = trust
+        self._contexts = {trust: _verifying_context(trust)}   # trust bundle -> its SSLContext
+        self._contexts_lock = threading.Lock()
         self._pools = {scheme: _checked_pool(pool, policy)
                        for scheme, pool in (("http", HTTPConnectionPool), ("https", _HTTPSPool))}
         super().__init__(**kwargs)
@@ -162,10 +189,18 @@ class _Adapter(HTTPAdapter):
     def build_connection_pool_key_attributes(self, request, verify, cert=None):
         host_params, pool_kwargs = super().build_connection_pool_key_attributes(request, verify, cert)
         if verify is not False:
-            pool_kwargs["ssl_context"] = self._context
+            pool_kwargs["ssl_context"] = self._context_for(verify)
             pool_kwargs.pop("ca_certs", None)   # already in the shared context
             pool_kwargs.pop("ca_cert_dir", None)
         return host_params, pool_kwargs
+
+    def _context_for(self, verify):
+        """The shared context of a trust bundle (a hosts.toml `ca` makes a bundle of its own)."""
+        key = self._trust if verify is True else verify
+        with self._contexts_lock:
+            if key not in self._contexts:
+                self._contexts[key] = _verifying_context(key)
+            return self._contexts[key]
 
     def cert_verify(self, conn, url, verify, cert):
         super().cert_verify(conn, url, verify, cert)
@@ -211,27 +246,28 @@ def _verifying_context(trust):
 MAX_CA_FILE_BYTES = 4 * 1024 * 1024
 
 
-def read_ca_file(ca_file: str) -> bytes:
-    """The PEM certificates of registry.ca_file; ConfigError naming the key when unusable."""
+def read_ca_file(ca_file: str, what: str = "registry.ca_file") -> bytes:
+    """The PEM certificates of a CA file; ConfigError naming `what` when unusable."""
     try:
         with open(os.path.expanduser(ca_file), "rb") as f:
             pem = f.read(MAX_CA_FILE_BYTES)
     except OSError as e:
-        raise ConfigError(f"cannot read registry.ca_file {ca_file}: {e.strerror}") from None
+        raise ConfigError(f"cannot read {what} {ca_file}: {e.strerror}") from None
     if b"-----BEGIN CERTIFICATE-----" not in pem:
-        raise ConfigError(f"registry.ca_file {ca_file} holds no PEM certificate")
+        raise ConfigError(f"{what} {ca_file} holds no PEM certificate")
     return pem
 
 
-def _trust_bundle(ca_file: str) -> str:
-    """The public CAs plus the configured extra CA: requests takes one bundle path, and the
-    extra CA must add to the system's trust, not replace it."""
-    extra = read_ca_file(ca_file)
+def _trust_bundle(ca_file: str | None, *more_ca_files: str) -> str:
+    """The public CAs plus the extra ones: requests takes one bundle path, and an extra CA must
+    add to the system's trust, not replace it. registry.ca_file first, then hosts.toml `ca`s."""
+    extra = [read_ca_file(ca_file)] if ca_file else []
+    extra += [read_ca_file(f, "hosts.toml ca") for f in more_ca_files]
     with open(certifi.where(), "rb") as f:
         public = f.read()
     bundle = tempfile.NamedTemporaryFile(prefix="archway-ca-", suffix=".pem", delete=False)
     with bundle:
-        bundle.write(public + b"\n" + extra)
+        bundle.write(b"\n".join([public, *extra]))
     atexit.register(_remove_if_mine, bundle.name, os.getpid())
     return bundle.name
 

@@ -8,6 +8,7 @@ Decisions (what a manifest means) are pure functions near the bottom; the client
 does I/O: scheme choice, auth retries, bounded reads and turning HTTP answers into typed errors.
 """
 import base64
+import copy
 import hashlib
 import json
 import threading
@@ -68,6 +69,14 @@ class RegistryClient:
         self.auth = auth or RegistryAuth(http)
         self._schemes: dict[str, str] = {}   # insecure host -> the scheme that answered
         self._lock = threading.Lock()
+        self.host = None   # a mirrors.RegistryHost on the copies via() makes
+
+    def via(self, host) -> "RegistryClient":
+        """This client, sending its requests to `host` (a hosts.toml mirror or server, with its
+        own scheme, API root and headers) instead of the host a reference names."""
+        clone = copy.copy(self)
+        clone.host = host
+        return clone
 
     # -- public API
     def resolve(self, ref: ImageReference, keyring: Keyring | None = None,
@@ -195,7 +204,11 @@ class RegistryClient:
 
     def _send(self, netloc: str, path: str, headers: dict, deadline, max_bytes: int) -> Response:
         """https, verified; for hosts in insecure_hosts https unverified, then plain http on a
-        TLS or connection failure (as Docker does), remembering what worked."""
+        TLS or connection failure (as Docker does), remembering what worked. A hosts.toml host
+        says its own scheme and API root."""
+        if self.host is not None:
+            return self.http.get(self.host.url(path), headers={**dict(self.host.headers), **headers},
+                                 deadline=deadline, max_bytes=max_bytes)
         with self._lock:
             scheme = self._schemes.get(netloc, "https")
         try:

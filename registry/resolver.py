@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from . import sifsources
+from .access import RegistryAccess, image_name
 from .credentials import Keyring
 from archway.errors import ArchwayError, DeadlineExceeded, InvalidReference
 from .http import HttpClient
+from .mirrors import Mirrors
 from .model import ImageInfo
+from .nodecredentials import NodeCredentials
 from .oci import RegistryClient
 from .reference import ImageReference, parse_reference
 from archway.config import RegistrySettings, SifSettings
@@ -78,7 +81,10 @@ class Resolver:
         self.sif = sif or SifSettings()
         self.http = http or HttpClient(self.settings)
         self.oci = RegistryClient(self.http, self.settings)
-        self.keyring = keyring if keyring is not None else _load_global_keyring(self.settings)
+        # Node-level credentials: `keyring` stands in for registry.credentials_file.
+        self.node = NodeCredentials(self.settings, keyring=keyring)
+        self.access = RegistryAccess(self.oci, self.node, Mirrors(self.settings.hosts_dir)
+                                     if self.settings.hosts_dir else None)
         self.stats = ResolverStats()
         # `clock` ages cache entries (tests move it); deadlines are always time.monotonic().
         self._cache = TTLCache(self.settings.cache.max_entries, clock)
@@ -126,8 +132,8 @@ class Resolver:
     def _start(self, image: str, keyring: Keyring | None):
         """The cached answer (ImageInfo or ArchwayError), else a Future of the lookup."""
         ref = parse_reference(image, self._library_host)
-        keys = keyring.merged(self.keyring) if keyring else self.keyring  # the pod's own secrets win
-        key = (str(ref), _credential_fingerprint(keys, ref))
+        keys = keyring or Keyring.empty()   # the pod's; the node's are added per host looked up
+        key = (str(ref), _credential_fingerprint(keys.then(self.node.file_keyring()), ref))
         cached = self._cache.get(key)
         if cached is not None:
             self._count("cache_hits")
@@ -175,7 +181,7 @@ class Resolver:
 
     def _lookup(self, ref: ImageReference, keyring: Keyring, deadline: float) -> ImageInfo:
         if ref.scheme in ("docker", "oras"):
-            return self.oci.resolve(ref, keyring, deadline)
+            return self.access.resolve(ref, keyring, deadline)
         if ref.scheme in ("https", "http"):
             return sifsources.resolve_https(ref, self.http, deadline)
         if ref.scheme == "library":
@@ -197,14 +203,7 @@ def _credential_fingerprint(keyring: Keyring, ref: ImageReference) -> str:
     """Results are cached per credential: a pod without access must not be answered from a
     lookup made with someone else's secret, and a failure without credentials must not be
     served to a pod that has them."""
-    credential = keyring.lookup(ref.host) if ref.scheme in ("docker", "oras") else None
-    return credential.fingerprint() if credential else ""
-
-
-def _load_global_keyring(settings: RegistrySettings) -> Keyring:
-    if not settings.credentials_file:
-        return Keyring.empty()
-    return Keyring.from_file(settings.credentials_file)
+    return keyring.fingerprint_for(image_name(ref)) if ref.scheme in ("docker", "oras") else ""
 
 
 def _settled(answer, image: str, timeout: float) -> ImageInfo | ArchwayError:

@@ -19,6 +19,7 @@ from archway.config import config_from_dict
 CHART = os.path.join(REPO, "charts", "archway")
 RELEASE, NS = "arch", "archway-system"
 KUBE_VERSIONS = ("1.30.0", "1.33.0")
+FIXTURES = os.path.join(REPO, "tests", "fixtures", "chart")
 CA_B64 = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
 
 CASES = {
@@ -37,6 +38,8 @@ CASES = {
     "monitoring": ["--set", "metrics.serviceMonitor.enabled=true",
                    "--set", "metrics.prometheusRule.enabled=true",
                    "--set", "scheduler.extender.exposeMetrics=true"],
+    "registry-access-eks": ["-f", os.path.join(FIXTURES, "registry-access-eks.yaml")],
+    "registry-access-gke": ["-f", os.path.join(FIXTURES, "registry-access-gke.yaml")],
     "no-renewal-custom-config": ["--set", "tls.bootstrap.renewal.enabled=false",
                                  "--set", "config.prometheus.url=http://prometheus.monitoring:9090",
                                  "--set", "config.registry.insecure_hosts={registry.lab:5000}",
@@ -196,6 +199,10 @@ def test_alert_expressions_pass_promtool(render, tmp_path):
     (["--set", "tls.mode=secret"], "secretName"),
     (["--set", "scheduler.extender.httpTimeout=2 seconds"], "httpTimeout"),
     (["--set", "replicas=3"], "replicas"),
+    (["--set", "credentialProviders.providers[0].name=ecr", "--set",
+      "credentialProviders.providers[0].apiVersion=credentialprovider.kubelet.k8s.io/v9"], "apiVersion"),
+    (["--set", "registryHosts.hostPath=relative/certs.d"], "hostPath"),
+    (["--set", "config.registry.proxy.urls=http://p:3128"], "urls"),
 ])
 def test_schema_rejects_wrong_values(helm_env, values, complaint):
     result = helm(helm_env, "lint", "--strict", CHART, *values, check=False)
@@ -208,6 +215,10 @@ def test_schema_rejects_wrong_values(helm_env, values, complaint):
     (["--set", "scheduler.extender.httpTimeout=2s"], "must be above config.extender.deadline_seconds"),
     (["--set", "tls.bootstrap.renewBeforeDays=400"], "renewBeforeDays must be shorter"),
     (["--set", "tls.bootstrap.caDays=380"], "caDays must cover"),
+    (["--set", "credentialProviders.enabled=true", "--set", "credentialProviders.hostPath=/x"],
+     "needs credentialProviders.providers"),
+    (["-f", os.path.join(FIXTURES, "registry-access-eks.yaml"),
+      "--set", "credentialProviders.hostPath="], "needs the plugin executables"),
 ])
 def test_template_refuses_timeouts_without_headroom(helm_env, values, complaint):
     result = helm(helm_env, "template", RELEASE, CHART, *values, check=False)
@@ -469,3 +480,69 @@ def test_monitoring_scrapes_the_webhook_over_verified_tls(render):
     assert endpoint["tlsConfig"]["serverName"] == f"{RELEASE}-archway.{NS}.svc"
     sidecar = config_from_dict(archway_configs(docs)["extender.yaml"])
     assert sidecar.server.bind == "0.0.0.0:8444"        # exposeMetrics: reachable for scraping
+
+
+# --- registry access as the nodes have it --------------------------------------------------------
+
+def pods(docs):
+    return {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in find(docs, "Deployment")}
+
+
+def test_credential_providers_get_the_kubelets_files_in_every_archway_pod(render):
+    from archway.registry.providers import parse_provider_config
+    docs = render("registry-access-eks")
+    raw = one(docs, "ConfigMap", f"{RELEASE}-archway-config")["data"]["credential-providers.yaml"]
+    (spec,) = parse_provider_config(raw.encode(), "rendered")   # archway's own strict reader
+    assert spec.name == "ecr-credential-provider" and spec.default_cache_duration == 12 * 3600
+    for name, archway_container in ((f"{RELEASE}-archway", "webhook"),
+                                    (f"{RELEASE}-archway-scheduler", "extender")):
+        pod = pods(docs)[name]
+        config = config_from_dict(archway_configs(docs)[
+            "webhook.yaml" if archway_container == "webhook" else "extender.yaml"])
+        providers = config.registry.credential_providers
+        mounts = {m["mountPath"]: m for m in container(
+            one(docs, "Deployment", name), archway_container)["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        config_mount = mounts[os.path.dirname(providers.config)]
+        assert config_mount["readOnly"] and volumes[config_mount["name"]]["configMap"]["items"] == [
+            {"key": "credential-providers.yaml", "path": os.path.basename(providers.config)}]
+        bin_mount = mounts[providers.bin_dir]
+        assert bin_mount["readOnly"]
+        assert volumes[bin_mount["name"]]["hostPath"] == {
+            "path": "/etc/eks/image-credential-provider", "type": "Directory"}
+        # The node's certs.d, read-only at the same path, is the hosts_dir.
+        assert config.registry.hosts_dir == "/etc/containerd/certs.d"
+        assert mounts["/etc/containerd/certs.d"]["readOnly"]
+        assert volumes[mounts["/etc/containerd/certs.d"]["name"]]["hostPath"]["path"] == \
+            "/etc/containerd/certs.d"
+        assert config.registry.proxy.url == "http://egress.corp.example:3128"
+        assert "initContainers" not in pod
+    for account in find(docs, "ServiceAccount"):
+        if account["metadata"]["name"] in (f"{RELEASE}-archway", f"{RELEASE}-archway-scheduler"):
+            assert account["metadata"]["annotations"] == {
+                "eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/archway-ecr-read"}
+
+
+def test_provider_binaries_from_an_init_container(render):
+    docs = render("registry-access-gke")
+    for name in (f"{RELEASE}-archway", f"{RELEASE}-archway-scheduler"):
+        pod = pods(docs)[name]
+        (init,) = pod["initContainers"]
+        assert init["name"] == "install-auth-provider-gcp"
+        assert init["volumeMounts"] == [{"name": "credential-provider-bin", "mountPath": "/providers"}]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert "emptyDir" in volumes["credential-provider-bin"]
+        assert not any("hostPath" in v for v in pod["volumes"])   # no node mount unless asked
+    config = config_from_dict(archway_configs(docs)["webhook.yaml"])
+    assert config.registry.credential_providers.timeout_seconds == 5
+    assert config.registry.hosts_dir is None
+
+
+def test_no_host_mounts_and_no_annotations_by_default(render):
+    docs = render("default")
+    for pod in pods(docs).values():
+        assert not any("hostPath" in v for v in pod.get("volumes", []))
+        assert "initContainers" not in pod
+    assert all("annotations" not in sa["metadata"] or "helm.sh/hook" in sa["metadata"]["annotations"]
+               for sa in find(docs, "ServiceAccount"))
+    assert "credential-providers.yaml" not in archway_configs(docs)

@@ -168,10 +168,82 @@ def test_from_file(tmp_path):
 
 @pytest.mark.parametrize("key,expected", [
     ("https://index.docker.io/v1/", "docker.io"), ("REG.example.com:443", "reg.example.com:443"),
-    ("http://[::1]:5000/v2", "[::1]:5000"), ("reg.example.com/some/path", "reg.example.com"),
+    ("http://[::1]:5000/v2", "[::1]:5000"), ("reg.example.com/some/path", "reg.example.com/some/path"),
+    ("https://quay.io/v2/team/", "quay.io/team/"), ("*.azurecr.io", "*.azurecr.io"),
 ])
 def test_normalize_registry_key(key, expected):
     assert normalize_registry_key(key) == expected
+
+
+def keyring_of(*keys_and_users) -> Keyring:
+    return Keyring.from_dockerconfigjson(config({key: {"auth": b64(f"{user}:pw")}
+                                                 for key, user in keys_and_users}))
+
+
+def users(keyring: Keyring, image: str) -> list[str]:
+    return [c.username for c in keyring.candidates(image)]
+
+
+# The kubelet's own rules (pkg/credentialprovider URLsMatch / BasicDockerKeyring.Lookup).
+@pytest.mark.parametrize("key,image,matches", [
+    ("*.azurecr.io", "team.azurecr.io/app", True),
+    ("*.azurecr.io", "a.team.azurecr.io/app", False),        # one label per *
+    ("*.azurecr.io", "azurecr.io/app", False),
+    ("*.*.registry.io", "a.b.registry.io/x", True),
+    ("*.io", "a.k8s.io/x", False),
+    ("k8s.*", "k8s.io/x", True),
+    ("*", "localhost/x", True),                              # a one-label host
+    ("*", "reg.example/x", False),
+    ("reg[0-9].example", "reg7.example/x", True),            # Go's filepath.Match classes
+    ("reg[^0-9].example", "reg7.example/x", False),
+    ("reg?.example", "rega.example/x", False),             # '?' starts a URL query, as in Go
+    ("reg.example:5000", "reg.example:5000/x", True),
+    ("reg.example:5000", "reg.example/x", False),            # the ports must be equal
+    ("reg.example", "reg.example:5000/x", False),
+    ("reg.example:5000", "reg.example:5001/x", False),
+    ("*.example:5000", "reg.example:5000/x", True),
+    ("quay.io/team", "quay.io/team/app", True),              # the key's path is a prefix
+    ("quay.io/team", "quay.io/other/app", False),
+    ("quay.io/team", "quay.io/teamx/app", True),             # a plain string prefix, as the kubelet
+    ("https://quay.io/v2/team", "quay.io/team/app", True),   # /v2/ is the registry's root
+    ("https://index.docker.io/v1/", "docker.io/library/nginx", True),
+    ("REG.Example", "reg.example/x", True),
+])
+def test_keys_match_images_as_the_kubelet_does(key, image, matches):
+    assert (users(keyring_of((key, "u")), image) == ["u"]) == matches
+
+
+def test_more_specific_keys_come_first_and_every_match_is_kept():
+    keyring = keyring_of(("quay.io", "host"), ("quay.io/team", "team"), ("*.io", "glob"),
+                         ("quay.io/team/app", "app"))
+    assert users(keyring, "quay.io/team/app") == ["app", "team", "host", "glob"]
+    assert users(keyring, "quay.io/other") == ["host", "glob"]
+    assert keyring.lookup("quay.io").username == "host"   # a host alone: keys with a path need an image
+
+
+def test_union_keyring_tries_the_pods_secrets_before_the_nodes():
+    pod = keyring_of(("quay.io", "pod"))
+    node = keyring_of(("quay.io/team", "node"), ("ghcr.io", "node-ghcr"))
+    union = pod.then(node)
+    # Unlike one keyring (specific keys first), a union keeps its parts' order.
+    assert users(union, "quay.io/team/app") == ["pod", "node"]
+    assert users(union, "ghcr.io/x") == ["node-ghcr"]
+    assert users(pod.merged(node), "quay.io/team/app") == ["node", "pod"]
+    assert union.fingerprint_for("ghcr.io/x") == node.fingerprint_for("ghcr.io/x") != ""
+    assert union.fingerprint_for("docker.io/library/x") == ""
+
+
+def test_pinned_credential_answers_first_for_its_host_and_the_rest_stays():
+    keyring = keyring_of(("quay.io/team", "team"), ("auth.quay.io", "realm"))
+    second = keyring.candidates("quay.io/team/app")[0]
+    pinned = keyring.pinned("quay.io", second)
+    assert pinned.lookup("quay.io").username == "team"
+    assert pinned.lookup("auth.quay.io").username == "realm"
+
+
+def test_the_same_secret_under_two_keys_is_tried_once():
+    keyring = keyring_of(("quay.io", "same"), ("quay.io/team", "same"))
+    assert users(keyring, "quay.io/team/app") == ["same"]
 
 
 json_values = st.recursive(

@@ -15,9 +15,7 @@ from dataclasses import dataclass
 
 import jsonpatch
 
-from archway.errors import (AuthError, DeadlineExceeded, HostRefused,
-                             InvalidReference, NotFound, RegistryError, ResponseTooLarge,
-                             SIFError, TransportError, UnsupportedImage)
+from archway.errors import classify_error
 from archway.podview import NodeSelectorTerm, PodView, Requirement
 from archway.registry.model import ImageInfo
 
@@ -288,39 +286,6 @@ def _deny(message: str, warnings: list[str], archs) -> Decision:
 
 
 # --- wording -------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ErrorClass:
-    label: str   # for the image_resolutions metric: a small fixed set
-    words: str   # for a warning: a few words, never the error's message (it can hold URLs)
-
-
-_ERROR_CLASSES = (  # most specific first: the classes form a hierarchy
-    (DeadlineExceeded, ErrorClass("deadline_exceeded", "timed out")),
-    (AuthError, ErrorClass("auth_error", "registry refused the credentials")),
-    (NotFound, ErrorClass("not_found", "not found")),
-    (ResponseTooLarge, ErrorClass("response_too_large", "registry response too large")),
-    (UnsupportedImage, ErrorClass("unsupported_image", "unsupported image format")),
-    (TransportError, ErrorClass("transport_error", "registry unreachable")),
-    (HostRefused, ErrorClass("host_refused", "host not allowed by archway's config")),
-    (InvalidReference, ErrorClass("invalid_reference", "invalid image reference")),
-    (SIFError, ErrorClass("sif_error", "unreadable SIF image")),
-)
-_NO_ANSWER = ErrorClass("deadline_exceeded", "no answer before the deadline")
-
-
-def classify_error(error) -> ErrorClass:
-    """How an image's failed resolution is named; `error` None: no answer came in time."""
-    if error is None:
-        return _NO_ANSWER
-    for cls, found in _ERROR_CLASSES:
-        if isinstance(error, cls):
-            return found
-    if isinstance(error, RegistryError):
-        return ErrorClass("registry_error", f"registry answered HTTP {error.status}"
-                          if error.status else "registry error")
-    return ErrorClass("resolver_error", "resolver error")
-
 
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 _USERINFO = re.compile(r"(?<=://)[^/@]*@")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from archway import metrics
-from archway.errors import ArchwayError
+from archway.errors import ArchwayError, classify_error
 from archway.podview import PodView
 from archway.registry.credentials import Keyring
 from archway.registry.model import ImageInfo
@@ -22,7 +22,7 @@ from archway.registry.reference import parse_reference
 
 from .admission import (AdmissionError, AdmissionRequest, allow_unchanged, cap_warnings,
                         parse_review, review_response, skip_reason)
-from .placement import Decision, Policy, classify_error, decide
+from .placement import Decision, Policy, decide
 
 log = logging.getLogger("archway.admission")
 

@@ -260,12 +260,13 @@ class AccessEntry:
     query: str
     status: int
     size: int       # response body bytes the registry sent
+    agent: str = ""  # the client's User-Agent: archway (python-requests) or a mirror (Go)
 
 
 # 127.0.0.1 - - [02/Jan/2025:10:00:00 +0000] "GET /v2/ HTTP/1.1" 200 2 "" "python-requests/2.31"
 _ACCESS_LINE = re.compile(
     r'^\S+ \S+ \S+ \[[^\]]+\] "(?P<method>[A-Z]+) (?P<target>\S+) HTTP/[0-9.]+" '
-    r'(?P<status>\d{3}) (?P<size>\d+|-)')
+    r'(?P<status>\d{3}) (?P<size>\d+|-)(?: "[^"]*" "(?P<agent>[^"]*)")?')
 
 
 def parse_access_log(text: str) -> list[AccessEntry]:
@@ -275,7 +276,8 @@ def parse_access_log(text: str) -> list[AccessEntry]:
         if m:
             path, _, query = m["target"].partition("?")
             size = 0 if m["size"] == "-" else int(m["size"])
-            entries.append(AccessEntry(m["method"], path, query, int(m["status"]), size))
+            entries.append(AccessEntry(m["method"], path, query, int(m["status"]), size,
+                                       m["agent"] or ""))
     return entries
 
 
@@ -293,7 +295,7 @@ class RegistryServer:
                  auth: str | None = None, users: dict | None = None,
                  token_server: TokenServer | None = None, schema1: bool = True,
                  anonymous_pull: bool = False, token_expires_in: int | None = 300,
-                 token_realm_host: str = "127.0.0.1"):
+                 token_realm_host: str = "127.0.0.1", mirror_of: "RegistryServer | None" = None):
         self.binary = require_binary("docker-registry")
         self.directory = str(directory)
         os.makedirs(self.directory, exist_ok=True)
@@ -301,6 +303,7 @@ class RegistryServer:
         self.ca = ca
         self.auth = auth
         self.users = dict(DEFAULT_USERS if users is None else users)
+        self.mirror_of = mirror_of   # a pull-through cache of that registry (proxy.remoteurl)
         self.scheme = "https" if ca else "http"
         self.token_server = None
         self._own_token_server = False
@@ -318,7 +321,10 @@ class RegistryServer:
         self.http.trust_env = False
         self.verify = ca.cert_path if ca else True
         self._push_auth = self._make_push_auth()
-        self.server = Server([self.binary, "serve", config_path], port=self.port,
+        env = None
+        if mirror_of is not None and mirror_of.ca is not None:   # the mirror must trust its upstream
+            env = {**os.environ, "SSL_CERT_FILE": mirror_of.ca.cert_path}
+        self.server = Server([self.binary, "serve", config_path], port=self.port, env=env,
                              log_path=os.path.join(self.directory, "registry.log"))
 
     # -- setup
@@ -348,6 +354,12 @@ class RegistryServer:
                                         "rootcertbundle": self.token_server.cert_path}}
         elif self.auth is not None:
             raise ValueError(f"unknown auth {self.auth!r}: use None, 'htpasswd' or 'token'")
+        if self.mirror_of is not None:
+            upstream = self.mirror_of
+            config["proxy"] = {"remoteurl": upstream.url}
+            if upstream.auth:   # the mirror pulls with its own account, as real ones do
+                user = next(iter(upstream.users))
+                config["proxy"].update(username=user, password=upstream.users[user])
         return config
 
     def _htpasswd(self) -> str:
@@ -529,6 +541,18 @@ class RegistryServer:
                         "annotations": {"org.opencontainers.image.title": title}}],
         }
         return self.push_manifest(repo, tag, manifest, OCI_MANIFEST)
+
+    def wait_for_blob(self, digest: str, timeout: float = 10.0) -> None:
+        """Wait until the blob is in this registry's storage: a pull-through cache stores what
+        it fetched for a client in the background, after answering."""
+        algorithm, hex_digest = digest.split(":", 1)
+        path = os.path.join(self.directory, "data", "docker", "registry", "v2", "blobs", algorithm,
+                            hex_digest[:2], hex_digest, "data")
+        end = time.monotonic() + timeout
+        while not os.path.exists(path):
+            if time.monotonic() > end:
+                raise TimeoutError(f"blob {digest} never reached {self.host}'s storage")
+            time.sleep(0.02)
 
     # -- what the registry served
     def access_log(self) -> list[AccessEntry]:

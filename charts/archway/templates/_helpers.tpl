@@ -84,6 +84,17 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $excluded := include "archway.excludedNamespaces" . | fromJsonArray -}}
 {{- $_ := set $admission "exclude_namespaces" (concat (default list $admission.exclude_namespaces) $excluded | uniq) -}}
 {{- $_ := set $c "admission" $admission -}}
+{{- $registry := default dict $c.registry -}}
+{{- if .Values.credentialProviders.enabled -}}
+{{- $_ := set $registry "credential_providers" (dict
+    "config" (printf "%s/config.yaml" (include "archway.providerConfigDir" .))
+    "bin_dir" (include "archway.providerBinDir" .)
+    "timeout_seconds" .Values.credentialProviders.timeoutSeconds) -}}
+{{- end -}}
+{{- if .Values.registryHosts.enabled -}}
+{{- $_ := set $registry "hosts_dir" .Values.registryHosts.hostPath -}}
+{{- end -}}
+{{- $_ := set $c "registry" $registry -}}
 {{- $sched := include "archway.injectedSchedulerName" . -}}
 {{- if $sched -}}
 {{- $_ := set $c "placement" (dict "scheduler_name" $sched) -}}
@@ -120,6 +131,75 @@ app.kubernetes.io/component: {{ index . 1 }}
     "workers" (int .Values.scheduler.extender.workers)
     "threads" (int .Values.webhook.threads)) -}}
 {{- toYaml $c -}}
+{{- end -}}
+
+{{/* Registry access as the nodes have it ------------------------------------------------ */}}
+{{- define "archway.providerConfigDir" -}}/etc/archway/credential-providers/config{{- end -}}
+{{- define "archway.providerBinDir" -}}/etc/archway/credential-providers/bin{{- end -}}
+
+{{/* The CredentialProviderConfig the plugins run with: the kubelet's own file format. */}}
+{{- define "archway.credentialProviderConfig" -}}
+{{- $p := .Values.credentialProviders -}}
+{{- if not $p.providers }}
+{{- fail "credentialProviders.enabled needs credentialProviders.providers (the CredentialProviderConfig providers, as on the nodes)" }}
+{{- end }}
+{{- if and (not $p.hostPath) (not $p.initContainers) }}
+{{- fail "credentialProviders.enabled needs the plugin executables: credentialProviders.hostPath (a node directory holding them) or credentialProviders.initContainers (copying them into the credential-provider-bin volume)" }}
+{{- end -}}
+apiVersion: kubelet.config.k8s.io/v1
+kind: CredentialProviderConfig
+providers:
+  {{- toYaml $p.providers | nindent 2 }}
+{{- end -}}
+
+{{/* Init containers, mounts and volumes of every pod running archway (webhook, extender). */}}
+{{- define "archway.registryAccessInitContainers" -}}
+{{- if and .Values.credentialProviders.enabled .Values.credentialProviders.initContainers -}}
+{{- toYaml .Values.credentialProviders.initContainers }}
+{{- end -}}
+{{- end -}}
+
+{{- define "archway.registryAccessMounts" -}}
+{{- if .Values.credentialProviders.enabled }}
+- name: credential-provider-config
+  mountPath: {{ include "archway.providerConfigDir" . }}
+  readOnly: true
+- name: credential-provider-bin
+  mountPath: {{ include "archway.providerBinDir" . }}
+  readOnly: true
+{{- end }}
+{{- if .Values.registryHosts.enabled }}
+- name: registry-hosts
+  mountPath: {{ .Values.registryHosts.hostPath }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "archway.registryAccessVolumes" -}}
+{{- $p := .Values.credentialProviders -}}
+{{- if $p.enabled }}
+- name: credential-provider-config
+  configMap:
+    name: {{ include "archway.configMapName" . }}
+    items:
+      - key: credential-providers.yaml
+        path: config.yaml
+- name: credential-provider-bin
+  {{- if $p.hostPath }}
+  hostPath:
+    path: {{ $p.hostPath }}
+    type: Directory
+  {{- else }}
+  emptyDir:
+    sizeLimit: 256Mi
+  {{- end }}
+{{- end }}
+{{- if .Values.registryHosts.enabled }}
+- name: registry-hosts
+  hostPath:
+    path: {{ .Values.registryHosts.hostPath }}
+    type: Directory
+{{- end }}
 {{- end -}}
 
 {{/* IPv6 addresses go in brackets in HOST:PORT. */}}
