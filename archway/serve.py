@@ -51,11 +51,11 @@ def serve(config, bind: str | None = None) -> int:
     """Run gunicorn until it is stopped (SIGTERM: graceful). Returns the exit status."""
     bind = bind or config.server.bind
     host, port = split_bind(bind)
-    tls = tls_files(config, host)
-    _preflight(config, tls)
-    if config.server.log_format == "json":
+    if config.server.log_format == "json":   # before anything logs (the certificate below)
         from archway.logs import logging_dict
         logging.config.dictConfig(logging_dict("json", logging.getLogger().level))
+    tls = tls_files(config, host)
+    _preflight(config, tls)
 
     metrics_dir = _fresh_metrics_dir()
     # prometheus_client reads this variable in each worker; it cannot be handed over otherwise.
