@@ -5,6 +5,7 @@ here (and the alert expressions by the real promtool); the archway config it ren
 archway.config; the KubeSchedulerConfiguration compared with `archway scheduler-config`."""
 import base64
 import functools
+import json
 import os
 import re
 import subprocess
@@ -12,9 +13,14 @@ import subprocess
 import kubernetes_validate
 import pytest
 import yaml
+from archway.webhook.admission import SKIP_ANNOTATION, parse_review, skip_reason
+from archway.webhook.placement import ARCH_KEYS, pod_arch_constraint
 
-from tests.infra.procs import REPO, require_binary
 from archway.config import config_from_dict
+from archway.podview import PodView
+from archway.serve import GRACEFUL_TIMEOUT_SECONDS
+from tests.infra.procs import REPO, require_binary
+from tests.test_operating import declared
 
 CHART = os.path.join(REPO, "charts", "archway")
 RELEASE, NS = "arch", "archway-system"
@@ -589,8 +595,6 @@ def archway_pod_specs(docs) -> dict[str, dict]:
 def test_archway_pods_run_only_where_the_image_can(render, case, archs):
     """Read by archway's own placement logic: every pod running the archway image is limited to
     linux nodes of the image's architectures, whatever node affinity the values add."""
-    from archway.podview import PodView
-    from archway.webhook.placement import pod_arch_constraint
     docs = render(case)
     specs = archway_pod_specs(docs)
     expected = {"Deployment arch-archway", "Job arch-archway-certgen-create",
@@ -644,7 +648,6 @@ def test_architectures_must_be_listed(helm_env):
 
 # Pods as the apiserver hands them to the webhook (tests/fixtures/admission), and variants.
 def _fixture_pod(name):
-    import json
     with open(os.path.join(REPO, "tests", "fixtures", "admission", name)) as f:
         return json.load(f)["request"]["object"]
 
@@ -684,10 +687,6 @@ CEL_PODS = {
 def _archway_skips(pod: dict, *, arch_pinned_too: bool) -> bool:
     """What archway itself does with the pod: skip_reason (webhook/admission.py) and, for the
     optional condition, the nodeSelector part of placement's pod_arch_constraint."""
-    import json
-    from archway.podview import PodView
-    from archway.webhook.admission import parse_review, skip_reason
-    from archway.webhook.placement import ARCH_KEYS
     review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
               "request": {"uid": "u", "operation": "CREATE", "namespace": "team",
                           "resource": {"group": "", "version": "v1", "resource": "pods"},
@@ -717,7 +716,6 @@ def test_match_conditions_send_exactly_the_pods_archway_would_decide(render, cas
         called = all(results)
         assert called == (not _archway_skips(pod, arch_pinned_too=arch_pinned_too)), name
     # The annotation the expressions name is the one archway reads.
-    from archway.webhook.admission import SKIP_ANNOTATION
     assert f"'{SKIP_ANNOTATION}'" in conditions[0]["expression"]
 
 
@@ -761,7 +759,6 @@ def test_disruption_budget_never_blocks_a_drain(helm_env, replicas):
 def test_a_rollout_drops_no_admission(render, case):
     """Stopping pod: preStop keeps it serving while its endpoint is withdrawn, then gunicorn
     finishes what is in flight within its graceful timeout, all inside the grace period."""
-    from archway.serve import GRACEFUL_TIMEOUT_SECONDS
     deployment = one(render(case), "Deployment", f"{RELEASE}-archway")
     pod = deployment["spec"]["template"]["spec"]
     sleep = container(deployment, "webhook")["lifecycle"]["preStop"]["sleep"]["seconds"]
@@ -814,8 +811,8 @@ def test_cluster_domain_is_a_value(render, helm_env):
     out = helm(helm_env, "template", RELEASE, CHART, "-n", NS, "--set", "tls.mode=cert-manager",
                "--set", "clusterDomain=corp.internal",
                "--show-only", "templates/certmanager.yaml").stdout
-    serving = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "Certificate"
-               and not d["spec"].get("isCA")][0]
+    serving = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "Certificate"
+                   and not d["spec"].get("isCA"))
     assert f"{RELEASE}-archway.{NS}.svc.corp.internal" in serving["spec"]["dnsNames"]
     assert not any("cluster.local" in n for n in serving["spec"]["dnsNames"])
     # The bootstrap default stays the kubelet's default.
@@ -881,10 +878,7 @@ GATE_METRICS = {"archway_gated_pods", "archway_gate_wait_seconds", "archway_gate
 
 
 def declared_metrics() -> set[str]:
-    from prometheus_client import Counter, Gauge, Histogram
-    import archway.metrics as m
-    return {v._name + ("_total" if isinstance(v, Counter) else "")
-            for v in vars(m).values() if isinstance(v, (Counter, Gauge, Histogram))}
+    return set(declared())
 
 
 def metric_names(expr: str) -> set[str]:
@@ -918,7 +912,6 @@ def test_certificate_expiry_alert(render):
 
 
 def test_grafana_dashboard(render, tmp_path):
-    import json
     assert not [d for d in render("default") if d["metadata"]["name"].endswith("-dashboard")]
     cm = one(render("production"), "ConfigMap", f"{RELEASE}-archway-dashboard")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -946,5 +939,73 @@ def test_grafana_dashboard(render, tmp_path):
     path = tmp_path / "dashboard-rules.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     out = subprocess.run([require_binary("promtool"), "check", "rules", str(path)],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@functools.cache
+def _schema() -> dict:
+    with open(os.path.join(CHART, "values.schema.json")) as f:
+        return json.load(f)
+
+
+def _schema_at(path: str) -> dict:
+    node = _schema()
+    for key in path.split("."):
+        node = node.get("properties", {}).get(key, {})
+    return node
+
+
+def _schema_requires(path: str) -> bool:
+    parent, _, leaf = path.rpartition(".")
+    return leaf in (_schema_at(parent) if parent else _schema()).get("required", ())
+
+
+def _value_paths(values: dict, prefix: str = "") -> list[str]:
+    paths = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        paths.append(path)
+        if isinstance(value, dict) and "properties" in _schema_at(path):   # not free-form maps
+            paths.extend(_value_paths(value, path + "."))
+    return paths
+
+
+
+
+def test_every_value_set_to_null_renders_or_names_itself(helm_env, tmp_path):
+    """An emptied key (`key:` or --set key=null deletes Helm's default) never crashes a template
+    on a nil: either the schema requires the key and names it, or the chart renders valid
+    manifests as if it were empty. All optional keys are emptied at once, with every feature
+    that reads them on; the required ones are named by the schema (checked on a few)."""
+    with open(os.path.join(CHART, "values.yaml")) as f:
+        paths = _value_paths(yaml.safe_load(f))
+    required = [p for p in paths if _schema_requires(p)]
+    nullable = [p for p in paths if p not in required]
+    assert len(required) > 60 and len(nullable) > 50
+    values: dict = {"scheduler": {"enabled": True}, "networkPolicy": {"enabled": True},
+                    "metrics": {t: {"enabled": True} for t in
+                                ("serviceMonitor", "prometheusRule", "grafanaDashboard")}}
+    for path in nullable:
+        *parents, leaf = path.split(".")
+        node = values
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = None
+    file = tmp_path / "null.yaml"
+    file.write_text(yaml.safe_dump(values))
+    result = helm(helm_env, "template", RELEASE, CHART, "-n", NS, "-f", str(file), check=False)
+    assert result.returncode == 0, result.stderr[-800:]
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    for doc in docs:
+        try:
+            kubernetes_validate.validate(doc, "1.30.0", strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            check_custom_resource(doc)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{doc['kind']} {doc['metadata']['name']}: {e.message}")
+    assert {"Deployment", "NetworkPolicy", "PrometheusRule", "CronJob"} <= {d["kind"] for d in docs}
+    for path in ("webhook.service", "tls.bootstrap.renewal", "config", "webhook.podDisruptionBudget"):
+        result = helm(helm_env, "template", RELEASE, CHART, "--set", f"{path}=null", check=False)
+        leaf = path.rpartition(".")[2]
+        assert result.returncode != 0 and f"missing property '{leaf}'" in result.stderr, path

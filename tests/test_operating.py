@@ -35,7 +35,7 @@ def declared() -> dict[str, tuple[str, ...]]:
 
 def test_metrics_reference_lists_exactly_the_declared_metrics():
     with open(os.path.join(REPO, "docs", "metrics.md")) as f:
-        rows = re.findall(r"^\| `(archway_[a-z_]+)` \| (\w+) \|([^|]*)\|", f.read(), re.M)
+        rows = re.findall(r"^\| `(archway_[a-z_]+)` \| (\w+) \|([^|]*)\|", f.read(), re.MULTILINE)
     documented = {name: tuple(re.findall(r"`(\w+)`", labels)) for name, _, labels in rows}
     assert len(documented) == len(rows), "a metric is listed twice"
     assert documented == declared()
@@ -57,7 +57,7 @@ def test_json_formatter_writes_one_object_per_line_with_the_extra_fields():
     assert entry["level"] == "info" and entry["logger"] == "archway.admission"
     assert entry["outcome"] == "denied" and entry["duration_ms"] == 1.5
     assert entry["odd"].startswith("<object object")
-    assert dt.datetime.fromisoformat(entry["time"].replace("Z", "+00:00")).tzinfo is not None
+    assert entry["time"].endswith("Z") and dt.datetime.fromisoformat(entry["time"]).tzinfo is not None
     try:
         raise ValueError("boom")
     except ValueError:
@@ -94,7 +94,7 @@ def json_serve(tmp_path_factory):
 
 
 def test_metrics_report_the_version_and_the_certificate_expiry(json_serve):
-    server, session, base, home = json_serve
+    _, session, base, home = json_serve
     families = {f.name: f for f in text_string_to_metric_families(
         session.get(f"{base}/metrics", timeout=10).text)}
     [info] = families["archway_build_info"].samples
