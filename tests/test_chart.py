@@ -764,7 +764,14 @@ def test_a_rollout_drops_no_admission(render, case):
     sleep = container(deployment, "webhook")["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert sleep >= 5
     assert pod["terminationGracePeriodSeconds"] > sleep + GRACEFUL_TIMEOUT_SECONDS
-    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    rolling = deployment["spec"]["strategy"]["rollingUpdate"]
+    if pod.get("hostNetwork"):
+        # A surge pod would find its host port taken on every node already running one: one
+        # pod at a time, while the others (replicas > 1) serve.
+        assert (rolling["maxUnavailable"], rolling["maxSurge"]) == (1, 0)
+        assert deployment["spec"]["replicas"] > 1
+    else:
+        assert (rolling["maxUnavailable"], rolling["maxSurge"]) == (0, 1)
 
 
 @pytest.mark.parametrize("kube_version, tag", [("1.30.0", "v1.30.0"), ("1.33.0", "v1.33.0"),
