@@ -13,7 +13,7 @@ from typing import Callable
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from archway import metrics
+from archway import __version__, metrics
 from archway.certs.selfsigned import tls_dir
 from archway.certs.x509 import CertificateError, load_cert, remaining
 from archway.extender.routes import register_extender
@@ -58,6 +58,7 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
         resolver = Resolver(config.registry, sif=config.sif,
                             shared=SharedLookups(lookups_dir) if lookups_dir else None)
     state = ServerState(config, resolver)
+    metrics.started(__version__)
     app.extensions["archway"] = state
     state.readiness_checks["registry.ca_file"] = lambda: _unreadable(config.registry.ca_file)
     # An expired certificate fails every client's calls; a failing probe makes that visible.
@@ -91,6 +92,10 @@ def _register_common(app: Flask, state: ServerState) -> None:
 
     @app.get("/metrics")
     def metrics_route():
+        # Read at every scrape: a renewed certificate is picked up without a restart.
+        cert = _serving_certificate(state.config.server)
+        if isinstance(cert, tuple):
+            metrics.certificate_expires(cert[1].not_valid_after_utc.timestamp())
         body, content_type = metrics.render()
         return Response(body, content_type=content_type)
 
@@ -122,17 +127,26 @@ def _served_routes(app: Flask) -> str:
     return ", ".join(routes)
 
 
-def _certificate_problem(server) -> str | None:
+def _serving_certificate(server):
+    """(path, certificate) of the serving certificate; None without TLS or without the file
+    (the app runs without `archway serve`: tests, a debugger); a problem's words as a str."""
     if not server.tls:
         return None
     path = os.path.expanduser(server.cert_file or os.path.join(tls_dir(server.state_dir), "tls.crt"))
     if not os.path.exists(path):
-        return None  # the app runs without `archway serve` (tests, a debugger): nothing to check
+        return None
     try:
         with open(path, "rb") as f:
-            cert = load_cert(f.read(1024 * 1024))
+            return path, load_cert(f.read(1024 * 1024))
     except (OSError, CertificateError):
         return f"serving certificate {path} cannot be read"
+
+
+def _certificate_problem(server) -> str | None:
+    found = _serving_certificate(server)
+    if not isinstance(found, tuple):
+        return found
+    path, cert = found
     if remaining(cert).total_seconds() <= 0:
         return f"serving certificate {path} expired at {cert.not_valid_after_utc:%Y-%m-%d %H:%M}Z"
     return None

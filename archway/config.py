@@ -105,6 +105,7 @@ class ServerSettings:
     threads: int = 8
     max_body_bytes: int = 3 * 1024 * 1024  # the apiserver caps request bodies at 3 MiB
     log_every_admission: bool = False     # false: a line only for denied / fail-open / errors
+    log_format: str = choice("text", "json")  # json: one JSON object per line (log pipelines)
 
 
 @dataclass(frozen=True)

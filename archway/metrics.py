@@ -18,6 +18,14 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.0, 3.0, 5.0, 10.0)
 
+# --- the process -------------------------------------------------------------------------------
+BUILD_INFO = Gauge("archway_build_info", "Always 1; the version label is the running archway's",
+                   ["version"], multiprocess_mode="max")
+TLS_CERTIFICATE_EXPIRY = Gauge(
+    "archway_tls_certificate_expiry_timestamp_seconds",
+    "Unix time the serving certificate (server.cert_file) expires, read at every scrape",
+    multiprocess_mode="livemostrecent")
+
 # --- admission ----------------------------------------------------------------------------------
 ADMISSIONS = Counter("archway_admissions_total", "Admission requests answered, by outcome",
                      ["outcome"])
@@ -91,6 +99,14 @@ def mark_process_dead(pid: int) -> None:
     """For gunicorn's child_exit hook: drop a dead worker's live gauges."""
     if multiprocess_dir():
         multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+def started(version: str) -> None:
+    BUILD_INFO.labels(version).set(1)
+
+
+def certificate_expires(timestamp: float) -> None:
+    TLS_CERTIFICATE_EXPIRY.set(timestamp)
 
 
 def admission_finished(outcome: str, seconds: float, warnings: int) -> None:

@@ -4,6 +4,8 @@ With no certificate configured it serves the embedded default: a local CA and se
 generated once into server.state_dir (archway.certs.selfsigned), so a newcomer can curl it at once.
 Nothing heavy is imported at module level: the CLI imports this module for every subcommand.
 """
+import logging
+import logging.config
 import os
 import shutil
 import tempfile
@@ -49,6 +51,9 @@ def serve(config, bind: str | None = None) -> int:
     """Run gunicorn until it is stopped (SIGTERM: graceful). Returns the exit status."""
     bind = bind or config.server.bind
     host, port = split_bind(bind)
+    if config.server.log_format == "json":   # before anything logs (the certificate below)
+        from archway.logs import logging_dict
+        logging.config.dictConfig(logging_dict("json", logging.getLogger().level))
     tls = tls_files(config, host)
     _preflight(config, tls)
 
@@ -141,6 +146,11 @@ def _fresh_metrics_dir() -> str:
 
 
 def _announce(config, bind, host, port, tls) -> None:
+    if config.server.log_format == "json":   # a log pipeline gets log lines only
+        logging.getLogger("archway.server").info(
+            "serving %s on %s (workers=%d, threads=%d)", config.server.product, bind,
+            config.server.workers, config.server.threads)
+        return
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     base = f"{'https' if tls else 'http'}://{join_host_port(url_host, port)}"
     product = config.server.product
@@ -181,6 +191,9 @@ def _options(config, bind: str, tls) -> dict:
         "control_socket_disable": True,
         "child_exit": child_exit,
     }
+    if config.server.log_format == "json":
+        from archway.logs import logging_dict
+        options["logconfig_dict"] = logging_dict("json", logging.getLogger().level)
     if tls:
         from archway.certs.tls import gunicorn_ssl_context
         options.update(certfile=tls[0], keyfile=tls[1],

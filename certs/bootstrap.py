@@ -215,37 +215,68 @@ def _bootstrap_once(spec: BootstrapSpec, kube: "_Kube", now) -> BootstrapResult:
     ca_secret = kube.read_secret(spec.namespace, spec.ca_secret_name)
     plan = plan_certificates(spec, _decoded(tls_secret), _decoded(ca_secret), now)
     result.serial = f"{plan.leaf.cert.serial_number:x}"
+    webhook_config = kube.read_webhook_config(spec.webhook_config) if spec.webhook_config else None
+    # Owned by the webhook configuration, the Secrets go with it (`helm uninstall`): Helm never
+    # knew them. The pre-install run comes before it exists; a later run adopts them.
+    owner = owner_reference(webhook_config)
 
+    ca_data = {"ca.crt": plan.ca.cert_pem, "ca.key": plan.ca.key_pem}
     if plan.ca_reason:                                      # 1. the CA first
         result.ca = "created" if ca_secret is None else "renewed"
         if ca_secret is not None:
             result.reasons.append(plan.ca_reason)
-        kube.write_secret(spec.namespace, spec.ca_secret_name, "Opaque",
-                          {"ca.crt": plan.ca.cert_pem, "ca.key": plan.ca.key_pem}, ca_secret)
+        kube.write_secret(spec.namespace, spec.ca_secret_name, "Opaque", ca_data, ca_secret, owner)
         log.info("stored CA %s", describe(plan.ca.cert))
+    elif _unowned(ca_secret, owner):
+        kube.write_secret(spec.namespace, spec.ca_secret_name, "Opaque", ca_data, ca_secret, owner)
+        log.info("Secret %s now belongs to %s", spec.ca_secret_name, spec.webhook_config)
 
     bundle_b64 = base64.b64encode(plan.trust_bundle).decode()
     if spec.webhook_config:                                 # 2. trust before serving
-        result.webhook_config, result.webhooks_patched = _patch_ca_bundle(spec, kube, bundle_b64)
+        result.webhook_config, result.webhooks_patched = _patch_ca_bundle(
+            spec, kube, bundle_b64, webhook_config)
     else:
         result.webhook_config = "skipped"
 
     wanted = {"tls.crt": plan.leaf.cert_pem, "tls.key": plan.leaf.key_pem,
               "ca.crt": plan.trust_bundle}
     current = _decoded(tls_secret) or {}
-    if plan.leaf_reason or any(current.get(k) != v for k, v in wanted.items()):
+    if _unowned(tls_secret, owner) and not plan.leaf_reason and current == wanted:
+        kube.write_secret(spec.namespace, spec.secret, "kubernetes.io/tls", wanted, tls_secret,
+                          owner)
+        log.info("Secret %s now belongs to %s", spec.secret, spec.webhook_config)
+    elif plan.leaf_reason or any(current.get(k) != v for k, v in wanted.items()):
         result.certificate = "created" if tls_secret is None else "renewed"
         if tls_secret is not None:
             result.reasons.append(plan.leaf_reason or (
                 "the trust bundle changed" if current.get("ca.crt") != plan.trust_bundle
                 else "the stored PEM data was not in canonical form"))
-        kube.write_secret(spec.namespace, spec.secret, "kubernetes.io/tls", wanted, tls_secret)
+        kube.write_secret(spec.namespace, spec.secret, "kubernetes.io/tls", wanted, tls_secret,
+                          owner)
         log.info("stored serving certificate %s", describe(plan.leaf.cert))
     return result
 
 
-def _patch_ca_bundle(spec: BootstrapSpec, kube: "_Kube", bundle_b64: str) -> tuple[str, int]:
-    config = kube.read_webhook_config(spec.webhook_config)
+def owner_reference(webhook_config: dict | None) -> dict | None:
+    """An ownerReference to the webhook configuration (a cluster-scoped owner may own namespaced
+    objects); None when it does not exist (yet)."""
+    meta = (webhook_config or {}).get("metadata") or {}
+    if not meta.get("uid"):
+        return None
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "name": meta["name"], "uid": meta["uid"]}
+
+
+def _unowned(secret: dict | None, owner: dict | None) -> bool:
+    """True when `secret` exists and lacks the ownerReference `owner` (None: nothing to own)."""
+    if secret is None or owner is None:
+        return False
+    refs = (secret.get("metadata") or {}).get("ownerReferences") or []
+    return not any(ref.get("uid") == owner["uid"] for ref in refs)
+
+
+def _patch_ca_bundle(spec: BootstrapSpec, kube: "_Kube", bundle_b64: str,
+                     config: dict | None) -> tuple[str, int]:
     if config is None:
         if spec.allow_missing_webhook_config:
             log.info("MutatingWebhookConfiguration %s does not exist yet; a later run patches it",
@@ -312,9 +343,19 @@ class _Kube:
         return json.loads(response.data)
 
     def write_secret(self, namespace: str, name: str, secret_type: str,
-                     data: dict[str, bytes], existing: dict | None) -> None:
+                     data: dict[str, bytes], existing: dict | None,
+                     owner: dict | None = None) -> None:
+        """Create or replace; `owner` is added to the ownerReferences the Secret has."""
         labels = {"app.kubernetes.io/managed-by": "archway-certs-bootstrap"}
         meta = self.client.V1ObjectMeta(name=name, namespace=namespace, labels=labels)
+        owners = [r for r in ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
+                  if not owner or r.get("uid") != owner["uid"]]
+        if owner:
+            owners.append(owner)
+        meta.owner_references = [self.client.V1OwnerReference(
+            api_version=r["apiVersion"], kind=r["kind"], name=r["name"], uid=r["uid"],
+            controller=r.get("controller"), block_owner_deletion=r.get("blockOwnerDeletion"))
+            for r in owners] or None
         encoded = {k: base64.b64encode(v).decode() for k, v in data.items()}
         if existing is None:
             body = self.client.V1Secret(metadata=meta, type=secret_type, data=encoded)

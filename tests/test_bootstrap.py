@@ -240,6 +240,40 @@ def test_missing_webhook_config(api, client):
     assert result.webhook_config == "missing" and api.get(TLS_PATH) is not None
 
 
+def owners(api, path) -> list[dict]:
+    return api.get(path)["metadata"].get("ownerReferences") or []
+
+
+def test_secrets_belong_to_the_webhook_configuration_so_uninstall_removes_them(
+        api, client, chart_webhook_config):
+    """Helm never knew the Secrets the bootstrap made: owned by the chart's webhook
+    configuration, the garbage collector deletes them with it (`helm uninstall`). The
+    pre-install run comes before that configuration exists; the post-install run adopts them."""
+    api.delete(MWC_PATH)
+    pre_install = BootstrapSpec(namespace=NS, service=SERVICE, secret=SECRET, webhook_config=MWC,
+                                allow_missing_webhook_config=True)
+    run_bootstrap(pre_install, client)
+    assert owners(api, TLS_PATH) == owners(api, CA_PATH) == []
+    data_before = {p: api.get(p)["data"] for p in (TLS_PATH, CA_PATH)}
+
+    api.put(MWC_PATH, chart_webhook_config)                 # helm creates it; post-install run
+    uid = api.get(MWC_PATH)["metadata"]["uid"]
+    result = run_bootstrap(SPEC, client)
+    expected = [{"apiVersion": "admissionregistration.k8s.io/v1",
+                 "kind": "MutatingWebhookConfiguration", "name": MWC, "uid": uid}]
+    assert owners(api, TLS_PATH) == owners(api, CA_PATH) == expected
+    # Adopting is not renewing: same certificate, same CA.
+    assert (result.ca, result.certificate) == ("unchanged", "unchanged")
+    assert {p: api.get(p)["data"] for p in (TLS_PATH, CA_PATH)} == data_before
+
+    api.requests.clear()                                     # owned: nothing more to write
+    run_bootstrap(SPEC, client)
+    assert writes(api) == []
+    # A renewal keeps the ownerReference (and any other owner the Secret had).
+    run_bootstrap(SPEC, client, now=later(340))
+    assert owners(api, TLS_PATH) == expected
+
+
 def test_api_errors_are_clear(api, client, tmp_path):
     api.faults[SECRETS] = 403
     with pytest.raises(BootstrapError, match="answered 403: injected fault"):

@@ -5,6 +5,7 @@ here (and the alert expressions by the real promtool); the archway config it ren
 archway.config; the KubeSchedulerConfiguration compared with `archway scheduler-config`."""
 import base64
 import functools
+import json
 import os
 import re
 import subprocess
@@ -12,9 +13,14 @@ import subprocess
 import kubernetes_validate
 import pytest
 import yaml
+from archway.webhook.admission import SKIP_ANNOTATION, parse_review, skip_reason
+from archway.webhook.placement import ARCH_KEYS, pod_arch_constraint
 
-from tests.infra.procs import REPO, require_binary
 from archway.config import config_from_dict
+from archway.podview import PodView
+from archway.serve import GRACEFUL_TIMEOUT_SECONDS
+from tests.infra.procs import REPO, require_binary
+from tests.test_operating import declared
 
 CHART = os.path.join(REPO, "charts", "archway")
 RELEASE, NS = "arch", "archway-system"
@@ -30,20 +36,27 @@ CASES = {
                                 "--set", "tls.certManager.issuerRef.kind=ClusterIssuer"],
     "user-secret": ["--set", "tls.mode=secret", "--set", "tls.secretName=my-webhook-tls",
                     "--set", f"tls.secret.caBundle={CA_B64}"],
-    "scheduler-off": ["--set", "scheduler.enabled=false"],
+    "scheduler-on": ["--set", "scheduler.enabled=true"],
     "scheduler-name-on": ["--set", "scheduler.setSchedulerName=true",
                           "--set", "scheduler.name=arch-aware", "--set", "scheduler.extender.port=9444",
                           "--set", "scheduler.extender.nodeCacheCapable=false",
                           "--set", "scheduler.extender.weight=3"],
-    "monitoring": ["--set", "metrics.serviceMonitor.enabled=true",
+    "monitoring": ["--set", "metrics.serviceMonitor.enabled=true", "--set", "scheduler.enabled=true",
                    "--set", "metrics.prometheusRule.enabled=true",
                    "--set", "scheduler.extender.exposeMetrics=true"],
-    "registry-access-eks": ["-f", os.path.join(FIXTURES, "registry-access-eks.yaml")],
-    "registry-access-gke": ["-f", os.path.join(FIXTURES, "registry-access-gke.yaml")],
+    "registry-access-eks": ["-f", os.path.join(FIXTURES, "registry-access-eks.yaml"),
+                            "--set", "scheduler.enabled=true"],
+    "registry-access-gke": ["-f", os.path.join(FIXTURES, "registry-access-gke.yaml"),
+                            "--set", "scheduler.enabled=true"],
     "no-renewal-custom-config": ["--set", "tls.bootstrap.renewal.enabled=false",
                                  "--set", "config.prometheus.url=http://prometheus.monitoring:9090",
                                  "--set", "config.registry.insecure_hosts={registry.lab:5000}",
-                                 "--set", "webhook.excludeNamespaces={kube-system,monitoring}"],
+                                 "--set", "webhook.excludeNamespaces={kube-system,monitoring}",
+                                 "--set", "scheduler.enabled=true"],
+    "production": ["-f", os.path.join(FIXTURES, "production.yaml")],
+    "empty-values": ["-f", os.path.join(FIXTURES, "empty-values.yaml")],
+    "rbac-off": ["--set", "rbac.create=false", "--set", "scheduler.enabled=true"],
+    "skip-arch-pinned": ["--set", "webhook.skipArchPinnedPods=true"],
 }
 
 
@@ -156,7 +169,8 @@ def test_every_manifest_validates(render, case, kube_version):
             custom += 1
         except kubernetes_validate.ValidationError as e:
             pytest.fail(f"{doc['kind']} {doc['metadata']['name']}: {e.message}")
-    expected_custom = {"cert-manager": 4, "cert-manager-own-issuer": 1, "monitoring": 3}
+    expected_custom = {"cert-manager": 4, "cert-manager-own-issuer": 1, "monitoring": 3,
+                       "production": 3, "empty-values": 2}
     assert custom == expected_custom.get(case, 0)
 
 
@@ -176,7 +190,8 @@ def test_alert_expressions_pass_promtool(render, tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     alerts = {r["alert"]: r["expr"] for r in rule["spec"]["groups"][0]["rules"]}
-    assert set(alerts) == {"ArchwayWebhookDown", "ArchwayHighFailOpenRate", "ArchwayPrometheusDataStale"}
+    assert set(alerts) == {"ArchwayWebhookDown", "ArchwayHighFailOpenRate", "ArchwayPrometheusDataStale",
+                           "ArchwayCertificateExpiresSoon"}
     # The metric names are the ones archway exports (webhook/metrics.py, webhook/traffic.py).
     assert 'archway_admissions_total' in alerts["ArchwayHighFailOpenRate"]
     assert 'outcome="fail_open"' in alerts["ArchwayHighFailOpenRate"]
@@ -196,7 +211,6 @@ def test_alert_expressions_pass_promtool(render, tmp_path):
     (["--set-string", "config.admission.deadline_seconds=3"], "deadline_seconds"),
     (["--set", "config.server.bind=0.0.0.0:1"], "server"),
     (["--set", "config.prometheus.match=fuzzy"], "match"),
-    (["--set", "tls.mode=secret"], "secretName"),
     (["--set", "scheduler.extender.httpTimeout=2 seconds"], "httpTimeout"),
     (["--set", "replicas=3"], "replicas"),
     (["--set", "credentialProviders.providers[0].name=ecr", "--set",
@@ -212,7 +226,15 @@ def test_schema_rejects_wrong_values(helm_env, values, complaint):
 
 @pytest.mark.parametrize("values, complaint", [
     (["--set", "webhook.timeoutSeconds=3"], "must be above config.admission.deadline_seconds"),
-    (["--set", "scheduler.extender.httpTimeout=2s"], "must be above config.extender.deadline_seconds"),
+    (["--set", "scheduler.extender.httpTimeout=2s", "--set", "scheduler.enabled=true"],
+     "must be above config.extender.deadline_seconds"),
+    # Which value is missing, named (helm lint only reports a template's fail as INFO).
+    (["--set", "tls.mode=secret"], "tls.mode=secret needs tls.secretName (the kubernetes.io/tls "
+                                   "Secret you created) and tls.secret.caBundle"),
+    (["--set", "tls.mode=secret", "--set", "tls.secretName=mine"],
+     "tls.mode=secret needs tls.secret.caBundle (base64 of the PEM CA that signed it)"),
+    (["--set", "tls.mode=secret", "--set", f"tls.secret.caBundle={CA_B64}"],
+     "tls.mode=secret needs tls.secretName (the kubernetes.io/tls Secret you created)\n"),
     (["--set", "tls.bootstrap.renewBeforeDays=400"], "renewBeforeDays must be shorter"),
     (["--set", "tls.bootstrap.caDays=380"], "caDays must cover"),
     (["--set", "credentialProviders.enabled=true", "--set", "credentialProviders.hostPath=/x"],
@@ -284,7 +306,7 @@ def test_webhook_deployment_hardening(render):
     assert {i["path"] for i in secret["items"]} == {os.path.basename(config.server.cert_file),
                                                    os.path.basename(config.server.key_file)}
     pdb = one(docs, "PodDisruptionBudget")
-    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= \
         deployment["spec"]["template"]["metadata"]["labels"].items()
     # Config changes roll the pods.
@@ -400,7 +422,7 @@ def key_order(value):
 
 
 @pytest.mark.parametrize("case, kwargs", [
-    ("default", dict(http_timeout="3s", lease_namespace=NS)),
+    ("scheduler-on", dict(http_timeout="3s", lease_namespace=NS)),
     ("scheduler-name-on", dict(scheduler_name="arch-aware", lease_name="arch-aware",
                                extender_url="http://127.0.0.1:9444/scheduler", weight=3,
                                node_cache_capable=False, http_timeout="3s", lease_namespace=NS)),
@@ -451,7 +473,7 @@ def test_scheduler_config_matches_archway_scheduler_config(render, case, kwargs)
 
 
 def test_second_scheduler_rbac(render):
-    docs = render("default")
+    docs = render("scheduler-on")
     sa = f"{RELEASE}-archway-scheduler"
     subject = {"kind": "ServiceAccount", "name": sa, "namespace": NS}
     bound = {b["roleRef"]["name"] for b in find(docs, "ClusterRoleBinding") if subject in b["subjects"]}
@@ -464,7 +486,7 @@ def test_second_scheduler_rbac(render):
     scheduler = one(docs, "Deployment", sa)
     assert scheduler["spec"]["template"]["spec"]["serviceAccountName"] == sa
 
-    off = render("scheduler-off")
+    off = render("default")          # not used by the webhook, not asked for: not installed
     assert not [d for d in off if "scheduler" in d["metadata"]["name"]]
     assert set(archway_configs(off)) == {"webhook.yaml"}
 
@@ -546,3 +568,451 @@ def test_no_host_mounts_and_no_annotations_by_default(render):
     assert all("annotations" not in sa["metadata"] or "helm.sh/hook" in sa["metadata"]["annotations"]
                for sa in find(docs, "ServiceAccount"))
     assert "credential-providers.yaml" not in archway_configs(docs)
+
+
+# --- hardening: where archway's own pods run, how they stop, what they cost -------------------
+
+ARCHWAY_IMAGE = "ghcr.io/archway/archway:"
+
+
+def archway_pod_specs(docs) -> dict[str, dict]:
+    """Every pod spec that runs the archway image: Deployments, hook Jobs, the renewal CronJob."""
+    specs = {}
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "Job"):
+            spec = doc["spec"]["template"]["spec"]
+        elif doc["kind"] == "CronJob":
+            spec = doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        else:
+            continue
+        if any(c["image"].startswith(ARCHWAY_IMAGE) for c in spec["containers"]):
+            specs[f"{doc['kind']} {doc['metadata']['name']}"] = spec
+    return specs
+
+
+@pytest.mark.parametrize("case, archs", [("default", {"amd64", "arm64"}), ("production", {"arm64"}),
+                                         ("empty-values", {"amd64", "arm64"})])
+def test_archway_pods_run_only_where_the_image_can(render, case, archs):
+    """Read by archway's own placement logic: every pod running the archway image is limited to
+    linux nodes of the image's architectures, whatever node affinity the values add."""
+    docs = render(case)
+    specs = archway_pod_specs(docs)
+    expected = {"Deployment arch-archway", "Job arch-archway-certgen-create",
+                "Job arch-archway-certgen-patch", "CronJob arch-archway-certgen-renew"}
+    if case != "default":
+        expected.add("Deployment arch-archway-scheduler")
+    assert set(specs) == expected
+    for name, spec in specs.items():
+        pod = PodView.of({"metadata": {"name": "x"}, "spec": spec}, namespace=NS)
+        assert pod.node_selector["kubernetes.io/os"] == "linux", name
+        constraint = pod_arch_constraint(pod)
+        assert constraint is not None and not constraint.complement, name
+        assert constraint.values == frozenset(archs), name
+    if case == "production":
+        webhook = specs["Deployment arch-archway"]
+        # The user's terms are kept (ORed zones, the matchFields) and each one gains the arch.
+        terms = webhook["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"]
+        assert [t["matchExpressions"][0]["values"] for t in terms] == [["zone-a"], ["zone-b"]]
+        assert terms[1]["matchFields"] == [{"key": "metadata.name", "operator": "NotIn",
+                                            "values": ["old-node"]}]
+        assert "podAntiAffinity" in webhook["affinity"]
+        assert webhook["nodeSelector"]["node-role.kubernetes.io/infra"] == ""
+        for job in ("Job arch-archway-certgen-create", "CronJob arch-archway-certgen-renew"):
+            assert specs[job]["priorityClassName"] == "system-cluster-critical"
+            assert specs[job]["tolerations"] == [{"key": "infra", "operator": "Exists",
+                                                  "effect": "NoSchedule"}]
+            assert specs[job]["nodeSelector"]["node-role.kubernetes.io/infra"] == ""
+
+
+@pytest.mark.parametrize("case", ["default", "production"])
+def test_archway_never_admits_its_own_pods(render, case):
+    docs = render(case)
+    [webhook] = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    excluded = webhook["namespaceSelector"]["matchExpressions"][0]
+    assert excluded["operator"] == "NotIn" and NS in excluded["values"]
+    # Belt and braces: its pods carry the label the objectSelector leaves out.
+    [skip] = webhook["objectSelector"]["matchExpressions"]
+    for name in ("arch-archway", "arch-archway-scheduler"):
+        if case == "default" and name.endswith("scheduler"):
+            continue
+        labels = one(docs, "Deployment", name)["spec"]["template"]["metadata"]["labels"]
+        assert skip["operator"] == "NotIn" and labels[skip["key"]] in skip["values"]
+
+
+def test_architectures_must_be_listed(helm_env):
+    result = helm(helm_env, "template", RELEASE, CHART, "--set", "image.architectures=null",
+                  check=False)
+    assert result.returncode != 0 and "architectures" in result.stderr
+
+
+# Pods as the apiserver hands them to the webhook (tests/fixtures/admission), and variants.
+def _fixture_pod(name):
+    with open(os.path.join(REPO, "tests", "fixtures", "admission", name)) as f:
+        return json.load(f)["request"]["object"]
+
+
+def _pod(annotations=None, node_name=None, node_selector=None):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team"},
+           "spec": {"containers": [{"name": "c", "image": "reg.example/app:1"}]}}
+    if annotations is not None:
+        pod["metadata"]["annotations"] = annotations
+    if node_name is not None:
+        pod["spec"]["nodeName"] = node_name
+    if node_selector is not None:
+        pod["spec"]["nodeSelector"] = node_selector
+    return pod
+
+
+CEL_PODS = {
+    "plain": _pod(),
+    "fixture-multiarch": _fixture_pod("v1-pod-multiarch.json"),
+    "fixture-opted-out": _fixture_pod("v1-pod-opted-out.json"),
+    "fixture-bound-to-node": _fixture_pod("v1-pod-bound-to-node.json"),
+    "fixture-existing-nodeselector": _fixture_pod("v1-pod-existing-nodeselector.json"),
+    "skip-true": _pod(annotations={"archway.dev/skip": "true"}),
+    "skip-false": _pod(annotations={"archway.dev/skip": "false"}),
+    "skip-True": _pod(annotations={"archway.dev/skip": "True"}),
+    "other-annotations": _pod(annotations={"team": "a"}),
+    "empty-annotations": _pod(annotations={}),
+    "node-name": _pod(node_name="worker-1"),
+    "empty-node-name": _pod(node_name=""),
+    "arch-pinned": _pod(node_selector={"kubernetes.io/arch": "arm64"}),
+    "beta-arch-pinned": _pod(node_selector={"beta.kubernetes.io/arch": "amd64"}),
+    "os-pinned": _pod(node_selector={"kubernetes.io/os": "linux"}),
+    "empty-selector": _pod(node_selector={}),
+}
+
+
+def _archway_skips(pod: dict, *, arch_pinned_too: bool) -> bool:
+    """What archway itself does with the pod: skip_reason (webhook/admission.py) and, for the
+    optional condition, the nodeSelector part of placement's pod_arch_constraint."""
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "u", "operation": "CREATE", "namespace": "team",
+                          "resource": {"group": "", "version": "v1", "resource": "pods"},
+                          "object": pod}}
+    request = parse_review(json.dumps(review).encode(), 1 << 20)
+    if skip_reason(request, ()) is not None:
+        return True
+    view = PodView.of(pod, namespace="team")
+    return arch_pinned_too and any(key in view.node_selector for key in ARCH_KEYS)
+
+
+@pytest.mark.parametrize("case, arch_pinned_too", [("default", False), ("skip-arch-pinned", True)])
+def test_match_conditions_send_exactly_the_pods_archway_would_decide(render, case, arch_pinned_too):
+    """The rendered CEL, evaluated by a CEL implementation (cel-python) on real and edge-case
+    pods, calls the webhook exactly when archway would not skip the pod anyway."""
+    celpy = pytest.importorskip("celpy", reason="pip install cel-python (in the test extras)")
+    [webhook] = one(render(case), "MutatingWebhookConfiguration")["webhooks"]
+    conditions = webhook["matchConditions"]
+    assert len({c["name"] for c in conditions}) == len(conditions) <= 64
+    env = celpy.Environment()
+    programs = [env.program(env.compile(c["expression"])) for c in conditions]
+    assert len(programs) == (3 if arch_pinned_too else 2)
+    for name, pod in CEL_PODS.items():
+        activation = {"object": celpy.json_to_cel(pod)}
+        results = [program.evaluate(activation) for program in programs]
+        assert all(isinstance(r, celpy.celtypes.BoolType) for r in results), (name, results)
+        called = all(results)
+        assert called == (not _archway_skips(pod, arch_pinned_too=arch_pinned_too)), name
+    # The annotation the expressions name is the one archway reads.
+    assert f"'{SKIP_ANNOTATION}'" in conditions[0]["expression"]
+
+
+@pytest.mark.parametrize("values, complaint", [
+    (["--set", "webhook.skipArchPinnedPods=true", "--set", "scheduler.setSchedulerName=true"],
+     "cannot be used with scheduler.setSchedulerName"),
+    (["--set", "webhook.skipArchPinnedPods=true", "--set", "config.admission.deny_on_conflict=true"],
+     "cannot be used with config.admission.deny_on_conflict"),
+    (["--set", "webhook.replicas=1", "--set", "webhook.podDisruptionBudget.minAvailable=1"],
+     "minAvailable (1) must be below webhook.replicas (1)"),
+    (["--set", "webhook.podDisruptionBudget.minAvailable=100%"], "must be below webhook.replicas"),
+    (["--set", "webhook.terminationGracePeriodSeconds=12"],
+     "terminationGracePeriodSeconds (12) must exceed webhook.preStopSleepSeconds (5) + 10 s"),
+    (["--set", "scheduler.enabled=true", "--set", "scheduler.image.tag=v1.34.0"],
+     "scheduler.image.tag v1.34.0 is newer than the cluster (v1.33.0)"),
+])
+def test_template_refuses_values_that_break_operations(helm_env, values, complaint):
+    result = helm(helm_env, "template", RELEASE, CHART, "--kube-version", "1.33.0", *values,
+                  check=False)
+    assert result.returncode != 0 and complaint in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_disruption_budget_never_blocks_a_drain(helm_env, replicas):
+    out = helm(helm_env, "template", RELEASE, CHART, "--set", f"webhook.replicas={replicas}",
+               "--show-only", "templates/pdb.yaml").stdout
+    pdb = yaml.safe_load(out)
+    kubernetes_validate.validate(pdb, "1.30.0", strict=True)
+    # With every replica ready one eviction is always allowed; a pod that is not ready can go.
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    # minAvailable below the replica count is kept as given.
+    if replicas > 1:
+        out = helm(helm_env, "template", RELEASE, CHART, "--set", f"webhook.replicas={replicas}",
+                   "--set", f"webhook.podDisruptionBudget.minAvailable={replicas - 1}",
+                   "--show-only", "templates/pdb.yaml").stdout
+        assert yaml.safe_load(out)["spec"]["minAvailable"] == replicas - 1
+
+
+@pytest.mark.parametrize("case", ["default", "production"])
+def test_a_rollout_drops_no_admission(render, case):
+    """Stopping pod: preStop keeps it serving while its endpoint is withdrawn, then gunicorn
+    finishes what is in flight within its graceful timeout, all inside the grace period."""
+    deployment = one(render(case), "Deployment", f"{RELEASE}-archway")
+    pod = deployment["spec"]["template"]["spec"]
+    sleep = container(deployment, "webhook")["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert sleep >= 5
+    assert pod["terminationGracePeriodSeconds"] > sleep + GRACEFUL_TIMEOUT_SECONDS
+    rolling = deployment["spec"]["strategy"]["rollingUpdate"]
+    if pod.get("hostNetwork"):
+        # A surge pod would find its host port taken on every node already running one: one
+        # pod at a time, while the others (replicas > 1) serve.
+        assert (rolling["maxUnavailable"], rolling["maxSurge"]) == (1, 0)
+        assert deployment["spec"]["replicas"] > 1
+    else:
+        assert (rolling["maxUnavailable"], rolling["maxSurge"]) == (0, 1)
+
+
+@pytest.mark.parametrize("kube_version, tag", [("1.30.0", "v1.30.0"), ("1.33.0", "v1.33.0"),
+                                               ("v1.31.4-eks-a737599", "v1.31.4")])
+def test_second_scheduler_follows_the_cluster_version(helm_env, kube_version, tag):
+    out = helm(helm_env, "template", RELEASE, CHART, "--kube-version", kube_version,
+               "--set", "scheduler.setSchedulerName=true",
+               "--show-only", "templates/scheduler/deployment.yaml").stdout
+    scheduler = yaml.safe_load(out)
+    assert container(scheduler, "kube-scheduler")["image"] == f"registry.k8s.io/kube-scheduler:{tag}"
+    # An older pinned tag is within the skew policy and kept.
+    out = helm(helm_env, "template", RELEASE, CHART, "--kube-version", kube_version,
+               "--set", "scheduler.enabled=true", "--set", "scheduler.image.tag=v1.29.9",
+               "--show-only", "templates/scheduler/deployment.yaml").stdout
+    assert container(yaml.safe_load(out), "kube-scheduler")["image"].endswith(":v1.29.9")
+
+
+@pytest.mark.parametrize("case, installed", [("default", False), ("scheduler-on", True),
+                                             ("scheduler-name-on", True), ("production", True)])
+def test_second_scheduler_is_installed_when_used(render, case, installed):
+    docs = render(case)
+    names = {d["metadata"]["name"] for d in docs if d["kind"] in ("Deployment", "ConfigMap")}
+    assert (f"{RELEASE}-archway-scheduler" in names) == installed
+    assert ("extender.yaml" in archway_configs(docs)) == installed
+
+
+def test_empty_values_render_like_empty_defaults(render):
+    docs = render("empty-values")
+    config = config_from_dict(archway_configs(docs)["webhook.yaml"])
+    # null is "none": only the release namespace, in the webhook configuration and in archway's.
+    assert config.admission.exclude_namespaces == (NS,)
+    [webhook] = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    assert webhook["namespaceSelector"]["matchExpressions"][0]["values"] == [NS]
+    policy = one(docs, "NetworkPolicy", f"{RELEASE}-archway")
+    assert "from" not in policy["spec"]["ingress"][0] and policy["spec"]["policyTypes"] == ["Ingress"]
+
+
+def test_cluster_domain_is_a_value(render, helm_env):
+    docs = render("production")
+    for spec in archway_pod_specs(docs).values():
+        args = spec["containers"][0].get("args", [])
+        if "bootstrap" in args:
+            assert "--cluster-domain=corp.internal" in args
+    out = helm(helm_env, "template", RELEASE, CHART, "-n", NS, "--set", "tls.mode=cert-manager",
+               "--set", "clusterDomain=corp.internal",
+               "--show-only", "templates/certmanager.yaml").stdout
+    serving = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "Certificate"
+                   and not d["spec"].get("isCA"))
+    assert f"{RELEASE}-archway.{NS}.svc.corp.internal" in serving["spec"]["dnsNames"]
+    assert not any("cluster.local" in n for n in serving["spec"]["dnsNames"])
+    # The bootstrap default stays the kubelet's default.
+    jobs = archway_pod_specs(render("default"))
+    assert "--cluster-domain=cluster.local" in jobs["Job arch-archway-certgen-create"]["containers"][0]["args"]
+
+
+def test_rbac_create_false_leaves_the_service_accounts_only(render):
+    docs = render("rbac-off")
+    assert not [d for d in docs if d["kind"] in ("Role", "ClusterRole", "RoleBinding",
+                                                   "ClusterRoleBinding")]
+    accounts = {d["metadata"]["name"] for d in find(docs, "ServiceAccount")}
+    for spec in pods(docs).values():
+        assert spec["serviceAccountName"] in accounts
+    assert find(render("default"), "ClusterRole")   # control: created by default
+
+
+def test_network_policy(render):
+    assert not [d for d in render("default") if d["kind"] == "NetworkPolicy"]
+    docs = render("production")
+    webhook = one(docs, "NetworkPolicy", f"{RELEASE}-archway")
+    deployment = one(docs, "Deployment", f"{RELEASE}-archway")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert webhook["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    [rule] = webhook["spec"]["ingress"]
+    port_names = {p["name"] for p in container(deployment, "webhook")["ports"]}
+    assert {p["port"] for p in rule["ports"]} <= port_names
+    # Webhook calls from anywhere (the apiserver is not a pod); egress as given.
+    assert "from" not in rule
+    assert webhook["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert {p["port"] for r in webhook["spec"]["egress"] for p in r["ports"]} == {53, 443, 6443}
+    scheduler = one(docs, "NetworkPolicy", f"{RELEASE}-archway-scheduler")
+    [rule] = scheduler["spec"]["ingress"]
+    sched = one(docs, "Deployment", f"{RELEASE}-archway-scheduler")
+    declared = {p["name"] for c in sched["spec"]["template"]["spec"]["containers"]
+                for p in c.get("ports", [])}
+    assert {p["port"] for p in rule["ports"]} == declared == {"https-metrics", "http-extender"}
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}]
+
+
+def test_host_network(render):
+    docs = render("production")
+    pod = one(docs, "Deployment", f"{RELEASE}-archway")["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    config = config_from_dict(archway_configs(docs)["webhook.yaml"])
+    assert config.server.bind == "0.0.0.0:9443"
+    assert "hostNetwork" not in one(render("default"), "Deployment", f"{RELEASE}-archway")["spec"][
+        "template"]["spec"]
+
+
+def test_json_logs_reach_both_servers(render):
+    configs = {k: config_from_dict(v) for k, v in archway_configs(render("production")).items()
+               if k.endswith(".yaml") and k != "credential-providers.yaml"}
+    assert {c.server.log_format for c in configs.values()} == {"json"}
+    assert config_from_dict(archway_configs(render("default"))["webhook.yaml"]).server.log_format == "text"
+
+
+# --- operating it: alerts, runbooks, dashboard ----------------------------------------------------
+
+RUNBOOKS = os.path.join(REPO, "docs", "runbooks")
+GATE_METRICS = {"archway_gated_pods", "archway_gate_wait_seconds", "archway_gate_releases_total"}
+
+
+def declared_metrics() -> set[str]:
+    return set(declared())
+
+
+def metric_names(expr: str) -> set[str]:
+    names = set(re.findall(r"\barchway_[a-z_]+", expr))
+    return {re.sub(r"_(bucket|sum|count)$", "", n) for n in names}
+
+
+def test_every_alert_has_a_runbook(render):
+    rule = one(render("production"), "PrometheusRule")
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert {a["alert"] for a in alerts} >= {"ArchwayWebhookDown", "ArchwayHighFailOpenRate",
+                                            "ArchwayCertificateExpiresSoon",
+                                            "ArchwayPrometheusDataStale"}
+    for alert in alerts:
+        url = alert["annotations"]["runbook_url"]
+        assert url == ("https://github.com/archway/archway/blob/main/docs/runbooks/"
+                       f"{alert['alert']}.md")
+        with open(os.path.join(RUNBOOKS, f"{alert['alert']}.md")) as f:
+            text = f.read()
+        for section in ("## What it means", "## How to check", "## How to fix"):
+            assert section in text, (alert["alert"], section)
+        assert metric_names(alert["expr"]) <= declared_metrics()
+
+
+def test_certificate_expiry_alert(render):
+    rule = one(render("production"), "PrometheusRule")
+    [alert] = [r for g in rule["spec"]["groups"] for r in g["rules"]
+               if r.get("alert") == "ArchwayCertificateExpiresSoon"]
+    assert "archway_tls_certificate_expiry_timestamp_seconds" in alert["expr"]
+    assert "< 1209600" in alert["expr"]        # 14 days, the default
+
+
+def test_grafana_dashboard(render, tmp_path):
+    assert not [d for d in render("default") if d["metadata"]["name"].endswith("-dashboard")]
+    cm = one(render("production"), "ConfigMap", f"{RELEASE}-archway-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "archway"}
+    dashboard = json.loads(cm["data"]["archway.json"])
+    panels = {p["title"]: p for p in dashboard["panels"] if p["type"] != "row"}
+    exprs = {t["expr"] for p in panels.values() for t in p["targets"]}
+    used = set().union(*map(metric_names, exprs))
+    assert used <= declared_metrics() | GATE_METRICS
+    # What an operator asked to see, each from its metric.
+    for needle in ("archway_admissions_total", "archway_admission_duration_seconds_bucket",
+                   "archway_cache_lookups_total", "archway_registry_requests_total",
+                   "archway_gated_pods", "archway_extender_requests_total",
+                   "archway_tls_certificate_expiry_timestamp_seconds", "archway_build_info"):
+        assert any(needle in e for e in exprs), needle
+    # Latency is drawn against this release's deadline and webhook timeout.
+    latency = panels["Admission latency against the webhook timeout"]
+    assert {t["legendFormat"]: t["expr"] for t in latency["targets"]}["webhook timeout"] == "vector(5)"
+    assert {t["legendFormat"]: t["expr"] for t in latency["targets"]}["archway deadline"] == "vector(3)"
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+    # Every query is valid PromQL: the real promtool checks them as recording rules.
+    rules = [{"record": f"archway:dashboard:{i}",
+              "expr": e.replace("$__rate_interval", "5m").replace("$namespace", "x")}
+             for i, e in enumerate(sorted(exprs))]
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    out = subprocess.run([require_binary("promtool"), "check", "rules", str(path)],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@functools.cache
+def _schema() -> dict:
+    with open(os.path.join(CHART, "values.schema.json")) as f:
+        return json.load(f)
+
+
+def _schema_at(path: str) -> dict:
+    node = _schema()
+    for key in path.split("."):
+        node = node.get("properties", {}).get(key, {})
+    return node
+
+
+def _schema_requires(path: str) -> bool:
+    parent, _, leaf = path.rpartition(".")
+    return leaf in (_schema_at(parent) if parent else _schema()).get("required", ())
+
+
+def _value_paths(values: dict, prefix: str = "") -> list[str]:
+    paths = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        paths.append(path)
+        if isinstance(value, dict) and "properties" in _schema_at(path):   # not free-form maps
+            paths.extend(_value_paths(value, path + "."))
+    return paths
+
+
+
+
+def test_every_value_set_to_null_renders_or_names_itself(helm_env, tmp_path):
+    """An emptied key (`key:` or --set key=null deletes Helm's default) never crashes a template
+    on a nil: either the schema requires the key and names it, or the chart renders valid
+    manifests as if it were empty. All optional keys are emptied at once, with every feature
+    that reads them on; the required ones are named by the schema (checked on a few)."""
+    with open(os.path.join(CHART, "values.yaml")) as f:
+        paths = _value_paths(yaml.safe_load(f))
+    required = [p for p in paths if _schema_requires(p)]
+    nullable = [p for p in paths if p not in required]
+    assert len(required) > 60 and len(nullable) > 50
+    values: dict = {"scheduler": {"enabled": True}, "networkPolicy": {"enabled": True},
+                    "metrics": {t: {"enabled": True} for t in
+                                ("serviceMonitor", "prometheusRule", "grafanaDashboard")}}
+    for path in nullable:
+        *parents, leaf = path.split(".")
+        node = values
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = None
+    file = tmp_path / "null.yaml"
+    file.write_text(yaml.safe_dump(values))
+    result = helm(helm_env, "template", RELEASE, CHART, "-n", NS, "-f", str(file), check=False)
+    assert result.returncode == 0, result.stderr[-800:]
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    for doc in docs:
+        try:
+            kubernetes_validate.validate(doc, "1.30.0", strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            check_custom_resource(doc)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{doc['kind']} {doc['metadata']['name']}: {e.message}")
+    assert {"Deployment", "NetworkPolicy", "PrometheusRule", "CronJob"} <= {d["kind"] for d in docs}
+    for path in ("webhook.service", "tls.bootstrap.renewal", "config", "webhook.podDisruptionBudget"):
+        result = helm(helm_env, "template", RELEASE, CHART, "--set", f"{path}=null", check=False)
+        leaf = path.rpartition(".")[2]
+        assert result.returncode != 0 and f"missing property '{leaf}'" in result.stderr, path

@@ -144,12 +144,16 @@ class AdmissionService:
         if not log.isEnabledFor(level):
             return
         images = request.pod.images if request.pod is not None else ()
+        archs = ",".join(sorted(decision.architectures)) if decision.architectures else "-"
+        # A denial's reason is its message: the words the pod's creator saw.
+        reason = decision.message if not decision.allowed and decision.message else decision.reason
         log.log(level, "admission %s uid=%s images=%d archs=%s outcome=%s (%s) warnings=%d "
                        "%.1f ms%s",
-                request.display_name, request.uid, len(images),
-                ",".join(sorted(decision.architectures)) if decision.architectures else "-",
-                outcome, decision.reason, len(warnings), elapsed * 1000,
-                " dry-run" if request.dry_run else "")
+                request.display_name, request.uid, len(images), archs, outcome, reason,
+                len(warnings), elapsed * 1000, " dry-run" if request.dry_run else "",
+                extra={"pod": request.display_name, "uid": request.uid, "outcome": outcome,
+                       "reason": reason, "architectures": archs,
+                       "duration_ms": round(elapsed * 1000, 1), "dry_run": request.dry_run})
 
 
 def _audit(decision: Decision, outcome: str) -> dict:

@@ -57,17 +57,84 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
 {{- end -}}
 
+{{/* kube-scheduler follows the version skew policy: never newer than the apiserver. By default
+     it is the cluster's own version (a "-eks-..." or "+k3s1" suffix dropped: those are not
+     registry.k8s.io tags). */}}
 {{- define "archway.schedulerImage" -}}
+{{- $cluster := regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
 {{- $tag := .Values.scheduler.image.tag -}}
 {{- if not $tag -}}
-{{- $tag = regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
+{{- $tag = $cluster -}}
+{{- else if gt (semver $tag).Minor (semver $cluster).Minor -}}
+{{- fail (printf "scheduler.image.tag %s is newer than the cluster (%s): a kube-scheduler must not be newer than the apiserver; leave the tag empty to follow the cluster" $tag $cluster) -}}
 {{- end -}}
 {{ .Values.scheduler.image.repository }}:{{ $tag }}
 {{- end -}}
 
+{{/* "true" when the second scheduler is installed: when it is used (setSchedulerName) or asked for. */}}
+{{- define "archway.schedulerInstalled" -}}
+{{- if or .Values.scheduler.enabled .Values.scheduler.setSchedulerName }}true{{ end -}}
+{{- end -}}
+
+{{/* nodeSelector and affinity of a pod running the archway image: kubernetes.io/os linux, and
+     kubernetes.io/arch In image.architectures ADDED TO EVERY required node affinity term (terms
+     are ORed: a term of its own would widen, not narrow). Call with (list $ componentValues). */}}
+{{- define "archway.podPlacement" -}}
+{{- $root := index . 0 -}}
+{{- $v := index . 1 -}}
+{{- $archs := $root.Values.image.architectures -}}
+{{- if not $archs -}}
+{{- fail "image.architectures must list the CPU architectures the archway image has (e.g. [amd64, arm64])" -}}
+{{- end -}}
+{{- $selector := merge (deepCopy (default dict $v.nodeSelector)) (dict "kubernetes.io/os" "linux") -}}
+{{- $affinity := deepCopy (default dict $v.affinity) -}}
+{{- $nodeAffinity := default dict $affinity.nodeAffinity -}}
+{{- $required := default dict (get $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution") -}}
+{{- $terms := default (list dict) $required.nodeSelectorTerms -}}
+{{- $arch := dict "key" "kubernetes.io/arch" "operator" "In" "values" $archs -}}
+{{- $pinned := list -}}
+{{- range $terms -}}
+{{- $pinned = append $pinned (merge (dict "matchExpressions" (append (default list .matchExpressions) $arch)) .) -}}
+{{- end -}}
+{{- $_ := set $required "nodeSelectorTerms" $pinned -}}
+{{- $_ := set $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
+{{- $_ := set $affinity "nodeAffinity" $nodeAffinity -}}
+nodeSelector:
+  {{- toYaml $selector | nindent 2 }}
+affinity:
+  {{- toYaml $affinity | nindent 2 }}
+{{- end -}}
+
+{{/* Values that only make sense together, checked once (included by the webhook Deployment). */}}
+{{- define "archway.checkValues" -}}
+{{- if eq .Values.tls.mode "secret" -}}
+{{- $missing := list -}}
+{{- if not .Values.tls.secretName }}{{ $missing = append $missing "tls.secretName (the kubernetes.io/tls Secret you created)" }}{{ end -}}
+{{- if not (.Values.tls.secret).caBundle }}{{ $missing = append $missing "tls.secret.caBundle (base64 of the PEM CA that signed it)" }}{{ end -}}
+{{- if $missing }}{{ fail (printf "tls.mode=secret needs %s" (join " and " $missing)) }}{{ end -}}
+{{- end -}}
+{{- $w := .Values.webhook -}}
+{{- $pdb := $w.podDisruptionBudget -}}
+{{- $min := $pdb.minAvailable -}}
+{{- if and $pdb.enabled (not (kindIs "invalid" $min)) (or (eq (toString $min) "100%") (and (not (kindIs "string" $min)) (ge (int $min) (int $w.replicas)))) -}}
+{{- fail (printf "webhook.podDisruptionBudget.minAvailable (%v) must be below webhook.replicas (%v), or no webhook pod could ever be evicted and every node drain would block" $pdb.minAvailable $w.replicas) -}}
+{{- end -}}
+{{- if le (int $w.terminationGracePeriodSeconds) (add (int $w.preStopSleepSeconds) 10 | int) -}}
+{{- fail (printf "webhook.terminationGracePeriodSeconds (%v) must exceed webhook.preStopSleepSeconds (%v) + 10 s of graceful shutdown, or in-flight admissions are cut off" $w.terminationGracePeriodSeconds $w.preStopSleepSeconds) -}}
+{{- end -}}
+{{- if $w.skipArchPinnedPods -}}
+{{- if .Values.scheduler.setSchedulerName -}}
+{{- fail "webhook.skipArchPinnedPods cannot be used with scheduler.setSchedulerName: pods that pin their arch would never get the schedulerName" -}}
+{{- end -}}
+{{- if ((default dict .Values.config).admission).deny_on_conflict -}}
+{{- fail "webhook.skipArchPinnedPods cannot be used with config.admission.deny_on_conflict: the pods whose arch pin conflicts with their images are exactly the ones it skips" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Namespaces the webhook never intercepts: the configured ones plus archway's own. */}}
 {{- define "archway.excludedNamespaces" -}}
-{{- $ns := concat .Values.webhook.excludeNamespaces (list .Release.Namespace) | uniq -}}
+{{- $ns := concat (default list .Values.webhook.excludeNamespaces) (list .Release.Namespace) | uniq -}}
 {{- toJson $ns -}}
 {{- end -}}
 
@@ -79,7 +146,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{/* archway configuration files ----------------------------------------------------------- */}}
 {{/* Sections shared by the webhook and the extender sidecar (everything but `server`). */}}
 {{- define "archway.configBase" -}}
-{{- $c := deepCopy .Values.config -}}
+{{- $c := deepCopy (default dict .Values.config) -}}
 {{- $admission := default dict $c.admission -}}
 {{- $excluded := include "archway.excludedNamespaces" . | fromJsonArray -}}
 {{- $_ := set $admission "exclude_namespaces" (concat (default list $admission.exclude_namespaces) $excluded | uniq) -}}
@@ -116,7 +183,8 @@ app.kubernetes.io/component: {{ index . 1 }}
     "state_dir" "/var/lib/archway"
     "workers" (int .Values.webhook.workers)
     "threads" (int .Values.webhook.threads)
-    "log_every_admission" .Values.webhook.logEveryAdmission) -}}
+    "log_every_admission" .Values.webhook.logEveryAdmission
+    "log_format" .Values.logFormat) -}}
 {{- toYaml $c -}}
 {{- end -}}
 
@@ -129,7 +197,8 @@ app.kubernetes.io/component: {{ index . 1 }}
     "tls" false
     "state_dir" "/var/lib/archway"
     "workers" (int .Values.scheduler.extender.workers)
-    "threads" (int .Values.webhook.threads)) -}}
+    "threads" (int .Values.webhook.threads)
+    "log_format" .Values.logFormat) -}}
 {{- toYaml $c -}}
 {{- end -}}
 

@@ -19,6 +19,7 @@ because on a first install nothing else exists yet when the pre-install Job runs
 - --days={{ int .root.Values.tls.bootstrap.days }}
 - --ca-days={{ int .root.Values.tls.bootstrap.caDays }}
 - --renew-before-days={{ int .root.Values.tls.bootstrap.renewBeforeDays }}
+- --cluster-domain={{ .root.Values.clusterDomain }}
 {{- if .allowMissing }}
 - --allow-missing-webhook-config
 {{- end }}
@@ -30,6 +31,14 @@ serviceAccountName: {{ .serviceAccount }}
 restartPolicy: OnFailure
 {{- with include "archway.imagePullSecrets" .root }}
 {{ . }}
+{{- end }}
+{{- with .root.Values.tls.bootstrap.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{ include "archway.podPlacement" (list .root .root.Values.tls.bootstrap) }}
+{{- with .root.Values.tls.bootstrap.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 securityContext:
   {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
@@ -55,6 +64,7 @@ metadata:
   name: {{ .name }}
   namespace: {{ $root.Release.Namespace }}
   {{- $meta | nindent 2 }}
+{{- if $root.Values.rbac.create }}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
@@ -114,6 +124,7 @@ subjects:
   - kind: ServiceAccount
     name: {{ .name }}
     namespace: {{ $root.Release.Namespace }}
+{{- end }}
 {{- end -}}
 
 {{- define "archway.certgen.meta" -}}

@@ -1,0 +1,49 @@
+"""How archway's log lines look: plain text for people, or one JSON object per line for log
+pipelines (server.log_format). One formatter for archway's own loggers and gunicorn's, so a
+pipeline never meets a line of another shape."""
+import datetime as dt
+import json
+import logging
+from typing import Any
+
+# Attributes every LogRecord has; whatever else a record carries came from `extra=`.
+_STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """time, level, logger, message, the record's `extra=` fields, and the exception if any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": dt.datetime.fromtimestamp(record.created, dt.UTC)
+                      .isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and not key.startswith("_") and key not in entry:
+                entry[key] = value if isinstance(value, (str, int, float, bool)) or value is None \
+                    else str(value)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def logging_dict(log_format: str, level: int) -> dict:
+    """A logging.config.dictConfig for the root logger and gunicorn's, in `log_format`
+    (text or json). Given to gunicorn as logconfig_dict, it replaces gunicorn's own formats."""
+    formatter = {"()": f"{__name__}.JsonFormatter"} if log_format == "json" else \
+        {"format": TEXT_FORMAT}
+    handler = {"class": "logging.StreamHandler", "formatter": "archway",
+               "stream": "ext://sys.stderr"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"archway": formatter},
+        "handlers": {"archway": handler},
+        "root": {"level": level, "handlers": ["archway"]},
+        "loggers": {name: {"level": level, "handlers": ["archway"], "propagate": False}
+                    for name in ("gunicorn.error", "gunicorn.access")},
+    }
