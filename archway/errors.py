@@ -44,6 +44,19 @@ class TransportError(RegistryError):
     """Connection refused, reset, TLS failure or a read that timed out."""
 
 
+class RateLimited(RegistryError):
+    """HTTP 429: the registry asks archway to slow down, for `retry_after` seconds if it said."""
+
+    def __init__(self, message, *, retry_after: float | None = None, **kwargs):
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
+
+
+class Overloaded(ArchwayError):
+    """archway refused to start more lookups: too many are queued, or a pod names too many
+    images. Never cached: it says nothing about the image."""
+
+
 class DeadlineExceeded(ArchwayError):
     """The caller's overall deadline passed before the answer arrived."""
 
@@ -76,6 +89,8 @@ class ErrorClass:
 
 _ERROR_CLASSES = (  # most specific first: the classes form a hierarchy
     (DeadlineExceeded, ErrorClass("deadline_exceeded", "timed out")),
+    (RateLimited, ErrorClass("rate_limited", "registry rate limit (HTTP 429)")),
+    (Overloaded, ErrorClass("overloaded", "archway is resolving too many images at once")),
     (CredentialProviderError, ErrorClass("credential_provider_error", "credential provider failed")),
     (AuthError, ErrorClass("auth_error", "registry refused the credentials")),
     (NotFound, ErrorClass("not_found", "not found")),
