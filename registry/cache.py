@@ -7,6 +7,7 @@ TTL. A failure is never served stale: once its short TTL passes the image is loo
 Pure data and arithmetic on an injected clock; no I/O.
 """
 import copy
+import time
 import sys
 import threading
 from collections import OrderedDict
@@ -44,8 +45,8 @@ class Entry:
     answer: Answer
     fresh_until: float           # clock time the TTL ends
     usable_until: float          # clock time past which the answer is not served at all
-    next_check: float            # no revalidation is started before this (back-off after errors)
     size: int                    # approximate bytes held
+    checks_paused_until: float = 0.0  # after a failed revalidation: no new one before this
 
     def state(self, now: float) -> str:
         if now < self.fresh_until:
@@ -102,4 +103,37 @@ class AnswerCache:
         return self._bytes
 
     def __len__(self) -> int:
+        return len(self._data)
+
+
+class TTLCache:
+    """A bounded LRU map whose entries also expire: for answers with no stale life (pull
+    secrets read from the API)."""
+
+    def __init__(self, max_entries: int, clock=time.monotonic):
+        self.max_entries = max_entries
+        self._clock = clock
+        self._data: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is None:
+                return None
+            expires, value = entry
+            if expires <= self._clock():
+                del self._data[key]
+                return None
+            self._data.move_to_end(key)
+            return value
+
+    def put(self, key, value, ttl: float) -> None:
+        with self._lock:
+            self._data[key] = (self._clock() + ttl, value)
+            self._data.move_to_end(key)
+            while len(self._data) > self.max_entries:
+                self._data.popitem(last=False)
+
+    def __len__(self):
         return len(self._data)

@@ -95,6 +95,10 @@ class Resolver:
     def cache_bytes(self) -> int:
         return self._cache.bytes
 
+    @property
+    def lookups_in_flight(self) -> int:
+        return len(self._inflight)
+
     def hosts_backed_off(self) -> int:
         return self._backoff.backed_off()
 
@@ -211,7 +215,7 @@ class Resolver:
                       entry: Entry) -> Future | None:
         """Start (or join) a check of a cached answer at its registry; None while the last
         check failed recently or the host is backed off: the cached answer stands."""
-        if self._clock() < entry.next_check:
+        if self._clock() < entry.checks_paused_until:
             return None
         try:
             self._backoff.check(ref.host)
@@ -234,7 +238,7 @@ class Resolver:
             retry = self.settings.cache.negative_ttl_seconds
             if isinstance(answer.error, RateLimited):
                 retry = max(retry, answer.error.retry_after or 0)
-            self._cache.put(key, dataclasses.replace(entry, next_check=self._clock() + retry))
+            self._cache.put(key, dataclasses.replace(entry, checks_paused_until=self._clock() + retry))
             log.info("revalidating %s failed (%s); serving the answer cached before",
                      ref, classify_error(answer.error).words)
             return answer
@@ -313,7 +317,7 @@ class Resolver:
         fresh_until = now + keep
         # Failures are not served past their TTL; good answers for up to stale_if_error longer.
         stale = 0.0 if isinstance(answer, Failure) else self.settings.cache.stale_if_error_seconds
-        return Entry(answer, fresh_until, fresh_until + stale, fresh_until, answer_bytes(answer))
+        return Entry(answer, fresh_until, fresh_until + stale, answer_bytes(answer))
 
 
 def _credential_fingerprint(keyring: Keyring, ref: ImageReference) -> str:
