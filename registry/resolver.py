@@ -42,9 +42,9 @@ log = logging.getLogger(__name__)
 
 # Errors that say something about the caller or about archway's load, not the image: never cached.
 _NOT_CACHED = (DeadlineExceeded, Overloaded)
-# A lookup older than its own time budget by this much is presumed stuck (a name lookup that
-# hangs is bounded by no socket timeout): new callers start a fresh one instead of joining it.
-_STUCK_GRACE_SECONDS = 5.0
+# A lookup that has run twice its own time budget is presumed stuck (a name lookup that hangs is
+# bounded by no socket timeout): new callers start a fresh one instead of joining it.
+_STUCK_AFTER_BUDGETS = 2
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class Resolver:
         with self._lock:
             flight = self._inflight.get(key)
             if flight is not None and time.monotonic() - flight.started < (
-                    self.fetch_timeout + _STUCK_GRACE_SECONDS):
+                    self.fetch_timeout * _STUCK_AFTER_BUDGETS):
                 _count_lookup("shared")
                 return flight.future
             if miss:

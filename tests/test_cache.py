@@ -296,3 +296,31 @@ def test_a_missing_image_is_a_cached_failure_then_found(plain_registry, gateway)
     plain_registry.push_image("cache/later", "v1", "linux/amd64")
     clock.now += 31
     assert resolver.resolve(image).architectures == {"amd64"}
+
+
+def test_a_stuck_lookup_is_not_joined_forever(plain_registry, monkeypatch):
+    """Fault injection: the first lookup blocks past every socket bound (as a hung name lookup
+    does); once it has run twice its budget, the next caller starts its own."""
+    import threading
+    plain_registry.push_image("cache/stuck", "v1", "linux/arm64")
+    resolver = Resolver(RegistrySettings(insecure_hosts=(plain_registry.host,), timeout_seconds=0.1))
+    release, real_lookup, calls = threading.Event(), resolver._lookup, []
+
+    def lookup(ref, keyring, deadline):
+        calls.append(ref)
+        if len(calls) == 1:
+            release.wait(30)
+        return real_lookup(ref, keyring, time.monotonic() + 5)
+
+    monkeypatch.setattr(resolver, "_lookup", lookup)
+    image = plain_registry.ref("cache/stuck", "v1")
+    try:
+        assert isinstance(resolver.resolve_many([image], timeout=0.1)[image], ArchwayError)
+        assert isinstance(resolver.resolve_many([image], timeout=0.1)[image], ArchwayError)
+        assert len(calls) == 1                       # joined while young
+        time.sleep(resolver.fetch_timeout * 2)       # the first lookup is now presumed stuck
+        answer = resolver.resolve_many([image], timeout=5)[image]
+        assert isinstance(answer, ImageInfo) and answer.architectures == {"arm64"}
+        assert len(calls) == 2
+    finally:
+        release.set()
