@@ -17,6 +17,7 @@ class RegistryGateway:
         self.mode = "pass"
         self.retry_after: str | None = None
         self.refused: list[Request] = []       # requests answered 429/503 instead of forwarded
+        self.before_forward = lambda request: None   # a hook run before each request goes on
         self._http = requests.Session()
         self._server = ScriptedServer(self._respond)
 
@@ -36,6 +37,7 @@ class RegistryGateway:
         if self.mode == "down":
             self.refused.append(request)
             return 503, {}, b"service unavailable"
+        self.before_forward(request)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         answer = self._http.request(request.method, self.target_url + request.path,
                                     headers=headers, data=request.body or None, timeout=10,
