@@ -44,7 +44,10 @@ class CacheSettings:
     digest_ttl_seconds: float = 24 * 3600   # a digest's content never changes
     tag_ttl_seconds: float = 300            # tags move; re-check every few minutes
     negative_ttl_seconds: float = 30        # failures are retried soon
+    stale_if_error_seconds: float = 24 * 3600  # past its TTL, an answer is served while the
+                                            # registry cannot confirm it, this much longer
     max_entries: int = 10_000
+    max_bytes: int = 64 * 1024 * 1024       # approximate memory the cache may hold
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,9 @@ class RegistrySettings:
     credentials_file: str | None = None     # a dockerconfigjson used for every pod
     allow_hosts: tuple[str, ...] = ()       # when non-empty, only these hosts are contacted
     deny_hosts: tuple[str, ...] = ()        # never contacted
-    timeout_seconds: float = 5.0            # per network read
+    timeout_seconds: float = 5.0            # per request; a lookup may take twice this
+    max_lookups_per_host: int = 8           # lookups of one host at once: a hung host holds no more
+    max_queued_lookups: int = 1024          # lookups waiting in all; past it new images fail at once
     max_manifest_bytes: int = 4 * 1024 * 1024
     cache: CacheSettings = field(default_factory=CacheSettings)
     hosts_dir: str | None = None            # containerd's certs.d layout: mirrors per registry
@@ -115,6 +120,7 @@ class AdmissionSettings:
     deny_on_conflict: bool = False        # true: deny when the pod's own arch constraint excludes S
     deny_on_empty: bool = True            # false: admit pods with no common arch, with a warning
     exclude_namespaces: tuple[str, ...] = ("kube-system",)
+    max_images_per_pod: int = 64          # distinct images resolved per pod; past it: unresolved
 
 
 @dataclass(frozen=True)

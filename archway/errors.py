@@ -44,6 +44,20 @@ class TransportError(RegistryError):
     """Connection refused, reset, TLS failure or a read that timed out."""
 
 
+class RateLimited(RegistryError):
+    """429: the registry (or its token service) asks archway to slow down. `retry_after` is the
+    wait it asked for in seconds (from Retry-After), None when it named none."""
+
+    def __init__(self, message, *, retry_after: float | None = None, **kwargs):
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
+
+
+class Overloaded(ArchwayError):
+    """archway refused to start more lookups: too many are queued, or a pod names too many
+    images. Never cached: it says nothing about the image."""
+
+
 class DeadlineExceeded(ArchwayError):
     """The caller's overall deadline passed before the answer arrived."""
 
@@ -76,9 +90,11 @@ class ErrorClass:
 
 _ERROR_CLASSES = (  # most specific first: the classes form a hierarchy
     (DeadlineExceeded, ErrorClass("deadline_exceeded", "timed out")),
+    (Overloaded, ErrorClass("overloaded", "archway is resolving too many images at once")),
     (CredentialProviderError, ErrorClass("credential_provider_error", "credential provider failed")),
     (AuthError, ErrorClass("auth_error", "registry refused the credentials")),
     (NotFound, ErrorClass("not_found", "not found")),
+    (RateLimited, ErrorClass("rate_limited", "registry rate limit (HTTP 429)")),
     (ResponseTooLarge, ErrorClass("response_too_large", "registry response too large")),
     (UnsupportedImage, ErrorClass("unsupported_image", "unsupported image format")),
     (TransportError, ErrorClass("transport_error", "registry unreachable")),

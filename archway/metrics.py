@@ -43,9 +43,24 @@ BAD_REQUESTS = Counter("archway_bad_requests_total",
                        "Requests rejected as malformed, by HTTP status", ["code"])
 
 # --- registry and cache -------------------------------------------------------------------------
-CACHE_LOOKUPS = Counter("archway_cache_lookups_total",
-                        "Resolver cache lookups by result (hit, miss, shared: answered by another "
-                        "worker's lookup)", ["result"])
+CACHE_LOOKUPS = Counter(
+    "archway_cache_lookups_total",
+    "Resolver cache lookups by result: fresh (answered within its TTL), stale (past its TTL, "
+    "answered while a revalidation runs or after one failed), revalidate (a pod pulling Always "
+    "waited for a check at the registry), miss (looked up), shared (joined a lookup already "
+    "running)", ["result"])
+CACHE_REVALIDATIONS = Counter(
+    "archway_cache_revalidations_total",
+    "Checks of cached answers at their registry, by outcome: unchanged (same digest: no "
+    "manifest fetched), changed, or the error kind that kept the cached answer in use "
+    "(stale-if-error)", ["outcome"])
+CACHE_BYTES = Gauge("archway_cache_bytes", "Approximate memory held by the resolver cache",
+                    multiprocess_mode="livesum")
+REGISTRY_BACKOFF_UNTIL = Gauge(
+    "archway_registry_backoff_until_timestamp_seconds",
+    "Unix time until which a registry host that answered HTTP 429 gets no request (compare "
+    "with time()); hosts beyond the first 32 seen share host=\"other\"", ["host"],
+    multiprocess_mode="max")
 REGISTRY_REQUESTS = Counter("archway_registry_requests_total",
                             "HTTP requests to registries and SIF servers, by method and outcome "
                             "(a status class such as 2xx, 429 on its own, or an error kind)",
@@ -114,6 +129,17 @@ def admission_finished(outcome: str, seconds: float, warnings: int) -> None:
     ADMISSION_DURATION.observe(seconds)
     if warnings:
         ADMISSION_WARNINGS.inc(warnings)
+
+
+_BACKOFF_HOSTS: set[str] = set()
+_MAX_BACKOFF_HOSTS = 32
+
+
+def backoff_until(host: str, unix_time: float) -> None:
+    if host not in _BACKOFF_HOSTS and len(_BACKOFF_HOSTS) >= _MAX_BACKOFF_HOSTS:
+        host = "other"   # label values stay bounded whatever hosts pods name
+    _BACKOFF_HOSTS.add(host)
+    REGISTRY_BACKOFF_UNTIL.labels(host).set(unix_time)
 
 
 def bad_request(status: int) -> None:

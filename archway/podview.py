@@ -135,6 +135,12 @@ class PodView:
         """
         return tuple(dict.fromkeys(c.image for c in self.containers if c.image))
 
+    @cached_property
+    def always_pulled(self) -> frozenset[str]:
+        """Images some container pulls with imagePullPolicy Always: the kubelet will pull what
+        the tag names at start, so a cached answer for it is checked at the registry first."""
+        return frozenset(c.image for c in self.containers if c.image and c.pull_policy == "Always")
+
     @property
     def display_name(self) -> str:
         """namespace/name for logs; `generateName*` for a pod that has no name yet."""

@@ -7,6 +7,8 @@ containerd's order: the mirrors of registry.hosts_dir, then the upstream. Each h
 credentials filed under its own name: a mirror never sees the upstream's password.
 """
 import logging
+from collections.abc import Callable
+from typing import TypeVar
 
 from archway.errors import (ArchwayError, AuthError, CredentialProviderError, DeadlineExceeded,
                             NotFound, classify_error)
@@ -18,6 +20,9 @@ from .oci import RegistryClient
 from .reference import ImageReference
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+# One registry call: (client, reference on that host, keyring, deadline) -> its answer.
+Call = Callable[[RegistryClient, ImageReference, Keyring, float], T]
 
 
 def image_name(ref: ImageReference) -> str:
@@ -34,16 +39,25 @@ class RegistryAccess:
 
     def resolve(self, ref: ImageReference, keyring: Keyring, deadline: float) -> ImageInfo:
         """Resolve a docker:// or oras:// reference; `keyring` holds the pod's pull secrets."""
+        return self._through_hosts(ref, keyring, deadline, RegistryClient.resolve)
+
+    def head_digest(self, ref: ImageReference, keyring: Keyring, deadline: float) -> str | None:
+        """The digest the tag points to now (HEAD), asked of the hosts and with the credentials
+        `resolve` would use; None when the host that answered gives no digest on HEAD."""
+        return self._through_hosts(ref, keyring, deadline, RegistryClient.head_digest)
+
+    def _through_hosts(self, ref: ImageReference, keyring: Keyring, deadline: float,
+                       call: "Call[T]") -> T:
         hosts = self.mirrors.hosts_for(ref) if self.mirrors is not None else None
         if not hosts:
-            return self._with_credentials(self.client, ref, keyring, deadline)
+            return self._with_credentials(self.client, ref, keyring, deadline, call)
         usable = [host for host in hosts if host.serves(ref) or not host.mirror]
         for host in usable:
             if not host.default:
                 self.client.http.trust_host(host.netloc, host.ca_files, host.skip_verify)
             client = self.client if host.default else self.client.via(host)
             try:
-                info = self._with_credentials(client, host.reference(ref), keyring, deadline)
+                answer = self._with_credentials(client, host.reference(ref), keyring, deadline, call)
             except DeadlineExceeded:
                 raise
             except ArchwayError as e:
@@ -55,27 +69,28 @@ class RegistryAccess:
                 continue
             if host.mirror:
                 _count_mirror("answered")
-            return info
+            return answer
         raise AssertionError("the upstream host is always last")   # pragma: no cover
 
     def _with_credentials(self, client: RegistryClient, ref: ImageReference, keyring: Keyring,
-                          deadline: float) -> ImageInfo:
+                          deadline: float, call: "Call[T]") -> T:
         node, provider_errors = self.node.for_image(image_name(ref))
         keys = keyring.then(node)
         candidates = keys.candidates(image_name(ref))
         if not candidates:
             try:
-                return client.resolve(ref, keys, deadline)
+                return call(client, ref, keys, deadline)
             except AuthError as e:
                 raise _explained(e, provider_errors) from None
         first = None
         for credential in candidates:
             try:
-                return client.resolve(ref, keys.pinned(ref.host, credential), deadline)
+                return call(client, ref, keys.pinned(ref.host, credential), deadline)
             except (AuthError, NotFound) as e:   # the kubelet, too, tries the next credential
                 first = first or e
         if isinstance(first, AuthError):
             raise _explained(first, provider_errors) from None
+        assert first is not None   # candidates is not empty
         raise first
 
 

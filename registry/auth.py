@@ -16,7 +16,7 @@ from urllib.parse import urlencode, urlsplit
 from .credentials import Credential, Keyring
 from archway.errors import AuthError, RegistryError
 from archway.hostport import host_of
-from .http import HttpClient
+from .http import HttpClient, rate_limited
 from .reference import DOCKER_HUB, ImageReference
 
 MAX_TOKEN_RESPONSE_BYTES = 64 * 1024
@@ -230,6 +230,9 @@ class RegistryAuth:
             raise AuthError(f"{response.status} from {ref.api_host} for {ref.repository}: {detail} "
                             f"(by its token service {parts.netloc})",
                             host=ref.api_host, repository=ref.repository, status=response.status)
+        if response.status == 429:
+            raise rate_limited(response, where, host=ref.api_host, repository=ref.repository,
+                               status=429)
         if response.status != 200:
             raise RegistryError(f"{where} answered HTTP {response.status}",
                                 host=ref.api_host, repository=ref.repository, status=response.status)

@@ -5,6 +5,7 @@ by both the per-read timeout and the caller's deadline, and bounded in size: a p
 hang archway nor make it buffer an unbounded body.
 """
 import atexit
+import email.utils
 import json
 import os
 import ssl
@@ -21,7 +22,8 @@ from requests.structures import CaseInsensitiveDict
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.util.ssl_ import create_urllib3_context
 
-from archway.errors import ConfigError, DeadlineExceeded, HostRefused, ResponseTooLarge, TransportError
+from archway.errors import (ArchwayError, ConfigError, DeadlineExceeded, HostRefused, RateLimited,
+                            ResponseTooLarge, TransportError, classify_error)
 from archway.hostport import join_host_port
 from .hostpolicy import HostPolicy
 from .proxy import ProxyRules
@@ -29,6 +31,7 @@ from archway.config import RegistrySettings
 
 MAX_REDIRECTS = 5
 _CHUNK = 64 * 1024
+MAX_RETRY_AFTER = 24 * 3600   # a lying Retry-After cannot switch a host off for longer
 
 
 @dataclass
@@ -113,6 +116,15 @@ class HttpClient:
         raise TransportError(f"more than {MAX_REDIRECTS} redirects from {url}", host=netloc)
 
     def _send(self, method, url, headers, deadline, max_bytes, data=None) -> Response:
+        try:
+            response = self._exchange(method, url, headers, deadline, max_bytes, data)
+        except ArchwayError as e:
+            _count_request(method, classify_error(e).label)
+            raise
+        _count_request(method, request_outcome(response.status))
+        return response
+
+    def _exchange(self, method, url, headers, deadline, max_bytes, data=None) -> Response:
         netloc = urlsplit(url).netloc
         timeout = self._timeout(deadline, url)
         with self._lock:
@@ -279,6 +291,44 @@ def _remove_if_mine(path: str, creator_pid: int) -> None:
             os.unlink(path)
         except FileNotFoundError:
             pass
+
+
+def request_outcome(status: int) -> str:
+    """The outcome label of an answered request: its status class, 429 on its own."""
+    return "429" if status == 429 else f"{status // 100}xx"
+
+
+def _count_request(method: str, outcome: str) -> None:
+    # Imported on first use: only the serving processes record metrics (see archway.metrics).
+    from archway import metrics
+    metrics.REGISTRY_REQUESTS.labels(method, outcome).inc()
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After value: delta-seconds or an HTTP-date (RFC 9110 10.2.3);
+    None when absent or unreadable. `now` is Unix time (the HTTP-date is wall-clock)."""
+    text = (value or "").strip()
+    if not text:
+        return None
+    if text.isdigit():
+        seconds = float(text[:12])
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None   # an HTTP-date is always GMT; a date without a zone is not one
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    return min(max(seconds, 0.0), float(MAX_RETRY_AFTER))
+
+
+def rate_limited(response: Response, where: str, **kw) -> RateLimited:
+    """The typed error of a 429 answer, with the wait its Retry-After asks for."""
+    retry_after = parse_retry_after(response.headers.get("Retry-After"))
+    when = f"retry after {retry_after:g} s" if retry_after is not None else "try again later"
+    return RateLimited(f"{where}: rate limited; {when}, or use credentials with a higher pull "
+                       f"limit", retry_after=retry_after, **kw)
 
 
 def _reason(error: Exception) -> str:

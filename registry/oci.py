@@ -11,14 +11,15 @@ import base64
 import copy
 import hashlib
 import json
+import re
 import threading
 from dataclasses import dataclass
 
 from .auth import Authorization, RegistryAuth
 from .credentials import Keyring
-from archway.errors import (AuthError, InvalidReference, NotFound, RegistryError, ResponseTooLarge,
-                     TransportError, UnsupportedImage)
-from .http import HttpClient, Response
+from archway.errors import (AuthError, InvalidReference, NotFound, RegistryError,
+                            ResponseTooLarge, TransportError, UnsupportedImage)
+from .http import HttpClient, Response, rate_limited
 from .model import ImageInfo
 from .platforms import Platform, is_attestation, normalize
 from .reference import ImageReference
@@ -49,6 +50,7 @@ SOURCE_BY_TYPE = {OCI_INDEX: "oci-index", DOCKER_LIST: "docker-manifest-list",
                   OCI_MANIFEST: "oci-manifest", DOCKER_MANIFEST: "docker-manifest",
                   SCHEMA1: "docker-schema1", SCHEMA1_SIGNED: "docker-schema1"}
 _HASHES = {"sha256": hashlib.sha256, "sha512": hashlib.sha512}
+_SHA256_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,21 @@ class RegistryClient:
         platforms, note = platforms_from_config(document)
         return ImageInfo(str(ref), platforms, manifest.digest,
                          SOURCE_BY_TYPE[manifest.media_type], note)
+
+    def head_digest(self, ref: ImageReference, keyring: Keyring | None = None,
+                    deadline: float | None = None) -> str | None:
+        """The digest a tag points to now, by `HEAD /v2/<repo>/manifests/<tag>` (free where a GET
+        counts as a pull): the Docker-Content-Digest header, or None when the registry sends
+        none usable (then only a GET can tell). A digest reference is its own answer."""
+        if ref.scheme not in ("docker", "oras"):
+            raise InvalidReference(f"{ref}: the registry client resolves docker:// and oras:// only")
+        if ref.digest:
+            return ref.digest
+        keyring = keyring if keyring is not None else Keyring.empty()
+        path = f"/v2/{ref.repository}/manifests/{ref.manifest_reference}"
+        response = self._request(ref, path, keyring, deadline, {"Accept": ACCEPT},
+                                 self.settings.max_manifest_bytes, what="manifest", method="HEAD")
+        return head_digest_of(response)
 
     def fetch_manifest(self, ref: ImageReference, keyring: Keyring, deadline) -> Manifest:
         path = f"/v2/{ref.repository}/manifests/{ref.manifest_reference}"
@@ -182,13 +199,13 @@ class RegistryClient:
 
     # -- HTTP with auth
     def _request(self, ref: ImageReference, path: str, keyring: Keyring, deadline, headers: dict,
-                 max_bytes: int, *, what: str, ok=(200,)) -> Response:
+                 max_bytes: int, *, what: str, ok=(200,), method: str = "GET") -> Response:
         authz = self.auth.authorization(ref, keyring, deadline)
         for attempt in range(2):
             sent = dict(headers)
             if authz.header:
                 sent["Authorization"] = authz.header
-            response = self._send(ref.api_host, path, sent, deadline, max_bytes)
+            response = self._send(ref.api_host, path, sent, deadline, max_bytes, method)
             if response.status != 401:
                 break
             challenge = response.headers.get("WWW-Authenticate", "")
@@ -202,24 +219,25 @@ class RegistryClient:
             raise status_error(response, ref, what, authz)
         return response
 
-    def _send(self, netloc: str, path: str, headers: dict, deadline, max_bytes: int) -> Response:
+    def _send(self, netloc: str, path: str, headers: dict, deadline, max_bytes: int,
+              method: str = "GET") -> Response:
         """https, verified; for hosts in insecure_hosts https unverified, then plain http on a
         TLS or connection failure (as Docker does), remembering what worked. A hosts.toml host
         says its own scheme and API root."""
         if self.host is not None:
             return self.http.get(self.host.url(path), headers={**dict(self.host.headers), **headers},
-                                 deadline=deadline, max_bytes=max_bytes)
+                                 deadline=deadline, max_bytes=max_bytes, method=method)
         with self._lock:
             scheme = self._schemes.get(netloc, "https")
         try:
             response = self.http.get(f"{scheme}://{netloc}{path}", headers=headers,
-                                     deadline=deadline, max_bytes=max_bytes)
+                                     deadline=deadline, max_bytes=max_bytes, method=method)
         except TransportError:
             if scheme != "https" or not self.http.is_insecure(netloc):
                 raise
             scheme = "http"
             response = self.http.get(f"http://{netloc}{path}", headers=headers,
-                                     deadline=deadline, max_bytes=max_bytes)
+                                     deadline=deadline, max_bytes=max_bytes, method=method)
         if self.http.is_insecure(netloc):
             with self._lock:
                 self._schemes[netloc] = scheme
@@ -274,6 +292,12 @@ def parse_manifest(response: Response, ref: ImageReference) -> Manifest:
         else:
             digest = "sha256:" + hashlib.sha256(signed_payload or body).hexdigest()
     return Manifest(media_type, document, digest, len(body))
+
+
+def head_digest_of(response: Response) -> str | None:
+    """The Docker-Content-Digest of a HEAD answer when it is a well-formed sha256 digest."""
+    header = response.headers.get("Docker-Content-Digest", "").strip()
+    return header if _SHA256_DIGEST.fullmatch(header) else None
 
 
 def manifest_media_type(content_type: str, document: dict) -> str | None:
@@ -424,8 +448,7 @@ def status_error(response: Response, ref: ImageReference, what: str,
         return AuthError(f"403 from {host} for {repo}: {who} may not pull this repository{suffix}",
                          **kw)
     if status == 429:
-        return RegistryError(f"429 from {host} for {repo}: rate limited; try again later or use "
-                             f"credentials with a higher pull limit", **kw)
+        return rate_limited(response, f"429 from {host} for {repo}", **kw)
     if status >= 500:
         return RegistryError(f"registry {host} failed with HTTP {status} for {repo} ({what})"
                              f"{suffix}: a server-side error, try again later", **kw)

@@ -1,76 +1,64 @@
 """Resolve image references to ImageInfo: cached, single-flight, concurrent under one deadline.
 
-A lookup runs in a worker thread with its own time budget, independent of the caller's: when an
+A lookup runs on a lookup thread with its own time budget, independent of the caller's: when an
 admission's deadline passes, the lookup carries on and fills the cache, so the next pod with the
 same image is answered from memory instead of timing out again.
+
+Once an image has been seen, admission never waits on its registry again: an answer past its TTL
+is served at once while a background revalidation asks the registry (a HEAD for a tag: an
+unchanged digest costs no manifest GET, and Docker Hub counts only GETs as pulls), and it keeps
+being served while the registry is down, slow or rate-limiting, for up to
+`cache.stale_if_error_seconds`. Only a pod whose image was never seen can be left without an
+answer. Pods that pull with `imagePullPolicy: Always` revalidate first (within their deadline,
+stale on failure), since the kubelet will pull whatever the tag names now.
 """
 import dataclasses
 import logging
 import threading
 import time
-from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from archway.config import RegistrySettings, SifSettings
+from archway.errors import (ArchwayError, DeadlineExceeded, InvalidReference, Overloaded,
+                            RateLimited, classify_error)
+
 from . import sifsources
 from .access import RegistryAccess, image_name
+from .backoff import Backoff
+from .cache import STALE, Answer, AnswerCache, Entry, Failure, answer_bytes
 from .credentials import Keyring
-from archway.errors import ArchwayError, DeadlineExceeded, InvalidReference
 from .http import HttpClient
+from .lookuppool import LookupPool
 from .mirrors import Mirrors
 from .model import ImageInfo
 from .nodecredentials import NodeCredentials
 from .oci import RegistryClient
 from .reference import ImageReference, parse_reference
-from archway.config import RegistrySettings, SifSettings
 from .sharedlookups import SharedLookups
 
 log = logging.getLogger(__name__)
 
-# Errors that say something about the caller's budget, not the image: never cached.
-_NOT_CACHED = (DeadlineExceeded,)
+# Errors that say something about the caller or about archway's load, not the image: never cached.
+_NOT_CACHED = (DeadlineExceeded, Overloaded)
+# A lookup that has run twice its own time budget is presumed stuck (a name lookup that hangs is
+# bounded by no socket timeout): new callers start a fresh one instead of joining it.
+_STUCK_AFTER_BUDGETS = 2
 
 
-@dataclass
-class ResolverStats:
-    cache_hits: int = 0
-    cache_misses: int = 0
-    fetches: int = 0        # lookups that went to the network
-    shared: int = 0         # callers that joined a lookup already in flight
-    failures: int = 0
+@dataclass(frozen=True)
+class _Flight:
+    future: Future            # -> Answer
+    started: float
+    token: object             # tells this flight from a later one for the same key
 
 
-class TTLCache:
-    """A bounded LRU map whose entries also expire."""
-
-    def __init__(self, max_entries: int, clock=time.monotonic):
-        self.max_entries = max_entries
-        self._clock = clock
-        self._data: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key):
-        with self._lock:
-            entry = self._data.get(key)
-            if entry is None:
-                return None
-            expires, value = entry
-            if expires <= self._clock():
-                del self._data[key]
-                return None
-            self._data.move_to_end(key)
-            return value
-
-    def put(self, key, value, ttl: float) -> None:
-        with self._lock:
-            self._data[key] = (self._clock() + ttl, value)
-            self._data.move_to_end(key)
-            while len(self._data) > self.max_entries:
-                self._data.popitem(last=False)
-
-    def __len__(self):
-        return len(self._data)
+@dataclass(frozen=True)
+class _Pending:
+    """A lookup to wait for; `fallback` is served if it fails or is late (stale-if-error)."""
+    future: Future
+    fallback: ImageInfo | None = None
 
 
 class Resolver:
@@ -85,12 +73,15 @@ class Resolver:
         self.node = NodeCredentials(self.settings, keyring=keyring)
         self.access = RegistryAccess(self.oci, self.node, Mirrors(self.settings.hosts_dir)
                                      if self.settings.hosts_dir else None)
-        self.stats = ResolverStats()
-        # `clock` ages cache entries (tests move it); deadlines are always time.monotonic().
-        self._cache = TTLCache(self.settings.cache.max_entries, clock)
-        self._inflight: dict[tuple, Future] = {}
+        cache = self.settings.cache
+        # `clock` ages cache entries and back-offs (tests move it); deadlines are time.monotonic().
+        self._clock = clock
+        self._cache = AnswerCache(cache.max_entries, cache.max_bytes, clock)
+        self._backoff = Backoff(clock)
+        self._pool = LookupPool(max_workers, self.settings.max_lookups_per_host,
+                                self.settings.max_queued_lookups)
+        self._inflight: dict[tuple, _Flight] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="resolve")
         # A lookup may outlive its caller's deadline; this bounds how long it keeps going.
         self.fetch_timeout = self.settings.timeout_seconds * 2
         self._shared = shared  # lookups shared with the server's other worker processes
@@ -100,84 +91,202 @@ class Resolver:
     def cache_size(self) -> int:
         return len(self._cache)
 
+    @property
+    def cache_bytes(self) -> int:
+        return self._cache.bytes
+
+    @property
+    def lookups_in_flight(self) -> int:
+        return len(self._inflight)
+
+    def hosts_backed_off(self) -> int:
+        return self._backoff.backed_off()
+
     def resolve(self, image: str, *, keyring: Keyring | None = None,
                 deadline: float | None = None) -> ImageInfo:
         """Resolve one image; raise ArchwayError (DeadlineExceeded when `deadline` passes)."""
-        answer = self._start(image, keyring)
-        if isinstance(answer, Future):
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not wait([answer], timeout=timeout).done:
-                raise DeadlineExceeded(f"{image}: no answer before the deadline")
-            answer = answer.exception() or answer.result()
+        timeout = None if deadline is None else deadline - time.monotonic()
+        answer = self.resolve_many([image], keyring=keyring, timeout=timeout)[image]
         if isinstance(answer, ArchwayError):
             raise answer
         return answer
 
-    def resolve_many(self, images, *, keyring: Keyring | None = None,
-                     timeout: float) -> dict[str, ImageInfo | ArchwayError]:
-        """Resolve images concurrently under one overall timeout. Never raises for one image:
-        each failure is the ArchwayError in that image's slot."""
-        answers = {}
-        for image in dict.fromkeys(images):
+    def resolve_many(self, images, *, keyring: Keyring | None = None, timeout: float | None,
+                     revalidate=frozenset(), limit: int | None = None
+                     ) -> dict[str, ImageInfo | ArchwayError]:
+        """Resolve images concurrently under one overall timeout (None: wait). Never raises for
+        one image: each failure is the ArchwayError in that image's slot. `revalidate`: images
+        whose tag must be checked at the registry before their cached answer is used (pods that
+        pull Always). `limit`: at most this many distinct images are looked up; the rest fail
+        (Overloaded), so one pod cannot queue a thousand lookups."""
+        distinct = list(dict.fromkeys(images))
+        answers: dict[str, object] = {}
+        for n, image in enumerate(distinct):
+            if limit is not None and n >= limit:
+                answers[image] = Overloaded(
+                    f"{image}: not looked up: the pod names {len(distinct)} distinct images and "
+                    f"archway reads at most {limit}")
+                continue
             try:
-                answers[image] = self._start(image, keyring)
+                answers[image] = self._start(image, keyring, image in revalidate)
             except ArchwayError as e:
                 answers[image] = e
-        pending = [a for a in answers.values() if isinstance(a, Future)]
+        pending = [a.future for a in answers.values() if isinstance(a, _Pending)]
         if pending:
-            wait(pending, timeout=max(0.0, timeout))
+            wait(pending, timeout=None if timeout is None else max(0.0, timeout))
         return {image: _settled(answer, image, timeout) for image, answer in answers.items()}
 
     # --- internals -------------------------------------------------------------------------
-    def _start(self, image: str, keyring: Keyring | None):
-        """The cached answer (ImageInfo or ArchwayError), else a Future of the lookup."""
+    def _start(self, image: str, keyring: Keyring | None, revalidate: bool):
+        """The answer to hand out now (ImageInfo or ArchwayError), or a _Pending to wait for."""
         ref = parse_reference(image, self._library_host)
         keys = keyring or Keyring.empty()   # the pod's; the node's are added per host looked up
-        key = (str(ref), _credential_fingerprint(keys.then(self.node.file_keyring()), ref))
-        cached = self._cache.get(key)
-        if cached is not None:
-            self._count("cache_hits")
-            if isinstance(cached, ImageInfo) and cached.image != image:
-                return dataclasses.replace(cached, image=image)
-            return cached
-        with self._lock:
-            future = self._inflight.get(key)
-            if future is not None:
-                self.stats.shared += 1
-                return _relabel(future, image)
-            self.stats.cache_misses += 1
-            future = self._pool.submit(self._fetch, image, ref, keys, key)
-            self._inflight[key] = future
-        return future
-
-    def _fetch(self, image: str, ref: ImageReference, keyring: Keyring, key: tuple) -> ImageInfo:
-        self._count("fetches")
-        deadline = time.monotonic() + self.fetch_timeout
-        try:
-            if self._shared is not None:
-                info = self._shared.run(key, lambda: self._lookup(ref, keyring, deadline),
-                                        self._ttl(ref), deadline)
-            else:
-                info = self._lookup(ref, keyring, deadline)
-            info = dataclasses.replace(info, image=image)
-            self._remember(key, ref, info)
+        key = self._key(ref, keys)
+        entry = self._cache.get(key)
+        if entry is not None:
+            if isinstance(entry.answer, Failure):
+                _count_lookup("fresh")
+                return entry.answer.raised()
+            info = _named(entry.answer, image)
+            state = entry.state(self._clock())
+            if state == STALE or revalidate:
+                flight = self._revalidation(key, ref, keys, entry)
+                if revalidate and flight is not None:
+                    _count_lookup("revalidate")
+                    return _Pending(flight, fallback=info)
+            _count_lookup("stale" if state == STALE else "fresh")
             return info
-        except ArchwayError as e:
-            self._count("failures")
-            if not isinstance(e, _NOT_CACHED):
-                self._cache.put(key, e, self.settings.cache.negative_ttl_seconds)
-            raise
-        except Exception as e:  # a bug must cost one image's answer, never the admission
-            self._count("failures")
-            log.exception("unexpected error resolving %s", image)
-            raise ArchwayError(f"{image}: internal error ({type(e).__name__}); see archway's log") from e
+        _count_lookup("miss")
+        self._backoff.check(ref.host)
+        return _Pending(self._fly(key, ref.host, lambda: self._miss(ref, keys, key), miss=True))
+
+    def _key(self, ref: ImageReference, keyring: Keyring) -> tuple:
+        return (str(ref), _credential_fingerprint(keyring.then(self.node.file_keyring()), ref))
+
+    def _fly(self, key: tuple, host: str, lookup, miss: bool = False) -> Future:
+        """Single-flight: join the lookup already running for `key`, else start one."""
+        with self._lock:
+            flight = self._inflight.get(key)
+            if flight is not None and time.monotonic() - flight.started < (
+                    self.fetch_timeout * _STUCK_AFTER_BUDGETS):
+                _count_lookup("shared")
+                return flight.future
+            if miss:
+                # Another caller's lookup may have filled the cache since ours missed it.
+                entry = self._cache.get(key)
+                if entry is not None:
+                    done: Future = Future()
+                    done.set_result(entry.answer)
+                    return done
+            # Submitted under the lock: the lookup cannot end (and leave the table) before it
+            # is in the table.
+            token = object()
+            future = self._pool.submit(host, lambda: self._finish(key, token, lookup))
+            self._inflight[key] = _Flight(future, time.monotonic(), token)
+            return future
+
+    def _finish(self, key: tuple, token: object, lookup) -> Answer:
+        try:
+            return lookup()
+        except ArchwayError as e:   # a lookup reports failures as values; this is a slip
+            return Failure.of(e)
+        except Exception as e:      # a bug must cost one image's answer, never the admission
+            log.exception("unexpected error resolving %s", key[0])
+            return Failure(ArchwayError(f"{key[0]}: internal error ({type(e).__name__}); "
+                                        f"see archway's log"))
         finally:
             with self._lock:
-                self._inflight.pop(key, None)
+                flight = self._inflight.get(key)
+                if flight is not None and flight.token is token:
+                    del self._inflight[key]
 
-    def _count(self, name: str) -> None:
-        with self._lock:
-            setattr(self.stats, name, getattr(self.stats, name) + 1)
+    def _miss(self, ref: ImageReference, keyring: Keyring, key: tuple) -> Answer:
+        """Look an image up that has no usable answer in the cache."""
+        def fetch() -> tuple[Answer, float]:
+            answer = self._fetch(ref, keyring)
+            return answer, self._keep(ref, answer)
+
+        answer, keep = self._shared_or_local(key, fetch)
+        if keep > 0:
+            self._remember(key, ref, answer, keep)
+        return answer
+
+    def _revalidation(self, key: tuple, ref: ImageReference, keyring: Keyring,
+                      entry: Entry) -> Future | None:
+        """Start (or join) a check of a cached answer at its registry; None while the last
+        check failed recently or the host is backed off: the cached answer stands."""
+        if self._clock() < entry.checks_paused_until:
+            return None
+        try:
+            self._backoff.check(ref.host)
+        except RateLimited:
+            return None
+        return self._fly(key, ref.host, lambda: self._revalidate(key, ref, keyring, entry))
+
+    def _revalidate(self, key: tuple, ref: ImageReference, keyring: Keyring, entry: Entry) -> Answer:
+        old = entry.answer
+        assert isinstance(old, ImageInfo)
+
+        def fetch() -> tuple[Answer, float]:
+            answer = self._fetch(ref, keyring, known=old)
+            return answer, self._keep(ref, answer)
+
+        answer, keep = self._shared_or_local(key, fetch)
+        if isinstance(answer, Failure):
+            # Stale-if-error: the last good answer stands; the next check waits a little.
+            _count_revalidation(classify_error(answer.error).label)
+            retry = self.settings.cache.negative_ttl_seconds
+            if isinstance(answer.error, RateLimited):
+                retry = max(retry, answer.error.retry_after or 0)
+            self._cache.put(key, dataclasses.replace(entry, checks_paused_until=self._clock() + retry))
+            log.info("revalidating %s failed (%s); serving the answer cached before",
+                     ref, classify_error(answer.error).words)
+            return answer
+        _count_revalidation("unchanged" if answer.digest == old.digest else "changed")
+        self._remember(key, ref, answer, keep)
+        return answer
+
+    def _fetch(self, ref: ImageReference, keyring: Keyring,
+               known: ImageInfo | None = None) -> Answer:
+        """Ask the registry, honouring and recording its rate limits. With `known`, a tag's
+        digest is checked first (HEAD) and the known answer reused when it has not moved."""
+        deadline = time.monotonic() + self.fetch_timeout
+        try:
+            self._backoff.check(ref.host)
+            info = None
+            if known is not None and known.digest and not ref.digest and ref.scheme in ("docker", "oras"):
+                info = self._unmoved(ref, keyring, known, deadline)
+            if info is None:
+                info = self._lookup(ref, keyring, deadline)
+            self._backoff.succeeded(ref.host)
+            return info
+        except RateLimited as e:
+            pause = self._backoff.rate_limited(ref.host, e.retry_after)
+            _recorder().backoff_until(ref.host, time.time() + pause)
+            log.warning("%s answered HTTP 429 (rate limit): no request to it for %.0f s; cached "
+                        "answers are served meanwhile", ref.host, pause)
+            return Failure.of(e)
+        except ArchwayError as e:
+            return Failure.of(e)
+
+    def _unmoved(self, ref: ImageReference, keyring: Keyring, known: ImageInfo,
+                 deadline: float) -> ImageInfo | None:
+        """The answer for the digest a tag names now, when archway already has it; None when
+        the manifest must be fetched (the tag moved to unknown content, or no digest on HEAD)."""
+        digest = self.access.head_digest(ref, keyring, deadline)
+        if digest == known.digest:
+            return known
+        if digest is not None:
+            by_digest = self._cache.get(self._key(dataclasses.replace(ref, tag=None, digest=digest),
+                                                  keyring))
+            if by_digest is not None and isinstance(by_digest.answer, ImageInfo):
+                return by_digest.answer
+        return None
+
+    def _shared_or_local(self, key: tuple, fetch) -> tuple[Answer, float]:
+        if self._shared is None:
+            return fetch()
+        return self._shared.run(key, fetch, time.monotonic() + self.fetch_timeout)
 
     def _lookup(self, ref: ImageReference, keyring: Keyring, deadline: float) -> ImageInfo:
         if ref.scheme in ("docker", "oras"):
@@ -188,15 +297,27 @@ class Resolver:
             return sifsources.resolve_library(ref, self.http, self.sif, deadline)
         raise InvalidReference(f"{ref}: unsupported scheme {ref.scheme}")
 
-    def _ttl(self, ref: ImageReference) -> float:
-        return self.settings.cache.digest_ttl_seconds if ref.digest else self.settings.cache.tag_ttl_seconds
+    def _keep(self, ref: ImageReference, answer: Answer) -> float:
+        """Seconds an answer counts as fresh (0: not cached)."""
+        cache = self.settings.cache
+        if isinstance(answer, Failure):
+            return 0.0 if isinstance(answer.error, _NOT_CACHED) else cache.negative_ttl_seconds
+        return cache.digest_ttl_seconds if ref.digest else cache.tag_ttl_seconds
 
-    def _remember(self, key: tuple, ref: ImageReference, info: ImageInfo) -> None:
-        self._cache.put(key, info, self._ttl(ref))
-        if info.digest and not ref.digest and ref.scheme in ("docker", "oras"):
+    def _remember(self, key: tuple, ref: ImageReference, answer: Answer, keep: float) -> None:
+        self._cache.put(key, self._entry(answer, keep))
+        if isinstance(answer, ImageInfo) and answer.digest and not ref.digest and ref.scheme in ("docker", "oras"):
             # The same content asked for by digest later is a hit, for the long TTL.
-            by_digest = dataclasses.replace(ref, tag=None, digest=info.digest)
-            self._cache.put((str(by_digest), key[1]), info, self.settings.cache.digest_ttl_seconds)
+            self._cache.put((str(dataclasses.replace(ref, tag=None, digest=answer.digest)), key[1]),
+                            self._entry(answer, self.settings.cache.digest_ttl_seconds))
+        _recorder().CACHE_BYTES.set(self._cache.bytes)
+
+    def _entry(self, answer: Answer, keep: float) -> Entry:
+        now = self._clock()
+        fresh_until = now + keep
+        # Failures are not served past their TTL; good answers for up to stale_if_error longer.
+        stale = 0.0 if isinstance(answer, Failure) else self.settings.cache.stale_if_error_seconds
+        return Entry(answer, fresh_until, fresh_until + stale, answer_bytes(answer))
 
 
 def _credential_fingerprint(keyring: Keyring, ref: ImageReference) -> str:
@@ -206,26 +327,40 @@ def _credential_fingerprint(keyring: Keyring, ref: ImageReference) -> str:
     return keyring.fingerprint_for(image_name(ref)) if ref.scheme in ("docker", "oras") else ""
 
 
-def _settled(answer, image: str, timeout: float) -> ImageInfo | ArchwayError:
-    if not isinstance(answer, Future):
+def _named(info: ImageInfo, image: str) -> ImageInfo:
+    """An answer under the name the caller asked for (answers are shared between spellings)."""
+    return info if info.image == image else dataclasses.replace(info, image=image)
+
+
+def _settled(answer, image: str, timeout: float | None) -> ImageInfo | ArchwayError:
+    if not isinstance(answer, _Pending):
         return answer
-    if not answer.done():
+    if not answer.future.done():
+        if answer.fallback is not None:
+            return answer.fallback
         return DeadlineExceeded(
             f"{image}: no answer within {timeout:g} s (the registry is slow or unreachable)")
-    return answer.exception() or answer.result()
+    result = answer.future.result()
+    if isinstance(result, Failure):
+        return answer.fallback if answer.fallback is not None else result.raised()
+    return _named(result, image)
 
 
-def _relabel(shared: Future, image: str) -> Future:
-    """A caller that joins another's lookup gets the answer under the name it asked for."""
-    mine = Future()
+_metrics = None
 
-    def copy(source: Future):
-        error = source.exception()
-        if error is not None:
-            mine.set_exception(error)
-        else:
-            info = source.result()
-            mine.set_result(info if info.image == image else dataclasses.replace(info, image=image))
 
-    shared.add_done_callback(copy)
-    return mine
+def _recorder():
+    # Imported on first use: only the serving processes record metrics (see archway.metrics).
+    global _metrics
+    if _metrics is None:
+        from archway import metrics
+        _metrics = metrics
+    return _metrics
+
+
+def _count_lookup(result: str) -> None:
+    _recorder().CACHE_LOOKUPS.labels(result).inc()
+
+
+def _count_revalidation(outcome: str) -> None:
+    _recorder().CACHE_REVALIDATIONS.labels(outcome).inc()

@@ -34,7 +34,7 @@ class Resolver:
         self.results, self.error, self.clock, self.takes = results or {}, error, clock, takes
         self.calls = []
 
-    def resolve_many(self, images, *, keyring=None, timeout):
+    def resolve_many(self, images, *, keyring=None, timeout, revalidate=frozenset(), limit=None):
         self.calls.append((tuple(images), keyring, timeout))
         if self.clock is not None:
             self.clock.now += self.takes

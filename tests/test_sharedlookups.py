@@ -1,9 +1,12 @@
-"""Lookups shared between worker processes: one fetch for a burst across processes."""
+"""Lookups shared between worker processes: one fetch for a burst across processes, a lock per
+image key (an unrelated image never waits), failures shared as values."""
 import multiprocessing
 import os
 import time
 
+from archway.errors import NotFound
 from archway.registry import sharedlookups
+from archway.registry.cache import Failure
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import normalize
 from archway.registry.sharedlookups import SharedLookups
@@ -18,8 +21,8 @@ def _worker(directory, counter, key, results):
         with open(counter, "a") as f:
             f.write("x")
         time.sleep(0.3)  # long enough for the other process to queue behind the lock
-        return INFO
-    info = SharedLookups(directory).run(key, fetch, ttl=60, deadline=time.monotonic() + 5)
+        return INFO, 60
+    info, _ = SharedLookups(directory).run(key, fetch, deadline=time.monotonic() + 5)
     results.put((info.platforms, info.digest, info.source))
 
 
@@ -38,25 +41,63 @@ def test_two_processes_asking_at_once_fetch_once(tmp_path):
     assert answers[0] == answers[1] == (INFO.platforms, INFO.digest, INFO.source)
 
 
-def test_expired_and_other_keys_in_the_same_slot_fetch_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(sharedlookups, "SLOTS", 1)  # every key shares one slot file
+def test_an_unrelated_image_never_waits_for_another_ones_fetch(tmp_path, monkeypatch):
+    """Both keys share one record file; only the key's own lock is held during a fetch."""
+    monkeypatch.setattr(sharedlookups, "RECORD_FILES", 1)
+    holder = SharedLookups(str(tmp_path))
+
+    def slow_fetch():
+        # While this process holds key a's lock, another process looks key b up. It must not
+        # wait for us: we wait for it (up to 5 s) before our fetch ends.
+        done = str(tmp_path / "b-done")
+        other = os.fork()
+        if other == 0:
+            def fetch_b():
+                return ImageInfo("reg.example/b:1", frozenset(), None, "x"), 60
+            SharedLookups(str(tmp_path)).run(("b",), fetch_b, time.monotonic() + 30)
+            open(done, "w").close()
+            os._exit(0)
+        end = time.monotonic() + 5
+        while not os.path.exists(done) and time.monotonic() < end:
+            time.sleep(0.01)
+        assert os.path.exists(done), "key b waited on key a's lock"
+        os.waitpid(other, 0)
+        return INFO, 60
+
+    assert holder.run(("a",), slow_fetch, time.monotonic() + 30)[0] == INFO
+
+
+def test_expired_answers_and_other_keys_in_the_same_record_file_fetch_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(sharedlookups, "RECORD_FILES", 1)
     now = [1000.0]
     shared = SharedLookups(str(tmp_path), clock=lambda: now[0])
     calls = []
 
     def fetch(tag):
         calls.append(tag)
-        return ImageInfo(f"reg.example/app:{tag}", frozenset({normalize("linux", tag)}), None, "x")
+        return ImageInfo(f"reg.example/app:{tag}", frozenset({normalize("linux", tag)}), None, "x"), 10
 
     deadline = time.monotonic() + 5
-    assert shared.run(("a",), lambda: fetch("amd64"), 10, deadline).architectures == {"amd64"}
-    assert shared.run(("a",), lambda: fetch("never"), 10, deadline).architectures == {"amd64"}
-    assert shared.run(("b",), lambda: fetch("s390x"), 10, deadline).architectures == {"s390x"}
-    assert shared.run(("a",), lambda: fetch("arm64"), 10, deadline).architectures == {"arm64"}
+    assert shared.run(("a",), lambda: fetch("amd64"), deadline)[0].architectures == {"amd64"}
+    answer, left = shared.run(("a",), lambda: fetch("never"), deadline)
+    assert answer.architectures == {"amd64"} and left == 10
+    assert shared.run(("b",), lambda: fetch("s390x"), deadline)[0].architectures == {"s390x"}
+    assert shared.run(("a",), lambda: fetch("arm64"), deadline)[0].architectures == {"arm64"}
     now[0] += 11
-    assert shared.run(("a",), lambda: fetch("riscv64"), 10, deadline).architectures == {"riscv64"}
+    assert shared.run(("a",), lambda: fetch("riscv64"), deadline)[0].architectures == {"riscv64"}
     assert calls == ["amd64", "s390x", "arm64", "riscv64"]
-    assert len(os.listdir(tmp_path)) == 1
+
+
+def test_failures_are_shared_as_typed_values_and_answers_kept_0_s_are_not(tmp_path):
+    first, second = SharedLookups(str(tmp_path)), SharedLookups(str(tmp_path))
+    deadline = time.monotonic() + 5
+    missing = NotFound("reg.example/app:1: manifest unknown", host="reg.example", status=404)
+    first.run(("gone",), lambda: (Failure.of(missing), 30), deadline)
+    answer, _ = second.run(("gone",), lambda: (INFO, 60), deadline)
+    assert isinstance(answer, Failure) and isinstance(answer.error, NotFound)
+    assert str(answer.error) == str(missing) and answer.error.status == 404
+    first.run(("late",), lambda: (Failure.of(NotFound("x")), 0), deadline)
+    assert second.run(("late",), lambda: (INFO, 60), deadline)[0] == INFO
 
 
 def test_a_held_lock_never_holds_a_caller_past_its_deadline(tmp_path):
@@ -64,14 +105,14 @@ def test_a_held_lock_never_holds_a_caller_past_its_deadline(tmp_path):
     key = ("slow",)
 
     def slow_fetch():
-        # While this process holds the slot, another caller with a short deadline fetches itself.
+        # While this process holds the key, another caller with a short deadline fetches itself.
         other = os.fork()
         if other == 0:
             start = time.monotonic()
-            SharedLookups(str(tmp_path)).run(key, lambda: INFO, 60, time.monotonic() + 0.2)
+            SharedLookups(str(tmp_path)).run(key, lambda: (INFO, 60), time.monotonic() + 0.2)
             os._exit(0 if time.monotonic() - start < 1.0 else 1)
         _, status = os.waitpid(other, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        return INFO
+        return INFO, 60
 
-    assert holder.run(key, slow_fetch, 60, time.monotonic() + 5) == INFO
+    assert holder.run(key, slow_fetch, time.monotonic() + 5)[0] == INFO

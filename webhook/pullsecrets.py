@@ -26,7 +26,7 @@ from kubernetes.config.config_exception import ConfigException
 from archway.registry.credentials import MAX_CONFIG_BYTES, Keyring
 from archway.errors import ArchwayError, ConfigError
 from archway.podview import PodView
-from archway.registry.resolver import TTLCache
+from archway.registry.cache import TTLCache
 
 log = logging.getLogger(__name__)
 

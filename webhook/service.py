@@ -35,8 +35,8 @@ _WORTH_A_LINE = frozenset({"denied", "fail_open", "error"})
 
 
 class ImageResolver(Protocol):
-    def resolve_many(self, images, *, keyring: Keyring | None = None,
-                     timeout: float) -> dict[str, Any]: ...
+    def resolve_many(self, images, *, keyring: Keyring | None = None, timeout: float | None,
+                     revalidate=frozenset(), limit: int | None = None) -> dict[str, Any]: ...
 
 
 class PullCredentialSource(Protocol):
@@ -61,6 +61,7 @@ class AdmissionService:
     def __init__(self, *, policy: Policy, resolver: ImageResolver,
                  pull_secrets: PullCredentialSource, deadline_seconds: float,
                  exclude_namespaces=(), max_body_bytes: int, log_every: bool = False,
+                 max_images: int | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.policy = policy
         self.resolver = resolver
@@ -69,6 +70,7 @@ class AdmissionService:
         self.exclude_namespaces = tuple(exclude_namespaces)
         self.max_body_bytes = max_body_bytes
         self.log_every = log_every
+        self.max_images = max_images
         self.clock = clock
 
     @classmethod
@@ -78,7 +80,8 @@ class AdmissionService:
                    deadline_seconds=config.admission.deadline_seconds,
                    exclude_namespaces=config.admission.exclude_namespaces,
                    max_body_bytes=config.server.max_body_bytes,
-                   log_every=config.server.log_every_admission)
+                   log_every=config.server.log_every_admission,
+                   max_images=config.admission.max_images_per_pod)
 
     def review(self, body: bytes, *, started: float | None = None, peer: str = "-") -> Answer:
         """Answer one AdmissionReview body. `started`: clock() when the request arrived (the
@@ -125,7 +128,8 @@ class AdmissionService:
             pod, start + self.deadline_seconds * PULL_SECRETS_SHARE)
         deadline = start + self.deadline_seconds - ANSWER_MARGIN_SECONDS
         results = self.resolver.resolve_many(images, keyring=credentials.keyring,
-                                             timeout=deadline - self.clock())
+                                             timeout=deadline - self.clock(),
+                                             revalidate=pod.always_pulled, limit=self.max_images)
         return Resolution(results, tuple(credentials.warnings))
 
     def _internal_error(self) -> Decision:
