@@ -16,7 +16,7 @@ class ProcessThread:
         self._target = target
         self._name = name
         self._lock = threading.Lock()
-        self._pid = None
+        self._pid: int | None = None
         self.thread: threading.Thread | None = None
 
     def start_once(self, before_start=None) -> None:

@@ -9,7 +9,8 @@ import json
 import logging
 import random
 import threading
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from archway.background import ProcessThread
 
@@ -44,7 +45,7 @@ class WatchCache(Generic[F]):
         self._settled = threading.Event()     # synced, or the first attempt failed / no cluster
         self._stop = threading.Event()
         self._runner = ProcessThread(self._run, f"archway-{what}-cache")
-        self._watch = None
+        self._watch: Any = None
 
     @property
     def synced(self) -> bool:
@@ -156,7 +157,7 @@ class WatchCache(Generic[F]):
                 if kind in ("ADDED", "MODIFIED"):
                     self._upsert(self._facts(obj))
                 elif kind == "DELETED":
-                    self._delete(((obj.get("metadata") or {}).get("name")))
+                    self._delete((obj.get("metadata") or {}).get("name"))
                 if rv:
                     resource_version = rv
         except ApiException as e:

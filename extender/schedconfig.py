@@ -45,8 +45,9 @@ def build_scheduler_config(*, scheduler_name: str = "archway-scheduler",
         if ca_pem is not None and b"-----BEGIN CERTIFICATE-----" not in ca_pem:
             raise ConfigError("the extender CA file holds no PEM certificate")
         # kube-scheduler's ExtenderTLSConfig: caData is the PEM bundle, base64 as every []byte.
-        tls = {"insecure": True} if insecure else {"caData": base64.b64encode(ca_pem).decode()}
-    document = {
+        tls = ({"insecure": True} if ca_pem is None
+               else {"caData": base64.b64encode(ca_pem).decode()})
+    document: dict = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "leaderElection": {

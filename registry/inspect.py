@@ -92,8 +92,8 @@ def run(args) -> int:
     remote = [image for image in args.images if image not in local]
     results = resolve_within(Resolver(config.registry, sif=config.sif), remote,
                              timeout=args.timeout) if remote else {}
-    rows = [_local_file(image) if image in local else results[image] for image in args.images]
-    rows = [(image, row) for image, row in zip(args.images, rows)]
+    rows = [(image, _local_file(image) if image in local else results[image])
+            for image in args.images]
     if args.json:
         json.dump([_to_json(image, row) for image, row in rows], sys.stdout, indent=2)
         print()

@@ -4,7 +4,6 @@ against the real registry and on a live pod, and `archway report`, through a kub
 points at the stand-in (tests/infra/apiserver.py)."""
 import base64
 import json
-import os
 import subprocess
 import sys
 import time
@@ -173,14 +172,14 @@ def test_audit_namespace_gets_annotations_only_and_is_counted(webhook, images):
 def test_off_namespace_is_left_alone_without_reading_images(webhook, images, plain_registry):
     client, _ = webhook
     mark = plain_registry.mark()
-    response, pod = admit(client, "quiet", images["gone"])
+    response, _ = admit(client, "quiet", images["gone"])
     assert response["allowed"] and "patch" not in response and "warnings" not in response
     assert plain_registry.requests_since(mark) == []
 
 
 def test_a_label_archway_does_not_know_is_ignored_with_a_warning(webhook, images):
     client, _ = webhook
-    response, pod = admit(client, "typo", images["multi"])
+    response, _ = admit(client, "typo", images["multi"])
     assert response["auditAnnotations"]["outcome"] == "mutated"
     assert "archway.dev/mode='enforced'" in response["warnings"][0]
 
@@ -416,8 +415,9 @@ def test_report_lists_each_workload_once_with_its_readiness_for_arm64(cluster, c
 
 
 def test_report_pages_through_long_lists(cluster, config_file, monkeypatch, capsys, apiserver):
-    from archway import cli
     from archway.webhook import cluster as cluster_module
+
+    from archway import cli
     monkeypatch.setattr(cluster_module, "PAGE_SIZE", 1)
     apiserver.requests.clear()
     assert cli.main(["report", "--json", "--config", config_file]) == 0

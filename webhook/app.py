@@ -28,7 +28,10 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
     config = state.config
     if pull_secrets is None:
         pull_secrets = PullSecrets.from_config(config)
-    client_factory = lambda: build_api_client(config.kubernetes)[0]  # noqa: E731
+
+    def client_factory():
+        return build_api_client(config.kubernetes)[0]
+
     namespaces = None
     if config.kubernetes.namespace_cache and config.kubernetes.enabled != "off":
         namespaces = NamespaceCache(client_factory)

@@ -5,7 +5,7 @@ Every call is bounded in time and size; lists are paged (limit/continue) so a la
 never arrives as one giant answer. An API error is an ArchwayError naming the call.
 """
 import json
-from typing import Iterator
+from collections.abc import Iterator
 
 from archway.errors import ArchwayError
 

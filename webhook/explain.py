@@ -11,8 +11,9 @@ prints its answer. Nothing heavy is imported before the command runs (see archwa
 """
 import json
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any
 
 import yaml
 
@@ -103,7 +104,7 @@ def image_json(image: str, result) -> dict:
 
 def to_json(explanation: Explanation) -> dict:
     w, d = explanation.workload, explanation.decision
-    data = {
+    data: dict[str, Any] = {
         "kind": w.kind, "namespace": w.namespace, "name": w.name, "origin": w.origin,
         "images": [image_json(i, r) for i, r in explanation.results.items()],
         "architectures": sorted(d.architectures) if d.architectures is not None else None,

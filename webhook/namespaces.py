@@ -8,6 +8,7 @@ archway does not understand leaves the configured policy in force and says so on
 from dataclasses import dataclass, replace
 
 from archway.registry.platforms import normalize
+
 from archway.watchcache import WatchCache
 
 from .placement import MODES, Policy
@@ -41,12 +42,11 @@ def parse_preferred(text: str) -> tuple[tuple[str, int], ...]:
 
 
 def namespace_facts(obj: dict) -> NamespaceFacts | None:
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    name = meta.get("name") if isinstance(meta, dict) else None
+    meta = _mapping(obj.get("metadata") if isinstance(obj, dict) else None)
+    name = meta.get("name")
     if not isinstance(name, str) or not name:
         return None
-    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
-    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    labels, annotations = _mapping(meta.get("labels")), _mapping(meta.get("annotations"))
     problems = []
     mode = labels.get(LABEL_MODE)
     if mode is not None and mode not in MODES:
@@ -61,6 +61,10 @@ def namespace_facts(obj: dict) -> NamespaceFacts | None:
         except ValueError as e:
             problems.append(f"namespace annotation {ANNOTATION_PREFERRED}: {e}; ignored")
     return NamespaceFacts(name, mode, preferred, tuple(problems))
+
+
+def _mapping(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
 
 
 def namespace_policy(base: Policy, facts: NamespaceFacts | None) -> Policy:

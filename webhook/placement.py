@@ -12,8 +12,9 @@ would widen where the pod may run instead of narrowing it.
 """
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Protocol
 
 import jsonpatch
 

@@ -4,8 +4,8 @@ ReplicaSet, Job or CronJob, read from manifests or from the cluster. Pure functi
 `archway explain` and `archway report` decide on these pods exactly as the webhook would decide
 on the pods the controllers create from them.
 """
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from archway.errors import ArchwayError
 
@@ -36,16 +36,16 @@ class Workload:
 
 def pod_of(obj: dict) -> dict:
     """The Pod a workload object makes (its template as a Pod); ArchwayError when malformed."""
-    kind = obj.get("kind")
-    template = obj
+    kind = str(obj.get("kind"))
+    template: object = obj
     for key in TEMPLATE_PATHS[kind]:
         template = template.get(key) if isinstance(template, dict) else None
     if not isinstance(template, dict):
         raise ArchwayError(f"{kind} has no pod template at {'.'.join(TEMPLATE_PATHS[kind])}")
     if kind == "Pod":
         return obj
-    metadata = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
-    namespace = (obj.get("metadata") or {}).get("namespace")
+    metadata = _mapping(template.get("metadata"))
+    namespace = _mapping(obj.get("metadata")).get("namespace")
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {**metadata, **({"namespace": namespace} if namespace else {})},
             "spec": template.get("spec") or {}}
@@ -69,9 +69,13 @@ def _workloads(obj, where: str) -> Iterator[Workload]:
         return
     if kind not in TEMPLATE_PATHS:
         return
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    metadata = _mapping(obj.get("metadata"))
     name = metadata.get("name") or metadata.get("generateName") or ""
     yield Workload(kind, metadata.get("namespace") or "", str(name), pod_of(obj), where)
+
+
+def _mapping(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
 
 
 def controller_of(obj: dict) -> dict | None:

@@ -10,8 +10,8 @@ archway does not call answers 404 like the real server does for an unknown objec
 import base64
 import copy
 import json
-import re
 import os
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
