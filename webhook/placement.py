@@ -378,29 +378,29 @@ def _tolerate(spec: dict, pod: PodView, allowed: frozenset[str],
 _HARD_EFFECTS = ("NoSchedule", "NoExecute")
 
 
-def schedulable_architectures(nodes: Iterable[NodeLike],
-                              tolerations: tuple[Toleration, ...]) -> frozenset[str]:
-    """The archs of the nodes a pod with `tolerations` may be scheduled on: a node whose
-    NoSchedule/NoExecute taint (a cordon included) the pod does not tolerate does not count."""
-    archs = set()
-    for node in nodes:
-        if node.arch is None or node.arch in archs:
-            continue
-        if all(any(t.tolerates(key, value, effect) for t in tolerations)
-               for key, value, effect in node.taints if effect in _HARD_EFFECTS):
-            archs.add(node.arch)
-    return frozenset(archs)
+def _may_schedule(node: NodeLike, tolerations: tuple[Toleration, ...]) -> bool:
+    """False when a NoSchedule/NoExecute taint of `node` (a cordon included) is not tolerated."""
+    return all(any(t.tolerates(key, value, effect) for t in tolerations)
+               for key, value, effect in node.taints if effect in _HARD_EFFECTS)
 
 
 def unschedulable_reason(archs: frozenset[str], allowed: frozenset[str],
                          nodes: Iterable[NodeLike], tolerations: tuple[Toleration, ...]) -> str:
     """Why no current node can run a pod restricted to `allowed` ("" when one can, or when no
-    node is known: an empty cache says nothing about the cluster)."""
-    nodes = list(nodes)
-    if not any(node.arch for node in nodes):
-        return ""
-    available = schedulable_architectures(nodes, tolerations)
-    if allowed & available:
+    node is known: an empty cache says nothing about the cluster). Stops at the first node
+    that can: in a healthy cluster that is one of the first few."""
+    available: set[str] = set()
+    known = False
+    for node in nodes:
+        if node.arch is None:
+            continue
+        known = True
+        if node.arch in available or not _may_schedule(node, tolerations):
+            continue
+        if node.arch in allowed:
+            return ""
+        available.add(node.arch)
+    if not known:
         return ""
     return (f"images are {'/'.join(sorted(archs))}-only; nodes: "
             f"{_join(available) or 'none the pod tolerates'}")
