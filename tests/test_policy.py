@@ -208,10 +208,11 @@ def test_pod_no_node_can_run_gets_a_warning_and_an_event_on_its_controller(webho
                                        "stay Pending")   # arm-1 is tainted against the pod
 
     def events():
-        reply = apiserver.get("/api/v1/namespaces/shop/events")
-        return [o for p, o in apiserver.objects.items()
-                if p.startswith("/api/v1/namespaces/shop/events/")] if reply is None else []
-    wait_until(lambda: events())
+        with apiserver._lock:
+            return [o for p, o in apiserver.objects.items()
+                    if p.startswith("/api/v1/namespaces/shop/events/")
+                    and o["involvedObject"]["name"] == "batch-7f9"]
+    wait_until(events)
     (event,) = events()
     assert event["reason"] == "ArchwayUnschedulable" and event["type"] == "Warning"
     assert event["involvedObject"] == {"apiVersion": "apps/v1", "kind": "ReplicaSet",
