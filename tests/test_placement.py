@@ -630,7 +630,7 @@ def test_pod_no_node_can_run_is_warned_about_or_denied():
     assert d.allowed and d.unschedulable == "images are s390x-only; nodes: amd64, arm64"
     assert d.warnings[0] == "images are s390x-only; nodes: amd64, arm64; the pod would stay Pending"
     denied = decide(pod, {"reg/z:1": s390x}, Policy(deny_unschedulable=True), nodes=nodes)
-    assert not denied.allowed and "s390x-only" in denied.message
+    assert not denied.allowed and "s390x-only" in denied.message and denied.unschedulable
     fine = decide(make_pod("reg/amdarm:1"), RESULTS, Policy(deny_unschedulable=True), nodes=nodes)
     assert fine.allowed and not fine.unschedulable and not fine.warnings
     # An empty node cache says nothing about the cluster.

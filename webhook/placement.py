@@ -268,7 +268,7 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
             if unschedulable:
                 if policy.deny_unschedulable:
                     return _deny(unschedulable + " (admission.deny_unschedulable is true)",
-                                 warnings, archs)
+                                 warnings, archs, unschedulable=unschedulable)
                 warnings.insert(0, unschedulable + "; the pod would stay Pending")
         _annotate(mutated, pod, results, archs)
 
@@ -474,9 +474,10 @@ def _same_requirement(requirement: Requirement, archs: frozenset[str]) -> bool:
             and frozenset(requirement.values) == archs)
 
 
-def _deny(message: str, warnings: list[str], archs) -> Decision:
+def _deny(message: str, warnings: list[str], archs, *, unschedulable: str = "") -> Decision:
     return Decision(allowed=False, message=message, warnings=tuple(warnings),
-                    architectures=archs, outcome="denied", reason="denied")
+                    architectures=archs, outcome="denied", reason="denied",
+                    unschedulable=unschedulable)
 
 
 # --- wording -------------------------------------------------------------------------------------
