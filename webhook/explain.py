@@ -94,7 +94,9 @@ def read_source(path: str) -> tuple[str, str]:
 def image_json(image: str, result) -> dict:
     from archway.registry.inspect import normalized
     from archway.registry.model import ImageInfo
-    row = {"image": display_image(image), "reference": normalized(image)}
+    reference = normalized(image)
+    row = {"image": display_image(image),
+           "reference": display_image(reference) if reference else None}
     if isinstance(result, ImageInfo):
         return {**row, "architectures": sorted(result.architectures), "digest": result.digest,
                 "source": result.source, "error": None}

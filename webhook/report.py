@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from archway.errors import ArchwayError
 from archway.podview import PodView
 
-from .placement import common_architectures, pod_arch_constraint, told_architectures
+from .placement import (common_architectures, display_image, pod_arch_constraint,
+                        told_architectures)
 from .workloads import Workload, is_top_level, workloads_in
 
 # The order of the table: long-lived workloads first.
@@ -38,11 +39,12 @@ def assess(workload: Workload, pod: PodView, results: dict, target: str | None) 
     mine = {image: results.get(image) for image in pod.images}
     told = told_architectures(mine)
     archs = common_architectures(told)
-    unreadable = tuple(i for i, r in mine.items() if not isinstance(r, ImageInfo))
+    # Images as shown: a password in an https:// SIF URL never reaches the report.
+    unreadable = tuple(display_image(i) for i, r in mine.items() if not isinstance(r, ImageInfo))
     lacking: tuple[str, ...] = ()
     pinned, movable = "", ""
     if target:
-        lacking = tuple(i for i, a in told.items() if target not in a)
+        lacking = tuple(display_image(i) for i, a in told.items() if target not in a)
         own = pod_arch_constraint(pod)
         if own is not None and not own.within(frozenset([target])):
             pinned = own.describe()
@@ -58,7 +60,7 @@ def assess(workload: Workload, pod: PodView, results: dict, target: str | None) 
 def row_json(row: Row) -> dict:
     w = row.workload
     data = {"kind": w.kind, "namespace": w.namespace, "name": w.name,
-            "images": list(PodView.of(w.pod).images),
+            "images": [display_image(i) for i in PodView.of(w.pod).images],
             "architectures": sorted(row.architectures) if row.architectures is not None else None,
             "unreadable": list(row.unreadable)}
     if row.movable:
