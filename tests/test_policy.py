@@ -426,3 +426,17 @@ def test_report_pages_through_long_lists(cluster, config_file, monkeypatch, caps
     assert len(report["workloads"]) == 5 and report["target_arch"] is None
     pages = [p for m, p in apiserver.requests if p.startswith("/api/v1/pods?")]
     assert len(pages) == 2 and "continue=" in pages[-1]   # two pods, one per page
+
+
+def test_explain_and_report_never_show_the_password_of_a_sif_url():
+    from archway.errors import NotFound
+    from archway.podview import PodView
+    from archway.webhook.explain import image_json
+    from archway.webhook.report import assess, row_json
+    from archway.webhook.workloads import workloads_in
+    image = "https://robot:s3cret@files.example/tools/x.sif"
+    row = image_json(image, NotFound("gone"))
+    assert "s3cret" not in json.dumps(row) and row["image"] == "https://***@files.example/tools/x.sif"
+    (workload,) = workloads_in([bare_pod("tool", image)])
+    assessed = assess(workload, PodView.of(workload.pod), {image: NotFound("gone")}, "arm64")
+    assert assessed.movable == "unknown" and "s3cret" not in json.dumps(row_json(assessed))
