@@ -31,8 +31,9 @@ def positive_seconds(text: str) -> float:
 def resolve_within(resolver, images, *, timeout: float, keyring=None) -> dict:
     """`resolver.resolve_many` bounded by the wall clock: when `timeout` seconds have passed,
     every image without an answer is a DeadlineExceeded, even if a lookup hangs where the
-    resolver's own deadline does not reach. The abandoned work is left to a daemon thread and
-    archway.cli exits without waiting for it."""
+    resolver's own deadline does not reach. Work still running then (this thread, or the
+    resolver's pool threads behind a timed-out answer) is abandoned: archway.cli exits without
+    waiting for it."""
     images = list(dict.fromkeys(images))
     if not images:
         return {}
@@ -47,11 +48,14 @@ def resolve_within(resolver, images, *, timeout: float, keyring=None) -> dict:
     thread = threading.Thread(target=work, name="archway-resolve", daemon=True)
     thread.start()
     thread.join(timeout)
-    if thread.is_alive():
-        ABANDONED.set()
     answers = dict(done) if not thread.is_alive() else {}
     late = DeadlineExceeded(f"no answer within the time limit ({timeout:g} s)")
-    return {image: answers.get(image, late) for image in images}
+    results = {image: answers.get(image, late) for image in images}
+    if any(isinstance(r, DeadlineExceeded) for r in results.values()):
+        # A lookup that ran out of time may still hold a pool thread in a read; the
+        # interpreter would wait for it at exit.
+        ABANDONED.set()
+    return results
 
 
 def normalized(image: str) -> str | None:
