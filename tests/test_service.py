@@ -238,8 +238,8 @@ def test_unschedulable_pod_is_warned_with_an_event_or_denied():
     warned = response(service(resolver, nodes=nodes, events=events).review(review("reg/z:1")))
     assert warned["allowed"] and warned["warnings"][0].startswith("images are s390x-only")
     assert events.sent == [("shop/web-*", "ArchwayUnschedulable",
-                            "images are s390x-only; nodes: amd64, arm64: the pod stays Pending "
-                            "until such a node joins")]
+                            ("images are s390x-only; nodes: amd64, arm64: the pod stays Pending "
+                             "until such a node joins"))]
     denied = response(service(resolver, nodes=nodes, events=events,
                               policy=Policy(deny_unschedulable=True)).review(review("reg/z:1")))
     assert not denied["allowed"] and "s390x-only" in denied["status"]["message"]

@@ -74,7 +74,7 @@ class EventRecorder:
         self._runner.start_once()
         try:
             self._queue.put_nowait(event_body(pod, reason, message,
-                                              now=dt.datetime.now(dt.timezone.utc),
+                                              now=dt.datetime.now(dt.UTC),
                                               instance=self.instance))
         except queue.Full:
             log.debug("event queue full: dropped %s about %s", reason, pod.display_name)

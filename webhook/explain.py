@@ -36,10 +36,6 @@ class Explanation:
     events: tuple = ()                # a live pod's (and its controller's) archway Events
 
     @property
-    def images(self) -> tuple[str, ...]:
-        return tuple(self.results)
-
-    @property
     def unreadable(self) -> list[str]:
         from archway.registry.model import ImageInfo
         return [image for image, result in self.results.items()
