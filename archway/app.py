@@ -16,10 +16,12 @@ from werkzeug.exceptions import HTTPException
 from archway import __version__, metrics
 from archway.certs.selfsigned import tls_dir
 from archway.certs.x509 import CertificateError, load_cert, remaining
+from archway.extender.nodes import NodeCache
 from archway.extender.routes import register_extender
 from archway.registry.resolver import Resolver
 from archway.registry.sharedlookups import SharedLookups
 from archway.webhook.app import register_webhook
+from archway.webhook.pullsecrets import build_api_client
 
 log = logging.getLogger("archway.server")
 
@@ -34,9 +36,10 @@ def products_of(choice: str) -> tuple[str, ...]:
 class ServerState:
     """What the routes of one worker share."""
 
-    def __init__(self, config, resolver):
+    def __init__(self, config, resolver, node_cache=None):
         self.config = config
         self.resolver = resolver
+        self.node_cache = node_cache   # one list + watch of Nodes for both products
         # name -> callable returning None when fine, else what is wrong; products may add.
         self.readiness_checks: dict[str, Callable[[], str | None]] = {}
         # name -> callable returning a fact /readyz shows when ready; products may add.
@@ -57,7 +60,10 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
     if resolver is None:
         resolver = Resolver(config.registry, sif=config.sif,
                             shared=SharedLookups(lookups_dir) if lookups_dir else None)
-    state = ServerState(config, resolver)
+    node_cache = None
+    if config.extender.node_cache and config.kubernetes.enabled != "off":
+        node_cache = NodeCache(lambda: build_api_client(config.kubernetes)[0])
+    state = ServerState(config, resolver, node_cache)
     metrics.started(__version__)
     app.extensions["archway"] = state
     state.readiness_checks["registry.ca_file"] = lambda: _unreadable(config.registry.ca_file)
@@ -66,7 +72,7 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
     if "webhook" in products:
         register_webhook(app, state, pull_secrets)
     if "extender" in products:
-        register_extender(app, config, resolver)
+        register_extender(app, config, resolver, node_cache=node_cache)
     _register_common(app, state)
     return app
 

@@ -115,17 +115,77 @@ class ServerSettings:
 
 @dataclass(frozen=True)
 class AdmissionSettings:
+    mode: str = choice("enforce", "audit")  # audit: annotate and count, change no placement
     deadline_seconds: float = 3.0         # keep below the webhook's timeoutSeconds
     fail_closed: bool = False             # true: deny pods whose images could not be resolved
     deny_on_conflict: bool = False        # true: deny when the pod's own arch constraint excludes S
     deny_on_empty: bool = True            # false: admit pods with no common arch, with a warning
+    deny_unschedulable: bool = False      # true: deny pods whose archs no (tolerated) node has
     exclude_namespaces: tuple[str, ...] = ("kube-system",)
     max_images_per_pod: int = 64          # distinct images resolved per pod; past it: unresolved
+
+
+def _arch_name(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{key}: architecture names must be non-empty strings, got {_shown(value)}")
+    from archway.registry.platforms import normalize  # aarch64 -> arm64, x86_64 -> amd64
+    return normalize("linux", value.strip()).architecture
+
+
+def _arch_weights(value: Any, key: str) -> tuple[tuple[str, int], ...]:
+    """{arch: weight 1..100} -> ((arch, weight), ...) sorted by weight, heaviest first."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key} must be a mapping of architecture to weight, got {_shown(value)}")
+    weights: dict[str, int] = {}
+    for arch, weight in value.items():
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
+            raise ConfigError(f"{key}.{arch} must be a whole number from 1 to 100 (the "
+                              f"preferred node affinity weight), got {_shown(weight)}")
+        weights[_arch_name(arch, key)] = weight
+    return tuple(sorted(weights.items(), key=lambda item: (-item[1], item[0])))
+
+
+_TOLERATION_KEYS = {"key": str, "operator": str, "value": str, "effect": str,
+                    "tolerationSeconds": int}
+
+
+def _arch_tolerations(value: Any, key: str) -> tuple[tuple[str, tuple[dict, ...]], ...]:
+    """{arch: [Toleration, ...]} -> ((arch, (toleration, ...)), ...), each toleration checked."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key} must be a mapping of architecture to a list of tolerations, "
+                          f"got {_shown(value)}")
+    result = []
+    for arch, tolerations in value.items():
+        where = f"{key}.{arch}"
+        if not isinstance(tolerations, list):
+            raise ConfigError(f"{where} must be a list of tolerations, got {_shown(tolerations)}")
+        for i, toleration in enumerate(tolerations):
+            if not isinstance(toleration, dict) or not toleration:
+                raise ConfigError(f"{where}[{i}] must be a toleration mapping, got "
+                                  f"{_shown(toleration)}")
+            for name, item in toleration.items():
+                kind = _TOLERATION_KEYS.get(name)
+                if kind is None or isinstance(item, bool) or not isinstance(item, kind):
+                    raise ConfigError(f"{where}[{i}].{name}: a toleration has key, operator "
+                                      f"(Equal|Exists), value, effect (strings) and "
+                                      f"tolerationSeconds (a whole number), got {_shown(item)}")
+            if toleration.get("operator", "Equal") not in ("Equal", "Exists"):
+                raise ConfigError(f"{where}[{i}].operator must be Equal or Exists")
+            if toleration.get("effect", "") not in ("", "NoSchedule", "PreferNoSchedule",
+                                                    "NoExecute"):
+                raise ConfigError(f"{where}[{i}].effect must be NoSchedule, PreferNoSchedule "
+                                  f"or NoExecute")
+        result.append((_arch_name(arch, key), tuple(dict(t) for t in tolerations)))
+    return tuple(result)
 
 
 @dataclass(frozen=True)
 class PlacementSettings:
     scheduler_name: str | None = None     # set on pods that ask for the default scheduler
+    # arch -> weight: preferred node affinity for the archs a pod can run on
+    preferred_architectures: tuple[tuple[str, int], ...] = checked(tuple, _arch_weights)
+    # arch -> tolerations added when the pod may run on that arch (tainted arm64 pools)
+    tolerations: tuple[tuple[str, tuple[dict, ...]], ...] = checked(tuple, _arch_tolerations)
 
 
 @dataclass(frozen=True)
@@ -133,6 +193,7 @@ class KubernetesSettings:
     enabled: str = choice("auto", "off")  # auto: kubeconfig, in-cluster, ~/.kube/config, or none
     kubeconfig: str | None = None
     secret_cache_seconds: float = 60.0
+    namespace_cache: bool = True          # list+watch Namespaces for per-namespace mode/preferences
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,14 @@ IMAGE_RESOLUTIONS = Counter(
     "Image resolutions during admission: source is where the answer came from (oci-index, "
     "sif-https...) or the reference scheme when it failed; result is resolved, no_arch or an "
     "error kind", ["source", "result"])
+AUDIT_DECISIONS = Counter(
+    "archway_audit_decisions_total",
+    "Pods admitted in audit mode (admission.mode or the namespace label archway.dev/mode), by "
+    "what enforce mode would have done: mutated, unchanged, denied, fail_open", ["would"])
+UNSCHEDULABLE_PODS = Counter(
+    "archway_unschedulable_pods_total",
+    "Pods whose images' architectures no current node they tolerate has (the node cache's "
+    "view), by action: warned or denied", ["action"])
 BAD_REQUESTS = Counter("archway_bad_requests_total",
                        "Requests rejected as malformed, by HTTP status", ["code"])
 

@@ -21,7 +21,7 @@ _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 # What a placement decision may change: metadata.annotations and these members of spec. The view
 # keeps them as sent (see `patchable`) so the patch is a diff at the pod's own paths.
-PATCHABLE_SPEC = ("affinity", "nodeSelector", "schedulerName", "schedulingGates")
+PATCHABLE_SPEC = ("affinity", "nodeSelector", "schedulerName", "schedulingGates", "tolerations")
 
 
 class PodShapeError(ArchwayError):
@@ -63,6 +63,26 @@ class PreferredTerm:
 
 
 @dataclass(frozen=True)
+class Toleration:
+    """One spec.tolerations entry; "" for an absent field (operator "" means Equal)."""
+    key: str
+    operator: str
+    value: str
+    effect: str
+
+    def tolerates(self, key: str, value: str, effect: str) -> bool:
+        """Whether this toleration tolerates the taint key=value:effect
+        (k8s.io/api/core/v1 Toleration.ToleratesTaint)."""
+        if self.effect and self.effect != effect:
+            return False
+        if self.key and self.key != key:
+            return False
+        if self.operator == "Exists":
+            return True   # an empty key with Exists tolerates everything
+        return self.operator in ("", "Equal") and self.value == value
+
+
+@dataclass(frozen=True)
 class OwnerReference:
     api_version: str
     kind: str
@@ -88,6 +108,7 @@ class PodView:
     node_selector: Mapping[str, str]
     required_terms: tuple[NodeSelectorTerm, ...] | None   # None: no required node affinity
     preferred_terms: tuple[PreferredTerm, ...]
+    tolerations: tuple[Toleration, ...]
     patchable: Mapping[str, Any]   # the pod cut down to what a decision may change (see above)
 
     @classmethod
@@ -122,6 +143,7 @@ class PodView:
             node_selector=_string_map(spec.get("nodeSelector"), "spec.nodeSelector"),
             required_terms=_required_terms(node_affinity),
             preferred_terms=_preferred_terms(node_affinity),
+            tolerations=_tolerations(spec.get("tolerations")),
             patchable=MappingProxyType(_patchable(pod, metadata, spec)),
         )
 
@@ -263,6 +285,16 @@ def _preferred_terms(node_affinity: dict) -> tuple[PreferredTerm, ...]:
             raise PodShapeError(f"{where}[{i}].weight must be an integer")
         terms.append(PreferredTerm(weight, _term(item.get("preference"), f"{where}[{i}].preference")))
     return tuple(terms)
+
+
+def _tolerations(value: Any) -> tuple[Toleration, ...]:
+    tolerations = []
+    for i, item in enumerate(_list(value, "spec.tolerations")):
+        where = f"spec.tolerations[{i}]"
+        item = _mapping(item, where)
+        tolerations.append(Toleration(*(_text(item, k, where)
+                                         for k in ("key", "operator", "value", "effect"))))
+    return tuple(tolerations)
 
 
 def _patchable(pod: dict, metadata: dict, spec: dict) -> dict:

@@ -106,7 +106,15 @@ def tls_files(config, host: str):
     hosts = list(DEFAULT_HOSTS)
     if host not in ("0.0.0.0", "::") and host not in hosts:
         hosts.append(host)
-    files = ensure_self_signed(server.state_dir, hosts)
+    try:
+        files = ensure_self_signed(server.state_dir, hosts)
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        raise ConfigError(
+            f"server.state_dir {server.state_dir} is not writable ({where}"
+            f"{e.strerror or e}): archway keeps its self-signed certificate there; set "
+            f"server.state_dir to a writable directory, or server.cert_file and "
+            f"server.key_file") from None
     return files.cert_path, files.key_path, files.ca_path
 
 

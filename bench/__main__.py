@@ -21,6 +21,7 @@ from .report import load_average, machine, markdown, summary, table
 
 # Cheap first; the extender last, since its Prometheus scrapes 5,000 series while it runs.
 SECTIONS = {           # name -> module of bench/ whose run(lab) returns its figures
+    "policy": "policy",
     "registry": "registry_costs",
     "cache": "cache",
     "uncached": "uncached",

@@ -239,11 +239,12 @@ def _cluster_client(kubernetes_settings):
 
 # --- HTTP -----------------------------------------------------------------------------------------
 
-def register_extender(app: Flask, config, resolver, *, extender: Extender | None = None) -> None:
+def register_extender(app: Flask, config, resolver, *, extender: Extender | None = None,
+                      node_cache: NodeCache | None = None) -> None:
     """Add POST /scheduler/filter and /scheduler/prioritize to `app`. `resolver` is a
     archway.registry.resolver.Resolver, a zero-argument factory of one, or None (pod arch then comes
     from the webhook's annotation only). `extender` replaces the one built from `config`."""
-    extender = extender or Extender(config, resolver)
+    extender = extender or Extender(config, resolver, node_cache=node_cache)
     app.extensions["archway.extender"] = extender
 
     def read_args():

@@ -5,6 +5,7 @@ extender for them. The Helm chart renders the same document (keep the key order 
 step with charts/archway/templates/scheduler/).
 """
 import argparse
+import base64
 import re
 import sys
 
@@ -19,7 +20,8 @@ def build_scheduler_config(*, scheduler_name: str = "archway-scheduler",
                            extender_url: str = "http://127.0.0.1:8444/scheduler",
                            weight: int = 1, node_cache_capable: bool = True,
                            http_timeout: str = "3s", lease_name: str = "archway-scheduler",
-                           lease_namespace: str = "archway") -> dict:
+                           lease_namespace: str = "archway", ca_pem: bytes | None = None,
+                           insecure: bool = False) -> dict:
     """A kubescheduler.config.k8s.io/v1 KubeSchedulerConfiguration with one profile and archway
     as its extender. `ignorable: true`: when archway is down the pod is scheduled without its
     opinion instead of staying Pending. The lease is the second scheduler's own, so it never
@@ -34,7 +36,18 @@ def build_scheduler_config(*, scheduler_name: str = "archway-scheduler",
         raise ConfigError(f"httpTimeout {http_timeout!r} is not a duration such as 2s or 1500ms")
     if not extender_url.startswith(("http://", "https://")):
         raise ConfigError(f"the extender URL {extender_url!r} must start with http:// or https://")
-    return {
+    tls = None
+    if ca_pem is not None or insecure:
+        if not extender_url.startswith("https://"):
+            raise ConfigError("a CA or insecure TLS only applies to an https:// extender URL")
+        if ca_pem is not None and insecure:
+            raise ConfigError("give either a CA to verify the extender with or insecure, not both")
+        if ca_pem is not None and b"-----BEGIN CERTIFICATE-----" not in ca_pem:
+            raise ConfigError("the extender CA file holds no PEM certificate")
+        # kube-scheduler's ExtenderTLSConfig: caData is the PEM bundle, base64 as every []byte.
+        tls = ({"insecure": True} if ca_pem is None
+               else {"caData": base64.b64encode(ca_pem).decode()})
+    document: dict = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "leaderElection": {
@@ -54,6 +67,9 @@ def build_scheduler_config(*, scheduler_name: str = "archway-scheduler",
             "httpTimeout": http_timeout,
         }],
     }
+    if tls is not None:
+        document["extenders"][0]["tlsConfig"] = tls
+    return document
 
 
 def to_yaml(document: dict) -> str:
@@ -85,13 +101,30 @@ def register(subparsers) -> None:
                         help="the scheduler's own leader-election lease (default: %(default)s)")
     parser.add_argument("--lease-namespace", default="archway",
                         help="namespace of that lease (default: %(default)s)")
+    tls = parser.add_mutually_exclusive_group()
+    tls.add_argument("--ca-file", metavar="FILE",
+                     help="for an https:// extender URL: the CA that signed archway's serving "
+                          "certificate, embedded as tlsConfig.caData")
+    tls.add_argument("--insecure", action="store_true",
+                     help="for an https:// extender URL: do not verify its certificate "
+                          "(tlsConfig.insecure; tests only)")
     parser.set_defaults(func=_run)
 
 
 def _run(args) -> int:
+    ca_pem = None
+    if args.ca_file:
+        try:
+            with open(args.ca_file, "rb") as f:
+                ca_pem = f.read(1024 * 1024)
+        except FileNotFoundError:
+            raise ConfigError(f"no such file: {args.ca_file}") from None
+        except OSError as e:
+            raise ConfigError(f"cannot read {args.ca_file}: {e.strerror}") from None
     document = build_scheduler_config(
         scheduler_name=args.scheduler_name, extender_url=args.extender_url, weight=args.weight,
         node_cache_capable=args.node_cache_capable, http_timeout=args.http_timeout,
-        lease_name=args.lease_name, lease_namespace=args.lease_namespace)
+        lease_name=args.lease_name, lease_namespace=args.lease_namespace, ca_pem=ca_pem,
+        insecure=args.insecure)
     sys.stdout.write(to_yaml(document))
     return 0

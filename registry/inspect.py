@@ -1,12 +1,76 @@
-"""`archway inspect IMAGE...`: which architectures does this image support?"""
+"""`archway inspect IMAGE...`: which architectures does this image support?
+
+Also the helpers every command that resolves images shares (`explain`, `report`): a resolution
+bounded by the wall clock, and the normalised reference shown next to what the user wrote.
+"""
+import argparse
 import json
 import os
 import sys
+import threading
 
 from . import sif
-from archway.errors import ArchwayError
+from archway.background import ABANDONED
+from archway.errors import ArchwayError, DeadlineExceeded
 from .model import ImageInfo
+from .reference import parse_reference
 from .resolver import Resolver
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type of --timeout: a number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return value
+
+
+def resolve_within(resolver, images, *, timeout: float, keyring=None) -> dict:
+    """`resolver.resolve_many` bounded by the wall clock: when `timeout` seconds have passed,
+    every image without an answer is a DeadlineExceeded, even if a lookup hangs where the
+    resolver's own deadline does not reach. Work still running then (this thread, or the
+    resolver's pool threads behind a timed-out answer) is abandoned: archway.cli exits without
+    waiting for it."""
+    images = list(dict.fromkeys(images))
+    if not images:
+        return {}
+    done: dict = {}
+
+    def work() -> None:
+        try:
+            done.update(resolver.resolve_many(images, keyring=keyring, timeout=timeout))
+        except ArchwayError as e:
+            done.update({image: e for image in images})
+
+    thread = threading.Thread(target=work, name="archway-resolve", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    answers = dict(done) if not thread.is_alive() else {}
+    late = DeadlineExceeded(f"no answer within the time limit ({timeout:g} s)")
+    results = {image: answers.get(image, late) for image in images}
+    if any(isinstance(r, DeadlineExceeded) for r in results.values()):
+        # A lookup that ran out of time may still hold a pool thread in a read; the
+        # interpreter would wait for it at exit.
+        ABANDONED.set()
+    return results
+
+
+def normalized(image: str) -> str | None:
+    """The reference as archway reads it (`nginx` -> `docker.io/library/nginx:latest`); None
+    when it cannot be parsed (the resolution's own error then says why)."""
+    try:
+        return str(parse_reference(image))
+    except ArchwayError:
+        return None
+
+
+def looks_like_path(image: str) -> bool:
+    """A local SIF file rather than a reference: an explicit path, or a *.sif name."""
+    return "://" not in image and (image.startswith(("/", "./", "../", "~/"))
+                                   or image.endswith(".sif"))
 
 
 def register(subparsers) -> None:
@@ -19,8 +83,8 @@ def register(subparsers) -> None:
                     "resolved, 1 otherwise.")
     parser.add_argument("images", nargs="+", metavar="IMAGE")
     parser.add_argument("--json", action="store_true", help="print a JSON list")
-    parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
-                        help="overall time limit (default 30)")
+    parser.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="SECONDS",
+                        help="overall wall-clock limit for all images (default 30)")
     parser.set_defaults(func=run)
 
 
@@ -28,11 +92,12 @@ def run(args) -> int:
     from archway.config import load_config  # the config file format is shared with the server
 
     config = load_config(args.config)
-    remote = [image for image in args.images if not os.path.isfile(image)]
-    results = Resolver(config.registry, sif=config.sif).resolve_many(remote, timeout=args.timeout) if remote else {}
-    rows = [_local_file(image) if os.path.isfile(image) else results[image]
+    local = {image for image in args.images if os.path.isfile(image) or looks_like_path(image)}
+    remote = [image for image in args.images if image not in local]
+    results = resolve_within(Resolver(config.registry, sif=config.sif), remote,
+                             timeout=args.timeout) if remote else {}
+    rows = [(image, _local_file(image) if image in local else results[image])
             for image in args.images]
-    rows = [(image, row) for image, row in zip(args.images, rows)]
     if args.json:
         json.dump([_to_json(image, row) for image, row in rows], sys.stdout, indent=2)
         print()
@@ -43,6 +108,11 @@ def run(args) -> int:
 
 
 def _local_file(path: str) -> ImageInfo | ArchwayError:
+    if not os.path.exists(os.path.expanduser(path)):
+        return ArchwayError(f"no such file: {path}")
+    path = os.path.expanduser(path)
+    if not os.path.isfile(path):
+        return ArchwayError(f"not a file: {path}")
     try:
         found = sif.read_sif_platforms(sif.file_reader(path))
     except OSError as e:
@@ -52,18 +122,26 @@ def _local_file(path: str) -> ImageInfo | ArchwayError:
     return ImageInfo(path, found.platforms, None, f"file:{found.source}", found.note)
 
 
+def _reference(image: str, row) -> str | None:
+    if isinstance(row, ImageInfo) and row.source.startswith("file:"):
+        return None
+    return None if looks_like_path(image) else normalized(image)
+
+
 def _to_json(image: str, row) -> dict:
     if isinstance(row, ImageInfo):
-        return row.to_json()
-    return {"image": image, "architectures": [], "platforms": [], "digest": None,
-            "source": None, "note": None, "error": str(row)}
+        return {**row.to_json(), "reference": _reference(image, row)}
+    return {"image": image, "reference": _reference(image, row), "architectures": [],
+            "platforms": [], "digest": None, "source": None, "note": None, "error": str(row)}
 
 
 def _to_text(image: str, row) -> str:
+    reference = _reference(image, row)
+    shown = [f"  reference:     {reference}"] if reference and reference != image else []
     if not isinstance(row, ImageInfo):
-        return f"{image}\n  error:         {row}\n"
+        return "\n".join([image, *shown, f"  error:         {row}", ""])
     archs = " ".join(sorted(row.architectures)) or "unknown"
-    lines = [image, f"  architectures: {archs}"]
+    lines = [image, *shown, f"  architectures: {archs}"]
     if row.platforms:
         lines.append(f"  platforms:     {' '.join(sorted(str(p) for p in row.platforms))}")
     if row.note:

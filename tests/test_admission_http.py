@@ -320,9 +320,11 @@ def test_existing_node_selector_is_not_overridden(world):
     response = world.admit(review)
     pod = patched_pod(review, response)
     assert pod["spec"]["nodeSelector"] == {ARCH: "arm64", "disktype": "ssd"}
-    assert json.loads(base64.b64decode(response["patch"])) == [
-        {"op": "add", "path": "/metadata/annotations",
-         "value": {"archway.dev/architectures": "amd64,arm,arm64"}}]
+    (only,) = json.loads(base64.b64decode(response["patch"]))   # annotations, nothing else
+    assert only["op"] == "add" and only["path"] == "/metadata/annotations"
+    assert only["value"]["archway.dev/architectures"] == "amd64,arm,arm64"
+    (image,) = json.loads(only["value"]["archway.dev/images"])
+    assert image["architectures"] == ["amd64", "arm", "arm64"] and image["source"] == "oci-index"
 
 
 def test_two_affinity_terms_both_gain_the_arch_requirement(world):

@@ -383,3 +383,16 @@ def test_served_rotation_is_picked_up_without_failed_handshakes(served):
     assert first_new - swapped_at < 3.0       # checked at most once a second per worker
     served["serial"] = new.cert.serial_number
     assert "Traceback" not in served["server"].log()
+
+
+def test_serve_says_clearly_when_the_state_directory_is_not_writable(tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the state directory should go")
+    config = tmp_path / "archway.yaml"
+    config.write_text(f"server:\n  state_dir: {blocker}/state\nkubernetes:\n  enabled: \"off\"\n")
+    result = subprocess.run([sys.executable, "-m", "archway.cli", "--config", str(config), "serve",
+                             "--bind", f"127.0.0.1:{free_port()}"], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"server.state_dir {blocker}/state is not writable" in result.stderr
+    assert "server.cert_file" in result.stderr   # says what to do instead

@@ -48,6 +48,13 @@ CASES = {
                             "--set", "scheduler.enabled=true"],
     "registry-access-gke": ["-f", os.path.join(FIXTURES, "registry-access-gke.yaml"),
                             "--set", "scheduler.enabled=true"],
+    "arch-policy": ["--set", "scheduler.setSchedulerName=true",
+                    "--set", "config.admission.mode=audit",
+                    "--set", "config.admission.deny_unschedulable=true",
+                    "--set", "config.placement.preferred_architectures.arm64=80",
+                    "--set-json", 'config.placement.tolerations={"arm64": [{"key": '
+                                  '"kubernetes.io/arch", "operator": "Equal", "value": "arm64", '
+                                  '"effect": "NoSchedule"}]}'],
     "no-renewal-custom-config": ["--set", "tls.bootstrap.renewal.enabled=false",
                                  "--set", "config.prometheus.url=http://prometheus.monitoring:9090",
                                  "--set", "config.registry.insecure_hosts={registry.lab:5000}",
@@ -217,6 +224,9 @@ def test_alert_expressions_pass_promtool(render, tmp_path):
       "credentialProviders.providers[0].apiVersion=credentialprovider.kubelet.k8s.io/v9"], "apiVersion"),
     (["--set", "registryHosts.hostPath=relative/certs.d"], "hostPath"),
     (["--set", "config.registry.proxy.urls=http://p:3128"], "urls"),
+    (["--set", "config.admission.mode=off"], "mode"),
+    (["--set", "config.placement.preferred_architectures.arm64=101"], "arm64"),
+    (["--set", "config.placement.scheduler_name=x"], "scheduler_name"),
 ])
 def test_schema_rejects_wrong_values(helm_env, values, complaint):
     result = helm(helm_env, "lint", "--strict", CHART, *values, check=False)
@@ -325,6 +335,16 @@ def test_archway_config_loads_and_passes_values_through(render):
     assert webhook.placement.scheduler_name is None          # default: never a Pending pod
 
 
+def test_arch_policy_values_reach_the_webhook_config(render):
+    webhook = config_from_dict(archway_configs(render("arch-policy"))["webhook.yaml"])
+    assert webhook.admission.mode == "audit" and webhook.admission.deny_unschedulable
+    assert webhook.placement.preferred_architectures == (("arm64", 80),)
+    assert webhook.placement.tolerations == (("arm64", ({
+        "key": "kubernetes.io/arch", "operator": "Equal", "value": "arm64",
+        "effect": "NoSchedule"},)),)
+    assert webhook.placement.scheduler_name == "archway-scheduler"   # merged, not replaced
+
+
 def test_bootstrap_mode_jobs_and_rbac(render):
     docs = render("default")
     mwc = one(docs, "MutatingWebhookConfiguration")
@@ -369,7 +389,10 @@ def test_bootstrap_mode_jobs_and_rbac(render):
                               "verbs": ["get", "update"]}]
     reader = one(docs, "ClusterRole", f"{RELEASE}-archway-pull-secret-reader")
     assert reader["rules"] == [{"apiGroups": [""], "resources": ["serviceaccounts", "secrets"],
-                                "verbs": ["get"]}]
+                                "verbs": ["get"]},
+                               {"apiGroups": [""], "resources": ["namespaces", "nodes"],
+                                "verbs": ["list", "watch"]},
+                               {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
 
 def test_cert_manager_mode(render):

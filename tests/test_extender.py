@@ -454,3 +454,17 @@ def test_served_filter_takes_a_body_far_above_the_admission_limit(served):
     assert r.status_code == 200, r.text[:300]
     result = r.json()
     assert len(result["Nodes"]["items"]) == 750 and len(result["FailedAndUnresolvableNodes"]) == 750
+
+
+def test_node_facts_keep_taints_and_a_cordon():
+    from archway.extender.nodes import CORDON_TAINT, node_facts
+    node = {"metadata": {"name": "n1", "labels": {"kubernetes.io/arch": "arm64"}},
+            "spec": {"unschedulable": True, "taints": [
+                {"key": "kubernetes.io/arch", "value": "arm64", "effect": "NoSchedule"},
+                {"key": "spot", "effect": "PreferNoSchedule"}, "junk"]}}
+    facts = node_facts(node)
+    assert facts.taints == (("kubernetes.io/arch", "arm64", "NoSchedule"),
+                            ("spot", "", "PreferNoSchedule"), CORDON_TAINT)
+    node["spec"]["taints"].append({"key": CORDON_TAINT[0], "effect": "NoSchedule"})
+    assert node_facts(node).taints.count(CORDON_TAINT) == 1   # the controller's own, once
+    assert node_facts({"metadata": {"name": "bare"}}).taints == ()

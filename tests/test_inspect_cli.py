@@ -67,3 +67,54 @@ def test_a_broken_config_file_is_a_clear_error(tmp_path):
     result = archway("inspect", "--config", str(bad), "nginx")
     assert result.returncode == 2
     assert "timeout_seconds" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "soon"])
+def test_timeout_must_be_above_zero(value):
+    result = archway("inspect", "--timeout", value, "nginx")
+    assert result.returncode == 2 and "--timeout" in result.stderr and result.stdout == ""
+
+
+def test_timeout_bounds_the_whole_command_even_when_a_registry_never_answers(tmp_path):
+    import socket
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)          # the kernel accepts connections; nobody ever answers
+    host = f"127.0.0.1:{silent.getsockname()[1]}"
+    config = tmp_path / "archway.yaml"
+    config.write_text(yaml.safe_dump({"registry": {"insecure_hosts": [host],
+                                                   "timeout_seconds": 120}}))
+    try:
+        # Without a real bound this takes minutes (per-read timeouts of 120 s) and the
+        # subprocess limit below fails the test.
+        result = archway("inspect", "--json", "--timeout", "1", "--config", str(config),
+                         f"{host}/silent/image:1", timeout=30)
+    finally:
+        silent.close()
+    assert result.returncode == 1
+    (row,) = json.loads(result.stdout)
+    # the resolver's own deadline, or the command's wall-clock bound, whichever came first
+    assert "no answer within" in row["error"] and "1 s" in row["error"]
+
+
+def test_a_local_path_that_does_not_exist_says_no_such_file(tmp_path):
+    missing = str(tmp_path / "tool.sif")
+    result = archway("inspect", "--json", missing, "./relative/other.sif")
+    assert result.returncode == 1
+    rows = json.loads(result.stdout)
+    assert [r["error"] for r in rows] == [f"no such file: {missing}",
+                                          "no such file: ./relative/other.sif"]
+    assert all(r["reference"] is None for r in rows)
+
+
+def test_the_normalised_reference_is_shown(plain_registry, config_file):
+    plain_registry.push_image("library/shown", "latest", "linux/arm64")
+    short = f"{plain_registry.host}/library/shown"
+    result = archway("inspect", "--config", config_file, short)
+    assert result.returncode == 0, result.stderr
+    assert f"  reference:     {short}:latest\n" in result.stdout
+    as_json = json.loads(archway("inspect", "--json", "--config", config_file, short).stdout)
+    assert as_json[0]["reference"] == f"{short}:latest"
+    offline = json.loads(archway("inspect", "--json", "--timeout", "0.5", "nginx",
+                                 env={"ARCHWAY_CONFIG": config_file}).stdout)
+    assert offline[0]["reference"] == "docker.io/library/nginx:latest"

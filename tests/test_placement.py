@@ -1,5 +1,6 @@
 """The pure placement decision: table-driven cases and hypothesis properties."""
 import copy
+import json
 
 import jsonpatch
 import kubernetes_validate
@@ -14,15 +15,16 @@ from archway.registry.platforms import normalize, parse_platform
 from archway.podview import PodShapeError, PodView
 from archway.webhook import placement
 from archway.webhook.admission import MAX_WARNING_CHARS, MAX_WARNINGS, cap_warnings
-from archway.webhook.placement import ANNOTATION_ARCHITECTURES, ARCH_LABEL, Policy
+from archway.webhook.placement import (ANNOTATION_ARCHITECTURES, ANNOTATION_IMAGES, ARCH_LABEL,
+                                      Policy)
 
 SCHEMA_VERSIONS = ("1.30.0", "1.33.0")
 ALL_ARCHS = frozenset({"amd64", "arm64", "arm", "ppc64le", "s390x", "riscv64"})
 
 
-def decide(pod: dict, results, policy):
+def decide(pod: dict, results, policy, **kw):
     """placement.decide on the view of a pod written as a dict."""
-    return placement.decide(PodView.of(pod), results, policy)
+    return placement.decide(PodView.of(pod), results, policy, **kw)
 
 
 def pod_arch_constraint(pod: dict):
@@ -104,7 +106,10 @@ def test_multi_arch_image_gets_one_required_term():
     out = applied(pod, d)
     assert terms_of(out) == [{"matchExpressions": [
         {"key": ARCH_LABEL, "operator": "In", "values": ["amd64", "arm", "arm64"]}]}]
-    assert out["metadata"]["annotations"] == {ANNOTATION_ARCHITECTURES: "amd64,arm,arm64"}
+    assert out["metadata"]["annotations"][ANNOTATION_ARCHITECTURES] == "amd64,arm,arm64"
+    assert json.loads(out["metadata"]["annotations"][ANNOTATION_IMAGES]) == [
+        {"image": "reg/multi:1", "digest": MULTI.digest, "architectures": ["amd64", "arm", "arm64"],
+         "source": "oci-index"}]
     assert "nodeSelector" not in out["spec"]
     validate(out)
 
@@ -217,7 +222,9 @@ def test_existing_constraint_within_s_is_kept_and_only_annotated():
     d = decide(pod, RESULTS, Policy())
     assert d.allowed and not d.warnings and d.reason == "pod already constrains kubernetes.io/arch"
     assert d.patch == ({"op": "add", "path": "/metadata/annotations",
-                        "value": {ANNOTATION_ARCHITECTURES: "amd64,arm,arm64"}},)
+                        "value": {ANNOTATION_ARCHITECTURES: "amd64,arm,arm64",
+                                  ANNOTATION_IMAGES: placement.images_annotation(
+                                      ["reg/multi:1"], RESULTS)}},)
 
 
 def test_mixed_terms_all_gain_the_requirement():
@@ -258,7 +265,11 @@ def test_no_common_architecture_admitted_by_config_has_no_constraint():
     pod = make_pod("reg/amd:1", "reg/arm:1")
     d = decide(pod, RESULTS, Policy(deny_on_empty=False, scheduler_name="archway"))
     assert d.allowed and "share no CPU architecture" in d.warnings[0]
-    assert d.patch == ({"op": "add", "path": "/spec/schedulerName", "value": "archway"},)
+    out = applied(pod, d)
+    assert out["spec"] == {**pod["spec"], "schedulerName": "archway"}
+    assert ANNOTATION_ARCHITECTURES not in out["metadata"]["annotations"]
+    assert [i["architectures"] for i in json.loads(
+        out["metadata"]["annotations"][ANNOTATION_IMAGES])] == [["amd64"], ["arm64"]]
 
 
 def test_unresolved_image_does_not_shrink_s_and_warns():
@@ -537,3 +548,136 @@ def test_passwords_in_sif_urls_never_reach_warnings_or_messages():
                    {**RESULTS, secret_url: info(secret_url, "linux/amd64", source="sif-https")},
                    Policy())
     assert "s3cret" not in clash.message and "***@files.example" in clash.message
+
+
+# --- policy: preferred architectures, tolerations, audit, the cluster's nodes --------------------
+
+PREFER = (("arm64", 80), ("amd64", 20), ("s390x", 5))
+ARM_TAINT = {"key": "kubernetes.io/arch", "operator": "Equal", "value": "arm64",
+             "effect": "NoSchedule"}
+TOLERATE = (("arm64", (ARM_TAINT,)), ("s390x", ({"key": "s390x", "operator": "Exists"},)))
+
+
+def preferred_of(pod):
+    return (pod["spec"].get("affinity", {}).get("nodeAffinity", {})
+            .get("preferredDuringSchedulingIgnoredDuringExecution"))
+
+
+def test_preferred_weights_for_the_archs_the_pod_can_run_on():
+    pod = make_pod("reg/amdarm:1")
+    out = applied(pod, decide(pod, RESULTS, Policy(preferred=PREFER)))
+    assert preferred_of(out) == [
+        {"weight": 80, "preference": {"matchExpressions": [
+            {"key": ARCH_LABEL, "operator": "In", "values": ["arm64"]}]}},
+        {"weight": 20, "preference": {"matchExpressions": [
+            {"key": ARCH_LABEL, "operator": "In", "values": ["amd64"]}]}}]   # no s390x term
+    assert terms_of(out)[0]["matchExpressions"][0]["values"] == ["amd64", "arm64"]
+    validate(out)
+
+
+def test_preferred_weights_respect_the_pods_own_constraint_and_preference():
+    narrowed = make_pod("reg/multi:1", affinity=required(term(expr(ARCH_LABEL, "In", "amd64",
+                                                                   "arm64"))))
+    out = applied(narrowed, decide(narrowed, RESULTS, Policy(preferred=PREFER)))
+    assert [t["weight"] for t in preferred_of(out)] == [80, 20]
+    validate(out)
+    own = {"weight": 1, "preference": {"matchExpressions": [
+        {"key": ARCH_LABEL, "operator": "In", "values": ["amd64"]}]}}
+    pod = make_pod("reg/multi:1", affinity={"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [own]}})
+    assert preferred_of(applied(pod, decide(pod, RESULTS, Policy(preferred=PREFER)))) == [own]
+    single = make_pod("reg/arm:1")   # pinned to arm64 already: a preference adds nothing
+    assert preferred_of(applied(single, decide(single, RESULTS, Policy(preferred=PREFER)))) is None
+
+
+def test_preferred_terms_join_other_preferences_of_the_pod():
+    zone = {"weight": 50, "preference": {"matchExpressions": [
+        {"key": "zone", "operator": "In", "values": ["a"]}]}}
+    pod = make_pod("reg/amdarm:1", affinity={"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [zone]}})
+    out = applied(pod, decide(pod, RESULTS, Policy(preferred=PREFER)))
+    assert [t["weight"] for t in preferred_of(out)] == [50, 80, 20]
+    validate(out)
+
+
+def test_tolerations_added_for_the_archs_the_pod_may_run_on_never_twice():
+    pod = make_pod("reg/multi:1")
+    out = applied(pod, decide(pod, RESULTS, Policy(tolerations=TOLERATE)))
+    assert out["spec"]["tolerations"] == [ARM_TAINT]   # s390x is not one of the images' archs
+    validate(out)
+    pod["spec"]["tolerations"] = [{"key": "kubernetes.io/arch", "value": "arm64",
+                                   "effect": "NoSchedule"}]          # operator "" means Equal
+    d = decide(pod, RESULTS, Policy(tolerations=TOLERATE))
+    assert applied(pod, d)["spec"]["tolerations"] == pod["spec"]["tolerations"]
+    amd = make_pod("reg/amd:1")
+    assert "tolerations" not in applied(amd, decide(amd, RESULTS, Policy(tolerations=TOLERATE)))[
+        "spec"]
+
+
+class Node:
+    def __init__(self, arch, *taints):
+        self.arch, self.taints = arch, tuple(taints)
+
+
+CORDON = ("node.kubernetes.io/unschedulable", "", "NoSchedule")
+
+
+def test_pod_no_node_can_run_is_warned_about_or_denied():
+    nodes = [Node("amd64"), Node("arm64")]
+    s390x = info("reg/z:1", "linux/s390x")
+    pod = make_pod("reg/z:1")
+    d = decide(pod, {"reg/z:1": s390x}, Policy(), nodes=nodes)
+    assert d.allowed and d.unschedulable == "images are s390x-only; nodes: amd64, arm64"
+    assert d.warnings[0] == "images are s390x-only; nodes: amd64, arm64; the pod would stay Pending"
+    denied = decide(pod, {"reg/z:1": s390x}, Policy(deny_unschedulable=True), nodes=nodes)
+    assert not denied.allowed and "s390x-only" in denied.message and denied.unschedulable
+    fine = decide(make_pod("reg/amdarm:1"), RESULTS, Policy(deny_unschedulable=True), nodes=nodes)
+    assert fine.allowed and not fine.unschedulable and not fine.warnings
+    # An empty node cache says nothing about the cluster.
+    assert not decide(pod, {"reg/z:1": s390x}, Policy(), nodes=[]).unschedulable
+
+
+def test_nodes_tainted_against_the_pod_do_not_count():
+    tainted_arm = [Node("amd64"), Node("arm64", ("kubernetes.io/arch", "arm64", "NoSchedule"))]
+    pod = make_pod("reg/arm:1")
+    d = decide(pod, RESULTS, Policy(), nodes=tainted_arm)
+    assert d.unschedulable == "images are arm64-only; nodes: amd64"
+    # ... unless archway's own toleration lets the pod onto them
+    tolerated = decide(pod, RESULTS, Policy(tolerations=TOLERATE), nodes=tainted_arm)
+    assert not tolerated.unschedulable
+    # a cordoned node never counts; PreferNoSchedule only discourages
+    assert decide(pod, RESULTS, Policy(), nodes=[Node("arm64", CORDON)]).unschedulable == (
+        "images are arm64-only; nodes: none the pod tolerates")
+    assert not decide(pod, RESULTS, Policy(),
+                      nodes=[Node("arm64", ("x", "", "PreferNoSchedule"))]).unschedulable
+    pod["spec"]["tolerations"] = [{"operator": "Exists"}]
+    assert not decide(pod, RESULTS, Policy(), nodes=[Node("arm64", CORDON)]).unschedulable
+
+
+@pytest.mark.parametrize("pod, results, would", [
+    (make_pod("reg/amdarm:1"), RESULTS, "mutated"),
+    (make_pod("reg/amd:1", "reg/arm:1"), RESULTS, "denied"),
+    (make_pod("reg/gone:1"), {}, "fail_open"),
+])
+def test_audit_mode_changes_no_placement_and_says_what_enforce_would_do(pod, results, would):
+    d = decide(pod, results, Policy(mode="audit", preferred=PREFER, tolerations=TOLERATE,
+                                    scheduler_name="archway"))
+    assert d.allowed and d.outcome == "audited" and d.would == would
+    assert d.warnings[0].startswith("audit mode: archway would have")
+    out = applied(pod, d)
+    assert out["spec"] == pod["spec"]
+    if would != "fail_open":
+        assert ANNOTATION_IMAGES in out["metadata"]["annotations"]
+    validate(out)
+
+
+def test_images_annotation_is_bounded_and_marks_what_it_left_out():
+    images = [f"reg/many-{i:03d}:{'x' * 100}" for i in range(100)]
+    results = {im: info(im, "linux/amd64") for im in images}
+    text = placement.images_annotation(images, results)
+    entries = json.loads(text)
+    assert len(text) <= placement.MAX_IMAGES_ANNOTATION_CHARS
+    assert entries[-1] == {"truncated": 100 - (len(entries) - 1)}
+    assert [e["image"] for e in entries[:-1]] == images[:len(entries) - 1]
+    (gone,) = json.loads(placement.images_annotation(["reg/gone:1"], {}))
+    assert set(gone) == {"image", "error"} and gone["error"]

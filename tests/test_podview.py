@@ -25,6 +25,8 @@ POD = {
         "schedulerName": "archway",
         "schedulingGates": [{"name": "archway.dev/arch"}],
         "nodeSelector": {"disktype": "ssd"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu",
+                         "effect": "NoSchedule"}, {"operator": "Exists"}],
         "affinity": {"nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                 {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]},
@@ -84,12 +86,22 @@ def test_the_view_is_immutable_and_does_not_follow_the_dict():
         pod.name = "x"  # type: ignore[misc]
 
 
+def test_tolerations_are_read_and_match_taints_as_the_scheduler_does():
+    gpu, everything = PodView.of(POD).tolerations
+    assert gpu.tolerates("dedicated", "gpu", "NoSchedule")
+    assert not gpu.tolerates("dedicated", "gpu", "NoExecute")
+    assert not gpu.tolerates("dedicated", "cpu", "NoSchedule")
+    assert everything.tolerates("anything", "", "NoExecute")
+    with pytest.raises(PodShapeError, match=r"spec.tolerations\[0\].key must be a string"):
+        PodView.of({"spec": {"tolerations": [{"key": 3}]}})
+
+
 def test_patchable_part_keeps_the_pods_own_paths_and_copies_are_independent():
     pod = PodView.of(POD)
     assert set(pod.patchable) == {"metadata", "spec"}
     assert pod.patchable["metadata"] == {"annotations": {"archway.dev/skip": "false"}}
     assert set(pod.patchable["spec"]) == {"affinity", "nodeSelector", "schedulerName",
-                                          "schedulingGates"}
+                                          "schedulingGates", "tolerations"}
     copy = pod.patchable_copy()
     copy["spec"]["nodeSelector"]["kubernetes.io/arch"] = "arm64"
     assert "kubernetes.io/arch" not in pod.patchable["spec"]["nodeSelector"]

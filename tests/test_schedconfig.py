@@ -99,3 +99,37 @@ def test_cli_refuses_values_kube_scheduler_would_refuse(args, words):
 def test_builder_refuses_a_bool_weight():
     with pytest.raises(ConfigError):
         build_scheduler_config(weight=True)
+
+
+TLS_CONFIG_FIELDS = {"insecure", "serverName", "certFile", "keyFile", "caFile", "certData",
+                     "keyData", "caData"}
+
+
+def test_https_extender_gets_the_ca_as_tls_config(tmp_path):
+    import base64
+
+    from archway.certs.x509 import issue_ca
+    ca = issue_ca("archway test CA", days=1)
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+    result = run_cli("--extender-url", "https://archway.archway.svc:8443/scheduler",
+                     "--ca-file", str(tmp_path / "ca.crt"))
+    assert result.returncode == 0, result.stderr
+    doc = yaml.safe_load(result.stdout)
+    check_known_fields(doc)
+    tls = doc["extenders"][0]["tlsConfig"]
+    assert set(tls) <= TLS_CONFIG_FIELDS
+    assert base64.b64decode(tls["caData"]) == ca.cert_pem
+    insecure = yaml.safe_load(run_cli("--extender-url", "https://a:8443/scheduler",
+                                      "--insecure").stdout)
+    assert insecure["extenders"][0]["tlsConfig"] == {"insecure": True}
+    assert "tlsConfig" not in build_scheduler_config()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--insecure"], "only applies to an https://"),
+    (["--extender-url", "https://a/s", "--ca-file", "/nonexistent/ca.crt"], "no such file"),
+    (["--extender-url", "https://a/s", "--ca-file", "/etc/hostname"], "no PEM certificate"),
+])
+def test_tls_options_refused_where_they_cannot_apply(args, words):
+    result = run_cli(*args)
+    assert result.returncode == 2 and words in result.stderr and result.stdout == ""

@@ -7,6 +7,7 @@ import base64
 import json
 
 import jsonpatch
+import pytest
 
 from archway.errors import DeadlineExceeded, NotFound
 from archway.podview import PodView
@@ -174,3 +175,74 @@ def test_a_failing_resolver_fails_open_or_closed_by_policy():
     assert opened["auditAnnotations"] == {"outcome": "error"}
     closed = response(service(broken, policy=Policy(fail_closed=True)).review(review("reg/a:1")))
     assert not closed["allowed"] and "fail_closed" in closed["status"]["message"]
+
+
+# --- per-namespace policy, the cluster's nodes, Events (stand-in caches) --------------------------
+
+class Cache:
+    """A synced list + watch cache holding `items`; `synced=False`: the first list is not in."""
+    def __init__(self, items, synced=True):
+        self.items, self.synced, self.waits = dict(items), synced, []
+
+    def wait_synced(self, timeout):
+        self.waits.append(timeout)
+        return self.synced
+
+
+class Events:
+    def __init__(self):
+        self.sent = []
+
+    def warn(self, pod, reason, message):
+        self.sent.append((pod.display_name, reason, message))
+
+
+class Node:
+    def __init__(self, arch):
+        self.arch, self.taints = arch, ()
+
+
+def test_namespace_mode_off_reads_nothing_and_audit_patches_annotations_only():
+    from archway.webhook.namespaces import NamespaceFacts
+    resolver = Resolver({"reg/arm:1": info("reg/arm:1", "linux/arm64")})
+    namespaces = Cache({"quiet": NamespaceFacts("quiet", mode="off"),
+                        "audited": NamespaceFacts("audited", mode="audit")})
+    svc = service(resolver, namespaces=namespaces)
+    off = response(svc.review(review("reg/arm:1", namespace="quiet")))
+    assert off["allowed"] and "patch" not in off and resolver.calls == []
+    audited = response(svc.review(review("reg/arm:1", namespace="audited")))
+    pod = jsonpatch.apply_patch({"metadata": {}, "spec": {}},
+                                json.loads(base64.b64decode(audited["patch"])))
+    assert pod["spec"] == {} and set(pod["metadata"]["annotations"]) == {
+        "archway.dev/architectures", "archway.dev/images"}
+    assert audited["auditAnnotations"]["would"] == "mutated"
+    enforced = response(svc.review(review("reg/arm:1", namespace="shop")))   # no facts: config
+    assert "nodeSelector" in jsonpatch.apply_patch(
+        {"metadata": {}, "spec": {}}, json.loads(base64.b64decode(enforced["patch"])))["spec"]
+
+
+def test_namespace_cache_not_synced_waits_at_most_the_api_share_then_uses_the_config():
+    from archway.webhook.namespaces import NamespaceFacts
+    clock = Clock()
+    namespaces = Cache({"shop": NamespaceFacts("shop", mode="off")}, synced=False)
+    svc = service(Resolver({"reg/arm:1": info("reg/arm:1", "linux/arm64")}), clock=clock,
+                  namespaces=namespaces)
+    answer = response(svc.review(review("reg/arm:1")))
+    assert "patch" in answer and namespaces.waits == [pytest.approx(3.0 * PULL_SECRETS_SHARE)]
+
+
+def test_unschedulable_pod_is_warned_with_an_event_or_denied():
+    nodes = Cache({"a": Node("amd64"), "b": Node("arm64")})
+    events = Events()
+    resolver = Resolver({"reg/z:1": info("reg/z:1", "linux/s390x")})
+    warned = response(service(resolver, nodes=nodes, events=events).review(review("reg/z:1")))
+    assert warned["allowed"] and warned["warnings"][0].startswith("images are s390x-only")
+    assert events.sent == [("shop/web-*", "ArchwayUnschedulable",
+                            ("images are s390x-only; nodes: amd64, arm64: the pod stays Pending "
+                             "until such a node joins"))]
+    denied = response(service(resolver, nodes=nodes, events=events,
+                              policy=Policy(deny_unschedulable=True)).review(review("reg/z:1")))
+    assert not denied["allowed"] and "s390x-only" in denied["status"]["message"]
+    assert len(events.sent) == 1   # a denied pod does not exist: no Event about it
+    unsynced = Cache({"a": Node("amd64")}, synced=False)
+    assert "warnings" not in response(service(resolver, nodes=unsynced).review(review("reg/z:1")))

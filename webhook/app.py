@@ -10,7 +10,9 @@ from flask import Flask, jsonify, request
 
 from archway import metrics
 
-from .pullsecrets import PullSecrets
+from .events import EventRecorder
+from .namespaces import NamespaceCache
+from .pullsecrets import PullSecrets, build_api_client
 from .service import AdmissionService
 
 # Bounds each socket read of a request body (gunicorn's gthread sockets block without limit).
@@ -22,12 +24,21 @@ _DRAIN_LIMIT_BYTES = 16 * 1024 * 1024
 
 def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
     """Add POST /mutate to `app`; `state` is the worker's archway.app.ServerState (config,
-    resolver, readiness). `pull_secrets` replaces the reader built from the config."""
+    resolver, node cache, readiness). `pull_secrets` replaces the reader built from the config."""
     config = state.config
     if pull_secrets is None:
         pull_secrets = PullSecrets.from_config(config)
-    service = AdmissionService.from_config(config, resolver=state.resolver,
-                                           pull_secrets=pull_secrets)
+
+    def client_factory():
+        return build_api_client(config.kubernetes)[0]
+
+    namespaces = None
+    if config.kubernetes.namespace_cache and config.kubernetes.enabled != "off":
+        namespaces = NamespaceCache(client_factory)
+        namespaces.ensure_started()   # in this worker: the first pods need it listed
+    service = AdmissionService.from_config(
+        config, resolver=state.resolver, pull_secrets=pull_secrets, namespaces=namespaces,
+        nodes=state.node_cache, events=EventRecorder(client_factory))
     app.extensions["archway.webhook"] = service
     state.readiness_facts["kubernetes_api"] = lambda: pull_secrets.source
     max_bytes = config.server.max_body_bytes

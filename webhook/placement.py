@@ -10,22 +10,30 @@ nodeSelectorTerms are ORed, the requirements inside one term are ANDed, and a te
 requirements matches no node. So an arch requirement is ADDED TO EVERY TERM; appending a new term
 would widen where the pod may run instead of narrowing it.
 """
+import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import jsonpatch
 
 from archway.errors import classify_error
-from archway.podview import NodeSelectorTerm, PodView, Requirement
+from archway.podview import NodeSelectorTerm, PodView, Requirement, Toleration
 from archway.registry.model import ImageInfo
 
 ARCH_LABEL = "kubernetes.io/arch"
 # kubelet still sets the deprecated beta label; a pod selecting on it does constrain its arch.
 ARCH_KEYS = (ARCH_LABEL, "beta.kubernetes.io/arch")
 ANNOTATION_ARCHITECTURES = "archway.dev/architectures"
+ANNOTATION_IMAGES = "archway.dev/images"
 DEFAULT_SCHEDULER = "default-scheduler"
+MODES = ("enforce", "audit", "off")
 
 _MAX_IMAGE_CHARS = 60
+# archway.dev/images stays well inside the apiserver's 256 KiB for all annotations together.
+MAX_IMAGES_ANNOTATION_CHARS = 4096
+_MAX_ANNOTATED_IMAGE_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,10 @@ class Policy:
     deny_on_conflict: bool = False   # deny pods whose own arch constraint excludes every arch of S
     deny_on_empty: bool = True       # deny pods whose images share no architecture
     scheduler_name: str | None = None
+    mode: str = "enforce"            # audit: annotate only; Decision.would says what enforce does
+    deny_unschedulable: bool = False  # deny pods whose archs no node they tolerate has
+    preferred: tuple[tuple[str, int], ...] = ()     # (arch, weight 1..100), heaviest first
+    tolerations: tuple[tuple[str, tuple[dict, ...]], ...] = ()   # (arch, tolerations to add)
 
     @classmethod
     def from_config(cls, config) -> "Policy":
@@ -41,7 +53,19 @@ class Policy:
         return cls(fail_closed=config.admission.fail_closed,
                    deny_on_conflict=config.admission.deny_on_conflict,
                    deny_on_empty=config.admission.deny_on_empty,
-                   scheduler_name=config.placement.scheduler_name or None)
+                   scheduler_name=config.placement.scheduler_name or None,
+                   mode=config.admission.mode,
+                   deny_unschedulable=config.admission.deny_unschedulable,
+                   preferred=config.placement.preferred_architectures,
+                   tolerations=config.placement.tolerations)
+
+
+class NodeLike(Protocol):
+    """What the decision reads of a node (extender.nodes.NodeFacts has it)."""
+    @property
+    def arch(self) -> str | None: ...
+    @property
+    def taints(self) -> tuple[tuple[str, str, str], ...]: ...   # (key, value, effect)
 
 
 @dataclass(frozen=True)
@@ -51,8 +75,10 @@ class Decision:
     warnings: tuple[str, ...] = ()           # in order of importance; the reply caps them
     message: str = ""                        # why the pod is denied (empty when allowed)
     architectures: frozenset[str] | None = None   # S; None when no image told its architectures
-    outcome: str = "unchanged"               # mutated | unchanged | denied | fail_open
+    outcome: str = "unchanged"               # mutated | unchanged | denied | fail_open | audited
     reason: str = ""                         # one phrase for the log line
+    would: str = ""                          # audited: the outcome enforce mode would have had
+    unschedulable: str = ""                  # why no current node can run the pod ("": fine/unknown)
 
 
 # --- the pod's own arch constraint ------------------------------------------------------
@@ -163,11 +189,20 @@ def common_architectures(told: dict[str, frozenset[str]]) -> frozenset[str] | No
     return frozenset.intersection(*told.values()) if told else None
 
 
-def decide(pod: PodView, results: dict, policy: Policy) -> Decision:
+def decide(pod: PodView, results: dict, policy: Policy, *,
+           nodes: Iterable[NodeLike] | None = None) -> Decision:
     """Decide how to place `pod` given `results` (image -> ImageInfo | ArchwayError).
 
     An image missing from `results` counts as unresolved (the resolver ran out of time).
+    `nodes`: the cluster's nodes when known (the node cache); None: the cluster is not consulted.
+    In audit mode the decision is made in full, then only its annotations are applied.
     """
+    decision = _enforce(pod, results, policy, nodes)
+    return _audited(pod, results, decision) if policy.mode == "audit" else decision
+
+
+def _enforce(pod: PodView, results: dict, policy: Policy,
+             nodes: Iterable[NodeLike] | None) -> Decision:
     images = pod.images
     known = told_architectures({image: results.get(image) for image in images})
     warnings: list[str] = []
@@ -195,6 +230,7 @@ def decide(pod: PodView, results: dict, policy: Policy) -> Decision:
     mutated = pod.patchable_copy()
     spec = mutated.get("spec", {})
     reason = "no image told its architectures" if images else "pod has no images"
+    unschedulable = ""
 
     if archs is not None and not archs:
         message = "the pod's images share no CPU architecture: " + "; ".join(
@@ -204,12 +240,14 @@ def decide(pod: PodView, results: dict, policy: Policy) -> Decision:
         warnings.insert(0, "the images share no CPU architecture; admitted without an arch "
                            "constraint")
         reason = "no common architecture"
+        _annotate(mutated, pod, results, archs)
     elif archs:
+        allowed = archs            # where the pod may run: S, within its own constraint
         existing = pod_arch_constraint(pod)
         if existing is not None:
             reason = "pod already constrains kubernetes.io/arch"
-            overlap = existing.within(archs)
-            if not overlap:
+            allowed = existing.within(archs)
+            if not allowed:
                 message = (f"the pod's own kubernetes.io/arch constraint ({existing.describe()}) "
                            f"excludes every architecture its images support ({_join(archs)})")
                 if policy.deny_on_conflict:
@@ -221,10 +259,18 @@ def decide(pod: PodView, results: dict, policy: Policy) -> Decision:
                                    f"images lack; they support only {_join(archs)}")
         else:
             reason = _constrain(mutated.setdefault("spec", spec), pod.required_terms, archs)
-        metadata = mutated.setdefault("metadata", {})
-        if not isinstance(metadata.get("annotations"), dict):
-            metadata["annotations"] = {}
-        metadata["annotations"][ANNOTATION_ARCHITECTURES] = ",".join(sorted(archs))
+        if allowed:
+            spec = mutated.setdefault("spec", spec)
+            _prefer(spec, pod, allowed, policy.preferred)
+            added = _tolerate(spec, pod, allowed, policy.tolerations)
+            if nodes is not None:
+                unschedulable = unschedulable_reason(archs, allowed, nodes, pod.tolerations + added)
+            if unschedulable:
+                if policy.deny_unschedulable:
+                    return _deny(unschedulable + " (admission.deny_unschedulable is true)",
+                                 warnings, archs, unschedulable=unschedulable)
+                warnings.insert(0, unschedulable + "; the pod would stay Pending")
+        _annotate(mutated, pod, results, archs)
 
     if policy.scheduler_name and pod.scheduler_name in ("", DEFAULT_SCHEDULER):
         mutated.setdefault("spec", spec)["schedulerName"] = policy.scheduler_name
@@ -235,7 +281,161 @@ def decide(pod: PodView, results: dict, policy: Policy) -> Decision:
     else:
         outcome = "mutated" if patch else "unchanged"
     return Decision(allowed=True, patch=patch, warnings=tuple(warnings), architectures=archs,
-                    outcome=outcome, reason=reason)
+                    outcome=outcome, reason=reason, unschedulable=unschedulable)
+
+
+def _audited(pod: PodView, results: dict, decision: Decision) -> Decision:
+    """Audit mode: keep only the annotations of `decision`; say what enforce would have done."""
+    mutated = pod.patchable_copy()
+    if decision.architectures is not None:
+        _annotate(mutated, pod, results, decision.architectures)
+    patch = tuple(jsonpatch.make_patch(dict(pod.patchable), mutated).patch)
+    if decision.allowed:
+        said = f"audit mode: archway would have {_WOULD.get(decision.outcome, decision.outcome)}" \
+               + (f" ({decision.reason})" if decision.outcome == "mutated" else "")
+    else:
+        said = f"audit mode: archway would have denied this pod: {decision.message}"
+    return Decision(allowed=True, patch=patch, warnings=(said, *decision.warnings),
+                    architectures=decision.architectures, outcome="audited",
+                    reason=f"audit: {decision.reason}", would=decision.outcome,
+                    unschedulable=decision.unschedulable)
+
+
+_WOULD = {"mutated": "placed it", "unchanged": "left it unchanged",
+          "fail_open": "admitted it without knowing every image"}
+
+
+# --- what the policy adds: preferences, tolerations, the images' story ----------------------------
+
+_PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def _node_affinity(spec: dict) -> dict:
+    """spec.affinity.nodeAffinity of the patchable copy, created when absent."""
+    affinity = spec.get("affinity")
+    if not isinstance(affinity, dict):
+        affinity = spec["affinity"] = {}
+    node_affinity = affinity.get("nodeAffinity")
+    if not isinstance(node_affinity, dict):
+        node_affinity = affinity["nodeAffinity"] = {}
+    return node_affinity
+
+
+def states_arch_preference(pod: PodView) -> bool:
+    return any(r.key in ARCH_KEYS for term in pod.preferred_terms
+               for r in term.preference.match_expressions)
+
+
+def preferred_terms(allowed: frozenset[str], preferred) -> list[dict]:
+    """The preferred node affinity terms for the archs the pod may run on. A pod that can run
+    on one arch only is pinned there already: preferring it would add nothing."""
+    if len(allowed) < 2:
+        return []
+    return [{"weight": weight, "preference": {"matchExpressions": [
+        {"key": ARCH_LABEL, "operator": "In", "values": [arch]}]}}
+        for arch, weight in preferred if arch in allowed]
+
+
+def _prefer(spec: dict, pod: PodView, allowed: frozenset[str], preferred) -> None:
+    terms = preferred_terms(allowed, preferred)
+    if not terms or states_arch_preference(pod):
+        return
+    node_affinity = _node_affinity(spec)
+    if not isinstance(node_affinity.get(_PREFERRED), list):
+        node_affinity[_PREFERRED] = []
+    node_affinity[_PREFERRED].extend(terms)
+
+
+def _as_toleration(raw: dict) -> Toleration:
+    return Toleration(raw.get("key", ""), raw.get("operator", ""), raw.get("value", ""),
+                      raw.get("effect", ""))
+
+
+def _same_toleration(a: Toleration, b: Toleration) -> bool:
+    return ((a.key, a.operator or "Equal", a.value, a.effect)
+            == (b.key, b.operator or "Equal", b.value, b.effect))
+
+
+def _tolerate(spec: dict, pod: PodView, allowed: frozenset[str],
+              tolerations) -> tuple[Toleration, ...]:
+    """Add the configured tolerations of the archs the pod may run on, each once; returns them."""
+    added: list[Toleration] = []
+    for arch, raws in tolerations:
+        if arch not in allowed:
+            continue
+        for raw in raws:
+            toleration = _as_toleration(raw)
+            if any(_same_toleration(toleration, t) for t in (*pod.tolerations, *added)):
+                continue
+            if not isinstance(spec.get("tolerations"), list):
+                spec["tolerations"] = []
+            spec["tolerations"].append(dict(raw))
+            added.append(toleration)
+    return tuple(added)
+
+
+# Taints that keep a pod off a node; PreferNoSchedule only discourages.
+_HARD_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+def _may_schedule(node: NodeLike, tolerations: tuple[Toleration, ...]) -> bool:
+    """False when a NoSchedule/NoExecute taint of `node` (a cordon included) is not tolerated."""
+    return all(any(t.tolerates(key, value, effect) for t in tolerations)
+               for key, value, effect in node.taints if effect in _HARD_EFFECTS)
+
+
+def unschedulable_reason(archs: frozenset[str], allowed: frozenset[str],
+                         nodes: Iterable[NodeLike], tolerations: tuple[Toleration, ...]) -> str:
+    """Why no current node can run a pod restricted to `allowed` ("" when one can, or when no
+    node is known: an empty cache says nothing about the cluster). Stops at the first node
+    that can: in a healthy cluster that is one of the first few."""
+    available: set[str] = set()
+    known = False
+    for node in nodes:
+        if node.arch is None:
+            continue
+        known = True
+        if node.arch in available or not _may_schedule(node, tolerations):
+            continue
+        if node.arch in allowed:
+            return ""
+        available.add(node.arch)
+    if not known:
+        return ""
+    return (f"images are {'/'.join(sorted(archs))}-only; nodes: "
+            f"{_join(available) or 'none the pod tolerates'}")
+
+
+def images_annotation(images, results: dict) -> str:
+    """archway.dev/images: per image its digest, architectures and source (or the error kind),
+    as JSON; at most MAX_IMAGES_ANNOTATION_CHARS, the images left out counted in a last
+    {"truncated": N} entry."""
+    entries = []
+    for image in images:
+        result = results.get(image)
+        entry: dict = {"image": _clip(display_image(image), _MAX_ANNOTATED_IMAGE_CHARS)}
+        if isinstance(result, ImageInfo):
+            entry.update(digest=result.digest, architectures=sorted(result.architectures),
+                         source=result.source)
+        else:
+            entry["error"] = classify_error(result).words
+        entries.append(entry)
+    text = json.dumps(entries, separators=(",", ":"))
+    kept = len(entries)
+    while len(text) > MAX_IMAGES_ANNOTATION_CHARS and kept > 0:
+        kept -= 1
+        text = json.dumps(entries[:kept] + [{"truncated": len(entries) - kept}],
+                          separators=(",", ":"))
+    return text
+
+
+def _annotate(mutated: dict, pod: PodView, results: dict, archs: frozenset[str]) -> None:
+    metadata = mutated.setdefault("metadata", {})
+    if not isinstance(metadata.get("annotations"), dict):
+        metadata["annotations"] = {}
+    if archs:
+        metadata["annotations"][ANNOTATION_ARCHITECTURES] = ",".join(sorted(archs))
+    metadata["annotations"][ANNOTATION_IMAGES] = images_annotation(pod.images, results)
 
 
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -252,13 +452,7 @@ def _constrain(spec: dict, terms: tuple[NodeSelectorTerm, ...] | None,
         return f"nodeSelector {ARCH_LABEL}={next(iter(archs))}"
     requirement = {"key": ARCH_LABEL, "operator": "In", "values": sorted(archs)}
     if terms is None:
-        affinity = spec.get("affinity")
-        if not isinstance(affinity, dict):
-            affinity = spec["affinity"] = {}
-        node_affinity = affinity.get("nodeAffinity")
-        if not isinstance(node_affinity, dict):
-            node_affinity = affinity["nodeAffinity"] = {}
-        node_affinity[_REQUIRED] = {"nodeSelectorTerms": [{"matchExpressions": [requirement]}]}
+        _node_affinity(spec)[_REQUIRED] = {"nodeSelectorTerms": [{"matchExpressions": [requirement]}]}
         return f"required node affinity {ARCH_LABEL} In {_join(archs)}"
     changed = 0
     raw_terms = spec["affinity"]["nodeAffinity"][_REQUIRED]["nodeSelectorTerms"] if terms else []
@@ -280,9 +474,10 @@ def _same_requirement(requirement: Requirement, archs: frozenset[str]) -> bool:
             and frozenset(requirement.values) == archs)
 
 
-def _deny(message: str, warnings: list[str], archs) -> Decision:
+def _deny(message: str, warnings: list[str], archs, *, unschedulable: str = "") -> Decision:
     return Decision(allowed=False, message=message, warnings=tuple(warnings),
-                    architectures=archs, outcome="denied", reason="denied")
+                    architectures=archs, outcome="denied", reason="denied",
+                    unschedulable=unschedulable)
 
 
 # --- wording -------------------------------------------------------------------------------------
@@ -298,8 +493,12 @@ def display_image(image: str) -> str:
 
 
 def _short(image: str) -> str:
-    image = _UNPRINTABLE.sub("?", display_image(image))
-    return image if len(image) <= _MAX_IMAGE_CHARS else image[:_MAX_IMAGE_CHARS - 3] + "..."
+    return _clip(display_image(image), _MAX_IMAGE_CHARS)
+
+
+def _clip(text: str, limit: int) -> str:
+    text = _UNPRINTABLE.sub("?", text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _join(archs) -> str:

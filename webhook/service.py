@@ -22,6 +22,8 @@ from archway.registry.reference import parse_reference
 
 from .admission import (AdmissionError, AdmissionRequest, allow_unchanged, cap_warnings,
                         parse_review, review_response, skip_reason)
+from .events import REASON_UNSCHEDULABLE
+from .namespaces import NamespaceFacts, namespace_policy
 from .placement import Decision, Policy, decide
 
 log = logging.getLogger("archway.admission")
@@ -43,6 +45,17 @@ class PullCredentialSource(Protocol):
     def credentials_for(self, pod: PodView, deadline: float) -> Any: ...  # -> PullCredentials
 
 
+class FactsCache(Protocol):
+    """A list + watch cache (archway.watchcache.WatchCache): name -> facts."""
+    items: dict
+
+    def wait_synced(self, timeout: float) -> bool: ...
+
+
+class EventSink(Protocol):
+    def warn(self, pod: PodView, reason: str, message: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class Answer:
     """What to send back: an HTTP status and a JSON body (an AdmissionReview when 200)."""
@@ -62,7 +75,9 @@ class AdmissionService:
                  pull_secrets: PullCredentialSource, deadline_seconds: float,
                  exclude_namespaces=(), max_body_bytes: int, log_every: bool = False,
                  max_images: int | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 namespaces: FactsCache | None = None, nodes: FactsCache | None = None,
+                 events: EventSink | None = None):
         self.policy = policy
         self.resolver = resolver
         self.pull_secrets = pull_secrets
@@ -72,16 +87,22 @@ class AdmissionService:
         self.log_every = log_every
         self.max_images = max_images
         self.clock = clock
+        self.namespaces = namespaces   # Namespace label/annotation overrides; None: config only
+        self.nodes = nodes             # the cluster's nodes; None: not consulted
+        self.events = events           # where "no node can run this pod" Events go
 
     @classmethod
     def from_config(cls, config, *, resolver: ImageResolver,
-                    pull_secrets: PullCredentialSource) -> "AdmissionService":
+                    pull_secrets: PullCredentialSource, namespaces: FactsCache | None = None,
+                    nodes: FactsCache | None = None,
+                    events: EventSink | None = None) -> "AdmissionService":
         return cls(policy=Policy.from_config(config), resolver=resolver, pull_secrets=pull_secrets,
                    deadline_seconds=config.admission.deadline_seconds,
                    exclude_namespaces=config.admission.exclude_namespaces,
                    max_body_bytes=config.server.max_body_bytes,
                    log_every=config.server.log_every_admission,
-                   max_images=config.admission.max_images_per_pod)
+                   max_images=config.admission.max_images_per_pod,
+                   namespaces=namespaces, nodes=nodes, events=events)
 
     def review(self, body: bytes, *, started: float | None = None, peer: str = "-") -> Answer:
         """Answer one AdmissionReview body. `started`: clock() when the request arrived (the
@@ -102,21 +123,56 @@ class AdmissionService:
 
         pod = request.pod
         assert pod is not None  # every pod CREATE carries one; the rest was skipped
+        policy, policy_warnings = self.policy_for(pod.namespace, start)
+        if policy.mode == "off":
+            log.info("admission %s uid=%s unchanged: namespace label archway.dev/mode=off",
+                     request.display_name, request.uid)
+            metrics.admission_finished("unchanged", self.clock() - start, 0)
+            return Answer(200, allow_unchanged(request))
         resolution = Resolution({})
         try:
             resolution = self.resolve(pod, start)
-            decision = decide(pod, resolution.results, self.policy)
+            decision = decide(pod, resolution.results, policy, nodes=self.known_nodes())
             outcome = decision.outcome
         except Exception:  # a bug must not turn into a 500: the apiserver would apply failurePolicy
             log.exception("admission %s uid=%s failed", request.display_name, request.uid)
             decision, outcome = self._internal_error(), "error"
-        warnings = cap_warnings(resolution.warnings + decision.warnings)
+        warnings = cap_warnings(policy_warnings + resolution.warnings + decision.warnings)
         elapsed = self.clock() - start
         metrics.admission_finished(outcome, elapsed, len(warnings))
         _count_images(pod.images, resolution.results)
+        self._report(request, pod, decision)
         self._log(request, decision, outcome, warnings, elapsed)
         return Answer(200, review_response(request, decision, warnings=warnings,
                                                     audit_annotations=_audit(decision, outcome)))
+
+    def policy_for(self, namespace: str, start: float) -> tuple[Policy, tuple[str, ...]]:
+        """The configured policy with the namespace's label and annotation over it, and what of
+        them was ignored. Right after start-up the first list may still be on its way: it may
+        use the share of the deadline the pull secrets get, never more."""
+        cache = self.namespaces
+        if cache is None or not cache.wait_synced(
+                start + self.deadline_seconds * PULL_SECRETS_SHARE - self.clock()):
+            return self.policy, ()
+        facts: NamespaceFacts | None = cache.items.get(namespace)
+        return namespace_policy(self.policy, facts), facts.problems if facts else ()
+
+    def known_nodes(self):
+        """The node cache's nodes once it has listed them; None: the cluster is not consulted
+        (no waiting here: a pod admitted before the first list is simply not checked)."""
+        cache = self.nodes
+        if cache is None or not cache.wait_synced(0):
+            return None
+        return cache.items.values()
+
+    def _report(self, request: AdmissionRequest, pod: PodView, decision: Decision) -> None:
+        if decision.outcome == "audited":
+            metrics.AUDIT_DECISIONS.labels(decision.would).inc()
+        if decision.unschedulable:
+            metrics.UNSCHEDULABLE_PODS.labels("warned" if decision.allowed else "denied").inc()
+            if decision.allowed and self.events is not None and not request.dry_run:
+                self.events.warn(pod, REASON_UNSCHEDULABLE, decision.unschedulable
+                                 + ": the pod stays Pending until such a node joins")
 
     def resolve(self, pod: PodView, start: float) -> Resolution:
         """The images' results and the credential warnings; the API reads may use a share of
@@ -162,6 +218,8 @@ class AdmissionService:
 
 def _audit(decision: Decision, outcome: str) -> dict:
     audit = {"outcome": outcome}
+    if decision.would:
+        audit["would"] = decision.would
     if decision.architectures:
         audit["architectures"] = ",".join(sorted(decision.architectures))
     return audit

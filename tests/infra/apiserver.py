@@ -1,13 +1,17 @@
 """A stand-in for kube-apiserver: no real one can be installed here.
 
-It speaks the exact JSON of the few REST calls archway makes (GET of ServiceAccounts, Secrets and
-Nodes, list + watch of Nodes, create/replace/patch of a Secret and a MutatingWebhookConfiguration)
-over plain HTTP, backed by an in-memory object store keyed by URL path. It is deliberately narrow:
-anything archway does not call answers 404 like the real server does for an unknown object.
+It speaks the exact JSON of the few REST calls archway makes (GET of ServiceAccounts, Secrets,
+Nodes, Namespaces and Pods, list + watch of Nodes and Namespaces, lists of workloads and Events
+in one namespace or across all of them with field selectors and limit/continue paging, create of
+Events, create/replace/patch of a Secret and a MutatingWebhookConfiguration) over plain HTTP,
+backed by an in-memory object store keyed by URL path. It is deliberately narrow: anything
+archway does not call answers 404 like the real server does for an unknown object.
 """
+import base64
 import copy
 import json
 import os
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,6 +45,51 @@ def _merge(target, patch, strategic: bool):
         else:
             result[key] = _merge(result.get(key), value, strategic)
     return result
+
+
+# plural -> (List kind, apiVersion) of the collections archway lists.
+_LISTS = {
+    "nodes": ("NodeList", "v1"), "namespaces": ("NamespaceList", "v1"),
+    "pods": ("PodList", "v1"), "events": ("EventList", "v1"),
+    "secrets": ("SecretList", "v1"), "serviceaccounts": ("ServiceAccountList", "v1"),
+    "deployments": ("DeploymentList", "apps/v1"), "statefulsets": ("StatefulSetList", "apps/v1"),
+    "daemonsets": ("DaemonSetList", "apps/v1"), "replicasets": ("ReplicaSetList", "apps/v1"),
+    "jobs": ("JobList", "batch/v1"), "cronjobs": ("CronJobList", "batch/v1"),
+    "mutatingwebhookconfigurations": ("MutatingWebhookConfigurationList",
+                                      "admissionregistration.k8s.io/v1"),
+}
+# Field selectors the real server accepts (every resource: metadata.name/namespace).
+_EVENT_FIELDS = {"involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
+                 "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.fieldPath",
+                 "involvedObject.resourceVersion", "reason", "reportingComponent", "source",
+                 "type"}
+_API_PREFIX = re.compile(r"^(/api/v1|/apis/[^/]+/[^/]+)/([a-z]+)$")
+
+
+def _field(obj: dict, dotted: str) -> str:
+    value: object = obj
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if dotted == "source" and isinstance(value, dict):
+        value = value.get("component")
+    return "" if value is None else str(value)
+
+
+def _field_selector(text: str, plural: str):
+    """A predicate for `fieldSelector`; ValueError with the real server's words when a field
+    is not supported for this resource."""
+    allowed = {"metadata.name", "metadata.namespace"} | (_EVENT_FIELDS if plural == "events"
+                                                         else set())
+    tests = []
+    for clause in filter(None, text.split(",")):
+        match = re.match(r"^([\w.]+)\s*(==|!=|=)\s*(.*)$", clause)
+        if not match:
+            raise ValueError(f"invalid selector: '{clause}'; can't understand '{clause}'")
+        field, op, value = match.groups()
+        if field not in allowed:
+            raise ValueError(f'field label not supported: {field}')
+        tests.append((field, op != "!=", value))
+    return lambda obj: all((_field(obj, f) == v) == equal for f, equal, v in tests)
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -203,16 +252,44 @@ class FakeApiServer:
                 with server._lock:
                     if path in server.objects:
                         return self._reply(200, server.objects[path])
-                    items = [o for p, o in server.objects.items() if p.rsplit("/", 1)[0] == path]
-                    is_collection = bool(items) or any(
-                        c == path for _, c, _, _ in server._events) or path.endswith(
-                        ("/nodes", "/secrets", "/serviceaccounts", "/mutatingwebhookconfigurations"))
-                    if not is_collection:
+                    plural = path.rsplit("/", 1)[1]
+                    items = [o for p, o in sorted(server.objects.items())
+                             if p.rsplit("/", 1)[0] == path]
+                    across = _API_PREFIX.match(path)
+                    if across and across.group(2) != "namespaces":
+                        # every namespace: /apis/apps/v1/deployments holds
+                        # /apis/apps/v1/namespaces/*/deployments/*
+                        prefix = across.group(1) + "/namespaces/"
+                        items += [o for p, o in sorted(server.objects.items())
+                                  if p.startswith(prefix) and p.count("/") == path.count("/") + 3
+                                  and p.rsplit("/", 2)[1] == plural]
+                    if not (items or plural in _LISTS or any(
+                            c == path for _, c, _, _ in server._events)):
                         return self._not_found(path)
-                    kind = path.rsplit("/", 1)[1]
+                    try:
+                        keep = _field_selector(query.get("fieldSelector", [""])[0], plural)
+                    except ValueError as e:
+                        return self._reply(400, _status(400, "BadRequest", str(e)))
+                    items = [o for o in items if keep(o)]
+                    metadata = {"resourceVersion": str(server._rv)}
+                    limit = int(query.get("limit", ["0"])[0] or 0)
+                    start = 0
+                    if query.get("continue"):
+                        try:
+                            start = int(base64.urlsafe_b64decode(query["continue"][0]))
+                        except ValueError:
+                            return self._reply(400, _status(400, "BadRequest",
+                                                            "continue key is not valid"))
+                    items = items[start:]
+                    if limit and len(items) > limit:
+                        metadata["continue"] = base64.urlsafe_b64encode(
+                            str(start + limit).encode()).decode()
+                        metadata["remainingItemCount"] = len(items) - limit
+                        items = items[:limit]
+                    kind, api_version = _LISTS.get(plural, (plural.capitalize() + "List", "v1"))
                     return self._reply(200, {
-                        "kind": kind[:-1].capitalize() + "List", "apiVersion": "v1",
-                        "metadata": {"resourceVersion": str(server._rv)}, "items": items})
+                        "kind": kind, "apiVersion": api_version, "metadata": metadata,
+                        "items": items})
 
             def _watch(self, path, query):
                 since = int(query.get("resourceVersion", ["0"])[0] or 0)
@@ -250,6 +327,13 @@ class FakeApiServer:
 
             def _post(self, path, query):
                 obj = self._body()
+                namespace = re.match(r".*/namespaces/([^/]+)/[a-z]+$", path)
+                if namespace:
+                    meta = obj.setdefault("metadata", {})
+                    if meta.setdefault("namespace", namespace.group(1)) != namespace.group(1):
+                        return self._reply(400, _status(
+                            400, "BadRequest", "the namespace of the provided object does not "
+                                               "match the namespace sent on the request"))
                 target = f"{path}/{obj.get('metadata', {}).get('name', '')}"
                 with server._lock:
                     if target in server.objects:

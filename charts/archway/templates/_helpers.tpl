@@ -164,7 +164,7 @@ affinity:
 {{- $_ := set $c "registry" $registry -}}
 {{- $sched := include "archway.injectedSchedulerName" . -}}
 {{- if $sched -}}
-{{- $_ := set $c "placement" (dict "scheduler_name" $sched) -}}
+{{- $_ := set $c "placement" (merge (dict "scheduler_name" $sched) (default dict $c.placement)) -}}
 {{- end -}}
 {{- range $k, $v := $c -}}
 {{- if not $v }}{{ $_ := unset $c $k }}{{ end -}}

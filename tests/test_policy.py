@@ -1,0 +1,442 @@
+"""Arch policy end to end: namespace modes and preferences read through the API stand-in's
+list + watch, audit counted, Events for pods no node can run; `archway explain` on manifests
+against the real registry and on a live pod, and `archway report`, through a kubeconfig that
+points at the stand-in (tests/infra/apiserver.py)."""
+import base64
+import json
+import subprocess
+import sys
+import time
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.infra.apiserver import FakeApiServer
+from tests.infra.procs import REPO
+from tests.infra.registry import plain_registry  # noqa: F401
+
+ARM_TOLERATION = {"key": "kubernetes.io/arch", "operator": "Equal", "value": "arm64",
+                  "effect": "NoSchedule"}
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def wait_until(predicate, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+def validate(pod):
+    for version in ("1.30.0", "1.33.0"):
+        kubernetes_validate.validate(pod, version, strict=True)
+
+
+def namespace(name, labels=None, annotations=None):
+    meta = {"name": name}
+    if labels:
+        meta["labels"] = labels
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+
+
+def node(name, arch, taints=()):
+    spec = {"taints": list(taints)} if taints else {}
+    return {"apiVersion": "v1", "kind": "Node", "spec": spec,
+            "metadata": {"name": name, "labels": {"kubernetes.io/arch": arch}}}
+
+
+def pod_spec(*images):
+    return {"containers": [{"name": f"c{i}", "image": image} for i, image in enumerate(images)]}
+
+
+@pytest.fixture(scope="module")
+def images(plain_registry):
+    r = plain_registry
+    r.push_index("policy/multi", "1", ["linux/amd64", "linux/arm64"])
+    r.push_image("policy/amd", "1", "linux/amd64")
+    r.push_image("policy/arm", "1", "linux/arm64")
+    r.push_image("policy/z", "1", "linux/s390x")
+    return {"multi": r.ref("policy/multi", "1"), "amd": r.ref("policy/amd", "1"),
+            "arm": r.ref("policy/arm", "1"), "z": r.ref("policy/z", "1"),
+            "gone": r.ref("policy/gone", "1")}
+
+
+@pytest.fixture(scope="module")
+def apiserver():
+    server = FakeApiServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def config_file(plain_registry, apiserver, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("policy")
+    path = directory / "archway.yaml"
+    path.write_text(yaml.safe_dump({
+        "registry": {"insecure_hosts": [plain_registry.host], "timeout_seconds": 2},
+        "kubernetes": {"kubeconfig": apiserver.kubeconfig(str(directory))},
+        "placement": {"preferred_architectures": {"arm64": 80, "amd64": 20},
+                      "tolerations": {"arm64": [ARM_TOLERATION]}},
+        "server": {"state_dir": str(directory / "state"), "product": "webhook"},
+    }))
+    return str(path)
+
+
+# --- the webhook: namespace modes and preferences through list + watch ---------------------------
+
+@pytest.fixture(scope="module")
+def webhook(config_file, apiserver):
+    from archway.app import create_app
+    from archway.config import load_config
+    apiserver.put("/api/v1/namespaces/audited", namespace("audited", {"archway.dev/mode": "audit"}))
+    apiserver.put("/api/v1/namespaces/quiet", namespace("quiet", {"archway.dev/mode": "off"}))
+    apiserver.put("/api/v1/namespaces/amd-first", namespace(
+        "amd-first", annotations={"archway.dev/preferred-architectures": "amd64=90,arm64=10"}))
+    apiserver.put("/api/v1/namespaces/typo", namespace("typo", {"archway.dev/mode": "enforced"}))
+    apiserver.put("/api/v1/nodes/amd-1", node("amd-1", "amd64"))
+    apiserver.put("/api/v1/nodes/arm-1", node("arm-1", "arm64", [
+        {"key": "kubernetes.io/arch", "value": "arm64", "effect": "NoSchedule"}]))
+    app = create_app(load_config(config_file))
+    state, service = app.extensions["archway"], app.extensions["archway.webhook"]
+    assert service.namespaces.wait_synced(10) and state.node_cache.wait_synced(10)
+    yield app.test_client(), service
+    service.namespaces.stop()
+    state.node_cache.stop()
+
+
+def admit(client, ns, *images, owner=None):
+    metadata = {"generateName": "web-", "namespace": ns}
+    if owner:
+        metadata["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                        "name": owner, "uid": "rs-uid", "controller": True}]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec(*images)}
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u-1", "operation": "CREATE", "namespace": ns,
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "object": pod}}
+    reply = client.post("/mutate", json=review)
+    assert reply.status_code == 200
+    response = reply.get_json()["response"]
+    patched = pod
+    if "patch" in response:
+        patched = jsonpatch.apply_patch(pod, json.loads(base64.b64decode(response["patch"])))
+        validate(patched)
+    return response, patched
+
+
+def audit_count(would):
+    from archway import metrics
+    return metrics.AUDIT_DECISIONS.labels(would)._value.get()
+
+
+def test_enforce_adds_preferred_terms_and_tolerations(webhook, images):
+    client, _ = webhook
+    response, pod = admit(client, "shop", images["multi"])
+    assert response["allowed"] and response["auditAnnotations"]["outcome"] == "mutated"
+    affinity = pod["spec"]["affinity"]["nodeAffinity"]
+    assert [(t["weight"], t["preference"]["matchExpressions"][0]["values"])
+            for t in affinity[PREFERRED]] == [(80, ["arm64"]), (20, ["amd64"])]
+    assert pod["spec"]["tolerations"] == [ARM_TOLERATION]
+    (entry,) = json.loads(pod["metadata"]["annotations"]["archway.dev/images"])
+    assert entry["architectures"] == ["amd64", "arm64"] and entry["digest"].startswith("sha256:")
+
+
+def test_namespace_annotation_overrides_the_preferred_weights(webhook, images):
+    client, _ = webhook
+    _, pod = admit(client, "amd-first", images["multi"])
+    assert [(t["weight"], t["preference"]["matchExpressions"][0]["values"]) for t in
+            pod["spec"]["affinity"]["nodeAffinity"][PREFERRED]] == [(90, ["amd64"]),
+                                                                   (10, ["arm64"])]
+
+
+def test_audit_namespace_gets_annotations_only_and_is_counted(webhook, images):
+    client, _ = webhook
+    before = audit_count("mutated"), audit_count("denied")
+    response, pod = admit(client, "audited", images["multi"])
+    assert response["allowed"] and response["auditAnnotations"] == {
+        "outcome": "audited", "would": "mutated", "architectures": "amd64,arm64"}
+    assert "affinity" not in pod["spec"] and "tolerations" not in pod["spec"]
+    assert set(pod["metadata"]["annotations"]) == {"archway.dev/architectures",
+                                                   "archway.dev/images"}
+    assert response["warnings"][0].startswith("audit mode: archway would have placed it")
+    denied, _ = admit(client, "audited", images["amd"], images["arm"])   # no common arch
+    assert denied["allowed"] and "would have denied" in denied["warnings"][0]
+    assert (audit_count("mutated"), audit_count("denied")) == (before[0] + 1, before[1] + 1)
+
+
+def test_off_namespace_is_left_alone_without_reading_images(webhook, images, plain_registry):
+    client, _ = webhook
+    mark = plain_registry.mark()
+    response, _ = admit(client, "quiet", images["gone"])
+    assert response["allowed"] and "patch" not in response and "warnings" not in response
+    assert plain_registry.requests_since(mark) == []
+
+
+def test_a_label_archway_does_not_know_is_ignored_with_a_warning(webhook, images):
+    client, _ = webhook
+    response, _ = admit(client, "typo", images["multi"])
+    assert response["auditAnnotations"]["outcome"] == "mutated"
+    assert "archway.dev/mode='enforced'" in response["warnings"][0]
+
+
+def test_a_namespace_label_change_arrives_through_the_watch(webhook, images, apiserver):
+    client, service = webhook
+    apiserver.put("/api/v1/namespaces/later", namespace("later"))
+    wait_until(lambda: "later" in service.namespaces.items)
+    assert admit(client, "later", images["multi"])[0]["auditAnnotations"]["outcome"] == "mutated"
+    apiserver.put("/api/v1/namespaces/later", namespace("later", {"archway.dev/mode": "off"}))
+    wait_until(lambda: service.namespaces.items["later"].mode == "off")
+    assert "patch" not in admit(client, "later", images["multi"])[0]
+    # one list, then the watch: no request per admission
+    lists = [p for m, p in apiserver.requests if p.startswith("/api/v1/namespaces?")
+             and "watch=" not in p]
+    gets = [p for m, p in apiserver.requests if p.split("?")[0] == "/api/v1/namespaces/later"]
+    assert len(lists) == 1 and gets == []
+
+
+def test_pod_no_node_can_run_gets_a_warning_and_an_event_on_its_controller(webhook, images,
+                                                                          apiserver):
+    client, _ = webhook
+    response, _ = admit(client, "shop", images["z"], owner="batch-7f9")
+    assert response["allowed"]
+    assert response["warnings"][0] == ("images are s390x-only; nodes: amd64; the pod would "
+                                       "stay Pending")   # arm-1 is tainted against the pod
+
+    def events():
+        with apiserver._lock:
+            return [o for p, o in apiserver.objects.items()
+                    if p.startswith("/api/v1/namespaces/shop/events/")
+                    and o["involvedObject"]["name"] == "batch-7f9"]
+    wait_until(events)
+    (event,) = events()
+    assert event["reason"] == "ArchwayUnschedulable" and event["type"] == "Warning"
+    assert event["involvedObject"] == {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                       "namespace": "shop", "name": "batch-7f9", "uid": "rs-uid"}
+    assert event["source"] == {"component": "archway"}
+    # an arm64-only pod tolerates arm-1 thanks to archway's toleration: no warning
+    fine, _ = admit(client, "shop", images["arm"])
+    assert not fine.get("warnings")
+
+
+# --- archway explain -f ---------------------------------------------------------------------------
+
+def archway(*args, stdin=None, timeout=60):
+    return subprocess.run([sys.executable, "-m", "archway.cli", *args], cwd=REPO, input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def deployment(name, *images):
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"selector": {"matchLabels": {"app": name}}, "template": {
+                "metadata": {"labels": {"app": name}}, "spec": pod_spec(*images)}}}
+
+
+def cronjob(name, *images):
+    return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": name},
+            "spec": {"schedule": "0 * * * *", "jobTemplate": {"spec": {"template": {
+                "spec": {**pod_spec(*images), "restartPolicy": "OnFailure"}}}}}}
+
+
+def bare_pod(name, *images):
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": pod_spec(*images)}
+
+
+def manifests(*docs):
+    return "---\n".join(yaml.safe_dump(d) for d in docs)
+
+
+def test_explain_manifests_that_can_run(config_file, images, tmp_path):
+    path = tmp_path / "ok.yaml"
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+               "spec": {"ports": [{"port": 80}]}}
+    the_list = {"apiVersion": "v1", "kind": "List",
+                "items": [bare_pod("tool", images["arm"]), service]}
+    path.write_text(manifests(deployment("web", images["multi"]), service,
+                              cronjob("nightly", images["amd"]), the_list))
+    result = archway("explain", "--json", "-f", str(path), "--config", config_file)
+    assert result.returncode == 0, result.stderr
+    web, nightly, tool = json.loads(result.stdout)
+    assert [(w["kind"], w["name"]) for w in (web, nightly, tool)] == [
+        ("Deployment", "web"), ("CronJob", "nightly"), ("Pod", "tool")]
+    assert tool["origin"] == f"{path}, document 4, item 1"
+    assert web["architectures"] == ["amd64", "arm64"] and web["can_run"]
+    assert web["images"][0]["architectures"] == ["amd64", "arm64"]
+    # the patch applies to the workload's pod and gives a valid pod
+    template = deployment("web", images["multi"])["spec"]["template"]
+    pod = jsonpatch.apply_patch({"apiVersion": "v1", "kind": "Pod",
+                                 "metadata": {"name": "web-1", **template["metadata"]},
+                                 "spec": template["spec"]}, web["patch"])
+    validate(pod)
+    assert pod["spec"]["tolerations"] == [ARM_TOLERATION]
+    assert [t["weight"] for t in pod["spec"]["affinity"]["nodeAffinity"][PREFERRED]] == [80, 20]
+    assert nightly["architectures"] == ["amd64"] and tool["architectures"] == ["arm64"]
+    text = archway("explain", "-f", "-", "--config", config_file, stdin=path.read_text())
+    assert text.returncode == 0
+    assert "Deployment shop/web" in text.stdout and "runs on: amd64, arm64" in text.stdout
+    assert "archway would apply this JSON patch:" in text.stdout
+
+
+def test_explain_exits_1_when_a_workload_cannot_run_or_an_image_cannot_be_read(config_file,
+                                                                              images, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        deployment("fine", images["multi"]), cronjob("mixed", images["amd"], images["arm"]),
+        deployment("missing", images["gone"])]}))
+    result = archway("explain", "--json", "-f", str(path), "--config", config_file)
+    assert result.returncode == 1, result.stderr
+    fine, mixed, missing = json.loads(result.stdout)
+    assert fine["can_run"] and not mixed["can_run"] and not missing["can_run"]
+    assert mixed["architectures"] == [] and "share no CPU architecture" in mixed["message"]
+    assert missing["images"][0]["error"] and missing["architectures"] is None
+    text = archway("explain", "-f", str(path), "--config", config_file)
+    assert text.returncode == 1 and "CANNOT RUN" in text.stdout
+
+
+@pytest.mark.parametrize("args, stdin, words", [
+    ([], None, "either -f FILE|- or pod/NAME"),
+    (["-f", "-", "pod/x"], "", "either -f FILE|- or pod/NAME"),
+    (["deployment/web"], None, "only pod/NAME"),
+    (["-f", "/nonexistent/deploy.yaml"], None, "no such file: /nonexistent/deploy.yaml"),
+    (["-f", "-"], "kind: [unclosed", "not valid YAML or JSON"),
+    (["-f", "-", "--timeout", "0"], "", "--timeout"),
+])
+def test_explain_usage_errors_exit_2(args, stdin, words):
+    result = archway("explain", *args, stdin=stdin)
+    assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr
+
+
+# --- archway explain pod/NAME and archway report against the API stand-in ------------------------
+
+def owner(kind, name, api_version="apps/v1"):
+    return [{"apiVersion": api_version, "kind": kind, "name": name, "uid": f"uid-{name}",
+             "controller": True}]
+
+
+@pytest.fixture(scope="module")
+def cluster(apiserver, images):
+    objects = {
+        "/apis/apps/v1/namespaces/shop/deployments/web": deployment("web", images["multi"]),
+        "/apis/apps/v1/namespaces/shop/replicasets/web-5d8": {
+            "apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "web-5d8", "namespace": "shop",
+                         "ownerReferences": owner("Deployment", "web")},
+            "spec": {"selector": {}, "template": {"spec": pod_spec(images["multi"])}}},
+        "/api/v1/namespaces/shop/pods/web-5d8-x1": {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-5d8-x1", "namespace": "shop",
+                         "ownerReferences": owner("ReplicaSet", "web-5d8"),
+                         "annotations": {"archway.dev/architectures": "amd64,arm64",
+                                         "team": "shop"}},
+            "spec": pod_spec(images["multi"])},
+        "/apis/batch/v1/namespaces/ops/cronjobs/nightly": {**cronjob("nightly", images["amd"]),
+                                                          "metadata": {"name": "nightly",
+                                                                       "namespace": "ops"}},
+        "/apis/batch/v1/namespaces/ops/jobs/nightly-28": {
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "nightly-28", "namespace": "ops",
+                         "ownerReferences": owner("CronJob", "nightly", "batch/v1")},
+            "spec": {"template": {"spec": pod_spec(images["amd"])}}},
+        "/api/v1/namespaces/ops/pods/debug": {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "debug", "namespace": "ops"},
+            "spec": {**pod_spec(images["multi"]), "nodeSelector": {"kubernetes.io/arch": "amd64"}}},
+        "/apis/apps/v1/namespaces/ops/statefulsets/db": {
+            "apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "db", "namespace": "ops"},
+            "spec": {"selector": {}, "serviceName": "db",
+                     "template": {"spec": pod_spec(images["gone"])}}},
+        "/apis/apps/v1/namespaces/kube-system/daemonsets/agent": {
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "agent", "namespace": "kube-system"},
+            "spec": {"selector": {}, "template": {"spec": pod_spec(images["arm"])}}},
+        "/api/v1/namespaces/shop/events/web-5d8.1": {
+            "apiVersion": "v1", "kind": "Event", "metadata": {"name": "web-5d8.1"},
+            "involvedObject": {"kind": "ReplicaSet", "name": "web-5d8", "namespace": "shop"},
+            "reason": "ArchwayUnschedulable", "type": "Warning", "message": "from archway",
+            "source": {"component": "archway"}},
+        "/api/v1/namespaces/shop/events/web-5d8.2": {
+            "apiVersion": "v1", "kind": "Event", "metadata": {"name": "web-5d8.2"},
+            "involvedObject": {"kind": "ReplicaSet", "name": "web-5d8", "namespace": "shop"},
+            "reason": "SuccessfulCreate", "type": "Normal", "message": "not archway's",
+            "source": {"component": "replicaset-controller"}},
+    }
+    for path, obj in objects.items():
+        apiserver.put(path, obj)
+    yield objects
+    for path in objects:
+        if apiserver.get(path) is not None:
+            apiserver.delete(path)
+
+
+def test_explain_a_live_pod_shows_its_annotations_and_archways_events(cluster, config_file):
+    result = archway("explain", "pod/web-5d8-x1", "-n", "shop", "--json", "--config", config_file)
+    assert result.returncode == 0, result.stderr
+    (pod,) = json.loads(result.stdout)
+    assert pod["annotations"] == {"archway.dev/architectures": "amd64,arm64"}
+    assert [(e["reason"], e["object"]) for e in pod["events"]] == [
+        ("ArchwayUnschedulable", "ReplicaSet/web-5d8")]
+    assert pod["architectures"] == ["amd64", "arm64"] and pod["can_run"]
+    text = archway("explain", "pod/web-5d8-x1", "-n", "shop", "--config", config_file)
+    assert "archway.dev/architectures: amd64,arm64" in text.stdout
+    assert "event Warning ArchwayUnschedulable on ReplicaSet/web-5d8" in text.stdout
+    missing = archway("explain", "pod/nope", "-n", "shop", "--config", config_file)
+    assert missing.returncode == 2 and 'pods "nope" not found' in missing.stderr
+
+
+def test_report_lists_each_workload_once_with_its_readiness_for_arm64(cluster, config_file):
+    result = archway("report", "--target-arch", "aarch64", "--json", "--config", config_file)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["target_arch"] == "arm64"
+    rows = {(w["kind"], w["namespace"], w["name"]): w for w in report["workloads"]}
+    assert set(rows) == {("Deployment", "shop", "web"), ("StatefulSet", "ops", "db"),
+                         ("DaemonSet", "kube-system", "agent"), ("CronJob", "ops", "nightly"),
+                         ("Pod", "ops", "debug")}   # owned ReplicaSets, Jobs and Pods: once
+    assert rows[("Deployment", "shop", "web")]["movable"] == "yes"
+    assert rows[("CronJob", "ops", "nightly")]["movable"] == "no"
+    assert rows[("CronJob", "ops", "nightly")]["lacking"] == [
+        cluster["/apis/batch/v1/namespaces/ops/cronjobs/nightly"]["spec"]["jobTemplate"]["spec"][
+            "template"]["spec"]["containers"][0]["image"]]
+    assert rows[("Pod", "ops", "debug")]["movable"] == "no"
+    assert rows[("Pod", "ops", "debug")]["pinned"] == "amd64"
+    assert rows[("StatefulSet", "ops", "db")]["movable"] == "unknown"
+    assert report["summary"] == {"workloads": 5, "yes": 2, "no": 2, "unknown": 1}
+    assert "Deployment(s)" in result.stderr   # progress on stderr
+    table = archway("report", "--target-arch", "arm64", "--config", config_file)
+    header, *lines = table.stdout.splitlines()
+    assert header.split() == ["NAMESPACE", "KIND", "NAME", "ARCHITECTURES", "TO", "ARM64",
+                              "WHY", "NOT"]
+    assert any(line.split()[:5] == ["ops", "CronJob", "nightly", "amd64", "no"] for line in lines)
+
+
+def test_report_pages_through_long_lists(cluster, config_file, monkeypatch, capsys, apiserver):
+    from archway.webhook import cluster as cluster_module
+
+    from archway import cli
+    monkeypatch.setattr(cluster_module, "PAGE_SIZE", 1)
+    apiserver.requests.clear()
+    assert cli.main(["report", "--json", "--config", config_file]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["workloads"]) == 5 and report["target_arch"] is None
+    pages = [p for m, p in apiserver.requests if p.startswith("/api/v1/pods?")]
+    assert len(pages) == 2 and "continue=" in pages[-1]   # two pods, one per page
+
+
+def test_explain_and_report_never_show_the_password_of_a_sif_url():
+    from archway.errors import NotFound
+    from archway.podview import PodView
+    from archway.webhook.explain import image_json
+    from archway.webhook.report import assess, row_json
+    from archway.webhook.workloads import workloads_in
+    image = "https://robot:s3cret@files.example/tools/x.sif"
+    row = image_json(image, NotFound("gone"))
+    assert "s3cret" not in json.dumps(row) and row["image"] == "https://***@files.example/tools/x.sif"
+    (workload,) = workloads_in([bare_pod("tool", image)])
+    assessed = assess(workload, PodView.of(workload.pod), {image: NotFound("gone")}, "arm64")
+    assert assessed.movable == "unknown" and "s3cret" not in json.dumps(row_json(assessed))

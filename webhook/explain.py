@@ -1,0 +1,280 @@
+"""`archway explain -f FILE|-` and `archway explain pod/NAME -n NS`: what archway would do.
+
+For every workload in the manifests (or one live pod), the images with their architectures and
+the patch archway would apply under the current config, preferred terms and tolerations
+included: the pre-flight check a CI job runs on `helm template | archway explain -f -`.
+Exit 0 when every workload can run somewhere, 1 when one has no common architecture or an
+image could not be read, 2 on usage errors.
+
+The decision is `placement.decide`, the webhook's own; this module only gathers its inputs and
+prints its answer. Nothing heavy is imported before the command runs (see archway/metrics.py).
+"""
+import json
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from archway.errors import ArchwayError
+from archway.podview import PodShapeError, PodView
+
+from .placement import Decision, Policy, decide, display_image
+from .workloads import Workload, workloads_in
+
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+EXIT_OK, EXIT_CANNOT_RUN, EXIT_USAGE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Explanation:
+    workload: Workload
+    results: dict                 # image -> ImageInfo | ArchwayError
+    decision: Decision
+    annotations: dict | None = None   # a live pod's archway.dev/* annotations
+    events: tuple = ()                # a live pod's (and its controller's) archway Events
+
+    @property
+    def unreadable(self) -> list[str]:
+        from archway.registry.model import ImageInfo
+        return [image for image, result in self.results.items()
+                if not isinstance(result, ImageInfo)]
+
+    @property
+    def can_run(self) -> bool:
+        """Some architecture runs every image, and every image could be read."""
+        return (self.decision.allowed and self.decision.architectures != frozenset()
+                and not self.unreadable)
+
+
+def explain_workload(workload: Workload, results: dict, policy: Policy, *, nodes=None,
+                     annotations=None, events=()) -> Explanation:
+    try:
+        pod = PodView.of(workload.pod)
+    except PodShapeError as e:
+        raise ArchwayError(f"{workload.display_name} ({workload.origin}): {e}") from None
+    mine = {image: results.get(image) for image in pod.images}
+    return Explanation(workload, mine, decide(pod, mine, policy, nodes=nodes), annotations,
+                       tuple(events))
+
+
+def load_manifests(text: str, origin: str) -> list:
+    """Multi-document YAML (JSON is YAML); ArchwayError when it does not parse."""
+    try:
+        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as e:
+        raise ArchwayError(f"{origin} is not valid YAML or JSON: {e}") from None
+
+
+def read_source(path: str) -> tuple[str, str]:
+    """(text, origin) of -f PATH or -f - (stdin), bounded in size."""
+    if path == "-":
+        text, origin = sys.stdin.read(MAX_MANIFEST_BYTES + 1), "stdin"
+    else:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read(MAX_MANIFEST_BYTES + 1)
+        except FileNotFoundError:
+            raise ArchwayError(f"no such file: {path}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ArchwayError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+        origin = path
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise ArchwayError(f"{origin} is larger than {MAX_MANIFEST_BYTES} bytes")
+    return text, origin
+
+
+# --- output ------------------------------------------------------------------------------------
+
+def image_json(image: str, result) -> dict:
+    from archway.registry.inspect import normalized
+    from archway.registry.model import ImageInfo
+    reference = normalized(image)
+    row = {"image": display_image(image),
+           "reference": display_image(reference) if reference else None}
+    if isinstance(result, ImageInfo):
+        return {**row, "architectures": sorted(result.architectures), "digest": result.digest,
+                "source": result.source, "error": None}
+    return {**row, "architectures": [], "digest": None, "source": None,
+            "error": str(result) if result is not None else "no answer"}
+
+
+def to_json(explanation: Explanation) -> dict:
+    w, d = explanation.workload, explanation.decision
+    data: dict[str, Any] = {
+        "kind": w.kind, "namespace": w.namespace, "name": w.name, "origin": w.origin,
+        "images": [image_json(i, r) for i, r in explanation.results.items()],
+        "architectures": sorted(d.architectures) if d.architectures is not None else None,
+        "can_run": explanation.can_run, "allowed": d.allowed, "outcome": d.outcome,
+        "would": d.would or None, "reason": d.reason, "message": d.message or None,
+        "warnings": list(d.warnings), "patch": list(d.patch),
+    }
+    if explanation.annotations is not None:
+        data["annotations"] = explanation.annotations
+        data["events"] = list(explanation.events)
+    return data
+
+
+def to_text(explanation: Explanation) -> str:
+    w, d = explanation.workload, explanation.decision
+    lines = [f"{w.display_name}" + (f"  ({w.origin})" if w.origin else "")]
+    for image, result in explanation.results.items():
+        row = image_json(image, result)
+        shown = row["image"] + (f"  ->  {row['reference']}"
+                                if row["reference"] and row["reference"] != row["image"] else "")
+        lines.append(f"  image {shown}")
+        if row["error"]:
+            lines.append(f"    error: {row['error']}")
+        else:
+            lines.append(f"    architectures: {' '.join(row['architectures']) or 'unknown'}"
+                         f"  ({row['source']}, {row['digest'] or 'no digest'})")
+    if not explanation.results:
+        lines.append("  no images")
+    if not d.allowed:
+        lines.append(f"  CANNOT RUN: {d.message}")
+    elif d.architectures == frozenset():
+        lines.append("  CANNOT RUN: the images share no CPU architecture")
+    elif d.architectures is None:
+        lines.append("  runs on: unknown (no image told its architectures)")
+    else:
+        lines.append(f"  runs on: {', '.join(sorted(d.architectures))}")
+    if d.would:
+        lines.append(f"  audit mode: enforce would have {d.would}")
+    if d.patch:
+        lines.append("  archway would apply this JSON patch:")
+        lines += ["    " + line for line in yaml.safe_dump(
+            list(d.patch), sort_keys=False, width=100).rstrip().splitlines()]
+    elif d.allowed:
+        lines.append(f"  archway would change nothing ({d.reason})")
+    lines += [f"  warning: {warning}" for warning in d.warnings]
+    if explanation.annotations is not None:
+        lines.append("  archway annotations on the pod:" if explanation.annotations
+                     else "  archway annotations on the pod: none")
+        lines += [f"    {key}: {value}" for key, value in sorted(explanation.annotations.items())]
+        for event in explanation.events:
+            lines.append(f"  event {event['type']} {event['reason']} on "
+                         f"{event['object']}: {event['message']}")
+    return "\n".join(lines) + "\n"
+
+
+def emit(explanations: list[Explanation], as_json: bool) -> int:
+    if as_json:
+        json.dump([to_json(e) for e in explanations], sys.stdout, indent=2)
+        print()
+    else:
+        sys.stdout.write("\n".join(to_text(e) for e in explanations))
+    return EXIT_OK if all(e.can_run for e in explanations) else EXIT_CANNOT_RUN
+
+
+# --- the command -------------------------------------------------------------------------------
+
+def register(subparsers) -> None:
+    from archway.registry.inspect import positive_seconds
+    parser = subparsers.add_parser(
+        "explain", help="show what archway would do with workloads in manifests or a live pod",
+        description="For every Pod, Deployment, StatefulSet, DaemonSet, ReplicaSet, Job and "
+                    "CronJob in the manifests (-f FILE, or -f - for stdin; multi-document YAML "
+                    "or JSON, Lists opened), or for one live pod (pod/NAME -n NAMESPACE, through "
+                    "the kubeconfig), print the images with their architectures and the patch "
+                    "archway would apply under the current config. Exit 0 when every workload "
+                    "can run somewhere, 1 when one has no common architecture or an image could "
+                    "not be read, 2 on usage errors.")
+    parser.add_argument("target", nargs="?", metavar="pod/NAME",
+                        help="a live pod, read through the kubeconfig")
+    parser.add_argument("-f", "--filename", metavar="FILE", help="manifests to explain; - for stdin")
+    parser.add_argument("-n", "--namespace", default="default",
+                        help="namespace of pod/NAME (default: %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print a JSON list")
+    parser.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="SECONDS",
+                        help="wall-clock limit for reading the images (default 30)")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from archway.config import load_config
+    if bool(args.filename) == bool(args.target):
+        print("archway explain: give either -f FILE|- or pod/NAME", file=sys.stderr)
+        return EXIT_USAGE
+    config = load_config(args.config)
+    policy = Policy.from_config(config)
+    if args.filename:
+        return emit(explain_manifests(args.filename, config, policy, args.timeout), args.json)
+    kind, _, name = args.target.partition("/")
+    if kind not in ("pod", "pods", "po") or not name:
+        print(f"archway explain: {args.target!r}: only pod/NAME can be explained live; "
+              "use -f for manifests", file=sys.stderr)
+        return EXIT_USAGE
+    return emit([explain_live_pod(name, args.namespace, config, policy, args.timeout)], args.json)
+
+
+def explain_manifests(path: str, config, policy: Policy, timeout: float) -> list[Explanation]:
+    from archway.registry.inspect import resolve_within
+    from archway.registry.resolver import Resolver
+    text, origin = read_source(path)
+    workloads = list(workloads_in(load_manifests(text, origin), origin))
+    if not workloads:
+        print(f"archway explain: no Pod or workload in {origin}", file=sys.stderr)
+        return []
+    pods = [_view(w) for w in workloads]
+    images = [image for pod in pods for image in pod.images]
+    results = resolve_within(Resolver(config.registry, sif=config.sif), images, timeout=timeout)
+    return [explain_workload(w, results, policy) for w in workloads]
+
+
+def explain_live_pod(name: str, namespace: str, config, policy: Policy,
+                     timeout: float) -> Explanation:
+    import time
+
+    from archway.extender.nodes import node_facts
+    from archway.registry.inspect import resolve_within
+    from archway.registry.resolver import Resolver
+
+    from .cluster import ClusterReader
+    from .namespaces import namespace_facts, namespace_policy
+    from .pullsecrets import PullSecrets
+
+    reader = ClusterReader.from_config(config)
+    obj = reader.pod(namespace, name)
+    workload = Workload("Pod", namespace, name, obj)
+    pod = _view(workload)
+    ns = reader.namespace(namespace)
+    policy = namespace_policy(policy, namespace_facts(ns) if ns else None)
+    credentials = PullSecrets(reader.api_client).credentials_for(pod, time.monotonic() + timeout)
+    results = resolve_within(Resolver(config.registry, sif=config.sif), pod.images,
+                             timeout=timeout, keyring=credentials.keyring)
+    nodes = [f for f in map(node_facts, _nodes(reader)) if f is not None]
+    annotations = {k: v for k, v in pod.annotations.items() if k.startswith("archway.dev/")}
+    return explain_workload(workload, results, policy, nodes=nodes or None,
+                            annotations=annotations, events=archway_events(reader, pod))
+
+
+def archway_events(reader, pod: PodView) -> list[dict]:
+    """archway's Events about the pod or its controller (admission Events go to the controller
+    when the pod had no name yet)."""
+    from .events import COMPONENT
+    names = {pod.name} | {o.name for o in pod.owner_references if o.controller}
+    found = []
+    for event in reader.events(pod.namespace, f"source={COMPONENT}"):
+        involved = event.get("involvedObject") or {}
+        if involved.get("name") in names:
+            found.append({"type": event.get("type", ""), "reason": event.get("reason", ""),
+                          "object": f"{involved.get('kind', '')}/{involved.get('name', '')}",
+                          "message": event.get("message", ""),
+                          "time": event.get("lastTimestamp") or event.get("eventTime")})
+    return found
+
+
+def _nodes(reader) -> Iterable[dict]:
+    try:
+        return reader.nodes()
+    except ArchwayError:
+        return []   # no RBAC for nodes: the cluster's nodes are simply not consulted
+
+
+def _view(workload: Workload) -> PodView:
+    try:
+        return PodView.of(workload.pod)
+    except PodShapeError as e:
+        raise ArchwayError(f"{workload.display_name} ({workload.origin}): {e}") from None
+

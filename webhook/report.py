@@ -1,0 +1,180 @@
+"""`archway report [--target-arch ARCH] [--json]`: every workload in the cluster with its images'
+architectures and whether it could move to ARCH — the migration readiness table operators
+otherwise build by hand.
+
+Through the kubeconfig: Deployments, StatefulSets, DaemonSets, CronJobs, and the Jobs,
+ReplicaSets and Pods no such workload controls (each workload once, at its top). Images are read
+with the workload's pull secrets, as the webhook would. Progress goes to stderr; stdout is a
+table for people or JSON for tools.
+"""
+import json
+import sys
+import time
+from dataclasses import dataclass
+
+from archway.errors import ArchwayError
+from archway.podview import PodView
+
+from .placement import (common_architectures, display_image, pod_arch_constraint,
+                        told_architectures)
+from .workloads import Workload, is_top_level, workloads_in
+
+# The order of the table: long-lived workloads first.
+REPORTED_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "CronJob", "Job", "ReplicaSet", "Pod")
+
+
+@dataclass(frozen=True)
+class Row:
+    workload: Workload
+    architectures: frozenset[str] | None    # S; None: no image told its architectures
+    unreadable: tuple[str, ...]              # images that could not be read
+    lacking: tuple[str, ...]                 # images without the target arch
+    pinned: str                              # the pod's own arch constraint, when it excludes target
+    movable: str                             # yes | no | unknown ("" without a target)
+
+
+def assess(workload: Workload, pod: PodView, results: dict, target: str | None) -> Row:
+    """Pure: what the images of one workload say about moving it to `target`."""
+    from archway.registry.model import ImageInfo
+    mine = {image: results.get(image) for image in pod.images}
+    told = told_architectures(mine)
+    archs = common_architectures(told)
+    # Images as shown: a password in an https:// SIF URL never reaches the report.
+    unreadable = tuple(display_image(i) for i, r in mine.items() if not isinstance(r, ImageInfo))
+    lacking: tuple[str, ...] = ()
+    pinned, movable = "", ""
+    if target:
+        lacking = tuple(display_image(i) for i, a in told.items() if target not in a)
+        own = pod_arch_constraint(pod)
+        if own is not None and not own.within(frozenset([target])):
+            pinned = own.describe()
+        if lacking or pinned:
+            movable = "no"
+        elif unreadable or archs is None:
+            movable = "unknown"
+        else:
+            movable = "yes"
+    return Row(workload, archs, unreadable, lacking, pinned, movable)
+
+
+def row_json(row: Row) -> dict:
+    w = row.workload
+    data = {"kind": w.kind, "namespace": w.namespace, "name": w.name,
+            "images": [display_image(i) for i in PodView.of(w.pod).images],
+            "architectures": sorted(row.architectures) if row.architectures is not None else None,
+            "unreadable": list(row.unreadable)}
+    if row.movable:
+        data.update(movable=row.movable, lacking=list(row.lacking), pinned=row.pinned or None)
+    return data
+
+
+def table(rows: list[Row], target: str | None) -> str:
+    header = ["NAMESPACE", "KIND", "NAME", "ARCHITECTURES"]
+    if target:
+        header += [f"TO {target.upper()}", "WHY NOT"]
+    lines = [header]
+    for row in rows:
+        archs = ("unknown" if row.architectures is None
+                 else ",".join(sorted(row.architectures)) or "none in common")
+        cells = [row.workload.namespace or "-", row.workload.kind, row.workload.name, archs]
+        if target:
+            why = ([f"{len(row.lacking)} image(s) lack {target}: {', '.join(row.lacking)}"]
+                   if row.lacking else []) + ([f"pinned to {row.pinned}"] if row.pinned else []) \
+                + ([f"unreadable: {', '.join(row.unreadable)}"] if row.unreadable else [])
+            cells += [row.movable, "; ".join(why) or "-"]
+        lines.append(cells)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    return "".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) + "  " + line[-1]
+                   + "\n" for line in lines)
+
+
+def summary(rows: list[Row]) -> dict:
+    counts: dict = {"workloads": len(rows)}
+    for row in rows:
+        if row.movable:
+            counts[row.movable] = counts.get(row.movable, 0) + 1
+    return counts
+
+
+# --- the command -------------------------------------------------------------------------------
+
+def register(subparsers) -> None:
+    from archway.registry.inspect import positive_seconds
+    parser = subparsers.add_parser(
+        "report", help="every workload in the cluster with its images' architectures",
+        description="Through the kubeconfig, list every workload (Deployments, StatefulSets, "
+                    "DaemonSets, CronJobs, and the Jobs, ReplicaSets and Pods none of them "
+                    "controls) with the architectures its images share and, with --target-arch, "
+                    "whether it could move to that architecture. Progress on stderr. Exit 0, or "
+                    "1 when some workloads could not be listed.")
+    parser.add_argument("--target-arch", metavar="ARCH",
+                        help="say for each workload whether its images run on ARCH (arm64...)")
+    parser.add_argument("-n", "--namespace", help="only this namespace (default: all)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="SECONDS",
+                        help="wall-clock limit for reading the images of one namespace's "
+                             "workloads (default 30)")
+    parser.set_defaults(func=run)
+
+
+def _progress(text: str) -> None:
+    print(f"archway report: {text}", file=sys.stderr, flush=True)
+
+
+def run(args) -> int:
+    from archway.config import load_config
+    from archway.registry.inspect import resolve_within
+    from archway.registry.platforms import normalize
+    from archway.registry.resolver import Resolver
+
+    from .cluster import ClusterReader
+    from .pullsecrets import PullSecrets
+
+    config = load_config(args.config)
+    target = normalize("linux", args.target_arch).architecture if args.target_arch else None
+    reader = ClusterReader.from_config(config)
+    workloads, failed = [], []
+    for kind in REPORTED_KINDS:
+        try:
+            found = [w for obj in reader.workloads(kind, args.namespace) if is_top_level(obj)
+                     for w in workloads_in([obj])]
+        except ArchwayError as e:
+            failed.append(kind)
+            _progress(f"skipped {kind}s: {e}")
+            continue
+        workloads += found
+        _progress(f"{len(found)} {kind}(s)")
+    if failed and len(failed) == len(REPORTED_KINDS):
+        raise ArchwayError("could not list any workload (see above)")
+    pods = [PodView.of(w.pod) for w in workloads]
+    resolver = Resolver(config.registry, sif=config.sif)
+    secrets = PullSecrets(reader.api_client)
+    # One resolution per set of credentials (namespace, ServiceAccount, pull secrets): a
+    # namespace's workloads usually share them, and the resolver's cache shares the rest.
+    groups: dict[tuple, list[int]] = {}
+    for i, pod in enumerate(pods):
+        key = (pod.namespace, pod.service_account, pod.pull_secret_names)
+        groups.setdefault(key, []).append(i)
+    results: dict[int, dict] = {}
+    for n, members in enumerate(groups.values(), 1):
+        first = pods[members[0]]
+        images = [image for i in members for image in pods[i].images]
+        _progress(f"reading {len(set(images))} image(s) of {len(members)} workload(s) in "
+                  f"{first.namespace} ({n}/{len(groups)})")
+        credentials = secrets.credentials_for(first, time.monotonic() + args.timeout)
+        answers = resolve_within(resolver, images, timeout=args.timeout,
+                                 keyring=credentials.keyring)
+        for i in members:
+            results[i] = answers
+    rows = [assess(w, pods[i], results.get(i, {}), target) for i, w in enumerate(workloads)]
+    if args.json:
+        json.dump({"target_arch": target, "summary": summary(rows),
+                   "workloads": [row_json(r) for r in rows]}, sys.stdout, indent=2)
+        print()
+    else:
+        sys.stdout.write(table(rows, target))
+        if target:
+            counts = summary(rows)
+            _progress(f"{counts.get('yes', 0)} of {len(rows)} workloads could move to {target}; "
+                      f"{counts.get('no', 0)} could not; {counts.get('unknown', 0)} unknown")
+    return 1 if failed else 0
