@@ -16,7 +16,7 @@ import time
 
 from archway.background import ProcessThread
 from archway.podview import PodView
-from archway.registry.resolver import TTLCache
+from archway.registry.cache import TTLCache
 
 log = logging.getLogger("archway.events")
 
