@@ -6,11 +6,6 @@ started in the master would be missing in every worker. Each process starts its 
 import os
 import threading
 
-# Set when a command gave up waiting for work still running in a thread (a lookup past its
-# wall-clock limit): archway.cli then exits without joining it.
-ABANDONED = threading.Event()
-
-
 class ProcessThread:
     def __init__(self, target, name: str):
         self._target = target

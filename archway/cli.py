@@ -2,10 +2,8 @@
 import argparse
 import importlib
 import logging
-import os
 import sys
 
-from archway.background import ABANDONED
 from archway.errors import ArchwayError
 
 # Each module adds its own subcommands through `register(subparsers)`.
@@ -30,17 +28,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    status = _main(argv)
-    if argv is None and ABANDONED.is_set():
-        # A thread still waits on a lookup past the time limit: the interpreter would join it
-        # (and the resolver's pool) before exiting, so the limit would not be one.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-    return status
-
-
-def _main(argv) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -7,11 +7,9 @@ import argparse
 import json
 import os
 import sys
-import threading
 
 from . import sif
-from archway.background import ABANDONED
-from archway.errors import ArchwayError, DeadlineExceeded
+from archway.errors import ArchwayError
 from .model import ImageInfo
 from .reference import parse_reference
 from .resolver import Resolver
@@ -26,36 +24,6 @@ def positive_seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
     return value
-
-
-def resolve_within(resolver, images, *, timeout: float, keyring=None) -> dict:
-    """`resolver.resolve_many` bounded by the wall clock: when `timeout` seconds have passed,
-    every image without an answer is a DeadlineExceeded, even if a lookup hangs where the
-    resolver's own deadline does not reach. Work still running then (this thread, or the
-    resolver's pool threads behind a timed-out answer) is abandoned: archway.cli exits without
-    waiting for it."""
-    images = list(dict.fromkeys(images))
-    if not images:
-        return {}
-    done: dict = {}
-
-    def work() -> None:
-        try:
-            done.update(resolver.resolve_many(images, keyring=keyring, timeout=timeout))
-        except ArchwayError as e:
-            done.update({image: e for image in images})
-
-    thread = threading.Thread(target=work, name="archway-resolve", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    answers = dict(done) if not thread.is_alive() else {}
-    late = DeadlineExceeded(f"no answer within the time limit ({timeout:g} s)")
-    results = {image: answers.get(image, late) for image in images}
-    if any(isinstance(r, DeadlineExceeded) for r in results.values()):
-        # A lookup that ran out of time may still hold a pool thread in a read; the
-        # interpreter would wait for it at exit.
-        ABANDONED.set()
-    return results
 
 
 def normalized(image: str) -> str | None:
@@ -94,7 +62,7 @@ def run(args) -> int:
     config = load_config(args.config)
     local = {image for image in args.images if os.path.isfile(image) or looks_like_path(image)}
     remote = [image for image in args.images if image not in local]
-    results = resolve_within(Resolver(config.registry, sif=config.sif), remote,
+    results = Resolver(config.registry, sif=config.sif).resolve_many(remote,
                              timeout=args.timeout) if remote else {}
     rows = [(image, _local_file(image) if image in local else results[image])
             for image in args.images]

@@ -209,7 +209,6 @@ def run(args) -> int:
 
 
 def explain_manifests(path: str, config, policy: Policy, timeout: float) -> list[Explanation]:
-    from archway.registry.inspect import resolve_within
     from archway.registry.resolver import Resolver
     text, origin = read_source(path)
     workloads = list(workloads_in(load_manifests(text, origin), origin))
@@ -218,7 +217,7 @@ def explain_manifests(path: str, config, policy: Policy, timeout: float) -> list
         return []
     pods = [_view(w) for w in workloads]
     images = [image for pod in pods for image in pod.images]
-    results = resolve_within(Resolver(config.registry, sif=config.sif), images, timeout=timeout)
+    results = Resolver(config.registry, sif=config.sif).resolve_many(images, timeout=timeout)
     return [explain_workload(w, results, policy) for w in workloads]
 
 
@@ -227,7 +226,6 @@ def explain_live_pod(name: str, namespace: str, config, policy: Policy,
     import time
 
     from archway.extender.nodes import node_facts
-    from archway.registry.inspect import resolve_within
     from archway.registry.resolver import Resolver
 
     from .cluster import ClusterReader
@@ -241,7 +239,7 @@ def explain_live_pod(name: str, namespace: str, config, policy: Policy,
     ns = reader.namespace(namespace)
     policy = namespace_policy(policy, namespace_facts(ns) if ns else None)
     credentials = PullSecrets(reader.api_client).credentials_for(pod, time.monotonic() + timeout)
-    results = resolve_within(Resolver(config.registry, sif=config.sif), pod.images,
+    results = Resolver(config.registry, sif=config.sif).resolve_many(pod.images,
                              timeout=timeout, keyring=credentials.keyring)
     nodes = [f for f in map(node_facts, _nodes(reader)) if f is not None]
     annotations = {k: v for k, v in pod.annotations.items() if k.startswith("archway.dev/")}

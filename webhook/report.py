@@ -123,7 +123,6 @@ def _progress(text: str) -> None:
 
 def run(args) -> int:
     from archway.config import load_config
-    from archway.registry.inspect import resolve_within
     from archway.registry.platforms import normalize
     from archway.registry.resolver import Resolver
 
@@ -162,7 +161,7 @@ def run(args) -> int:
         _progress(f"reading {len(set(images))} image(s) of {len(members)} workload(s) in "
                   f"{first.namespace} ({n}/{len(groups)})")
         credentials = secrets.credentials_for(first, time.monotonic() + args.timeout)
-        answers = resolve_within(resolver, images, timeout=args.timeout,
+        answers = resolver.resolve_many(images, timeout=args.timeout,
                                  keyring=credentials.keyring)
         for i in members:
             results[i] = answers
