@@ -29,7 +29,11 @@ def run(args) -> int:
 
     config = load_config(args.config)
     remote = [image for image in args.images if not os.path.isfile(image)]
-    results = Resolver(config.registry, sif=config.sif).resolve_many(remote, timeout=args.timeout) if remote else {}
+    resolver = Resolver(config.registry, sif=config.sif)
+    # A lookup may outlive an admission's deadline to fill the cache; a command has no cache to
+    # fill, and its process cannot exit while a lookup runs: none outlives --timeout.
+    resolver.fetch_timeout = min(resolver.fetch_timeout, args.timeout)
+    results = resolver.resolve_many(remote, timeout=args.timeout) if remote else {}
     rows = [_local_file(image) if os.path.isfile(image) else results[image]
             for image in args.images]
     rows = [(image, row) for image, row in zip(args.images, rows)]
