@@ -3,6 +3,7 @@ deny list, answers that crash parsers. Every peer here is a real socket on loopb
 (tests/infra/faults.py); the real docker-registry stands in wherever a well-behaved one is needed.
 """
 import base64
+import ipaddress
 import json
 import os
 import subprocess
@@ -14,8 +15,9 @@ import pytest
 import yaml
 
 from archway.config import RegistrySettings
-from archway.errors import DeadlineExceeded, TransportError
+from archway.errors import DeadlineExceeded, HostRefused, TransportError
 from archway.registry.credentials import Keyring
+from archway.registry.hostpolicy import HostPolicy, canonical_address
 from archway.registry.http import HttpClient, redirect_step
 from archway.registry.oci import RegistryClient
 from archway.registry.reference import parse_reference
@@ -269,3 +271,53 @@ def test_https_to_http_is_followed_to_a_host_listed_insecure(dual_protocol, test
         client.resolve(parse_reference(f"{secure.host}/team/app:v1"), keyring, time.monotonic() + 10)
     [request] = plain.requests
     assert "Authorization" not in request.headers
+
+
+# -- 7. the deny list matches addresses, however they are spelled --------------------------------
+
+SPELLINGS_OF_LOOPBACK = ["127.0.0.1", "2130706433", "0x7f000001", "127.1", "0177.0.0.1",
+                         "0x7f.0.0.1", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]", "localhost"]
+
+
+@pytest.mark.parametrize("deny", ["127.0.0.1", "127.0.0.0/8", "[::ffff:127.0.0.1]", "0x7f000001"])
+def test_no_spelling_of_a_denied_address_reaches_it(servers, deny):
+    listener = servers(BlackHole())
+    for spelling in SPELLINGS_OF_LOOPBACK:
+        netloc = f"{spelling}:{listener.port}"
+        client = client_for(deny_hosts=(deny,), insecure_hosts=(netloc,), timeout_seconds=0.5)
+        with pytest.raises(HostRefused, match="deny_hosts"):
+            client.resolve(parse_reference(f"{netloc}/team/app:v1"), Keyring.empty(),
+                           time.monotonic() + 2)
+    assert listener.accepted == 0
+
+
+def test_every_spelling_of_loopback_does_connect_when_nothing_denies_it(servers):
+    """The control for the test above: these spellings are real ways to reach 127.0.0.1."""
+    listener = servers(BlackHole())
+    for spelling in SPELLINGS_OF_LOOPBACK:
+        netloc = f"{spelling}:{listener.port}"
+        with pytest.raises((DeadlineExceeded, TransportError)):
+            client_for(timeout_seconds=0.3).resolve(
+                parse_reference(f"{netloc}/team/app:v1"), Keyring.empty(), time.monotonic() + 0.3)
+        assert listener.accepted == SPELLINGS_OF_LOOPBACK.index(spelling) + 1, spelling
+
+
+def test_allow_list_matches_addresses_however_spelled():
+    policy = HostPolicy(allow_hosts=("127.0.0.1:5000", "10.1.0.0/16", "*.corp.example"))
+    for allowed in ("2130706433:5000", "127.1:5000", "[::ffff:127.0.0.1]:5000", "10.1.2.3",
+                    "0x0a010203", "reg.corp.example"):
+        policy.check(allowed)
+    for refused in ("127.0.0.1:5001", "10.2.0.1", "corp.example", "0x0a020001"):
+        with pytest.raises(HostRefused, match="allow_hosts"):
+            policy.check(refused)
+
+
+def test_canonical_addresses():
+    v4 = ipaddress.IPv4Address("127.0.0.1")
+    for spelling in ("127.0.0.1", "2130706433", "0x7f000001", "127.1", "0177.0.0.1", "0x7f.1",
+                     "[::ffff:127.0.0.1]", "::ffff:7f00:1", "::127.0.0.1"):
+        assert canonical_address(spelling) == v4, spelling
+    assert canonical_address("[fe80::1%eth0]") == ipaddress.IPv6Address("fe80::1")
+    assert canonical_address("::1") == ipaddress.IPv6Address("::1")
+    for name in ("localhost", "cafe", "1e100", "08.0.0.1", "reg.example", "1.2.3.4.5", ""):
+        assert canonical_address(name) is None, name
