@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import SplitResult, urljoin, urlsplit
 
 import certifi
@@ -56,7 +57,16 @@ class Response:
     url: str
 
     def json(self):
-        return json.loads(self.body)
+        return parse_json(self.body)
+
+
+def parse_json(data: bytes | str) -> Any:
+    """A peer's JSON, or None when it is not JSON: not UTF-8, malformed, or nested so deep that
+    the parser would recurse past Python's limit (RecursionError, which is no ValueError)."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):   # UnicodeDecodeError is a ValueError
+        return None
 
 
 @dataclass
@@ -130,7 +140,13 @@ class HttpClient:
             response = self._send(method, url, headers, deadline, max_bytes, data)
             if response.status not in (301, 302, 303, 307, 308) or "location" not in response.headers:
                 return response
-            target = urljoin(url, response.headers["location"])
+            try:
+                target = urljoin(url, response.headers["location"])
+                urlsplit(target).port   # noqa: B018 - raises ValueError on a malformed authority
+            except ValueError:
+                raise TransportError(f"{netloc} redirected to an unusable Location "
+                                     f"{response.headers['location'][:100]!r}", host=netloc,
+                                     status=response.status) from None
             step = redirect_step(url, target, response.status, method, data is not None,
                                  self.is_insecure(urlsplit(target).netloc))
             if isinstance(step, str):
@@ -173,6 +189,9 @@ class HttpClient:
             if time.monotonic() >= deadline:   # the watchdog cut it, or a read timed out at it
                 raise DeadlineExceeded(f"deadline passed talking to {netloc}") from None
             raise _transport_error(e, netloc, timeout[1]) from None
+        except ValueError as e:   # e.g. requests parsing a malformed Location for its own use
+            raise TransportError(f"{netloc} answered something archway cannot use: "
+                                 f"{str(e)[:100]}", host=netloc) from None
 
     def _read_bounded(self, r, url, netloc, deadline, max_bytes) -> bytes:
         chunks, size = [], 0

@@ -3,6 +3,8 @@ deny list, answers that crash parsers. Every peer here is a real socket on loopb
 (tests/infra/faults.py); the real docker-registry stands in wherever a well-behaved one is needed.
 """
 import base64
+import gc
+import hashlib
 import ipaddress
 import json
 import os
@@ -10,16 +12,20 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 
 import pytest
 import yaml
 
 from archway.config import RegistrySettings
-from archway.errors import DeadlineExceeded, HostRefused, TransportError
+from archway.errors import (AuthError, DeadlineExceeded, HostRefused, NotFound, RegistryError,
+                            TransportError, UnsupportedImage, classify_error)
 from archway.registry.credentials import Keyring
 from archway.registry.hostpolicy import HostPolicy, canonical_address
 from archway.registry.http import HttpClient, redirect_step
-from archway.registry.oci import RegistryClient
+from archway.registry.model import ImageInfo
+from archway.registry.oci import MAX_PLATFORMS, RegistryClient
+from archway.registry.platforms import Platform
 from archway.registry.reference import parse_reference
 from tests.infra.faults import BlackHole, DripServer, ScriptedServer
 from tests.infra.procs import REPO
@@ -321,3 +327,99 @@ def test_canonical_addresses():
     assert canonical_address("::1") == ipaddress.IPv6Address("::1")
     for name in ("localhost", "cafe", "1e100", "08.0.0.1", "reg.example", "1.2.3.4.5", ""):
         assert canonical_address(name) is None, name
+
+
+# -- 6. an index cannot list more platforms than any real image has ------------------------------
+
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+
+
+def index_server(servers, entries):
+    body = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries},
+                      separators=(",", ":")).encode()
+    return servers(ScriptedServer(lambda request: (200, {"Content-Type": OCI_INDEX}, body))), body
+
+
+def test_an_index_of_fifty_thousand_platforms_is_refused(servers):
+    server, body = index_server(servers, [{"platform": {"architecture": f"x{i}", "os": "linux"}}
+                                          for i in range(50_000)])
+    assert len(body) < 4 << 20   # within max_manifest_bytes: only the platform cap stops it
+    with pytest.raises(UnsupportedImage, match="50000 manifests") as caught:
+        client_for(insecure_hosts=(server.host,)).resolve(
+            parse_reference(f"{server.host}/team/wide:v1"), Keyring.empty(), time.monotonic() + 10)
+    assert classify_error(caught.value).label == "unsupported_image"
+
+
+@pytest.mark.parametrize("count, refused", [(MAX_PLATFORMS, False), (MAX_PLATFORMS + 1, True)])
+def test_the_platform_cap(servers, count, refused):
+    server, _ = index_server(servers, [{"platform": {"architecture": f"x{i}", "os": "linux"}}
+                                       for i in range(count)])
+    client = client_for(insecure_hosts=(server.host,))
+    ref = parse_reference(f"{server.host}/team/wide:v1")
+    if refused:
+        with pytest.raises(UnsupportedImage, match=f"{count} platforms"):
+            client.resolve(ref, Keyring.empty(), time.monotonic() + 10)
+    else:
+        assert len(client.resolve(ref, Keyring.empty(), time.monotonic() + 10).platforms) == count
+
+
+def test_approx_bytes_tracks_what_an_answer_holds():
+    def build(count):
+        return ImageInfo(f"reg.example/team/app-{count}:v1",
+                         frozenset(Platform("linux", f"arch-{count}-{i}", "v1") for i in range(count)),
+                         "sha256:" + "e" * 64, "oci-index", "")
+    for count in (1, 16, MAX_PLATFORMS):
+        gc.collect()
+        tracemalloc.start()
+        info = build(count)
+        held, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert held * 0.7 <= info.approx_bytes() <= held * 1.5, (count, held, info.approx_bytes())
+    assert build(MAX_PLATFORMS).approx_bytes() > 40 * build(1).approx_bytes()
+
+
+# -- 8. hostile answers become typed errors, never internal ones ---------------------------------
+
+DEEP = b"[" * 30_000 + b"]" * 30_000   # 60 KB: within every size bound, 30x the recursion limit
+
+
+@pytest.mark.parametrize("answer, error, words", [
+    ((200, {"Content-Type": OCI_INDEX}, DEEP), RegistryError, "not a JSON object"),
+    ((404, {"Content-Type": "application/json"}, DEEP), NotFound, "not found"),
+    ((401, {"WWW-Authenticate": 'Bearer realm="https://[::1",service="x"'}, b""), AuthError,
+     "unusable token realm"),
+    ((401, {"WWW-Authenticate": 'Bearer realm="https://reg.example:99999/t"'}, b""), AuthError,
+     "unusable token realm"),
+    ((302, {"Location": "http://[::1/elsewhere"}, b""), TransportError, "cannot use"),
+])
+def test_hostile_registry_answers_are_typed_errors(servers, answer, error, words):
+    server = servers(ScriptedServer(lambda request: answer))
+    with pytest.raises(error, match=words):
+        client_for(insecure_hosts=(server.host,)).resolve(
+            parse_reference(f"{server.host}/team/app:v1"), Keyring.empty(), time.monotonic() + 10)
+
+
+def test_deeply_nested_token_and_config_answers_are_typed_errors(servers):
+    config_digest = "sha256:" + hashlib.sha256(DEEP).hexdigest()
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                                      "digest": config_digest, "size": len(DEEP)},
+                           "layers": []}).encode()
+
+    def respond(request):
+        if request.path.startswith("/token"):
+            return 200, {"Content-Type": "application/json"}, DEEP
+        if "/blobs/" in request.path:
+            return 200, {}, DEEP
+        return 200, {"Content-Type": "application/vnd.oci.image.manifest.v1+json"}, manifest
+    server = servers(ScriptedServer(respond))
+    client = client_for(insecure_hosts=(server.host,))
+    with pytest.raises(RegistryError, match="config blob .* not a JSON object"):
+        client.resolve(parse_reference(f"{server.host}/team/app:v1"), Keyring.empty(),
+                       time.monotonic() + 10)
+    challenging = servers(ScriptedServer(lambda request: (200, {}, DEEP) if request.path.startswith(
+        "/token") else (401, {"WWW-Authenticate": f'Bearer realm="http://{server.host}/token"'}, b"")))
+    with pytest.raises(RegistryError, match="without a usable token"):
+        client_for(insecure_hosts=(challenging.host, server.host)).resolve(
+            parse_reference(f"{challenging.host}/team/app:v1"), Keyring.empty(),
+            time.monotonic() + 10)
