@@ -38,6 +38,7 @@ from archway.errors import (ArchwayError, ConfigError, DeadlineExceeded, HostRef
 from archway.hostport import join_host_port
 from .hostpolicy import HostPolicy
 from .proxy import ProxyRules
+from .reference import without_userinfo
 from archway.config import RegistrySettings
 
 MAX_REDIRECTS = 5
@@ -135,7 +136,7 @@ class HttpClient:
             deadline = time.monotonic() + UNBOUNDED_REQUEST_READS * self.settings.timeout_seconds
         headers = dict(headers or {})
         for _ in range(MAX_REDIRECTS + 1):
-            netloc = urlsplit(url).netloc
+            netloc = _authority(url)
             self.policy.check(netloc)
             response = self._send(method, url, headers, deadline, max_bytes, data)
             if response.status not in (301, 302, 303, 307, 308) or "location" not in response.headers:
@@ -148,7 +149,7 @@ class HttpClient:
                                      f"{response.headers['location'][:100]!r}", host=netloc,
                                      status=response.status) from None
             step = redirect_step(url, target, response.status, method, data is not None,
-                                 self.is_insecure(urlsplit(target).netloc))
+                                 self.is_insecure(_authority(target)))
             if isinstance(step, str):
                 raise TransportError(f"{netloc} redirected to {_safe_url(target)}: not followed, "
                                      f"{step}", host=netloc, status=response.status)
@@ -157,7 +158,8 @@ class HttpClient:
             if not same_origin:
                 headers = {k: v for k, v in headers.items() if k.lower() not in CREDENTIAL_HEADERS}
             url = target
-        raise TransportError(f"more than {MAX_REDIRECTS} redirects from {url}", host=netloc)
+        raise TransportError(f"more than {MAX_REDIRECTS} redirects from {_safe_url(url)}",
+                             host=netloc)
 
     def _send(self, method, url, headers, deadline, max_bytes, data=None) -> Response:
         try:
@@ -169,8 +171,8 @@ class HttpClient:
         return response
 
     def _exchange(self, method, url, headers, deadline, max_bytes, data=None) -> Response:
-        netloc = urlsplit(url).netloc
-        timeout = self._timeout(deadline, url)
+        netloc = _authority(url)
+        timeout = self._timeout(deadline, netloc)
         with self._lock:
             self.stats.requests += 1
         try:
@@ -181,7 +183,8 @@ class HttpClient:
                 declared = r.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > max_bytes and r.status_code < 300:
                     raise ResponseTooLarge(
-                        f"{url} declares {declared} bytes, more than the {max_bytes} archway reads",
+                        f"{_safe_url(url)} declares {declared} bytes, more than the {max_bytes} "
+                        f"archway reads",
                         host=netloc, status=r.status_code)
                 body = self._read_bounded(r, url, netloc, deadline, max_bytes)
                 return Response(r.status_code, r.headers, body, url)
@@ -198,7 +201,8 @@ class HttpClient:
         for chunk in r.iter_content(_CHUNK):
             size += len(chunk)
             if size > max_bytes:
-                raise ResponseTooLarge(f"{url} sent more than the {max_bytes} bytes archway reads",
+                raise ResponseTooLarge(f"{_safe_url(url)} sent more than the {max_bytes} bytes "
+                                       f"archway reads",
                                        host=netloc, status=r.status_code)
             if time.monotonic() >= deadline:
                 raise DeadlineExceeded(f"deadline passed reading from {netloc}")
@@ -207,10 +211,10 @@ class HttpClient:
             self.stats.bytes_read += size
         return b"".join(chunks)
 
-    def _timeout(self, deadline: float, url: str) -> tuple[float, float]:
+    def _timeout(self, deadline: float, netloc: str) -> tuple[float, float]:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise DeadlineExceeded(f"deadline passed before contacting {urlsplit(url).netloc}")
+            raise DeadlineExceeded(f"deadline passed before contacting {netloc}")
         limit = min(self.settings.timeout_seconds, remaining)
         return (limit, limit)
 
@@ -256,6 +260,12 @@ def _origin(parts: SplitResult) -> tuple[str, str, int | None]:
     except ValueError:
         port = None
     return parts.scheme, (parts.hostname or "").lower(), port
+
+
+def _authority(url: str) -> str:
+    """host[:port] of a URL, without the user:password it may carry (which must never reach a
+    message, a log line or an error's host)."""
+    return without_userinfo(urlsplit(url).netloc)
 
 
 def _safe_url(url: str) -> str:

@@ -1,4 +1,5 @@
 """`archway inspect IMAGE...`: which architectures does this image support?"""
+import dataclasses
 import json
 import os
 import sys
@@ -6,6 +7,7 @@ import sys
 from . import sif
 from archway.errors import ArchwayError
 from .model import ImageInfo
+from .reference import redact_url
 from .resolver import Resolver
 
 
@@ -34,9 +36,9 @@ def run(args) -> int:
     # fill, and its process cannot exit while a lookup runs: none outlives --timeout.
     resolver.fetch_timeout = min(resolver.fetch_timeout, args.timeout)
     results = resolver.resolve_many(remote, timeout=args.timeout) if remote else {}
-    rows = [_local_file(image) if os.path.isfile(image) else results[image]
-            for image in args.images]
-    rows = [(image, row) for image, row in zip(args.images, rows)]
+    answers = [_local_file(image) if os.path.isfile(image) else results[image]
+               for image in args.images]
+    rows = [_redacted(image, row) for image, row in zip(args.images, answers)]
     if args.json:
         json.dump([_to_json(image, row) for image, row in rows], sys.stdout, indent=2)
         print()
@@ -44,6 +46,16 @@ def run(args) -> int:
         for image, row in rows:
             print(_to_text(image, row))
     return 0 if all(isinstance(row, ImageInfo) for _, row in rows) else 1
+
+
+def _redacted(image: str, row: ImageInfo | ArchwayError) -> tuple[str, ImageInfo | ArchwayError]:
+    """The row as shown: no user:password of an https:// reference, in its name or its error."""
+    shown = redact_url(image)
+    if shown == image:
+        return image, row
+    if isinstance(row, ImageInfo):
+        return shown, dataclasses.replace(row, image=shown)
+    return shown, ArchwayError(str(row).replace(image, shown))
 
 
 def _local_file(path: str) -> ImageInfo | ArchwayError:

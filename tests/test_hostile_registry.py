@@ -18,15 +18,16 @@ import pytest
 import yaml
 
 from archway.config import RegistrySettings
-from archway.errors import (AuthError, DeadlineExceeded, HostRefused, NotFound, RegistryError,
-                            TransportError, UnsupportedImage, classify_error)
+from archway.errors import (ArchwayError, AuthError, DeadlineExceeded, HostRefused, NotFound, RegistryError,
+                            InvalidReference, TransportError, UnsupportedImage, classify_error)
 from archway.registry.credentials import Keyring
 from archway.registry.hostpolicy import HostPolicy, canonical_address
 from archway.registry.http import HttpClient, redirect_step
 from archway.registry.model import ImageInfo
 from archway.registry.oci import MAX_PLATFORMS, RegistryClient
 from archway.registry.platforms import Platform
-from archway.registry.reference import parse_reference
+from archway.registry.reference import parse_reference, redact_url
+from archway.registry.sifsources import resolve_https
 from tests.infra.faults import BlackHole, DripServer, ScriptedServer
 from tests.infra.procs import REPO
 from tests.infra.registry import test_ca  # noqa: F401
@@ -423,3 +424,55 @@ def test_deeply_nested_token_and_config_answers_are_typed_errors(servers):
         client_for(insecure_hosts=(challenging.host, server.host)).resolve(
             parse_reference(f"{challenging.host}/team/app:v1"), Keyring.empty(),
             time.monotonic() + 10)
+
+
+# -- 10. the password of a URL reference is never shown ------------------------------------------
+
+SECRET = "s3cr3t-pw"
+
+
+def test_a_url_reference_shows_no_password():
+    ref = parse_reference(f"https://alice:{SECRET}@files.example:8443/images/app.sif")
+    assert str(ref) == "https://***@files.example:8443/images/app.sif"
+    assert ref.host == "files.example:8443" and SECRET in ref.url   # still used to fetch
+    assert redact_url(f"oras://reg.example/app@sha256:{'a' * 64}") == f"oras://reg.example/app@sha256:{'a' * 64}"
+    assert redact_url(f"https://tok:{SECRET}@h?x=@y") == "https://***@h?x=@y"
+    with pytest.raises(InvalidReference) as caught:
+        parse_reference(f"ftp://alice:{SECRET}@files.example/app.sif")
+    assert SECRET not in str(caught.value) and "***@files.example" in str(caught.value)
+
+
+@pytest.mark.parametrize("peer", ["404", "401", "denied", "closed", "drip"])
+def test_no_error_about_a_url_reference_holds_its_password(servers, peer):
+    if peer == "drip":
+        server = servers(DripServer("headers", interval=0.2))
+    elif peer == "closed":
+        server = servers(BlackHole())
+        server.stop()   # nothing listens on its port any more
+    else:
+        server = servers(ScriptedServer(lambda request: (int(peer) if peer != "denied" else 200, {}, b"")))
+    url = f"http://alice:{SECRET}@{server.host}/images/app.sif"
+    http = HttpClient(RegistrySettings(insecure_hosts=(server.host,), timeout_seconds=1,
+                                       deny_hosts=(server.host,) if peer == "denied" else ()))
+    with pytest.raises(ArchwayError) as caught:
+        resolve_https(parse_reference(url), http, time.monotonic() + 1.5)
+    error = caught.value
+    assert SECRET not in str(error) and SECRET not in getattr(error, "host", "")
+    if peer in ("404", "401"):
+        [request] = server.requests   # the URL's credentials go to its own host, and only there
+        assert request.headers["Authorization"] == "Basic " + base64.b64encode(
+            f"alice:{SECRET}".encode()).decode()
+
+
+def test_inspect_shows_no_password(servers, tmp_path):
+    server = servers(ScriptedServer(lambda request: (404, {}, b"")))
+    config = tmp_path / "archway.yaml"
+    config.write_text(yaml.safe_dump({"registry": {"insecure_hosts": [server.host]}}))
+    url = f"http://alice:{SECRET}@{server.host}/images/app.sif"
+    for output in ([], ["--json"]):
+        result = subprocess.run([sys.executable, "-m", "archway.cli", "inspect", *output,
+                                 "--config", str(config), url], cwd=REPO, capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 1
+        assert "404" in result.stdout and f"http://***@{server.host}/images/app.sif" in result.stdout
+        assert SECRET not in result.stdout + result.stderr
