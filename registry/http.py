@@ -58,7 +58,7 @@ class Response:
     url: str
 
     def json(self):
-        return parse_json(self.body)
+        return json.loads(self.body)
 
 
 def parse_json(data: bytes | str) -> Any:
@@ -190,7 +190,7 @@ class HttpClient:
                 return Response(r.status_code, r.headers, body, url)
         except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
             if time.monotonic() >= deadline:   # the watchdog cut it, or a read timed out at it
-                raise DeadlineExceeded(f"deadline passed talking to {netloc}") from None
+                raise DeadlineExceeded(f"deadline passed waiting for {netloc}") from None
             raise _transport_error(e, netloc, timeout[1]) from None
         except ValueError as e:   # e.g. requests parsing a malformed Location for its own use
             raise TransportError(f"{netloc} answered something archway cannot use: "
