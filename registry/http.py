@@ -306,6 +306,9 @@ class _Watchdog:
                 threading.Thread(target=self._run, name="archway-deadlines", daemon=True).start()
             ticket = next(self._ids)
             self._watched[ticket] = dup
+            if len(self._heap) > 2 * len(self._watched) + 1024:   # mostly released entries
+                self._heap = [entry for entry in self._heap if entry[1] in self._watched]
+                heapq.heapify(self._heap)
             heapq.heappush(self._heap, (deadline, ticket))
             if self._heap[0][1] == ticket:
                 self._cond.notify()

@@ -128,6 +128,17 @@ def test_a_connection_reused_from_the_pool_is_watched_too(servers):
     assert drip.accepted == 1 and drip.wait_closed(1, timeout=SLACK)
 
 
+def test_a_request_done_before_its_deadline_leaves_its_connection_alone(servers):
+    """The watchdog lets go of a socket when its request ends: once that request's deadline has
+    passed, the pooled connection still serves the next request."""
+    peer = servers(DripServer("headers", interval=1.0, quick_answers=2))
+    http = HttpClient(RegistrySettings(insecure_hosts=(peer.host,), timeout_seconds=5))
+    assert http.get(f"http://{peer.host}/a", max_bytes=64, deadline=time.monotonic() + 0.3).body == b"{}"
+    time.sleep(0.5)   # past the first request's deadline
+    assert http.get(f"http://{peer.host}/b", max_bytes=64, deadline=time.monotonic() + 5).body == b"{}"
+    assert peer.accepted == 1 and peer.closed == 0
+
+
 def test_inspect_exits_at_its_timeout_against_a_dripping_registry(servers, tmp_path):
     drip = servers(DripServer("headers", interval=1.0))
     config = tmp_path / "archway.yaml"
