@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import SplitResult, urlencode, urlsplit
 
 from .credentials import Credential, Keyring
-from archway.errors import AuthError, RegistryError, ResponseTooLarge
+from archway.errors import ArchwayError, AuthError, RegistryError, ResponseTooLarge, classify_error
 from archway.hostport import host_of
 from .http import HttpClient, parse_json, rate_limited
 from .reference import DOCKER_HUB, ImageReference
@@ -197,8 +197,13 @@ class RegistryAuth:
             if token is not None:
                 return token
             try:
-                token, lifetime = self._fetch_token(challenge.realm, service, scope, credential,
-                                                    ref, deadline)
+                try:
+                    token, lifetime = self._fetch_token(challenge.realm, service, scope,
+                                                        credential, ref, deadline)
+                except ArchwayError as e:
+                    _count_token(classify_error(e).label)
+                    raise
+                _count_token("success")
                 with self._lock:
                     now = self.clock()
                     self._tokens[key] = (token, cache_until(now, lifetime))
@@ -264,3 +269,9 @@ class RegistryAuth:
         with self._lock:
             for key in [k for k, v in self._tokens.items() if v[0] == token]:
                 del self._tokens[key]
+
+
+def _count_token(outcome: str) -> None:
+    # Imported on first use: only the serving processes record metrics (see archway.metrics).
+    from archway import metrics
+    metrics.TOKEN_REQUESTS.labels(outcome).inc()

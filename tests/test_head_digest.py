@@ -165,8 +165,12 @@ def test_a_429_from_the_token_service_is_rate_limited():
     server = ScriptedServer(respond)
     try:
         client = client_for(insecure_hosts=(server.host,))
+        before = REGISTRY.get_sample_value("archway_registry_token_requests_total",
+                                           {"outcome": "rate_limited"}) or 0.0
         with pytest.raises(RateLimited) as caught:
             client.resolve(parse_reference(f"{server.host}/team/app:v1"), deadline=deadline())
         assert 55 <= caught.value.retry_after <= 60
+        assert REGISTRY.get_sample_value("archway_registry_token_requests_total",
+                                         {"outcome": "rate_limited"}) == before + 1
     finally:
         server.stop()
