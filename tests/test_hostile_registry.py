@@ -7,7 +7,6 @@ import gc
 import hashlib
 import ipaddress
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -189,11 +188,12 @@ def test_a_redirected_identity_token_exchange_sends_nothing_to_the_other_host(se
     keyring = Keyring.from_dockerconfigjson(
         {"auths": {registry.host: {"identitytoken": "refresh-secret-1"}}})
     client = client_for(insecure_hosts=(registry.host, token_service.host, f"localhost:{other.port}"))
-    try:
-        client.resolve(parse_reference(f"{registry.host}/team/app:v1"), keyring,
-                       time.monotonic() + 10)
-    except Exception:   # noqa: BLE001 - refusing the redirect is one right answer
-        pass
+    ref = parse_reference(f"{registry.host}/team/app:v1")
+    if status in (307, 308):   # the form would go as it is: not followed
+        with pytest.raises(TransportError, match="request body"):
+            client.resolve(ref, keyring, time.monotonic() + 10)
+    else:   # continued as a GET without the form
+        assert client.resolve(ref, keyring, time.monotonic() + 10).digest
     [post] = token_service.requests
     assert post.method == "POST" and b"refresh-secret-1" in post.body   # the token went here only
     for request in other.requests:   # 303/302 may be followed: as a GET, with nothing secret
@@ -483,7 +483,7 @@ def test_inspect_shows_no_password(servers, tmp_path):
     for output in ([], ["--json"]):
         result = subprocess.run([sys.executable, "-m", "archway.cli", "inspect", *output,
                                  "--config", str(config), url], cwd=REPO, capture_output=True,
-                                text=True, timeout=60)
+                                text=True, timeout=60, check=False)
         assert result.returncode == 1
         assert "404" in result.stdout and f"http://***@{server.host}/images/app.sif" in result.stdout
         assert SECRET not in result.stdout + result.stderr
