@@ -17,7 +17,7 @@ from urllib.parse import quote, urlsplit
 
 from archway.errors import (AuthError, ConfigError, HostRefused, NotFound, RegistryError,
                      ResponseTooLarge, SIFError)
-from .http import HttpClient
+from .http import HttpClient, rate_limited
 from .model import ImageInfo
 from .platforms import normalize
 from .reference import ImageReference, redact_url, without_userinfo
@@ -74,6 +74,8 @@ def fetch_range(http: HttpClient, url: str, offset: int, length: int,
         return response.body[offset:offset + length]  # the whole (small) file: take our slice
     if response.status == 416:
         return b""  # the range starts past the end: the parser reports the truncation
+    if response.status == 429:
+        raise rate_limited(response, f"{shown}: 429", host=netloc, status=429)
     raise _http_error(response.status, shown, netloc, "@" in urlsplit(url).netloc)
 
 
@@ -188,6 +190,9 @@ def _library_get(http: HttpClient, url: str, headers: dict, deadline, ref) -> di
         body = json.loads(response.body)
     except (ValueError, RecursionError):
         body = None
+    if response.status == 429:
+        raise rate_limited(response, f"{ref}: library {netloc} answered 429", host=netloc,
+                           repository=ref.repository, status=429)
     if response.status != 200:
         message = _error_message(body) or f"HTTP {response.status}"
         kind = {404: NotFound, 401: AuthError, 403: AuthError}.get(response.status, RegistryError)
