@@ -35,6 +35,8 @@ def _host_port(netloc: str) -> tuple[str, int | None]:
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+# NAT64's well-known prefix (RFC 6052): where a NAT64 gateway exists, 64:ff9b::a.b.c.d is a.b.c.d.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
 # What inet_aton may read as IPv4: 1 to 4 parts, each decimal, 0x-hex or 0-octal.
 _INET_ATON = re.compile(r"(?:0[xX][0-9a-fA-F]*|[0-9]+)(?:\.(?:0[xX][0-9a-fA-F]*|[0-9]+)){0,3}")
 
@@ -43,7 +45,8 @@ def canonical_address(host: str) -> IPAddress | None:
     """The address a host literal connects to, however it is spelled; None for a name.
 
     IPv4 in any spelling the C resolver accepts (inet_aton: 127.1, 2130706433, 0x7f.1, 0177.0.0.1),
-    IPv6 with or without brackets or zone, and IPv4-mapped or -compatible IPv6 as the IPv4 it is.
+    IPv6 with or without brackets or zone, and IPv4-mapped, -compatible or NAT64 IPv6 as the
+    IPv4 it reaches.
     """
     text = host.strip().strip("[]").split("%", 1)[0]
     try:
@@ -60,6 +63,8 @@ def canonical_address(host: str) -> IPAddress | None:
             return ip.ipv4_mapped
         if int(ip) >> 32 == 0 and int(ip) > 1:   # ::a.b.c.d, IPv4-compatible (deprecated)
             return ipaddress.IPv4Address(int(ip))
+        if ip in _NAT64:
+            return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     return ip
 
 

@@ -333,7 +333,7 @@ def test_allow_list_matches_addresses_however_spelled():
 def test_canonical_addresses():
     v4 = ipaddress.IPv4Address("127.0.0.1")
     for spelling in ("127.0.0.1", "2130706433", "0x7f000001", "127.1", "0177.0.0.1", "0x7f.1",
-                     "[::ffff:127.0.0.1]", "::ffff:7f00:1", "::127.0.0.1"):
+                     "[::ffff:127.0.0.1]", "::ffff:7f00:1", "::127.0.0.1", "64:ff9b::7f00:1"):
         assert canonical_address(spelling) == v4, spelling
     assert canonical_address("[fe80::1%eth0]") == ipaddress.IPv6Address("fe80::1")
     assert canonical_address("::1") == ipaddress.IPv6Address("::1")
