@@ -27,8 +27,8 @@ class ImageInfo:
         """Memory this answer holds, for a cache bounded in bytes. Each object is counted once
         (the os and variant strings of most platforms are one shared object); platforms shared
         with other answers (normalize() caches them) are counted anyway: an upper bound."""
-        objects = {id(o): o for o in (self, self.platforms, self.image, self.digest, self.source,
-                                      self.note)}
+        objects: dict[int, object] = {id(o): o for o in (self, self.platforms, self.image,
+                                                         self.digest, self.source, self.note)}
         for platform in self.platforms:
             for part in (platform, platform.os, platform.architecture, platform.variant):
                 objects[id(part)] = part

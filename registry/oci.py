@@ -168,7 +168,7 @@ class RegistryClient:
 
     # -- resolution steps
     def _fetch_config(self, ref, config: dict, keyring, deadline) -> dict:
-        digest = config.get("digest")
+        digest: str = config["digest"]   # config_descriptor() checked it
         size = config.get("size")
         if isinstance(size, int) and size > MAX_CONFIG_BYTES:
             raise ResponseTooLarge(f"the config blob of {ref} declares {size} bytes, more than the "
