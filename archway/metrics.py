@@ -74,7 +74,8 @@ REGISTRY_REQUESTS = Counter("archway_registry_requests_total",
                             "(a status class such as 2xx, 429 on its own, or an error kind)",
                             ["method", "outcome"])
 TOKEN_REQUESTS = Counter("archway_registry_token_requests_total",
-                         "Bearer token requests to registry token services, by outcome",
+                         "Bearer token requests to registry token services, by outcome (success, "
+                         "or an error kind: auth_error, rate_limited, transport_error...)",
                          ["outcome"])
 CREDENTIAL_PROVIDER_CALLS = Counter(
     "archway_credential_provider_calls_total",

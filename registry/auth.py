@@ -6,17 +6,16 @@ host's credential. `Bearer realm=...,service=...,scope=...` -> get a token from 
 cached until shortly before `expires_in`, and the challenge of each registry host is remembered
 so later requests get their token up front instead of paying a 401 round trip.
 """
-import json
 import re
 import threading
 import time
 from dataclasses import dataclass
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import SplitResult, urlencode, urlsplit
 
 from .credentials import Credential, Keyring
-from archway.errors import AuthError, RegistryError
+from archway.errors import ArchwayError, AuthError, RegistryError, ResponseTooLarge, classify_error
 from archway.hostport import host_of
-from .http import HttpClient, rate_limited
+from .http import HttpClient, parse_json, rate_limited
 from .reference import DOCKER_HUB, ImageReference
 
 MAX_TOKEN_RESPONSE_BYTES = 64 * 1024
@@ -97,6 +96,20 @@ def credential_for_realm(keyring: Keyring, ref: ImageReference, realm_netloc: st
     return None
 
 
+def realm_parts(realm: str, ref: ImageReference) -> SplitResult:
+    """The parts of a challenge's token realm: an http(s) URL with a host, else AuthError (a
+    registry's typed failure, cached like any other, never an internal error)."""
+    try:
+        parts = urlsplit(realm)
+        parts.port   # noqa: B018 - raises ValueError on a malformed host or port
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("https", "http") or not parts.hostname:
+        raise AuthError(f"{ref.api_host} named an unusable token realm {realm[:200]!r}",
+                        host=ref.api_host, repository=ref.repository, status=401)
+    return parts
+
+
 def token_lifetime(answer: dict) -> float:
     value = answer.get("expires_in", DEFAULT_EXPIRES_IN)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -160,16 +173,15 @@ class RegistryAuth:
                 return Authorization(None, None)
             return Authorization(credential.basic_header(), credential)
         scope = scope or f"repository:{ref.repository}:pull"
-        realm_netloc = urlsplit(challenge.realm).netloc
-        credential = credential_for_realm(keyring, ref, realm_netloc)
-        if credential is not None and not self._may_send_secret(challenge.realm):
+        realm = realm_parts(challenge.realm, ref)
+        credential = credential_for_realm(keyring, ref, realm.netloc)
+        if credential is not None and not self._may_send_secret(realm):
             credential = None  # never a password over plain HTTP to a host not marked insecure
         token = self._token(challenge, scope, credential, ref, deadline)
         return Authorization("Bearer " + token, credential)
 
-    def _may_send_secret(self, realm: str) -> bool:
-        parts = urlsplit(realm)
-        return parts.scheme == "https" or self.http.is_insecure(parts.netloc)
+    def _may_send_secret(self, realm: SplitResult) -> bool:
+        return realm.scheme == "https" or self.http.is_insecure(realm.netloc)
 
     def _token(self, challenge: Challenge, scope: str, credential, ref, deadline) -> str:
         service = challenge.params.get("service", "")
@@ -185,8 +197,13 @@ class RegistryAuth:
             if token is not None:
                 return token
             try:
-                token, lifetime = self._fetch_token(challenge.realm, service, scope, credential,
-                                                    ref, deadline)
+                try:
+                    token, lifetime = self._fetch_token(challenge.realm, service, scope,
+                                                        credential, ref, deadline)
+                except ArchwayError as e:
+                    _count_token(classify_error(e).label)
+                    raise
+                _count_token("success")
                 with self._lock:
                     now = self.clock()
                     self._tokens[key] = (token, cache_until(now, lifetime))
@@ -204,10 +221,7 @@ class RegistryAuth:
             return cached[0] if cached and cached[1] > self.clock() else None
 
     def _fetch_token(self, realm, service, scope, credential, ref, deadline) -> tuple[str, float]:
-        parts = urlsplit(realm)
-        if parts.scheme not in ("https", "http") or not parts.netloc:
-            raise AuthError(f"{ref.api_host} named an unusable token realm {realm[:200]!r}",
-                            host=ref.api_host, repository=ref.repository, status=401)
+        parts = realm_parts(realm, ref)
         query = {k: v for k, v in (("service", service), ("scope", scope)) if v}
         headers, form = {}, None
         if credential is not None and credential.identity_token and not credential.password:
@@ -220,10 +234,14 @@ class RegistryAuth:
         url = realm if form else realm + ("&" if parts.query else "?") + urlencode(query)
         with self._lock:
             self.token_requests += 1
-        response = self.http.get(url, headers=headers, deadline=deadline, data=form,
-                                 method="POST" if form else "GET",
-                                 max_bytes=MAX_TOKEN_RESPONSE_BYTES)
         where = f"token service {parts.netloc} (for {ref.api_host}/{ref.repository})"
+        try:
+            response = self.http.get(url, headers=headers, deadline=deadline, data=form,
+                                     method="POST" if form else "GET",
+                                     max_bytes=MAX_TOKEN_RESPONSE_BYTES)
+        except ResponseTooLarge:   # said here: the manifest's own bound must not be blamed
+            raise RegistryError(f"{where} answered more than {MAX_TOKEN_RESPONSE_BYTES} bytes",
+                                host=ref.api_host, repository=ref.repository) from None
         if response.status in (401, 403):
             detail = ("the credentials for this host were rejected" if headers or form
                       else "no pull secret matched this host and anonymous access was refused")
@@ -236,10 +254,7 @@ class RegistryAuth:
         if response.status != 200:
             raise RegistryError(f"{where} answered HTTP {response.status}",
                                 host=ref.api_host, repository=ref.repository, status=response.status)
-        try:
-            answer = json.loads(response.body)
-        except (ValueError, UnicodeDecodeError):
-            answer = None
+        answer = parse_json(response.body)
         token = (answer.get("token") or answer.get("access_token")) if isinstance(answer, dict) else None
         if not isinstance(token, str) or not token or any(c in token for c in "\r\n"):
             raise RegistryError(f"{where} answered without a usable token",
@@ -254,3 +269,9 @@ class RegistryAuth:
         with self._lock:
             for key in [k for k, v in self._tokens.items() if v[0] == token]:
                 del self._tokens[key]
+
+
+def _count_token(outcome: str) -> None:
+    # Imported on first use: only the serving processes record metrics (see archway.metrics).
+    from archway import metrics
+    metrics.TOKEN_REQUESTS.labels(outcome).inc()

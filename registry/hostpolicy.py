@@ -2,10 +2,17 @@
 
 Pod specs are written by users, so an image reference is untrusted input: without this check a
 pod could make archway probe a cloud metadata service or an internal link-local address.
+
+Addresses compare as addresses, not text: `2130706433`, `0x7f000001`, `127.1`, `0177.0.0.1` and
+`[::ffff:127.0.0.1]` all connect to 127.0.0.1 (the C resolver accepts every inet_aton spelling),
+so each is matched as 127.0.0.1. An address or CIDR range in deny_hosts also refuses a name that
+resolves into it, checked again on the connected socket.
 """
 import fnmatch
 import ipaddress
+import re
 import socket
+from dataclasses import dataclass
 
 from archway.errors import HostRefused
 from archway.hostport import split_host_port
@@ -26,17 +33,100 @@ def _host_port(netloc: str) -> tuple[str, int | None]:
     return host or netloc.lower(), port
 
 
-def _matches(host: str, port: int | None, patterns) -> bool:
-    if ":" in host:  # IPv6: configs write it in brackets, which fnmatch would read as a class
-        host = f"[{host}]"
-    names = {host, f"{host}:{port}"} if port else {host}
-    return any(n == p or fnmatch.fnmatchcase(n, p) for n in names for p in patterns)
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+# NAT64's well-known prefix (RFC 6052): where a NAT64 gateway exists, 64:ff9b::a.b.c.d is a.b.c.d.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# What inet_aton may read as IPv4: 1 to 4 parts, each decimal, 0x-hex or 0-octal.
+_INET_ATON = re.compile(r"(?:0[xX][0-9a-fA-F]*|[0-9]+)(?:\.(?:0[xX][0-9a-fA-F]*|[0-9]+)){0,3}")
+
+
+def canonical_address(host: str) -> IPAddress | None:
+    """The address a host literal connects to, however it is spelled; None for a name.
+
+    IPv4 in any spelling the C resolver accepts (inet_aton: 127.1, 2130706433, 0x7f.1, 0177.0.0.1),
+    IPv6 with or without brackets or zone, and IPv4-mapped, -compatible or NAT64 IPv6 as the
+    IPv4 it reaches.
+    """
+    text = host.strip().strip("[]").split("%", 1)[0]
+    try:
+        ip: IPAddress = ipaddress.ip_address(text)
+    except ValueError:
+        if not _INET_ATON.fullmatch(text):
+            return None
+        try:
+            ip = ipaddress.IPv4Address(socket.inet_aton(text))
+        except OSError:
+            return None
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return ip.ipv4_mapped
+        if int(ip) >> 32 == 0 and int(ip) > 1:   # ::a.b.c.d, IPv4-compatible (deprecated)
+            return ipaddress.IPv4Address(int(ip))
+        if ip in _NAT64:
+            return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return ip
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+@dataclass(frozen=True)
+class HostPatterns:
+    """allow_hosts / deny_hosts entries: fnmatch patterns on `host` or `host:port`, addresses
+    (any spelling, optionally with :port) and CIDR ranges, which match by address."""
+    globs: tuple[str, ...]
+    networks: tuple[tuple[Network, int | None], ...]
+
+    @classmethod
+    def parse(cls, patterns) -> "HostPatterns":
+        globs: list[str] = []
+        networks: list[tuple[Network, int | None]] = []
+        for pattern in patterns:
+            whole = canonical_address(pattern) if "*" not in pattern else None
+            if whole is not None:
+                networks.append((ipaddress.ip_network(whole), None))
+                continue
+            if "/" in pattern:
+                try:
+                    networks.append((ipaddress.ip_network(pattern.strip("[]"), strict=False), None))
+                    continue
+                except ValueError:
+                    pass
+            try:
+                host, port = split_host_port(pattern)
+            except ValueError:
+                host, port = pattern, None
+            address = canonical_address(host) if host and "*" not in pattern else None
+            if address is not None:
+                networks.append((ipaddress.ip_network(address), port))
+            else:
+                globs.append(pattern)
+        return cls(tuple(globs), tuple(networks))
+
+    def __bool__(self) -> bool:
+        return bool(self.globs or self.networks)
+
+    def matches(self, host: str, port: int | None) -> bool:
+        """Whether `host`, as written or as the address it spells, matches."""
+        canonical = canonical_address(host)
+        spellings = {_bracketed(host)} | ({_bracketed(str(canonical))} if canonical else set())
+        names = spellings | ({f"{n}:{port}" for n in spellings} if port else set())
+        if any(n == p or fnmatch.fnmatchcase(n, p) for n in names for p in self.globs):
+            return True
+        return canonical is not None and self.covers(canonical, port)
+
+    def covers(self, address: IPAddress, port: int | None) -> bool:
+        """Whether an address (where a name resolved, where a socket landed) is listed."""
+        return any(address in network and (wanted is None or wanted == port)
+                   for network, wanted in self.networks if address.version == network.version)
 
 
 def forbidden_address(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if getattr(ip, "ipv4_mapped", None):
-        ip = ip.ipv4_mapped
+    ip = canonical_address(address)
+    if ip is None:
+        return True   # not an address: nothing a socket reports
     if ip.is_loopback:
         return False  # ::1 sits inside the reserved ::/8, but a local registry is legitimate
     return (ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved
@@ -50,6 +140,8 @@ class HostPolicy:
                  forbidden=forbidden_address):
         self.allow_hosts = tuple(allow_hosts)
         self.deny_hosts = tuple(deny_hosts)
+        self._allow = HostPatterns.parse(self.allow_hosts)
+        self._deny = HostPatterns.parse(self.deny_hosts)
         self._resolve = resolve
         self._forbidden = forbidden
 
@@ -58,9 +150,9 @@ class HostPolicy:
         host, port = _host_port(netloc)
         if host in _METADATA_NAMES:
             raise HostRefused(f"{host} is a cloud metadata service: archway never contacts it")
-        if _matches(host, port, self.deny_hosts):
+        if self._deny.matches(host, port):
             raise HostRefused(f"{netloc} is in registry.deny_hosts")
-        if self.allow_hosts and not _matches(host, port, self.allow_hosts):
+        if self._allow and not self._allow.matches(host, port):
             raise HostRefused(f"{netloc} is not in registry.allow_hosts")
         for address in self._addresses(host, port):
             self.check_peer(address, netloc)
@@ -74,14 +166,23 @@ class HostPolicy:
         if self._forbidden(address):
             raise HostRefused(
                 f"{netloc} resolves to {address}, a link-local or metadata address: refused")
+        ip = canonical_address(address)
+        if ip is not None and self._deny.covers(ip, _port_of(netloc)):
+            raise HostRefused(f"{netloc} resolves to {address}, which registry.deny_hosts refuses")
 
     def _addresses(self, host: str, port: int | None) -> set[str]:
-        try:
-            return {str(ipaddress.ip_address(host))}
-        except ValueError:
-            pass
+        address = canonical_address(host)
+        if address is not None:
+            return {str(address)}
         try:
             infos = self._resolve(host, port or 443, proto=socket.IPPROTO_TCP)
         except (socket.gaierror, UnicodeError):
             return set()  # unresolvable: the connection itself will fail with a clear error
         return {info[4][0] for info in infos}
+
+
+def _port_of(netloc: str) -> int | None:
+    try:
+        return split_host_port(netloc)[1]
+    except ValueError:
+        return None

@@ -3,20 +3,31 @@
 Every request here is checked against the host policy (redirect targets too), bounded in time
 by both the per-read timeout and the caller's deadline, and bounded in size: a peer can neither
 hang archway nor make it buffer an unbounded body.
+
+The deadline is enforced on the socket: a peer that sends one byte a second satisfies every
+per-read timeout, so each socket a request uses is handed to a watchdog thread that shuts it
+down when the request's deadline passes, wherever the request is (connect, TLS handshake,
+headers, body), and the blocked read returns at once.
 """
 import atexit
 import email.utils
+import heapq
+import http.cookiejar
+import itertools
 import json
 import os
+import socket
 import ssl
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit
+from typing import Any
+from urllib.parse import SplitResult, urljoin, urlsplit
 
 import certifi
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
@@ -27,9 +38,14 @@ from archway.errors import (ArchwayError, ConfigError, DeadlineExceeded, HostRef
 from archway.hostport import join_host_port
 from .hostpolicy import HostPolicy
 from .proxy import ProxyRules
+from .reference import without_userinfo
 from archway.config import RegistrySettings
 
 MAX_REDIRECTS = 5
+# Without a caller's deadline a request still ends: after this many per-read timeouts in all.
+UNBOUNDED_REQUEST_READS = 3
+# Headers that carry a credential: never sent to a host other than the one they were meant for.
+CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie")
 _CHUNK = 64 * 1024
 MAX_RETRY_AFTER = 24 * 3600   # a lying Retry-After cannot switch a host off for longer
 
@@ -43,6 +59,15 @@ class Response:
 
     def json(self):
         return json.loads(self.body)
+
+
+def parse_json(data: bytes | str) -> Any:
+    """A peer's JSON, or None when it is not JSON: not UTF-8, malformed, or nested so deep that
+    the parser would recurse past Python's limit (RecursionError, which is no ValueError)."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):   # UnicodeDecodeError is a ValueError
+        return None
 
 
 @dataclass
@@ -59,6 +84,9 @@ class HttpClient:
         self.session = requests.Session()
         # No CA bundle from the environment overriding config; proxies come from ProxyRules.
         self.session.trust_env = False
+        # No cookies kept: the session serves every pod, and a cookie a token service set for
+        # one pod's credentials must not authenticate another pod's lookup.
+        self.session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
         self.proxies = ProxyRules.from_settings(settings.proxy, environ)
         self.stats = Stats()
         self._lock = threading.Lock()
@@ -99,21 +127,39 @@ class HttpClient:
             max_bytes: int, method: str = "GET", data: dict | None = None) -> Response:
         """Send a request and read at most `max_bytes` of body (ResponseTooLarge past that).
 
-        Redirects are followed by hand so that each target passes the host policy and the
-        Authorization header never travels to a host other than the one it was meant for.
+        The whole exchange, redirects included, ends by `deadline` (DeadlineExceeded); without
+        one, after UNBOUNDED_REQUEST_READS per-read timeouts. Redirects are followed by hand:
+        each target passes the host policy, https is never left for http (unless the target is
+        in insecure_hosts), and no credential header or request body goes to another host.
         """
+        if deadline is None:
+            deadline = time.monotonic() + UNBOUNDED_REQUEST_READS * self.settings.timeout_seconds
         headers = dict(headers or {})
         for _ in range(MAX_REDIRECTS + 1):
-            netloc = urlsplit(url).netloc
+            netloc = _authority(url)
             self.policy.check(netloc)
             response = self._send(method, url, headers, deadline, max_bytes, data)
             if response.status not in (301, 302, 303, 307, 308) or "location" not in response.headers:
                 return response
-            target = urljoin(url, response.headers["location"])
-            if urlsplit(target).netloc != netloc:
-                headers.pop("Authorization", None)
+            try:
+                target = urljoin(url, response.headers["location"])
+                urlsplit(target).port   # noqa: B018 - raises ValueError on a malformed authority
+            except ValueError:
+                raise TransportError(f"{netloc} redirected to an unusable Location "
+                                     f"{response.headers['location'][:100]!r}", host=netloc,
+                                     status=response.status) from None
+            step = redirect_step(url, target, response.status, method, data is not None,
+                                 self.is_insecure(_authority(target)))
+            if isinstance(step, str):
+                raise TransportError(f"{netloc} redirected to {_safe_url(target)}: not followed, "
+                                     f"{step}", host=netloc, status=response.status)
+            method, keep_body, same_origin = step
+            data = data if keep_body else None
+            if not same_origin:
+                headers = {k: v for k, v in headers.items() if k.lower() not in CREDENTIAL_HEADERS}
             url = target
-        raise TransportError(f"more than {MAX_REDIRECTS} redirects from {url}", host=netloc)
+        raise TransportError(f"more than {MAX_REDIRECTS} redirects from {_safe_url(url)}",
+                             host=netloc)
 
     def _send(self, method, url, headers, deadline, max_bytes, data=None) -> Response:
         try:
@@ -125,55 +171,199 @@ class HttpClient:
         return response
 
     def _exchange(self, method, url, headers, deadline, max_bytes, data=None) -> Response:
-        netloc = urlsplit(url).netloc
-        timeout = self._timeout(deadline, url)
+        netloc = _authority(url)
+        timeout = self._timeout(deadline, netloc)
         with self._lock:
             self.stats.requests += 1
         try:
-            with self.session.request(method, url, headers=headers, data=data, timeout=timeout, stream=True,
-                                      allow_redirects=False, verify=self.verify_for(netloc),
-                                      proxies=self.proxies.for_url(url)) as r:
+            with _sockets_end_at(deadline), self.session.request(
+                    method, url, headers=headers, data=data, timeout=timeout, stream=True,
+                    allow_redirects=False, verify=self.verify_for(netloc),
+                    proxies=self.proxies.for_url(url)) as r:
                 declared = r.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > max_bytes and r.status_code < 300:
                     raise ResponseTooLarge(
-                        f"{url} declares {declared} bytes, more than the {max_bytes} archway reads",
+                        f"{_safe_url(url)} declares {declared} bytes, more than the {max_bytes} "
+                        f"archway reads",
                         host=netloc, status=r.status_code)
                 body = self._read_bounded(r, url, netloc, deadline, max_bytes)
                 return Response(r.status_code, r.headers, body, url)
-        except requests.exceptions.SSLError as e:
-            raise TransportError(f"TLS error talking to {netloc}: {_reason(e)} "
-                                 f"(set registry.ca_file, or list the host in registry.insecure_hosts)",
-                                 host=netloc) from None
-        except requests.exceptions.Timeout:
-            if deadline is not None and time.monotonic() >= deadline:
+        except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
+            if time.monotonic() >= deadline:   # the watchdog cut it, or a read timed out at it
                 raise DeadlineExceeded(f"deadline passed waiting for {netloc}") from None
-            raise TransportError(f"{netloc} did not answer within {timeout[1]:.1f} s",
-                                 host=netloc) from None
-        except requests.exceptions.RequestException as e:
-            raise TransportError(f"cannot reach {netloc}: {_reason(e)}", host=netloc) from None
+            raise _transport_error(e, netloc, timeout[1]) from None
+        except ValueError as e:   # e.g. requests parsing a malformed Location for its own use
+            raise TransportError(f"{netloc} answered something archway cannot use: "
+                                 f"{str(e)[:100]}", host=netloc) from None
 
     def _read_bounded(self, r, url, netloc, deadline, max_bytes) -> bytes:
         chunks, size = [], 0
         for chunk in r.iter_content(_CHUNK):
             size += len(chunk)
             if size > max_bytes:
-                raise ResponseTooLarge(f"{url} sent more than the {max_bytes} bytes archway reads",
+                raise ResponseTooLarge(f"{_safe_url(url)} sent more than the {max_bytes} bytes "
+                                       f"archway reads",
                                        host=netloc, status=r.status_code)
-            if deadline is not None and time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 raise DeadlineExceeded(f"deadline passed reading from {netloc}")
             chunks.append(chunk)
         with self._lock:
             self.stats.bytes_read += size
         return b"".join(chunks)
 
-    def _timeout(self, deadline: float | None, url: str) -> tuple[float, float]:
-        limit = self.settings.timeout_seconds
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DeadlineExceeded(f"deadline passed before contacting {urlsplit(url).netloc}")
-            limit = min(limit, remaining)
+    def _timeout(self, deadline: float, netloc: str) -> tuple[float, float]:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DeadlineExceeded(f"deadline passed before contacting {netloc}")
+        limit = min(self.settings.timeout_seconds, remaining)
         return (limit, limit)
+
+
+def _transport_error(error: Exception, netloc: str, read_timeout: float) -> TransportError:
+    if isinstance(error, requests.exceptions.SSLError):
+        return TransportError(f"TLS error talking to {netloc}: {_reason(error)} (set "
+                              f"registry.ca_file, or list the host in registry.insecure_hosts)",
+                              host=netloc)
+    if isinstance(error, requests.exceptions.Timeout):
+        return TransportError(f"{netloc} did not answer within {read_timeout:.1f} s", host=netloc)
+    return TransportError(f"cannot reach {netloc}: {_reason(error)}", host=netloc)
+
+
+# --- redirects: a pure decision ------------------------------------------------------------------
+
+def redirect_step(url: str, target: str, status: int, method: str, has_body: bool,
+                  target_insecure: bool) -> tuple[str, bool, bool] | str:
+    """How to follow a redirect from `url` to `target`: (method, keep the body, same origin),
+    or why it must not be followed.
+
+    303, and 301/302 after a POST, become a GET without body (as browsers and requests do);
+    307/308 repeat the request as it was, so one that carries a body (a token form with a
+    password or refresh token) is followed only to the same origin. Leaving https for http
+    would put credentials and the manifest in cleartext: only for a host in insecure_hosts.
+    """
+    source, dest = urlsplit(url), urlsplit(target)
+    if dest.scheme not in ("http", "https") or not dest.netloc:
+        return "the target is not an http(s) URL"
+    if source.scheme == "https" and dest.scheme == "http" and not target_insecure:
+        return "it leaves https for plain http (list the target in registry.insecure_hosts to allow it)"
+    if status == 303 or (status in (301, 302) and method == "POST"):
+        method, has_body = ("HEAD" if method == "HEAD" else "GET"), False
+    same = _origin(source) == _origin(dest)
+    if has_body and not same:
+        return "it would send the request body (which can hold a credential) to another host"
+    return method, has_body, same
+
+
+def _origin(parts: SplitResult) -> tuple[str, str, int | None]:
+    try:
+        port = parts.port or {"https": 443, "http": 80}.get(parts.scheme)
+    except ValueError:
+        port = None
+    return parts.scheme, (parts.hostname or "").lower(), port
+
+
+def _authority(url: str) -> str:
+    """host[:port] of a URL, without the user:password it may carry (which must never reach a
+    message, a log line or an error's host)."""
+    return without_userinfo(urlsplit(url).netloc)
+
+
+def _safe_url(url: str) -> str:
+    """A URL fit for a message: no user:password, no query (it can carry a token)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"[:300]
+
+
+# --- the deadline on the socket ------------------------------------------------------------------
+
+class _Watchdog:
+    """Shuts sockets down at their deadline, from one thread for the whole process.
+
+    A watched socket is a dup of the connection's descriptor: shutting it down ends the TCP
+    connection the request is blocked on, and holding it means a descriptor number freed and
+    reused meanwhile can never be hit. Cost per request: a dup, a heap push, a close.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int]] = []
+        self._watched: dict[int, socket.socket] = {}
+        self._ids = itertools.count()
+        self._pid = 0
+
+    def watch(self, sock: socket.socket, deadline: float) -> int:
+        dup = socket.socket(fileno=os.dup(sock.fileno()))
+        with self._cond:
+            if self._pid != os.getpid():   # first use, or a forked worker: the thread is not here
+                self._pid, self._heap, self._watched = os.getpid(), [], {}
+                threading.Thread(target=self._run, name="archway-deadlines", daemon=True).start()
+            ticket = next(self._ids)
+            self._watched[ticket] = dup
+            if len(self._heap) > 2 * len(self._watched) + 1024:   # mostly released entries
+                self._heap = [entry for entry in self._heap if entry[1] in self._watched]
+                heapq.heapify(self._heap)
+            heapq.heappush(self._heap, (deadline, ticket))
+            if self._heap[0][1] == ticket:
+                self._cond.notify()
+        return ticket
+
+    def release(self, ticket: int) -> None:
+        with self._cond:
+            dup = self._watched.pop(ticket, None)
+        if dup is not None:
+            dup.close()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._heap and self._heap[0][1] not in self._watched:
+                    heapq.heappop(self._heap)   # released before its deadline
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                deadline, ticket = self._heap[0]
+                if deadline > time.monotonic():
+                    self._cond.wait(deadline - time.monotonic())
+                    continue
+                heapq.heappop(self._heap)
+                dup = self._watched.pop(ticket)
+            try:
+                dup.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass   # already closed by the peer
+            dup.close()
+
+
+_WATCHDOG = _Watchdog()
+_current = threading.local()   # the deadline of the request this thread is making, and its tickets
+
+
+class _sockets_end_at:
+    """Within it, every socket this thread's request connects or reuses is shut at `deadline`."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+
+    def __enter__(self) -> None:
+        _current.deadline, _current.tickets = self.deadline, []
+
+    def __exit__(self, *exc) -> None:
+        tickets, _current.deadline, _current.tickets = _current.tickets, None, []
+        for ticket in tickets:
+            _WATCHDOG.release(ticket)
+
+
+def _watch_current(sock: socket.socket | None) -> None:
+    deadline = getattr(_current, "deadline", None)
+    if sock is not None and deadline is not None:
+        _current.tickets.append(_WATCHDOG.watch(sock, deadline))
 
 
 class _Adapter(HTTPAdapter):
@@ -243,7 +433,12 @@ def _checked_pool(pool_class, policy: HostPolicy):
             except HostRefused:
                 sock.close()
                 raise
+            _watch_current(sock)   # from here on (TLS handshake included) the deadline holds
             return sock
+
+        def request(self, *args, **kwargs):
+            _watch_current(self.sock)   # a pooled connection, reused: None when not yet open
+            return super().request(*args, **kwargs)
 
     return type(f"Checked{pool_class.__name__}", (pool_class,), {"ConnectionCls": CheckedConnection})
 

@@ -4,6 +4,7 @@ Also the helpers every command that resolves images shares (`explain`, `report`)
 bounded by the wall clock, and the normalised reference shown next to what the user wrote.
 """
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -11,7 +12,7 @@ import sys
 from . import sif
 from archway.errors import ArchwayError
 from .model import ImageInfo
-from .reference import parse_reference
+from .reference import parse_reference, redact_url
 from .resolver import Resolver
 
 
@@ -64,7 +65,7 @@ def run(args) -> int:
     remote = [image for image in args.images if image not in local]
     results = Resolver(config.registry, sif=config.sif).resolve_many(remote,
                              timeout=args.timeout) if remote else {}
-    rows = [(image, _local_file(image) if image in local else results[image])
+    rows = [_redacted(image, _local_file(image) if image in local else results[image])
             for image in args.images]
     if args.json:
         json.dump([_to_json(image, row) for image, row in rows], sys.stdout, indent=2)
@@ -73,6 +74,16 @@ def run(args) -> int:
         for image, row in rows:
             print(_to_text(image, row))
     return 0 if all(isinstance(row, ImageInfo) for _, row in rows) else 1
+
+
+def _redacted(image: str, row: ImageInfo | ArchwayError) -> tuple[str, ImageInfo | ArchwayError]:
+    """The row as shown: no user:password of an https:// reference, in its name or its error."""
+    shown = redact_url(image)
+    if shown == image:
+        return image, row
+    if isinstance(row, ImageInfo):
+        return shown, dataclasses.replace(row, image=shown)
+    return shown, ArchwayError(str(row).replace(image, shown))
 
 
 def _local_file(path: str) -> ImageInfo | ArchwayError:

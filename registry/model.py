@@ -1,4 +1,5 @@
 """What a resolution returns."""
+import sys
 from dataclasses import dataclass
 
 from .platforms import Platform, architectures
@@ -21,6 +22,17 @@ class ImageInfo:
     def architectures(self) -> frozenset[str]:
         """kubernetes.io/arch values; empty means unknown."""
         return architectures(self.platforms)
+
+    def approx_bytes(self) -> int:
+        """Memory this answer holds, for a cache bounded in bytes. Each object is counted once
+        (the os and variant strings of most platforms are one shared object); platforms shared
+        with other answers (normalize() caches them) are counted anyway: an upper bound."""
+        objects: dict[int, object] = {id(o): o for o in (self, self.platforms, self.image,
+                                                         self.digest, self.source, self.note)}
+        for platform in self.platforms:
+            for part in (platform, platform.os, platform.architecture, platform.variant):
+                objects[id(part)] = part
+        return sum(sys.getsizeof(o) for o in objects.values())
 
     def to_json(self) -> dict:
         return {

@@ -10,7 +10,6 @@ does I/O: scheme choice, auth retries, bounded reads and turning HTTP answers in
 import base64
 import copy
 import hashlib
-import json
 import re
 import threading
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from .auth import Authorization, RegistryAuth
 from .credentials import Keyring
 from archway.errors import (AuthError, InvalidReference, NotFound, RegistryError,
                             ResponseTooLarge, TransportError, UnsupportedImage)
-from .http import HttpClient, Response, rate_limited
+from .http import HttpClient, Response, parse_json, rate_limited
 from .model import ImageInfo
 from .platforms import Platform, is_attestation, normalize
 from .reference import ImageReference
@@ -45,6 +44,11 @@ SCHEMA1_TYPES = {SCHEMA1, SCHEMA1_SIGNED}
 ACCEPT = ", ".join([OCI_INDEX, DOCKER_LIST, OCI_MANIFEST, DOCKER_MANIFEST, SCHEMA1_SIGNED, SCHEMA1])
 IMAGE_CONFIG_TYPES = {OCI_CONFIG, DOCKER_CONFIG}
 MAX_CONFIG_BYTES = 8 * 1024 * 1024   # configs carry the build history: allow more than a manifest
+# The largest real indexes list a few dozen platforms (twice the entries with attestations).
+# An index far past that is hostile or broken: refused, before it can fill the cache (100,000
+# platforms took 27 MB per cached tag).
+MAX_PLATFORMS = 256
+MAX_INDEX_ENTRIES = 4 * MAX_PLATFORMS
 
 SOURCE_BY_TYPE = {OCI_INDEX: "oci-index", DOCKER_LIST: "docker-manifest-list",
                   OCI_MANIFEST: "oci-manifest", DOCKER_MANIFEST: "docker-manifest",
@@ -88,7 +92,7 @@ class RegistryClient:
         keyring = keyring if keyring is not None else Keyring.empty()
         manifest = self.fetch_manifest(ref, keyring, deadline)
         if manifest.media_type in INDEX_TYPES:
-            platforms, note = platforms_from_index(manifest.document)
+            platforms, note = platforms_from_index(manifest.document, ref)
             return ImageInfo(str(ref), platforms, manifest.digest,
                              SOURCE_BY_TYPE[manifest.media_type], note)
         if manifest.media_type in SCHEMA1_TYPES:
@@ -164,7 +168,7 @@ class RegistryClient:
 
     # -- resolution steps
     def _fetch_config(self, ref, config: dict, keyring, deadline) -> dict:
-        digest = config.get("digest")
+        digest: str = config["digest"]   # config_descriptor() checked it
         size = config.get("size")
         if isinstance(size, int) and size > MAX_CONFIG_BYTES:
             raise ResponseTooLarge(f"the config blob of {ref} declares {size} bytes, more than the "
@@ -173,10 +177,7 @@ class RegistryClient:
         response = self._request(ref, f"/v2/{ref.repository}/blobs/{digest}", keyring, deadline,
                                  {}, MAX_CONFIG_BYTES, what="config blob")
         verify_digest(response.body, digest, ref, "config blob")
-        try:
-            document = json.loads(response.body)
-        except (ValueError, UnicodeDecodeError):
-            document = None
+        document = parse_json(response.body)
         if not isinstance(document, dict):
             raise RegistryError(f"the config blob of {ref} on {ref.api_host} is not a JSON object",
                                 host=ref.api_host, repository=ref.repository, status=200)
@@ -266,10 +267,7 @@ class RegistryClient:
 def parse_manifest(response: Response, ref: ImageReference) -> Manifest:
     """Decide what a manifest answer is (Content-Type first, then the body) and check its digest."""
     body = response.body
-    try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        document = None
+    document = parse_json(body)
     if not isinstance(document, dict):
         raise RegistryError(f"{ref.api_host} answered the manifest of {ref} with something that "
                             f"is not a JSON object ({len(body)} bytes)", host=ref.api_host,
@@ -337,9 +335,9 @@ def verify_digest(body: bytes, expected: str, ref: ImageReference, what: str,
 def schema1_payload(body: bytes) -> bytes | None:
     """The signed payload of a schema1 pretty-JWS manifest, which is what its digest covers."""
     try:
-        document = json.loads(body)
+        document = parse_json(body)
         protected = document["signatures"][0]["protected"]
-        header = json.loads(base64.urlsafe_b64decode(protected + "=" * (-len(protected) % 4)))
+        header = parse_json(base64.urlsafe_b64decode(protected + "=" * (-len(protected) % 4)))
         length = int(header["formatLength"])
         tail = header["formatTail"]
         tail = base64.urlsafe_b64decode(tail + "=" * (-len(tail) % 4))
@@ -350,12 +348,18 @@ def schema1_payload(body: bytes) -> bytes | None:
     return body[:length] + tail
 
 
-def platforms_from_index(document: dict) -> tuple[frozenset[Platform], str]:
+def platforms_from_index(document: dict, ref: ImageReference | None = None
+                         ) -> tuple[frozenset[Platform], str]:
     """Linux platforms of an index / manifest list, skipping attestations and entries without
-    a platform; the note names what was left out when nothing is left."""
+    a platform; the note names what was left out when nothing is left. UnsupportedImage past
+    MAX_INDEX_ENTRIES entries or MAX_PLATFORMS platforms."""
     entries = document.get("manifests")
     if not isinstance(entries, list):
         raise RegistryError("malformed image index: 'manifests' is not a list")
+    where = {"host": ref.api_host, "repository": ref.repository} if ref else {}
+    if len(entries) > MAX_INDEX_ENTRIES:
+        raise UnsupportedImage(f"the index of {ref or 'this image'} lists {len(entries)} manifests, "
+                               f"more than the {MAX_INDEX_ENTRIES} archway reads: refused", **where)
     platforms, other_os = set(), set()
     for entry in entries:
         if not isinstance(entry, dict) or is_attestation(entry):
@@ -370,6 +374,10 @@ def platforms_from_index(document: dict) -> tuple[frozenset[Platform], str]:
             platforms.add(platform)
         else:
             other_os.add(str(platform))
+    if len(platforms) + len(other_os) > MAX_PLATFORMS:
+        raise UnsupportedImage(f"the index of {ref or 'this image'} lists "
+                               f"{len(platforms) + len(other_os)} platforms, more than the "
+                               f"{MAX_PLATFORMS} archway accepts: refused", **where)
     note = ""
     if not platforms:
         note = ("the index lists no linux platform" +
@@ -388,12 +396,10 @@ def platforms_from_schema1(document: dict) -> tuple[frozenset[Platform], str]:
     os_name = "linux"
     history = document.get("history")
     if isinstance(history, list) and history and isinstance(history[0], dict):
-        try:
-            first = json.loads(history[0].get("v1Compatibility") or "{}")
-            if isinstance(first, dict) and isinstance(first.get("os"), str) and first["os"]:
-                os_name = first["os"]
-        except (ValueError, TypeError):
-            pass
+        compatibility = history[0].get("v1Compatibility")
+        first = parse_json(compatibility) if isinstance(compatibility, str) else None
+        if isinstance(first, dict) and isinstance(first.get("os"), str) and first["os"]:
+            os_name = first["os"]
     platform = _platform({"os": os_name, "architecture": document.get("architecture")})
     if platform is None:
         return frozenset(), "the schema1 manifest records no architecture"
@@ -459,7 +465,7 @@ def status_error(response: Response, ref: ImageReference, what: str,
 def registry_message(body: bytes) -> str:
     """The first error a registry reported (`{"errors":[{"code","message"}]}`), short and printable."""
     try:
-        errors = json.loads(body).get("errors")
+        errors = parse_json(body).get("errors")
         first = errors[0]
         text = f"{first.get('code', '')}: {first.get('message', '')}".strip(": ")
     except (ValueError, AttributeError, IndexError, KeyError, TypeError, UnicodeDecodeError):

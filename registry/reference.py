@@ -54,7 +54,7 @@ class ImageReference:
 
     def __str__(self):
         if self.url:
-            return self.url
+            return redact_url(self.url)   # never a user:password a URL carries
         text = f"{self.host}/{self.repository}"
         if self.tag:
             text += f":{self.tag}"
@@ -63,11 +63,32 @@ class ImageReference:
         return text if self.scheme == "docker" else f"{self.scheme}://{text}"
 
 
+def redact_url(text: str) -> str:
+    """`text` with the user:password of a URL's authority replaced by `***`: safe to show, log
+    or put in an error (`https://u:pw@host/x.sif` -> `https://***@host/x.sif`)."""
+    scheme, sep, rest = text.partition("://")
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    if not sep or "@" not in rest[:end]:
+        return text
+    return f"{scheme}://***@{rest[:end].rpartition('@')[2]}{rest[end:]}"
+
+
+def without_userinfo(netloc: str) -> str:
+    """host[:port] of a URL authority, without any user:password@."""
+    return netloc.rpartition("@")[2]
+
+
 def parse_reference(text: str, default_library_host: str = "library.sylabs.io") -> ImageReference:
     """Parse and normalise an image reference; raise InvalidReference saying what is wrong."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidReference("empty image reference")
-    return _parse(text, default_library_host)
+    try:
+        return _parse(text, default_library_host)
+    except InvalidReference as e:
+        shown = redact_url(text.strip())
+        if shown == text.strip():
+            raise
+        raise InvalidReference(str(e).replace(text.strip(), shown)) from None
 
 
 @functools.lru_cache(maxsize=4096)  # pods repeat the same few images; parsing is pure
@@ -87,7 +108,8 @@ def _parse(text: str, default_library_host: str) -> ImageReference:
         parts = urlsplit(text)
         if not parts.hostname:
             raise InvalidReference(f"{text!r}: URL has no host")
-        return ImageReference(scheme, parts.netloc, parts.path.lstrip("/"), url=text)
+        return ImageReference(scheme, without_userinfo(parts.netloc), parts.path.lstrip("/"),
+                              url=text)
     raise InvalidReference(
         f"{text!r}: unsupported scheme {scheme!r} (use docker://, oras://, library://, https://)")
 

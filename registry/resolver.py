@@ -35,7 +35,7 @@ from .mirrors import Mirrors
 from .model import ImageInfo
 from .nodecredentials import NodeCredentials
 from .oci import RegistryClient
-from .reference import ImageReference, parse_reference
+from .reference import ImageReference, parse_reference, redact_url
 from .sharedlookups import SharedLookups
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class Resolver:
         for n, image in enumerate(distinct):
             if limit is not None and n >= limit:
                 answers[image] = Overloaded(
-                    f"{image}: not looked up: the pod names {len(distinct)} distinct images and "
+                    f"{redact_url(image)}: not looked up: the pod names {len(distinct)} distinct images and "
                     f"archway reads at most {limit}")
                 continue
             try:
@@ -161,7 +161,9 @@ class Resolver:
         return _Pending(self._fly(key, ref.host, lambda: self._miss(ref, keys, key), miss=True))
 
     def _key(self, ref: ImageReference, keyring: Keyring) -> tuple:
-        return (str(ref), _credential_fingerprint(keyring.then(self.node.file_keyring()), ref))
+        # A URL's own user:password is part of the key (str(ref) hides it): an answer read with
+        # one password is not handed to a pod that names another, or none.
+        return (ref.url or str(ref), _credential_fingerprint(keyring.then(self.node.file_keyring()), ref))
 
     def _fly(self, key: tuple, host: str, lookup, miss: bool = False) -> Future:
         """Single-flight: join the lookup already running for `key`, else start one."""
@@ -191,8 +193,8 @@ class Resolver:
         except ArchwayError as e:   # a lookup reports failures as values; this is a slip
             return Failure.of(e)
         except Exception as e:      # a bug must cost one image's answer, never the admission
-            log.exception("unexpected error resolving %s", key[0])
-            return Failure(ArchwayError(f"{key[0]}: internal error ({type(e).__name__}); "
+            log.exception("unexpected error resolving %s", redact_url(key[0]))
+            return Failure(ArchwayError(f"{redact_url(key[0])}: internal error ({type(e).__name__}); "
                                         f"see archway's log"))
         finally:
             with self._lock:
@@ -339,7 +341,7 @@ def _settled(answer, image: str, timeout: float | None) -> ImageInfo | ArchwayEr
         if answer.fallback is not None:
             return answer.fallback
         return DeadlineExceeded(
-            f"{image}: no answer within {timeout:g} s (the registry is slow or unreachable)")
+            f"{redact_url(image)}: no answer within {timeout:g} s (the registry is slow or unreachable)")
     result = answer.future.result()
     if isinstance(result, Failure):
         return answer.fallback if answer.fallback is not None else result.raised()

@@ -17,10 +17,10 @@ from urllib.parse import quote, urlsplit
 
 from archway.errors import (AuthError, ConfigError, HostRefused, NotFound, RegistryError,
                      ResponseTooLarge, SIFError)
-from .http import HttpClient
+from .http import HttpClient, rate_limited
 from .model import ImageInfo
 from .platforms import normalize
-from .reference import ImageReference
+from .reference import ImageReference, redact_url, without_userinfo
 from archway.config import SifSettings
 from .sif import BlockReader, read_sif_platforms
 
@@ -37,16 +37,15 @@ _IDENTITY = {"Accept-Encoding": "identity"}  # byte offsets must be offsets into
 
 def resolve_https(ref: ImageReference, http: HttpClient, deadline: float | None) -> ImageInfo:
     url = ref.url or f"{ref.scheme}://{ref.host}/{ref.repository}"
-    netloc = urlsplit(url).netloc
-    if urlsplit(url).scheme == "http" and not http.is_insecure(netloc):
-        raise HostRefused(f"{url}: plain http is allowed only for hosts listed in "
+    if urlsplit(url).scheme == "http" and not http.is_insecure(ref.host):
+        raise HostRefused(f"{ref}: plain http is allowed only for hosts listed in "
                           f"registry.insecure_hosts")
     reader = BlockReader(lambda offset, length: fetch_range(http, url, offset, length, deadline),
                          FIRST_BLOCK)
     try:
         found = read_sif_platforms(reader)
     except SIFError as e:
-        raise SIFError(f"{url}: {e}") from None
+        raise SIFError(f"{ref}: {e}") from None
     # No digest: an ETag is an opaque validator (weak, per server, often a mtime), not a content
     # digest, and showing it as one would invite caching it as one.
     return ImageInfo(str(ref), found.platforms, None, "sif-https", found.note)
@@ -54,27 +53,30 @@ def resolve_https(ref: ImageReference, http: HttpClient, deadline: float | None)
 
 def fetch_range(http: HttpClient, url: str, offset: int, length: int,
                 deadline: float | None) -> bytes:
-    """`length` bytes at `offset` of the file at `url` (fewer at its end) with one Range request."""
-    netloc = urlsplit(url).netloc
+    """`length` bytes at `offset` of the file at `url` (fewer at its end) with one Range request.
+    Errors name the URL without the user:password it may carry."""
+    netloc, shown = without_userinfo(urlsplit(url).netloc), redact_url(url)
     headers = {"Range": f"bytes={offset}-{offset + length - 1}", **_IDENTITY}
     try:
         response = http.get(url, headers=headers, deadline=deadline, max_bytes=length)
     except ResponseTooLarge as e:
         if e.status == 200:
             raise ResponseTooLarge(
-                f"{url}: the server ignored the Range request and answered with the whole file; "
+                f"{shown}: the server ignored the Range request and answered with the whole file; "
                 f"archway reads only the {length} bytes it needs and never downloads whole "
                 f"images (serve the file from a server that supports HTTP Range)", host=netloc,
                 status=200) from None
         raise
     if response.status == 206:
-        _check_content_range(response, url, offset)
+        _check_content_range(response, shown, offset)
         return response.body
     if response.status == 200:
         return response.body[offset:offset + length]  # the whole (small) file: take our slice
     if response.status == 416:
         return b""  # the range starts past the end: the parser reports the truncation
-    raise _http_error(response.status, url, netloc)
+    if response.status == 429:
+        raise rate_limited(response, f"{shown}: 429", host=netloc, status=429)
+    raise _http_error(response.status, shown, netloc, "@" in urlsplit(url).netloc)
 
 
 def _check_content_range(response, url: str, offset: int) -> None:
@@ -82,17 +84,20 @@ def _check_content_range(response, url: str, offset: int) -> None:
     if not match or int(match.group(1)) != offset:
         raise RegistryError(f"{url}: answered 206 with Content-Range "
                             f"{response.headers.get('content-range')!r}, not the bytes from "
-                            f"{offset} that archway asked for", host=urlsplit(url).netloc,
+                            f"{offset} that archway asked for", host=without_userinfo(urlsplit(url).netloc),
                             status=206)
 
 
-def _http_error(status: int, url: str, netloc: str) -> RegistryError:
+def _http_error(status: int, url: str, netloc: str, userinfo: bool = False) -> RegistryError:
     if status == 404:
         return NotFound(f"{url}: 404 not found", host=netloc, status=status)
+    if status in (401, 403) and userinfo:
+        return AuthError(f"{status} from {netloc} for {url}: the user and password in the URL "
+                         f"were refused", host=netloc, status=status)
     if status in (401, 403):
         return AuthError(f"{status} from {netloc} for {url}: archway sends no credentials with "
-                         f"https:// SIF URLs; make the file readable without them", host=netloc,
-                         status=status)
+                         f"https:// SIF URLs but those in the URL; make the file readable "
+                         f"without them", host=netloc, status=status)
     return RegistryError(f"{url}: unexpected HTTP {status}", host=netloc, status=status)
 
 
@@ -185,6 +190,9 @@ def _library_get(http: HttpClient, url: str, headers: dict, deadline, ref) -> di
         body = json.loads(response.body)
     except (ValueError, RecursionError):
         body = None
+    if response.status == 429:
+        raise rate_limited(response, f"{ref}: library {netloc} answered 429", host=netloc,
+                           repository=ref.repository, status=429)
     if response.status != 200:
         message = _error_message(body) or f"HTTP {response.status}"
         kind = {404: NotFound, 401: AuthError, 403: AuthError}.get(response.status, RegistryError)

@@ -17,6 +17,7 @@ from archway.registry.http import HttpClient, parse_retry_after
 from archway.registry.oci import ACCEPT, RegistryClient
 from archway.registry.reference import parse_reference
 from archway.registry.resolver import Resolver
+from archway.registry.sifsources import resolve_https
 from tests.infra.faults import ScriptedServer
 from tests.infra.registry import (RegistryServer, plain_registry, session_ca,  # noqa: F401
                                   test_ca, token_registry)
@@ -165,8 +166,23 @@ def test_a_429_from_the_token_service_is_rate_limited():
     server = ScriptedServer(respond)
     try:
         client = client_for(insecure_hosts=(server.host,))
+        before = REGISTRY.get_sample_value("archway_registry_token_requests_total",
+                                           {"outcome": "rate_limited"}) or 0.0
         with pytest.raises(RateLimited) as caught:
             client.resolve(parse_reference(f"{server.host}/team/app:v1"), deadline=deadline())
         assert 55 <= caught.value.retry_after <= 60
+        assert REGISTRY.get_sample_value("archway_registry_token_requests_total",
+                                         {"outcome": "rate_limited"}) == before + 1
+    finally:
+        server.stop()
+
+
+def test_a_429_from_a_sif_file_server_is_rate_limited():
+    server = ScriptedServer(lambda request: (429, {"Retry-After": "3"}, b""))
+    try:
+        http = HttpClient(RegistrySettings(insecure_hosts=(server.host,)))
+        with pytest.raises(RateLimited) as caught:
+            resolve_https(parse_reference(f"http://{server.host}/app.sif"), http, deadline())
+        assert caught.value.retry_after == 3.0
     finally:
         server.stop()

@@ -103,46 +103,44 @@ class DripServer(_RawServer):
     """An HTTP peer that answers one byte per `interval` seconds and never finishes.
 
     phase "headers": the status line and an endless header, byte by byte. phase "body": the
-    headers at once (200, a Content-Length of 1 MiB), then the body byte by byte. With `tls` (an
-    IssuedCert) it speaks HTTPS, and phase "handshake" drips the TLS ServerHello instead.
+    headers at once (200, a Content-Length of 1 MiB), then the body byte by byte. phase
+    "handshake": to a TLS client, the record header of a 16 KiB ServerHello, then byte by byte.
+    The first `quick_answers` requests on a connection get a prompt `{}` (keep-alive) instead.
     """
 
-    def __init__(self, phase: str = "headers", interval: float = 1.0, tls=None) -> None:
+    def __init__(self, phase: str = "headers", interval: float = 1.0, quick_answers: int = 0) -> None:
         self.phase = phase
         self.interval = interval
-        self._context = None
-        if tls is not None:
-            self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            self._context.load_cert_chain(tls.chain_path, tls.key_path)
+        self.quick_answers = quick_answers
         super().__init__()
 
     def serve(self, conn: socket.socket) -> bool:
         if self.phase == "handshake":
-            return self._drip(conn, conn.send, b"\x16\x03\x03" + b"\x00" * 1_000_000)
-        stream: socket.socket = conn
-        if self._context is not None:
-            stream = self._context.wrap_socket(conn, server_side=True)
-        request = b""
-        while b"\r\n\r\n" not in request:
-            readable, _, _ = select.select([stream], [], [], 0.05)
-            if self._stopping.is_set():
-                return False
-            if readable:
-                data = stream.recv(65536)
-                if not data:
-                    return True
-                request += data
+            return self._drip(conn, b"\x16\x03\x03\x40\x00" + b"\x02" * 16384)
+        for answered in range(self.quick_answers + 1):
+            request = b""
+            while b"\r\n\r\n" not in request:
+                readable, _, _ = select.select([conn], [], [], 0.05)
+                if self._stopping.is_set():
+                    return False
+                if readable:
+                    data = conn.recv(65536)
+                    if not data:
+                        return True
+                    request += data
+            if answered < self.quick_answers:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
         if self.phase == "body":
-            stream.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                           b"Content-Length: 1048576\r\n\r\n")
-            return self._drip(conn, stream.send, b"{" + b" " * 1_048_575)
-        return self._drip(conn, stream.send, b"HTTP/1.1 200 OK\r\nX-Drip: " + b"a" * 1_000_000)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1048576\r\n\r\n")
+            return self._drip(conn, b"{" + b" " * 1_048_575)
+        return self._drip(conn, b"HTTP/1.1 200 OK\r\nX-Drip: " + b"a" * 1_000_000)
 
-    def _drip(self, conn: socket.socket, send: Callable[[bytes], int], data: bytes) -> bool:
+    def _drip(self, conn: socket.socket, data: bytes) -> bool:
         for i in range(len(data)):
             if self._stopping.is_set():
                 return False
-            send(data[i:i + 1])
+            conn.sendall(data[i:i + 1])
             if self._peer_gone(conn, self.interval):
                 return True
         return False
