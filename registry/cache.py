@@ -8,7 +8,6 @@ Pure data and arithmetic on an injected clock; no I/O.
 """
 import copy
 import time
-import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -55,12 +54,10 @@ class Entry:
 
 
 def answer_bytes(answer: Answer) -> int:
-    """A cheap upper estimate of what an answer keeps alive (platforms are interned, so each
-    costs a set slot, not a whole object)."""
+    """What an answer keeps alive, for a cache bounded in bytes."""
     if isinstance(answer, Failure):
         return 256 + len(str(answer.error))
-    text = len(answer.image) + len(answer.digest or "") + len(answer.source) + len(answer.note)
-    return 400 + text + sys.getsizeof(answer.platforms)
+    return answer.approx_bytes()
 
 
 class AnswerCache:
