@@ -8,6 +8,7 @@ are refused with the file, section and key named; values must have the default's
 """
 import dataclasses
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -16,10 +17,21 @@ import yaml
 
 from archway.errors import ConfigError
 
+# The devices whose traffic counts: physical and bond interfaces, not loopback, pod veths and
+# CNI bridges (their bytes also cross a real interface, or never leave the node).
+NODE_DEVICES = 'device!~"lo|veth.*|cali.*|flannel.*|cni.*|docker.*"'
+# `$window` is replaced by prometheus.window.
 DEFAULT_PROMETHEUS_QUERY = (
     'sum by (nodename) ('
-    '(rate(node_network_receive_bytes_total{device!~"lo|veth.*|cali.*|flannel.*|cni.*|docker.*"}[2m])'
-    ' + rate(node_network_transmit_bytes_total{device!~"lo|veth.*|cali.*|flannel.*|cni.*|docker.*"}[2m]))'
+    f'(rate(node_network_receive_bytes_total{{{NODE_DEVICES}}}[$window])'
+    f' + rate(node_network_transmit_bytes_total{{{NODE_DEVICES}}}[$window]))'
+    ' * on(instance) group_left(nodename) node_uname_info)'
+)
+# What the traffic query's figure could reach: receive + transmit, so twice the link speed of a
+# full-duplex interface, over the same devices.
+DEFAULT_CAPACITY_QUERY = (
+    'sum by (nodename) ('
+    f'2 * node_network_speed_bytes{{{NODE_DEVICES}}}'
     ' * on(instance) group_left(nodename) node_uname_info)'
 )
 
@@ -132,17 +144,26 @@ class KubernetesSettings:
 class PrometheusSettings:
     url: str | None = None                # none: prioritize gives every node a neutral score
     query: str = DEFAULT_PROMETHEUS_QUERY
+    capacity_query: str = DEFAULT_CAPACITY_QUERY  # "": score absolute traffic only
+    window: str = "2m"                    # the rate() window, `$window` in the queries
     refresh_seconds: float = 15.0
     stale_after_seconds: float = 120.0
     timeout_seconds: float = 5.0
     node_label: str = "nodename"          # series label that names the node
     match: str = choice("name", "address")  # name: short/FQDN tolerant; address: IP:port vs node
 
+    def __post_init__(self):
+        if not re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", self.window):
+            raise ConfigError(f"prometheus.window must be a Prometheus duration such as 2m or "
+                              f"90s, got {self.window!r}")
+
 
 @dataclass(frozen=True)
 class ExtenderSettings:
     deadline_seconds: float = 2.0         # well below kube-scheduler's 5 s httpTimeout
     node_cache: bool = True               # list+watch nodes for NodeNames (nodeCacheCapable) mode
+    herd_control: bool = True             # count pods placed since the last traffic sample
+    default_pod_bytes_per_second: float = number(1_000_000.0)  # a placed pod's traffic, unknown
 
 
 @dataclass(frozen=True)
