@@ -69,6 +69,14 @@ PROMETHEUS_LAST_SUCCESS = Gauge(
     "archway_prometheus_last_success_timestamp_seconds",
     "Unix time of the last successful traffic query (data older than "
     "prometheus.stale_after_seconds is not used)", multiprocess_mode="max")
+PROMETHEUS_SNAPSHOT = Gauge(
+    "archway_prometheus_snapshot_timestamp_seconds",
+    "Unix time of the traffic sample each serving process scores with, by pid under gunicorn "
+    "(its freshness: now minus this)", multiprocess_mode="liveall")
+PROMETHEUS_POLLER = Gauge(
+    "archway_prometheus_poller",
+    "1 in the one process of a server that queries Prometheus (the others read its snapshot)",
+    multiprocess_mode="liveall")
 PROMETHEUS_QUERY_ERRORS = Counter("archway_prometheus_query_errors_total",
                                   "Prometheus traffic queries that failed")
 

@@ -9,7 +9,8 @@ import json
 import logging
 import random
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from archway.background import ProcessThread
 
@@ -78,7 +79,7 @@ class ListWatch:
     def _run(self) -> None:
         try:
             api_client = self._api_client_factory()
-        except Exception as e:  # a broken kubeconfig must not kill the worker
+        except Exception as e:  # noqa: BLE001  # a broken kubeconfig must not kill the worker
             log.warning("%s disabled: cannot build a Kubernetes client: %s", self.what, e)
             api_client = None
         if api_client is None:
@@ -102,7 +103,7 @@ class ListWatch:
             except _Gone:
                 log.info("%s: watch expired (410 Gone): listing again", self.what)
                 resource_version = None
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001  # any failure: retry with backoff
                 if self._stop.is_set():
                     break
                 # A first list that fails (no RBAC, API down) must not make callers wait for a

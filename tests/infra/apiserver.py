@@ -1,8 +1,9 @@
 """A stand-in for kube-apiserver: no real one can be installed here.
 
 It speaks the exact JSON of the few REST calls archway makes (GET of ServiceAccounts, Secrets and
-Nodes, list + watch of Nodes, create/replace/patch of a Secret and a MutatingWebhookConfiguration)
-over plain HTTP, backed by an in-memory object store keyed by URL path. It is deliberately narrow:
+Nodes, list + watch of Nodes and of Pods in all namespaces, create/replace/patch of a Secret and a
+MutatingWebhookConfiguration) and the scheduler's pod create and bind (pods/binding) over plain
+HTTP, backed by an in-memory object store keyed by URL path. It is deliberately narrow:
 anything archway does not call answers 404 like the real server does for an unknown object.
 """
 import copy
@@ -21,6 +22,17 @@ from .procs import free_port
 def _status(code: int, reason: str, message: str) -> dict:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code}
+
+
+def _in_collection(collection: str, path: str) -> bool:
+    """Whether objects of `collection` are listed at `path`: their own collection, or the
+    all-namespaces path of their resource (/api/v1/pods lists /api/v1/namespaces/*/pods)."""
+    if collection == path:
+        return True
+    parts, wanted = collection.split("/"), path.split("/")
+    # /api/v1/namespaces/NS/pods vs /api/v1/pods (also /apis/GROUP/VERSION/...)
+    return (len(parts) == len(wanted) + 2 and parts[-3] == "namespaces"
+            and parts[:-3] + parts[-1:] == wanted)
 
 
 def _merge(target, patch, strategic: bool):
@@ -203,10 +215,12 @@ class FakeApiServer:
                 with server._lock:
                     if path in server.objects:
                         return self._reply(200, server.objects[path])
-                    items = [o for p, o in server.objects.items() if p.rsplit("/", 1)[0] == path]
+                    items = [o for p, o in server.objects.items()
+                             if _in_collection(p.rsplit("/", 1)[0], path)]
                     is_collection = bool(items) or any(
                         c == path for _, c, _, _ in server._events) or path.endswith(
-                        ("/nodes", "/secrets", "/serviceaccounts", "/mutatingwebhookconfigurations"))
+                        ("/nodes", "/secrets", "/serviceaccounts", "/mutatingwebhookconfigurations",
+                         "/pods"))
                     if not is_collection:
                         return self._not_found(path)
                     kind = path.rsplit("/", 1)[1]
@@ -229,7 +243,8 @@ class FakeApiServer:
                         return self._chunk(None)
                     while True:
                         with server._lock:
-                            pending = [e for e in server._events if e[0] > since and e[1] == path]
+                            pending = [e for e in server._events
+                                       if e[0] > since and _in_collection(e[1], path)]
                             if not pending:
                                 remaining = end - time.monotonic()
                                 if remaining <= 0 or server._stopping:
@@ -250,6 +265,11 @@ class FakeApiServer:
 
             def _post(self, path, query):
                 obj = self._body()
+                if path.endswith("/binding") and "/pods/" in path:
+                    return self._bind(path.rsplit("/", 1)[0], obj)
+                if path.endswith("/pods") and isinstance(obj, dict):
+                    # The real server starts every pod Pending (PrepareForCreate).
+                    obj = {**obj, "status": {"phase": "Pending"}}
                 target = f"{path}/{obj.get('metadata', {}).get('name', '')}"
                 with server._lock:
                     if target in server.objects:
@@ -257,6 +277,40 @@ class FakeApiServer:
                         return self._reply(409, _status(409, "AlreadyExists",
                                                         f'{path.rsplit("/", 1)[1]} "{name}" already exists'))
                     self._reply(201, server._store(target, obj, "ADDED"))
+
+            def _bind(self, pod_path, binding):
+                """POST pods/NAME/binding as the real BindingREST answers it: 201 Status, the pod
+                gets spec.nodeName and a PodScheduled condition (a MODIFIED watch event)."""
+                pod_name = pod_path.rsplit("/", 1)[1]
+                if not isinstance(binding, dict) or binding.get("kind", "Binding") != "Binding":
+                    return self._reply(400, _status(400, "BadRequest", "the body is not a Binding"))
+                if (binding.get("metadata") or {}).get("name") != pod_name:
+                    return self._reply(400, _status(400, "BadRequest",
+                                                    "name in URL does not match name in Binding object"))
+                target = binding.get("target") or {}
+                if target.get("kind", "") not in ("", "Node") or not target.get("name"):
+                    field = "target.kind" if target.get("kind", "") not in ("", "Node") else "target.name"
+                    return self._reply(422, _status(422, "Invalid", f'Binding.core "{pod_name}" is '
+                                                    f'invalid: {field}: Invalid value'))
+                with server._lock:
+                    pod = server.objects.get(pod_path)
+                    if pod is None:
+                        return self._not_found(pod_path)
+                    node = (pod.get("spec") or {}).get("nodeName")
+                    if node or pod["metadata"].get("deletionTimestamp"):
+                        return self._reply(409, _status(
+                            409, "Conflict", f'Operation cannot be fulfilled on pods "{pod_name}": '
+                            f'pod {pod_name} is already assigned to node "{node}"'))
+                    pod = copy.deepcopy(pod)
+                    pod.setdefault("spec", {})["nodeName"] = target["name"]
+                    status = pod.setdefault("status", {})
+                    status["conditions"] = [c for c in status.get("conditions") or []
+                                            if c.get("type") != "PodScheduled"] + [{
+                        "type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                        "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]
+                    server._store(pod_path, pod, "MODIFIED")
+                self._reply(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                  "status": "Success", "code": 201})
 
             def _put(self, path, query):
                 obj = self._body()
