@@ -45,6 +45,7 @@ def parse_bandwidth(value: object) -> float | None:
 
 @dataclass(frozen=True)
 class Placement:
+    pod: str                         # pod_key()
     node: str
     at: float                        # wall-clock time archway learned of it
     bytes_per_second: float | None   # from the annotation; None: estimate from the node
@@ -104,13 +105,13 @@ class Herd:
             current = self._placed.get(key)
             if current is not None and (current.confirmed or current.node == node):
                 return
-            self._placed[key] = Placement(node, self.wall(), bytes_per_second, False)
+            self._placed[key] = Placement(key, node, self.wall(), bytes_per_second, False)
             self.version += 1
 
     def bound(self, key: str, node: str, bytes_per_second: float | None) -> None:
         """The pod watch saw the pod bound to `node`."""
         with self._lock:
-            self._placed[key] = Placement(node, self.wall(), bytes_per_second, True)
+            self._placed[key] = Placement(key, node, self.wall(), bytes_per_second, True)
             self.version += 1
 
     def forget(self, key: str) -> None:
@@ -118,15 +119,17 @@ class Herd:
             if self._placed.pop(key, None) is not None:
                 self.version += 1
 
-    def since(self, sampled_at: float) -> list[Placement]:
-        """The placements after `sampled_at`; older ones are in that sample already and go."""
+    def since(self, sampled_at: float, exclude: str | None = None) -> list[Placement]:
+        """The placements after `sampled_at` (but `exclude`'s: a pod scored again, after a
+        failed bind, must not count against the node it was guessed on); older ones are in that
+        sample already and go."""
         with self._lock:
             old = [k for k, p in self._placed.items() if p.at <= sampled_at]
             for key in old:
                 del self._placed[key]
             if old:
                 self.version += 1
-            return list(self._placed.values())
+            return [p for p in self._placed.values() if p.pod != exclude]
 
     def placement(self, key: str) -> Placement | None:
         return self._placed.get(key)

@@ -252,13 +252,15 @@ class Extender:
         herd = self.herd
         if herd is None:
             return host_priority_list_json(self._answer(books, names))
-        placements = herd.since(snapshot.sampled_at)
+        key = pod_key(args.pod) if isinstance(args.pod, dict) else None
+        placements = herd.since(snapshot.sampled_at, exclude=key)
         adjusted: dict[str, tuple[int, str]] = {}
         for book in books:
             adjusted.update(book.adjusted(placements, herd.running,
                                           self.config.extender.default_pod_bytes_per_second))
         answer = self._answer(books, names, adjusted)
-        self._guess(args.pod, books, names, adjusted)
+        if key is not None:
+            self._guess(key, pod_bandwidth(args.pod), books, names, adjusted)
         return host_priority_list_json(answer)
 
     @staticmethod
@@ -275,11 +277,10 @@ class Extender:
                     entries[i] = adjusted[name][1]
         return entries  # type: ignore[return-value]
 
-    def _guess(self, pod: dict, books, names, adjusted) -> None:
+    def _guess(self, key: str, bandwidth: float | None, books, names, adjusted) -> None:
         """Herd control's estimate until the pod watch sees the bind (or without a cluster):
         the pod goes to the node scored highest, the first of them on a tie."""
-        key = pod_key(pod) if isinstance(pod, dict) else None
-        if key is None or not names or self.herd is None:
+        if not names or self.herd is None:
             return
         primary = books[0].scores
         extra = books[1].scores if len(books) > 1 else _NO_NODES
@@ -296,7 +297,7 @@ class Extender:
                 if best == MAX_SCORE:
                     break
         if best_name is not None:
-            self.herd.guess(key, best_name, pod_bandwidth(pod))
+            self.herd.guess(key, best_name, bandwidth)
 
     def _uncached_book(self, snapshot, names) -> ScoreBook:
         # Without a node cache the scheduler tends to send the same candidate list pod after
