@@ -297,6 +297,8 @@ class SharedSnapshot:
         except BaseException:
             os.unlink(tmp)
             raise
+        st = os.stat(self.path)
+        self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)   # not read back by its writer
 
     def read_if_new(self) -> dict | None:
         """The snapshot file's content when it changed since the last read, else None."""
@@ -345,10 +347,6 @@ class TrafficPoller:
     def configured(self) -> bool:
         return bool(self.settings.url)
 
-    @property
-    def leading(self) -> bool:
-        return self._shared is None or self._shared._lock_fd is not None
-
     def fresh_snapshot(self) -> TrafficSnapshot | None:
         """The last answer, or None when there is none younger than stale_after_seconds."""
         snapshot = self._snapshot
@@ -367,23 +365,23 @@ class TrafficPoller:
             self._shared.release()
 
     def _run(self) -> None:
-        if self.shared_dir:
-            self._shared = SharedSnapshot(self.shared_dir)
         while not self._stop.is_set():
             try:
                 self.tick()
             except Exception:  # a bug must not silently end the thread and freeze the scores
                 log.exception("unexpected error in the traffic poller")
             self._stop.wait(min(self.settings.refresh_seconds, FOLLOW_SECONDS)
-                            if self._shared is not None else self.settings.refresh_seconds)
+                            if self.shared_dir else self.settings.refresh_seconds)
 
     def tick(self) -> None:
         """One turn of the loop: adopt a newer shared snapshot; query when this process is
         the poller and the last query is refresh_seconds old."""
-        shared = self._shared
-        if shared is None:
+        if self.shared_dir is None:
             self.refresh_once()
             return
+        if self._shared is None:
+            self._shared = SharedSnapshot(self.shared_dir)
+        shared = self._shared
         data = shared.read_if_new()
         if data is not None:
             self._adopt(data["traffic"], data["capacity"], data["sampled_at"])

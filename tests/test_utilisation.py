@@ -12,16 +12,30 @@ from contextlib import contextmanager
 
 import pytest
 import requests
-from flask import Flask
-
-from archway.config import DEFAULT_CAPACITY_QUERY, DEFAULT_PROMETHEUS_QUERY, config_from_dict
 from archway.extender.herd import ANNOTATION_BANDWIDTH
 from archway.extender.routes import register_extender
-from archway.extender.traffic import TrafficScale, combined_query, node_scores, utilisation_score
+from archway.extender.traffic import (
+    TrafficScale,
+    combined_query,
+    node_scores,
+    utilisation_score,
+)
+from flask import Flask
+
+from archway.config import (
+    DEFAULT_CAPACITY_QUERY,
+    DEFAULT_PROMETHEUS_QUERY,
+    config_from_dict,
+)
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.procs import REPO, free_port, wait_for_port
-from tests.infra.prometheus import (LINK_RATES, LINK_SPEEDS, PrometheusServer,  # noqa: F401
-                                    prometheus_stack, short_window)
+from tests.infra.prometheus import (  # noqa: F401
+    LINK_RATES,
+    LINK_SPEEDS,
+    PrometheusServer,
+    prometheus_stack,
+    short_window,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +53,7 @@ def _fixture(name):
 
 
 @pytest.fixture(scope="module")
-def prom(prometheus_stack):
+def prom(prometheus_stack):  # noqa: F811
     # Every links node's rate must have settled (rate() over a window the series only partly
     # covers yet reads low) before the tests compare scores.
     def settled(result):
@@ -159,7 +173,7 @@ def _schedule_burst(client, extender, api, session, rounds, *, watch):
         chosen.append(best)
         if watch:  # the next pod is scheduled once the pod watch has reported this bind
             uid = pod["metadata"]["uid"]
-            placement = poll(lambda: extender.herd.placement(uid),
+            placement = poll(lambda uid=uid: extender.herd.placement(uid),
                              lambda p: p is not None and p.confirmed, timeout=10, interval=0.02)
             assert placement is not None and placement.confirmed and placement.node == best
     return chosen
