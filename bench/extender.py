@@ -17,13 +17,15 @@ from archway.config import config_from_dict
 from archway.extender.routes import Extender
 from archway.extender.wire import parse_extender_args
 
-from .cluster import NODES, ManyNodesExporter, Prometheus, extender_pod, make_nodes, node_name
+from .cluster import (NODES, ManyNodesExporter, Prometheus, extender_pod, make_nodes, node_name,
+                      running_pods)
 from .lab import Lab
 from .report import Figure, failed_figure
 from .servers import GunicornServer
 from .stats import bucket_difference, histogram_buckets, histogram_quantile, median, percentile, share_at_most
 
 PRIORITIZE_CALLS = 200
+PRIORITIZE_PODS = 50     # distinct pods among the calls: each one a placement herd control adds
 PRIORITIZE_TARGET_MS = 10.0
 FILTER_RUNS = 5
 FILTER_TARGET = 1.5
@@ -31,7 +33,7 @@ HISTOGRAM = "archway_extender_duration_seconds"
 
 
 def run(lab: Lab) -> list[Figure]:
-    specs = (("7", f"extender prioritize, {NODES:,} nodes, NodeNames mode, cached traffic",
+    specs = (("7", f"extender prioritize, {NODES:,} nodes, NodeNames mode, herd control on",
               f"< {PRIORITIZE_TARGET_MS:g} ms"),
              ("8", f"extender filter, {NODES:,} full Node objects, vs plain json.loads",
               f"<= {FILTER_TARGET}x"))
@@ -52,6 +54,8 @@ def run(lab: Lab) -> list[Figure]:
         api = FakeApiServer()
         for node in nodes:
             api.put(f"/api/v1/nodes/{node['metadata']['name']}", node)
+        for pod in running_pods():
+            api.put(f"/api/v1/namespaces/bench/pods/{pod['metadata']['name']}", pod)
         del nodes
         config = lab.archway_config(
             "extender",
@@ -135,13 +139,22 @@ def _prioritize(server: GunicornServer, prometheus: Prometheus, pod: dict, numbe
     names = [node_name(i) for i in range(NODES)]
     body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names},
                       separators=(",", ":")).encode()
+    # Distinct pods (uids), every other one with an expected-bandwidth annotation: each call
+    # records a placement and later calls add the placed pods' traffic to their nodes.
+    uid = pod["metadata"]["uid"].encode()
+    bodies = []
+    for k in range(PRIORITIZE_PODS):
+        one = body.replace(uid, f"bench-pod-{k:04d}".encode())
+        if k % 2:
+            one = one.replace(b'"annotations":{', b'"annotations":{"archway.dev/expected-bandwidth":"5M",', 1)
+        bodies.append(one)
     prometheus.wait_for("node_uname_info", NODES)
     scores = _wait_for_scores(server, body)
     before = histogram_buckets(server.metrics(), HISTOGRAM, verb="prioritize")
     client = []
-    for _ in range(PRIORITIZE_CALLS):
+    for call in range(PRIORITIZE_CALLS):
         started = time.perf_counter()
-        answer = server.post("/scheduler/prioritize", body)
+        answer = server.post("/scheduler/prioritize", bodies[call % PRIORITIZE_PODS])
         client.append((time.perf_counter() - started) * 1000)
         answer.raise_for_status()
     buckets = bucket_difference(histogram_buckets(server.metrics(), HISTOGRAM, verb="prioritize"),
@@ -164,9 +177,13 @@ def _prioritize(server: GunicornServer, prometheus: Prometheus, pod: dict, numbe
         f"reply over keep-alive HTTP) p50 {percentile(client, 50):.1f} / p99 "
         f"{percentile(client, 99):.1f} ms",
         f"node cache listed from the API server stand-in ({NODES:,} full Nodes) and watching; "
-        f"traffic from a real Prometheus scraping {NODES:,} nodes' node_exporter series, default "
-        f"archway query, nodename short names matched to FQDN node names; scores seen "
-        f"{spread[0]}..{spread[-1]}",
+        f"traffic and link speeds (100 Mb/s..25 Gb/s, every fifth node none) from a real "
+        f"Prometheus scraping {NODES:,} nodes' node_exporter series, default archway queries, "
+        f"nodename short names matched to FQDN node names; scores seen {spread[0]}..{spread[-1]}",
+        f"herd control on: the pod watch lists {NODES:,} running pods (one per node) and watches; "
+        f"the calls cycle through {PRIORITIZE_PODS} distinct pods (half annotated "
+        f"archway.dev/expected-bandwidth: 5M), so every call after the first round adds the "
+        f"estimated traffic of up to {PRIORITIZE_PODS - 1} placed pods to their nodes",
     ])
 
 

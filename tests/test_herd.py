@@ -7,16 +7,32 @@ import sys
 import time
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from archway.extender.herd import (
+    ANNOTATION_BANDWIDTH,
+    Herd,
+    Placement,
+    PodWatch,
+    added_traffic,
+    parse_bandwidth,
+    pod_key,
+)
+from archway.extender.traffic import (
+    MAX_SCORE,
+    NodeLoad,
+    SharedSnapshot,
+    TrafficPoller,
+    TrafficScale,
+    combined_query,
+    load_score,
+    node_scores,
+    split_answer,
+    utilisation_score,
+)
+from archway.registry.http import Response
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from archway.config import PrometheusSettings
-from archway.extender.herd import (ANNOTATION_BANDWIDTH, Herd, Placement, PodWatch, added_traffic,
-                                   parse_bandwidth, pod_key)
-from archway.extender.traffic import (MAX_SCORE, NodeLoad, SharedSnapshot, TrafficPoller,
-                                      TrafficScale, combined_query, load_score, node_scores,
-                                      split_answer, utilisation_score)
-from archway.registry.http import Response
-
 
 # --- the curve --------------------------------------------------------------------------------------
 
