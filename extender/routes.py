@@ -162,6 +162,8 @@ class Extender:
         # (key, ScoreBook), each replaced as a whole.
         self._book: tuple = (None, None)
         self._uncached: tuple = (None, None)
+        # The cached nodes' book is built when a snapshot arrives, off the request path.
+        self.traffic.listeners.append(self._score_book)
         self._no_cache_logged = False
 
     @property
