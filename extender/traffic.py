@@ -65,15 +65,15 @@ def combined_query(settings) -> str:
 def split_answer(payload, node_label: str) -> tuple[dict[str, float], dict[str, float]]:
     """(traffic, capacity) of an answer to combined_query: series tagged `capacity` are link
     capacities, every other series (an untagged query too) traffic."""
-    traffic = parse_vector(payload, node_label, lambda labels: labels.get(SERIES_LABEL) != "capacity")
-    capacity = parse_vector(payload, node_label, lambda labels: labels.get(SERIES_LABEL) == "capacity")
+    both = parse_vector(payload, node_label,
+                        kind=lambda labels: labels.get(SERIES_LABEL) == "capacity")
     # A link of speed 0 (down, or a driver that reports none) says nothing about capacity.
-    return traffic, {k: v for k, v in capacity.items() if v > 0}
+    return both[False], {k: v for k, v in both[True].items() if v > 0}
 
 
-def parse_vector(payload, node_label: str, keep=None) -> dict[str, float]:
-    """Map `node_label`'s value -> bytes/s from a /api/v1/query answer (only the series whose
-    labels `keep` accepts, when given).
+def parse_vector(payload, node_label: str, kind=None):
+    """Map `node_label`'s value -> bytes/s from a /api/v1/query answer. With `kind` (a function
+    of a series' labels) one such map per kind: {kind: {value: bytes/s}}, in one pass.
 
     Series without the label, and NaN/Inf/negative values, carry no usable information and are
     skipped; series sharing a label value are added up (a query left per-device still works).
@@ -87,11 +87,12 @@ def parse_vector(payload, node_label: str, keep=None) -> dict[str, float]:
     if not isinstance(data, dict) or data.get("resultType") != "vector":
         kind = data.get("resultType") if isinstance(data, dict) else None
         raise PrometheusError(f"prometheus.query must return an instant vector, got {kind!r}")
-    traffic: dict[str, float] = {}
+    maps: dict = {False: {}, True: {}}
+    traffic: dict[str, float] = maps[False]
     for series in data.get("result") or ():
         try:
-            if keep is not None and not keep(series["metric"]):
-                continue
+            if kind is not None:
+                traffic = maps.setdefault(kind(series["metric"]), {})
             key = series["metric"][node_label]
             value = float(series["value"][1])
         except (KeyError, IndexError, TypeError, ValueError):
@@ -100,7 +101,7 @@ def parse_vector(payload, node_label: str, keep=None) -> dict[str, float]:
             continue
         key = key.lower()
         traffic[key] = traffic.get(key, 0.0) + value
-    return traffic
+    return maps if kind is not None else traffic
 
 
 def short_name(name: str) -> str:
@@ -441,7 +442,7 @@ class TrafficPoller:
         for listener in self.listeners:
             try:
                 listener(snapshot)
-            except Exception:  # noqa: BLE001  # the request path does the work instead
+            except Exception:  # the request path does the work instead
                 log.exception("preparing scores for a new traffic snapshot failed")
 
     def _failed(self, error: str) -> None:
