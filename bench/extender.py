@@ -8,6 +8,7 @@
    (parse_extender_args + Extender.filter, reply bytes included) against plain json.loads of the
    same body, interleaved, median of several runs; the real server's time is given as context.
 """
+import copy
 import gc
 import json
 import time
@@ -64,6 +65,7 @@ def run(lab: Lab) -> list[Figure]:
             prometheus={"url": prometheus.url})
         server = GunicornServer.archway(lab.path("extender"), config, tls_ca=None, name="extender")
         figures["7"] = _prioritize(server, prometheus, pod, *specs[0])
+        figures["7"].notes.append(_herd_cost_in_process(pod))
         _filter_on_server(server, body, figures["8"])
     except Exception as e:
         for number, name, target in specs:
@@ -185,6 +187,62 @@ def _prioritize(server: GunicornServer, prometheus: Prometheus, pod: dict, numbe
         f"archway.dev/expected-bandwidth: 5M), so every call after the first round adds the "
         f"estimated traffic of up to {PRIORITIZE_PODS - 1} placed pods to their nodes",
     ])
+
+
+class _Nodes:
+    """The node cache as prioritize reads it, already synced (bench only)."""
+
+    def __init__(self, names):
+        from archway.extender.nodes import NodeFacts
+        self.nodes = {n: NodeFacts(n, "amd64", ()) for n in names}
+
+    def ensure_started(self):
+        pass
+
+
+def _herd_cost_in_process(pod: dict, runs: int = 300) -> str:
+    """What herd control adds to prioritize itself: Extender.prioritize on the same 5,000-node
+    snapshot with herd control on (50 placed pods) and off, interleaved, in this process."""
+    from archway.extender.traffic import TrafficSnapshot
+    from .cluster import link_speed, traffic_rate
+    names = [node_name(i) for i in range(NODES)]
+    traffic = {node_name(i).split(".")[0]: traffic_rate(i) for i in range(NODES)}
+    capacity = {node_name(i).split(".")[0]: 2 * link_speed(i) for i in range(NODES) if link_speed(i)}
+    snapshot = TrafficSnapshot(traffic, time.monotonic(), 1, capacity, time.time() - 1)
+
+    class Poller:
+        listeners: list = []
+
+        def ensure_started(self):
+            pass
+
+        def fresh_snapshot(self):
+            return snapshot
+
+    extenders = {}
+    for herd in (True, False):
+        config = config_from_dict({"kubernetes": {"enabled": "off"},
+                                   "extender": {"herd_control": herd}})
+        extenders[herd] = Extender(config, None, node_cache=_Nodes(names), traffic=Poller())
+    bodies = []
+    for k in range(PRIORITIZE_PODS):
+        one = copy.deepcopy(pod)
+        one["metadata"]["uid"] = f"in-process-{k}"
+        bodies.append(parse_extender_args(json.dumps({"Pod": one, "NodeNames": names}).encode()))
+    times: dict = {True: [], False: []}
+    for call in range(runs):
+        for herd in (True, False):
+            args = bodies[call % PRIORITIZE_PODS]
+            started = time.perf_counter()
+            extenders[herd].prioritize(args)
+            times[herd].append(time.perf_counter() - started)
+    on, off = median(times[True]) * 1000, median(times[False]) * 1000
+    return (f"in this process, Extender.prioritize alone (body already parsed) on the same "
+            f"{NODES:,}-node snapshot, {runs} interleaved calls each: herd control on "
+            f"({PRIORITIZE_PODS} pods placed since the sample) median {on:.2f} ms, p99 "
+            f"{percentile([t * 1000 for t in times[True]], 99):.2f} ms; off median {off:.2f} ms, "
+            f"p99 {percentile([t * 1000 for t in times[False]], 99):.2f} ms (medians "
+            f"{on / off:.2f}x)")
 
 
 def _wait_for_scores(server: GunicornServer, body: bytes, timeout: float = 90.0) -> list[int]:
