@@ -28,6 +28,9 @@ ANNOTATION_BANDWIDTH = "archway.dev/expected-bandwidth"
 _QUANTITY = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kMGTP]i?|Ki)?\s*")
 _FACTORS = {None: 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
             "Ki": 2.0 ** 10, "Mi": 2.0 ** 20, "Gi": 2.0 ** 30, "Ti": 2.0 ** 40, "Pi": 2.0 ** 50}
+# Placements are dropped as samples cover them; while no sample comes (Prometheus down) this
+# bounds them, the oldest going first.
+MAX_PLACEMENTS = 20_000
 # Pods in these phases run nothing: they neither count as running nor add traffic.
 _DONE_PHASES = ("Succeeded", "Failed")
 
@@ -105,14 +108,21 @@ class Herd:
             current = self._placed.get(key)
             if current is not None and (current.confirmed or current.node == node):
                 return
-            self._placed[key] = Placement(key, node, self.wall(), bytes_per_second, False)
-            self.version += 1
+            self._put(Placement(key, node, self.wall(), bytes_per_second, False))
 
     def bound(self, key: str, node: str, bytes_per_second: float | None) -> None:
         """The pod watch saw the pod bound to `node`."""
         with self._lock:
-            self._placed[key] = Placement(key, node, self.wall(), bytes_per_second, True)
-            self.version += 1
+            self._put(Placement(key, node, self.wall(), bytes_per_second, True))
+
+    def _put(self, placement: Placement) -> None:
+        placed = self._placed
+        placed.pop(placement.pod, None)   # re-inserted: the dict stays ordered by time
+        placed[placement.pod] = placement
+        if len(placed) > MAX_PLACEMENTS:
+            for key in list(placed)[:len(placed) - MAX_PLACEMENTS]:
+                del placed[key]
+        self.version += 1
 
     def forget(self, key: str) -> None:
         with self._lock:
@@ -139,6 +149,7 @@ class PodWatch(ListWatch):
     """List + watch of all Pods, keeping only which node each running pod is on: it tells the
     Herd about binds and counts running pods per node."""
     what = "pod watch"
+    page_size = 500
 
     def __init__(self, api_client_factory, herd: Herd, **kwargs):
         super().__init__(api_client_factory, thread_name="archway-pod-watch", **kwargs)
@@ -151,6 +162,13 @@ class PodWatch(ListWatch):
     def _on_no_cluster(self) -> None:
         log.info("no Kubernetes cluster configured: herd control estimates placements from "
                  "archway's own prioritize answers")
+
+    def _slim(self, obj: dict) -> dict:
+        meta, spec, status = (_part(obj, k) for k in ("metadata", "spec", "status"))
+        bandwidth = (meta.get("annotations") or {}).get(ANNOTATION_BANDWIDTH)
+        return {"metadata": {k: meta[k] for k in ("uid", "name", "namespace") if k in meta}
+                | ({"annotations": {ANNOTATION_BANDWIDTH: bandwidth}} if bandwidth else {}),
+                "spec": {"nodeName": spec.get("nodeName")}, "status": {"phase": status.get("phase")}}
 
     def _on_list(self, items: list) -> None:
         first = not self.synced
@@ -201,6 +219,11 @@ class PodWatch(ListWatch):
             running[node] = left
         else:
             running.pop(node, None)
+
+
+def _part(obj: dict, key: str) -> dict:
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def _running_on(pod: dict) -> tuple[str | None, str | None]:

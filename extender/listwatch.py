@@ -19,6 +19,10 @@ log = logging.getLogger("archway.listwatch")
 
 class ListWatch:
     what = "objects"          # for log lines: "node cache", "pod watch"
+    # None: one list from the API server's watch cache (resourceVersion "0"); a number: pages
+    # of that many objects (limit/continue), each cut down by _slim before the next is read, so
+    # a cluster with very many objects never sits in memory (or one response) whole.
+    page_size: int | None = None
 
     def __init__(self, api_client_factory: Callable[[], Any], *, watch_timeout_seconds: int = 240,
                  request_timeout_seconds: float = 30.0, max_backoff_seconds: float = 30.0,
@@ -47,6 +51,10 @@ class ListWatch:
 
     def _on_no_cluster(self) -> None:
         """Called once when there is no cluster to watch."""
+
+    def _slim(self, obj: dict) -> dict:
+        """What _on_list needs of a listed object (paged lists keep only that)."""
+        return obj
 
     # --- control -------------------------------------------------------------------------------
     @property
@@ -117,18 +125,30 @@ class ListWatch:
                 self._stop.wait(backoff * random.uniform(0.8, 1.2))
 
     def _list(self, api: Any) -> str:
-        # resourceVersion "0": served from the API server's watch cache, not from etcd.
-        response = self._list_call(api, resource_version="0", _preload_content=False,
-                                   _request_timeout=self.request_timeout_seconds)
-        try:
-            data = json.loads(response.data)
-        finally:
-            response.release_conn()
-        self._on_list(data.get("items") or [])
+        items: list = []
+        token = None
+        while True:
+            paging: dict[str, Any]
+            if self.page_size:
+                paging = {"limit": self.page_size, **({"_continue": token} if token else {})}
+            else:  # resourceVersion "0": served from the API server's watch cache, not etcd
+                paging = {"resource_version": "0"}
+            response = self._list_call(api, _preload_content=False,
+                                       _request_timeout=self.request_timeout_seconds, **paging)
+            try:
+                data = json.loads(response.data)
+            finally:
+                response.release_conn()
+            items.extend(self._slim(item) for item in data.get("items") or [])
+            meta = data.get("metadata") or {}
+            token = meta.get("continue")
+            if not self.page_size or not token:
+                break
+        self._on_list(items)
         self.lists += 1
         self._synced.set()
         self._settled.set()
-        return (data.get("metadata") or {}).get("resourceVersion") or ""
+        return meta.get("resourceVersion") or ""
 
     def _watch_from(self, api: Any, resource_version: str) -> str:
         from kubernetes import watch

@@ -249,3 +249,54 @@ def test_two_pollers_sharing_a_directory_query_once_per_refresh(tmp_path):
         a.stop()
         b.stop()
     assert time.time() - b.fresh_snapshot().sampled_at < 60
+
+
+def test_placements_stay_bounded_while_no_sample_prunes_them(monkeypatch):
+    import archway.extender.herd as herd_module
+    monkeypatch.setattr(herd_module, "MAX_PLACEMENTS", 3)
+    now = [0.0]
+    herd = Herd(wall=lambda: now[0])
+    for i in range(5):
+        now[0] += 1
+        herd.bound(f"p{i}", "n1", None)
+    herd.guess("p2", "n2", None)                      # confirmed: not moved by a guess
+    assert [p.pod for p in herd.since(0)] == ["p2", "p3", "p4"]   # the oldest went first
+
+
+def test_pod_watch_lists_in_pages_and_keeps_only_what_it_uses(tmp_path):
+    from archway.webhook.pullsecrets import build_api_client
+
+    from archway.config import config_from_dict
+    from tests.infra.apiserver import FakeApiServer
+    api = FakeApiServer()
+    try:
+        for i in range(7):
+            pod = _pod(f"p{i}", f"n{i % 2}", "Running", bandwidth="1M" if i == 3 else None)
+            pod["metadata"]["labels"] = {"big": "x" * 1000}
+            api.put(f"/api/v1/namespaces/ns/pods/p{i}", pod)
+        config = config_from_dict({"kubernetes": {"kubeconfig": api.kubeconfig(str(tmp_path))}})
+        herd = Herd()
+        watch = PodWatch(lambda: build_api_client(config.kubernetes)[0], herd,
+                         watch_timeout_seconds=1)
+        watch.page_size = 3
+        seen = []
+        original = watch._on_list
+        watch._on_list = lambda items: (seen.extend(items), original(items))
+        try:
+            assert watch.wait_synced(10)
+            assert herd.running == {"n0": 4, "n1": 3}
+            assert api.count("GET", "/api/v1/pods?limit=3") == 1
+            assert api.count("GET", "/api/v1/pods?continue=") == 2
+            assert len(seen) == 7 and all("labels" not in p["metadata"] for p in seen)
+            assert seen[3]["metadata"]["annotations"] == {ANNOTATION_BANDWIDTH: "1M"}
+            # A pod bound after the list comes through the watch.
+            api.put("/api/v1/namespaces/ns/pods/late", _pod("late", "n1", "Pending"))
+            for _ in range(100):
+                if herd.placement("uid-late") is not None:
+                    break
+                time.sleep(0.05)
+            assert herd.placement("uid-late").node == "n1" and herd.running["n1"] == 4
+        finally:
+            watch.stop()
+    finally:
+        api.stop()

@@ -6,6 +6,7 @@ MutatingWebhookConfiguration) and the scheduler's pod create and bind (pods/bind
 HTTP, backed by an in-memory object store keyed by URL path. It is deliberately narrow:
 anything archway does not call answers 404 like the real server does for an unknown object.
 """
+import base64
 import copy
 import json
 import os
@@ -224,9 +225,35 @@ class FakeApiServer:
                     if not is_collection:
                         return self._not_found(path)
                     kind = path.rsplit("/", 1)[1]
+                    meta = {"resourceVersion": str(server._rv)}
+                    limit = int(query.get("limit", ["0"])[0] or 0)
+                    if limit > 0 or "continue" in query:
+                        # Pages in key order; the token says where the next one starts and
+                        # at which resourceVersion the list began (as the real server's does).
+                        keyed = sorted((p, o) for p, o in server.objects.items()
+                                       if _in_collection(p.rsplit("/", 1)[0], path))
+                        start, rv = "", server._rv
+                        if "continue" in query:
+                            try:
+                                token = json.loads(base64.b64decode(query["continue"][0]))
+                                start, rv = token["start"], int(token["rv"])
+                            except (ValueError, KeyError, TypeError):
+                                return self._reply(400, _status(
+                                    400, "BadRequest", "continue key is not valid"))
+                            if rv < server._oldest_rv:
+                                return self._reply(410, _status(
+                                    410, "Expired", "The provided continue parameter is too old"))
+                        rest = [(p, o) for p, o in keyed if p > start]
+                        page = rest[:limit] if limit > 0 else rest
+                        items = [o for _, o in page]
+                        meta["resourceVersion"] = str(rv)
+                        if len(rest) > len(page):
+                            meta["continue"] = base64.b64encode(json.dumps(
+                                {"v": "meta.k8s.io/v1", "rv": rv, "start": page[-1][0]}).encode()).decode()
+                            meta["remainingItemCount"] = len(rest) - len(page)
                     return self._reply(200, {
                         "kind": kind[:-1].capitalize() + "List", "apiVersion": "v1",
-                        "metadata": {"resourceVersion": str(server._rv)}, "items": items})
+                        "metadata": meta, "items": items})
 
             def _watch(self, path, query):
                 since = int(query.get("resourceVersion", ["0"])[0] or 0)
