@@ -63,7 +63,8 @@ EXTENDER_DURATION = Histogram("archway_extender_duration_seconds",
                               buckets=LATENCY_BUCKETS)
 PROMETHEUS_UP = Gauge("archway_prometheus_up", "1 when the last Prometheus traffic query succeeded",
                       multiprocess_mode="livemostrecent")
-PROMETHEUS_SERIES = Gauge("archway_prometheus_series", "Series the last traffic query returned",
+PROMETHEUS_SERIES = Gauge("archway_prometheus_series",
+                          "Series (traffic and capacity) the last Prometheus query returned",
                           multiprocess_mode="livemostrecent")
 PROMETHEUS_LAST_SUCCESS = Gauge(
     "archway_prometheus_last_success_timestamp_seconds",
