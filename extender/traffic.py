@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
 from archway.registry.http import HttpClient
@@ -249,12 +249,8 @@ class TrafficSnapshot:
     traffic: dict[str, float]
     fetched_at: float        # time.monotonic() of the answer
     version: int
-    capacity: dict[str, float] = None  # type: ignore[assignment]  # series key -> bytes/s
+    capacity: dict[str, float] = field(default_factory=dict)  # series key -> bytes/s
     sampled_at: float = 0.0  # wall-clock time the query was sent: what it measured ends there
-
-    def __post_init__(self):
-        if self.capacity is None:
-            object.__setattr__(self, "capacity", {})
 
 
 class SharedSnapshot:
@@ -400,7 +396,7 @@ class TrafficPoller:
         metrics.PROMETHEUS_POLLER.set(1)
         # A new poller goes by the age of what the last one wrote, so a worker's death does
         # not add a query; a failing Prometheus is retried every refresh, not every look.
-        last = max(self._last_attempt or -math.inf,
+        last = max(-math.inf if self._last_attempt is None else self._last_attempt,
                    self._snapshot.fetched_at if self._snapshot else -math.inf)
         if self.clock() - last >= self.settings.refresh_seconds:
             self.refresh_once()
