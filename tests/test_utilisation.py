@@ -208,6 +208,23 @@ def test_a_burst_inside_one_refresh_spreads_over_equal_nodes(prom, tmp_path):
         api.stop()
 
 
+def test_without_a_cluster_its_own_answers_spread_the_burst(prom):
+    # No API access for archway: it assumes each pod went where it scored highest (an estimate).
+    api = FakeApiServer()
+    session = requests.Session()
+    session.trust_env = False
+    try:
+        with extender_client(prom.prometheus.url, refresh_seconds=3600) as (client, extender):
+            assert extender.pod_watch is None
+            poll(lambda: prioritize(client, EQUAL), lambda s: set(s.values()) == {9})
+            chosen = _schedule_burst(client, extender, api, session, 20, watch=False)
+            assert extender.traffic.queries == 1
+        counts = [chosen.count(n) for n in EQUAL]
+        assert sum(counts) == 20 and max(counts) <= 10 and min(counts) >= 4, counts
+    finally:
+        api.stop()
+
+
 def test_without_herd_control_the_same_burst_lands_on_one_node(prom, tmp_path):
     # The control for the test above: frozen scores send every pod to the same node.
     api = FakeApiServer()
