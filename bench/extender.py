@@ -13,17 +13,35 @@ import gc
 import json
 import time
 
-from tests.infra.apiserver import FakeApiServer
-from archway.config import config_from_dict
 from archway.extender.routes import Extender
+from archway.extender.traffic import TrafficSnapshot
 from archway.extender.wire import parse_extender_args
 
-from .cluster import (NODES, ManyNodesExporter, Prometheus, extender_pod, make_nodes, node_name,
-                      running_pods)
+from archway.config import config_from_dict
+from tests.infra.apiserver import FakeApiServer
+
+from .cluster import (
+    NODES,
+    ManyNodesExporter,
+    Prometheus,
+    extender_pod,
+    link_speed,
+    make_nodes,
+    node_name,
+    running_pods,
+    traffic_rate,
+)
 from .lab import Lab
 from .report import Figure, failed_figure
 from .servers import GunicornServer
-from .stats import bucket_difference, histogram_buckets, histogram_quantile, median, percentile, share_at_most
+from .stats import (
+    bucket_difference,
+    histogram_buckets,
+    histogram_quantile,
+    median,
+    percentile,
+    share_at_most,
+)
 
 PRIORITIZE_CALLS = 200
 PRIORITIZE_PODS = 50     # distinct pods among the calls: each one a placement herd control adds
@@ -203,15 +221,14 @@ class _Nodes:
 def _herd_cost_in_process(pod: dict, runs: int = 300) -> str:
     """What herd control adds to prioritize itself: Extender.prioritize on the same 5,000-node
     snapshot with herd control on (50 placed pods) and off, interleaved, in this process."""
-    from archway.extender.traffic import TrafficSnapshot
-    from .cluster import link_speed, traffic_rate
     names = [node_name(i) for i in range(NODES)]
     traffic = {node_name(i).split(".")[0]: traffic_rate(i) for i in range(NODES)}
     capacity = {node_name(i).split(".")[0]: 2 * link_speed(i) for i in range(NODES) if link_speed(i)}
     snapshot = TrafficSnapshot(traffic, time.monotonic(), 1, capacity, time.time() - 1)
 
     class Poller:
-        listeners: list = []
+        def __init__(self):
+            self.listeners: list = []
 
         def ensure_started(self):
             pass
