@@ -46,6 +46,11 @@ def number(default: float, *, minimum: float = 0.0, inclusive: bool = False) -> 
     return field(default=default, metadata={"minimum": minimum, "inclusive": inclusive})
 
 
+def matching(default: str, pattern: str, example: str) -> Any:
+    """A string field that must match `pattern` (re.fullmatch); `example` goes in the error."""
+    return field(default=default, metadata={"pattern": pattern, "example": example})
+
+
 def checked(default_factory: Callable[[], Any], check: Callable[[Any, str], Any]) -> Any:
     """A field whose YAML value `check(value, key)` validates and converts (maps, lists of maps)."""
     return field(default_factory=default_factory, metadata={"check": check})
@@ -145,17 +150,14 @@ class PrometheusSettings:
     url: str | None = None                # none: prioritize gives every node a neutral score
     query: str = DEFAULT_PROMETHEUS_QUERY
     capacity_query: str = DEFAULT_CAPACITY_QUERY  # "": score absolute traffic only
-    window: str = "2m"                    # the rate() window, `$window` in the queries
+    # The rate() window: `$window` in the queries.
+    window: str = matching("2m", r"([0-9]+(ms|s|m|h|d|w|y))+",
+                           "a Prometheus duration such as 2m or 90s")
     refresh_seconds: float = 15.0
     stale_after_seconds: float = 120.0
     timeout_seconds: float = 5.0
     node_label: str = "nodename"          # series label that names the node
     match: str = choice("name", "address")  # name: short/FQDN tolerant; address: IP:port vs node
-
-    def __post_init__(self):
-        if not re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", self.window):
-            raise ConfigError(f"prometheus.window must be a Prometheus duration such as 2m or "
-                              f"90s, got {self.window!r}")
 
 
 @dataclass(frozen=True)
@@ -280,6 +282,9 @@ def _coerce(kind: Any, f: dataclasses.Field, value: Any, key: str, origin: str) 
         raise ConfigError(f"{origin}: {key} must be a string, got {_shown(value)}")
     if choices and value not in choices:
         raise ConfigError(f"{origin}: {key} must be one of {', '.join(choices)}, got {value!r}")
+    pattern = f.metadata.get("pattern")
+    if pattern and not re.fullmatch(pattern, value):
+        raise ConfigError(f"{origin}: {key} must be {f.metadata['example']}, got {value!r}")
     return value
 
 

@@ -94,7 +94,7 @@ def test_window_must_be_a_prometheus_duration():
     from archway.config import config_from_dict
     from archway.errors import ConfigError
     assert config_from_dict({"prometheus": {"window": "1m30s"}}).prometheus.window == "1m30s"
-    with pytest.raises(ConfigError, match="prometheus.window"):
+    with pytest.raises(ConfigError, match="config: prometheus.window must be a Prometheus duration"):
         config_from_dict({"prometheus": {"window": "2 minutes"}})
 
 
