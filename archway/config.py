@@ -8,6 +8,7 @@ are refused with the file, section and key named; values must have the default's
 """
 import dataclasses
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -16,10 +17,21 @@ import yaml
 
 from archway.errors import ConfigError
 
+# The devices whose traffic counts: physical and bond interfaces, not loopback, pod veths and
+# CNI bridges (their bytes also cross a real interface, or never leave the node).
+NODE_DEVICES = 'device!~"lo|veth.*|cali.*|flannel.*|cni.*|docker.*"'
+# `$window` is replaced by prometheus.window.
 DEFAULT_PROMETHEUS_QUERY = (
     'sum by (nodename) ('
-    '(rate(node_network_receive_bytes_total{device!~"lo|veth.*|cali.*|flannel.*|cni.*|docker.*"}[2m])'
-    ' + rate(node_network_transmit_bytes_total{device!~"lo|veth.*|cali.*|flannel.*|cni.*|docker.*"}[2m]))'
+    f'(rate(node_network_receive_bytes_total{{{NODE_DEVICES}}}[$window])'
+    f' + rate(node_network_transmit_bytes_total{{{NODE_DEVICES}}}[$window]))'
+    ' * on(instance) group_left(nodename) node_uname_info)'
+)
+# What the traffic query's figure could reach: receive + transmit, so twice the link speed of a
+# full-duplex interface, over the same devices.
+DEFAULT_CAPACITY_QUERY = (
+    'sum by (nodename) ('
+    f'2 * node_network_speed_bytes{{{NODE_DEVICES}}}'
     ' * on(instance) group_left(nodename) node_uname_info)'
 )
 
@@ -32,6 +44,11 @@ def choice(default: str, *choices: str) -> Any:
 def number(default: float, *, minimum: float = 0.0, inclusive: bool = False) -> Any:
     """A number field; by default it must be positive (> 0)."""
     return field(default=default, metadata={"minimum": minimum, "inclusive": inclusive})
+
+
+def matching(default: str, pattern: str, example: str) -> Any:
+    """A string field that must match `pattern` (re.fullmatch); `example` goes in the error."""
+    return field(default=default, metadata={"pattern": pattern, "example": example})
 
 
 def checked(default_factory: Callable[[], Any], check: Callable[[Any, str], Any]) -> Any:
@@ -200,6 +217,10 @@ class KubernetesSettings:
 class PrometheusSettings:
     url: str | None = None                # none: prioritize gives every node a neutral score
     query: str = DEFAULT_PROMETHEUS_QUERY
+    capacity_query: str = DEFAULT_CAPACITY_QUERY  # "": score absolute traffic only
+    # The rate() window: `$window` in the queries.
+    window: str = matching("2m", r"([0-9]+(ms|s|m|h|d|w|y))+",
+                           "a Prometheus duration such as 2m or 90s")
     refresh_seconds: float = 15.0
     stale_after_seconds: float = 120.0
     timeout_seconds: float = 5.0
@@ -211,6 +232,8 @@ class PrometheusSettings:
 class ExtenderSettings:
     deadline_seconds: float = 2.0         # well below kube-scheduler's 5 s httpTimeout
     node_cache: bool = True               # list+watch nodes for NodeNames (nodeCacheCapable) mode
+    herd_control: bool = True             # count pods placed since the last traffic sample
+    default_pod_bytes_per_second: float = number(1_000_000.0)  # a placed pod's traffic, unknown
 
 
 @dataclass(frozen=True)
@@ -327,6 +350,9 @@ def _coerce(kind: Any, f: dataclasses.Field, value: Any, key: str, origin: str) 
         raise ConfigError(f"{origin}: {key} must be a string, got {_shown(value)}")
     if choices and value not in choices:
         raise ConfigError(f"{origin}: {key} must be one of {', '.join(choices)}, got {value!r}")
+    pattern = f.metadata.get("pattern")
+    if pattern and not re.fullmatch(pattern, value):
+        raise ConfigError(f"{origin}: {key} must be {f.metadata['example']}, got {value!r}")
     return value
 
 

@@ -95,12 +95,21 @@ EXTENDER_DURATION = Histogram("archway_extender_duration_seconds",
                               buckets=LATENCY_BUCKETS)
 PROMETHEUS_UP = Gauge("archway_prometheus_up", "1 when the last Prometheus traffic query succeeded",
                       multiprocess_mode="livemostrecent")
-PROMETHEUS_SERIES = Gauge("archway_prometheus_series", "Series the last traffic query returned",
+PROMETHEUS_SERIES = Gauge("archway_prometheus_series",
+                          "Series (traffic and capacity) the last Prometheus query returned",
                           multiprocess_mode="livemostrecent")
 PROMETHEUS_LAST_SUCCESS = Gauge(
     "archway_prometheus_last_success_timestamp_seconds",
     "Unix time of the last successful traffic query (data older than "
     "prometheus.stale_after_seconds is not used)", multiprocess_mode="max")
+PROMETHEUS_SNAPSHOT = Gauge(
+    "archway_prometheus_snapshot_timestamp_seconds",
+    "Unix time of the traffic sample each serving process scores with, by pid under gunicorn "
+    "(its freshness: now minus this)", multiprocess_mode="liveall")
+PROMETHEUS_POLLER = Gauge(
+    "archway_prometheus_poller",
+    "1 in the one process of a server that queries Prometheus (the others read its snapshot)",
+    multiprocess_mode="liveall")
 PROMETHEUS_QUERY_ERRORS = Counter("archway_prometheus_query_errors_total",
                                   "Prometheus traffic queries that failed")
 

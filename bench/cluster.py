@@ -74,6 +74,19 @@ def extender_pod(architectures: str = "amd64") -> dict:
     return pod
 
 
+def link_speed(i: int) -> float | None:
+    """node_network_speed_bytes of node i's eth0: 100 Mb/s, 1 Gb/s, 10 Gb/s, 25 Gb/s, or none
+    (every fifth node: scored by its traffic rank)."""
+    return (12.5e6, 125e6, 1.25e9, 3.125e9, None)[i % 5]
+
+
+def running_pods(count: int = NODES) -> list[dict]:
+    """One running pod per node, as the pod watch lists them (only what it reads)."""
+    return [{"metadata": {"name": f"app-{i}", "namespace": "bench", "uid": f"pod-uid-{i:08d}"},
+             "spec": {"nodeName": node_name(i), "containers": [{"name": "app", "image": "app:1"}]},
+             "status": {"phase": "Running"}} for i in range(count)]
+
+
 def traffic_rate(i: int) -> float:
     """Bytes/s of node i: spread over four orders of magnitude, so scores use 0..10."""
     return 1e3 * 10 ** ((i * 7919 % NODES) / NODES * 4)
@@ -92,6 +105,9 @@ class ManyNodesExporter(ExpositionServer):
         self.prefixes = [(f'node_network_receive_bytes_total{{instance="{node_address(i)}:9100",device="eth0"}} ',
                           f'node_network_transmit_bytes_total{{instance="{node_address(i)}:9100",device="eth0"}} ')
                          for i in range(count)]
+        self.speeds = "".join(
+            f'node_network_speed_bytes{{instance="{node_address(i)}:9100",device="eth0"}} {speed:.0f}\n'
+            for i, speed in ((i, link_speed(i)) for i in range(count)) if speed is not None)
         self._serve()
 
     def exposition(self) -> bytes:
@@ -101,6 +117,7 @@ class ManyNodesExporter(ExpositionServer):
         lines += [f"{rx}{rate * elapsed:.1f}\n" for (rx, _), rate in zip(self.prefixes, self.rates)]
         lines.append("# TYPE node_network_transmit_bytes_total counter\n")
         lines += [f"{tx}{rate * elapsed:.1f}\n" for (_, tx), rate in zip(self.prefixes, self.rates)]
+        lines += ["# TYPE node_network_speed_bytes gauge\n", self.speeds]
         self.scrapes += 1
         return "".join(lines).encode()
 

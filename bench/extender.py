@@ -8,22 +8,43 @@
    (parse_extender_args + Extender.filter, reply bytes included) against plain json.loads of the
    same body, interleaved, median of several runs; the real server's time is given as context.
 """
+import copy
 import gc
 import json
 import time
 
-from tests.infra.apiserver import FakeApiServer
-from archway.config import config_from_dict
 from archway.extender.routes import Extender
+from archway.extender.traffic import TrafficSnapshot
 from archway.extender.wire import parse_extender_args
 
-from .cluster import NODES, ManyNodesExporter, Prometheus, extender_pod, make_nodes, node_name
+from archway.config import config_from_dict
+from tests.infra.apiserver import FakeApiServer
+
+from .cluster import (
+    NODES,
+    ManyNodesExporter,
+    Prometheus,
+    extender_pod,
+    link_speed,
+    make_nodes,
+    node_name,
+    running_pods,
+    traffic_rate,
+)
 from .lab import Lab
 from .report import Figure, failed_figure
 from .servers import GunicornServer
-from .stats import bucket_difference, histogram_buckets, histogram_quantile, median, percentile, share_at_most
+from .stats import (
+    bucket_difference,
+    histogram_buckets,
+    histogram_quantile,
+    median,
+    percentile,
+    share_at_most,
+)
 
 PRIORITIZE_CALLS = 200
+PRIORITIZE_PODS = 50     # distinct pods among the calls: each one a placement herd control adds
 PRIORITIZE_TARGET_MS = 10.0
 FILTER_RUNS = 5
 FILTER_TARGET = 1.5
@@ -31,7 +52,7 @@ HISTOGRAM = "archway_extender_duration_seconds"
 
 
 def run(lab: Lab) -> list[Figure]:
-    specs = (("7", f"extender prioritize, {NODES:,} nodes, NodeNames mode, cached traffic",
+    specs = (("7", f"extender prioritize, {NODES:,} nodes, NodeNames mode, herd control on",
               f"< {PRIORITIZE_TARGET_MS:g} ms"),
              ("8", f"extender filter, {NODES:,} full Node objects, vs plain json.loads",
               f"<= {FILTER_TARGET}x"))
@@ -52,6 +73,8 @@ def run(lab: Lab) -> list[Figure]:
         api = FakeApiServer()
         for node in nodes:
             api.put(f"/api/v1/nodes/{node['metadata']['name']}", node)
+        for pod in running_pods():
+            api.put(f"/api/v1/namespaces/bench/pods/{pod['metadata']['name']}", pod)
         del nodes
         config = lab.archway_config(
             "extender",
@@ -60,6 +83,7 @@ def run(lab: Lab) -> list[Figure]:
             prometheus={"url": prometheus.url})
         server = GunicornServer.archway(lab.path("extender"), config, tls_ca=None, name="extender")
         figures["7"] = _prioritize(server, prometheus, pod, *specs[0])
+        figures["7"].notes.append(_herd_cost_in_process(pod))
         _filter_on_server(server, body, figures["8"])
     except Exception as e:
         for number, name, target in specs:
@@ -135,13 +159,22 @@ def _prioritize(server: GunicornServer, prometheus: Prometheus, pod: dict, numbe
     names = [node_name(i) for i in range(NODES)]
     body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names},
                       separators=(",", ":")).encode()
+    # Distinct pods (uids), every other one with an expected-bandwidth annotation: each call
+    # records a placement and later calls add the placed pods' traffic to their nodes.
+    uid = pod["metadata"]["uid"].encode()
+    bodies = []
+    for k in range(PRIORITIZE_PODS):
+        one = body.replace(uid, f"bench-pod-{k:04d}".encode())
+        if k % 2:
+            one = one.replace(b'"annotations":{', b'"annotations":{"archway.dev/expected-bandwidth":"5M",', 1)
+        bodies.append(one)
     prometheus.wait_for("node_uname_info", NODES)
     scores = _wait_for_scores(server, body)
     before = histogram_buckets(server.metrics(), HISTOGRAM, verb="prioritize")
     client = []
-    for _ in range(PRIORITIZE_CALLS):
+    for call in range(PRIORITIZE_CALLS):
         started = time.perf_counter()
-        answer = server.post("/scheduler/prioritize", body)
+        answer = server.post("/scheduler/prioritize", bodies[call % PRIORITIZE_PODS])
         client.append((time.perf_counter() - started) * 1000)
         answer.raise_for_status()
     buckets = bucket_difference(histogram_buckets(server.metrics(), HISTOGRAM, verb="prioritize"),
@@ -164,10 +197,69 @@ def _prioritize(server: GunicornServer, prometheus: Prometheus, pod: dict, numbe
         f"reply over keep-alive HTTP) p50 {percentile(client, 50):.1f} / p99 "
         f"{percentile(client, 99):.1f} ms",
         f"node cache listed from the API server stand-in ({NODES:,} full Nodes) and watching; "
-        f"traffic from a real Prometheus scraping {NODES:,} nodes' node_exporter series, default "
-        f"archway query, nodename short names matched to FQDN node names; scores seen "
-        f"{spread[0]}..{spread[-1]}",
+        f"traffic and link speeds (100 Mb/s..25 Gb/s, every fifth node none) from a real "
+        f"Prometheus scraping {NODES:,} nodes' node_exporter series, default archway queries, "
+        f"nodename short names matched to FQDN node names; scores seen {spread[0]}..{spread[-1]}",
+        f"herd control on: the pod watch lists {NODES:,} running pods (one per node) and watches; "
+        f"the calls cycle through {PRIORITIZE_PODS} distinct pods (half annotated "
+        f"archway.dev/expected-bandwidth: 5M), so every call after the first round adds the "
+        f"estimated traffic of up to {PRIORITIZE_PODS - 1} placed pods to their nodes",
     ])
+
+
+class _Nodes:
+    """The node cache as prioritize reads it, already synced (bench only)."""
+
+    def __init__(self, names):
+        from archway.extender.nodes import NodeFacts
+        self.nodes = {n: NodeFacts(n, "amd64", ()) for n in names}
+
+    def ensure_started(self):
+        pass
+
+
+def _herd_cost_in_process(pod: dict, runs: int = 300) -> str:
+    """What herd control adds to prioritize itself: Extender.prioritize on the same 5,000-node
+    snapshot with herd control on (50 placed pods) and off, interleaved, in this process."""
+    names = [node_name(i) for i in range(NODES)]
+    traffic = {node_name(i).split(".")[0]: traffic_rate(i) for i in range(NODES)}
+    capacity = {node_name(i).split(".")[0]: 2 * link_speed(i) for i in range(NODES) if link_speed(i)}
+    snapshot = TrafficSnapshot(traffic, time.monotonic(), 1, capacity, time.time() - 1)
+
+    class Poller:
+        def __init__(self):
+            self.listeners: list = []
+
+        def ensure_started(self):
+            pass
+
+        def fresh_snapshot(self):
+            return snapshot
+
+    extenders = {}
+    for herd in (True, False):
+        config = config_from_dict({"kubernetes": {"enabled": "off"},
+                                   "extender": {"herd_control": herd}})
+        extenders[herd] = Extender(config, None, node_cache=_Nodes(names), traffic=Poller())
+    bodies = []
+    for k in range(PRIORITIZE_PODS):
+        one = copy.deepcopy(pod)
+        one["metadata"]["uid"] = f"in-process-{k}"
+        bodies.append(parse_extender_args(json.dumps({"Pod": one, "NodeNames": names}).encode()))
+    times: dict = {True: [], False: []}
+    for call in range(runs):
+        for herd in (True, False):
+            args = bodies[call % PRIORITIZE_PODS]
+            started = time.perf_counter()
+            extenders[herd].prioritize(args)
+            times[herd].append(time.perf_counter() - started)
+    on, off = median(times[True]) * 1000, median(times[False]) * 1000
+    return (f"in this process, Extender.prioritize alone (body already parsed) on the same "
+            f"{NODES:,}-node snapshot, {runs} interleaved calls each: herd control on "
+            f"({PRIORITIZE_PODS} pods placed since the sample) median {on:.2f} ms, p99 "
+            f"{percentile([t * 1000 for t in times[True]], 99):.2f} ms; off median {off:.2f} ms, "
+            f"p99 {percentile([t * 1000 for t in times[False]], 99):.2f} ms (medians "
+            f"{on / off:.2f}x)")
 
 
 def _wait_for_scores(server: GunicornServer, body: bytes, timeout: float = 90.0) -> list[int]:

@@ -8,19 +8,35 @@ that is why unknown things pass instead of blocking.
 """
 import json
 import logging
+import os
 import time
 
+from archway.extender.herd import Herd, PodWatch, added_traffic, pod_bandwidth, pod_key
+from archway.extender.nodes import NodeCache, node_addresses, node_arch
+from archway.extender.traffic import (
+    NEUTRAL_SCORE,
+    TrafficPoller,
+    TrafficScale,
+    load_score,
+    node_loads,
+)
+from archway.extender.wire import (
+    MalformedExtenderArgs,
+    filter_result_json,
+    host_priority_entry,
+    host_priority_list_json,
+    parse_extender_args,
+)
+from archway.registry.platforms import normalize
+from archway.webhook.placement import (
+    ANNOTATION_ARCHITECTURES,
+    common_architectures,
+    told_architectures,
+)
 from flask import Flask, Response, request
 
-from archway.registry.platforms import normalize
 from archway import metrics
-from archway.extender.wire import (MalformedExtenderArgs, filter_result_json, host_priority_entry,
-                                  host_priority_list_json, parse_extender_args)
-from archway.extender.nodes import NodeCache, node_addresses, node_arch
 from archway.podview import PodShapeError, PodView
-from archway.webhook.placement import (ANNOTATION_ARCHITECTURES, common_architectures,
-                                      told_architectures)
-from archway.extender.traffic import NEUTRAL_SCORE, TrafficPoller, node_scores
 
 log = logging.getLogger("archway.extender")
 
@@ -97,6 +113,35 @@ def filter_by_arch(pod_archs: frozenset[str] | None, node_archs, names, *,
 _NO_NODES: dict = {}
 
 
+class ScoreBook:
+    """One snapshot's scores for a set of nodes, with their serialized HostPriority entries, so
+    a 5,000-node prioritize is dictionary lookups and one join."""
+
+    def __init__(self, snapshot, names, addresses, match: str):
+        self.scale = TrafficScale.of(snapshot.traffic.values())
+        self.loads = node_loads(snapshot.traffic, snapshot.capacity, names, match=match,
+                                node_addresses=addresses)
+        loads, scale = self.loads, self.scale
+        self.scores = {n: load_score(loads[n], scale) if n in loads else NEUTRAL_SCORE
+                       for n in names}
+        self.entries = {n: host_priority_entry(n, score) for n, score in self.scores.items()}
+
+    def adjusted(self, placements, running, default: float) -> dict[str, tuple[int, str]]:
+        """node -> (score, entry) for the nodes of this book that pods were placed on since the
+        sample, their estimated traffic added."""
+        loads = self.loads
+        mine = [p for p in placements if p.node in loads]
+        if not mine:
+            return {}
+        traffic = {p.node: loads[p.node].traffic for p in mine}
+        added = added_traffic(mine, traffic, running, default)
+        result = {}
+        for node, extra in added.items():
+            score = load_score(loads[node], self.scale, extra)
+            result[node] = (score, host_priority_entry(node, score))
+        return result
+
+
 # --- the service --------------------------------------------------------------------------------
 
 class Extender:
@@ -110,10 +155,15 @@ class Extender:
         if node_cache is None and config.extender.node_cache:
             node_cache = NodeCache(lambda: _cluster_client(config.kubernetes))
         self.node_cache = node_cache
-        self.traffic = traffic or TrafficPoller(config.prometheus)
-        # (key, serialized HostPriority per node name), each replaced as a whole.
-        self._book: tuple = (None, {})
-        self._uncached: tuple = (None, {})
+        self.traffic = traffic or TrafficPoller(config.prometheus, shared_dir=_shared_dir())
+        self.herd = Herd() if config.extender.herd_control else None
+        self.pod_watch = PodWatch(lambda: _cluster_client(config.kubernetes), self.herd) \
+            if self.herd is not None and config.kubernetes.enabled != "off" else None
+        # (key, ScoreBook), each replaced as a whole.
+        self._book: tuple = (None, None)
+        self._uncached: tuple = (None, None)
+        # The cached nodes' book is built when a snapshot arrives, off the request path.
+        self.traffic.listeners.append(self._score_book)
         self._no_cache_logged = False
 
     @property
@@ -186,38 +236,56 @@ class Extender:
     def prioritize(self, args) -> bytes:
         names = args.names
         self.traffic.ensure_started()
+        if self.pod_watch is not None:
+            self.pod_watch.ensure_started()
         snapshot = self.traffic.fresh_snapshot()
         if snapshot is None:
             return host_priority_list_json([host_priority_entry(n, NEUTRAL_SCORE) for n in names])
+        match = self.config.prometheus.match
         if args.nodes is not None:  # full mode: the request's own addresses are the freshest
             addresses = {node["metadata"]["name"]: node_addresses(node) for node in args.nodes}
-            return host_priority_list_json(self._entries(snapshot, names, addresses))
-        book = self._score_book(snapshot)
-        entries = [book.get(n) for n in names]
-        missing = [n for n, e in zip(names, entries) if e is None]
-        if missing:  # names the node cache does not know (or no cache): work them out now
-            extra = self._uncached_entries(snapshot, missing)
-            entries = [e if e is not None else extra[n] for n, e in zip(names, entries)]
-        return host_priority_list_json(entries)
+            books = [ScoreBook(snapshot, names, addresses, match)]
+        else:
+            books = [self._score_book(snapshot)]
+            entries = books[0].entries
+            missing = [n for n in names if n not in entries]
+            if missing:  # names the node cache does not know (or no cache): work them out now
+                books.append(self._uncached_book(snapshot, missing))
+        entries, scores = books[0].entries, books[0].scores
+        if len(books) > 1:
+            entries, scores = {**entries, **books[1].entries}, {**scores, **books[1].scores}
+        herd = self.herd
+        if herd is None:
+            return host_priority_list_json([entries[n] for n in names])
+        key = pod_key(args.pod) if isinstance(args.pod, dict) else None
+        placements = herd.since(snapshot.sampled_at, exclude=key)
+        adjusted: dict[str, tuple[int, str]] = {}
+        for book in books:
+            adjusted.update(book.adjusted(placements, herd.running,
+                                          self.config.extender.default_pod_bytes_per_second))
+        if adjusted:  # copies at C speed beat a Python test per name
+            entries = {**entries, **{n: entry for n, (_, entry) in adjusted.items()}}
+            scores = {**scores, **{n: score for n, (score, _) in adjusted.items()}}
+        answer = host_priority_list_json([entries[n] for n in names])
+        if key is not None and names:
+            # Herd control's estimate until the pod watch sees the bind (or without a
+            # cluster): the pod goes to the node scored highest, the first of them on a tie.
+            herd.guess(key, max(names, key=scores.__getitem__), pod_bandwidth(args.pod))
+        return answer
 
-    def _uncached_entries(self, snapshot, names) -> dict[str, str]:
+    def _uncached_book(self, snapshot, names) -> ScoreBook:
         # Without a node cache the scheduler tends to send the same candidate list pod after
-        # pod: remember the last answer until the traffic changes.
+        # pod: remember the last book until the traffic changes.
         key = (snapshot.version, tuple(names))
-        last_key, entries = self._uncached   # one tuple: request threads swap it atomically
+        last_key, book = self._uncached   # one tuple: request threads swap it atomically
         if key != last_key:
-            entries = dict(zip(names, self._entries(snapshot, names, {})))
-            self._uncached = (key, entries)
-        return entries
+            book = ScoreBook(snapshot, names, {}, self.config.prometheus.match)
+            self._uncached = (key, book)
+        return book
 
-    def _entries(self, snapshot, names, addresses) -> list[str]:
-        scores = node_scores(snapshot.traffic, names, match=self.config.prometheus.match,
-                             node_addresses=addresses)
-        return [host_priority_entry(n, score) for n, score in zip(names, scores)]
-
-    def _score_book(self, snapshot) -> dict[str, str]:
-        """Serialized HostPriority per cached node, rebuilt only when the traffic answer or the
-        node set changes, so a 5,000-node prioritize is dictionary lookups and one join."""
+    def _score_book(self, snapshot) -> ScoreBook:
+        """The book of every cached node, rebuilt only when the traffic answer or the node set
+        changes."""
         cache = self.node_cache
         if cache is not None:
             cache.ensure_started()
@@ -225,15 +293,23 @@ class Extender:
         last_key, book = self._book
         # The cache replaces its dict on every change, so identity tells whether it changed.
         if last_key is None or last_key[0] != snapshot.version or last_key[1] is not nodes:
-            names = list(nodes)
             addresses = {name: fact.addresses for name, fact in nodes.items()}
-            book = dict(zip(names, self._entries(snapshot, names, addresses)))
+            book = ScoreBook(snapshot, list(nodes), addresses, self.config.prometheus.match)
             self._book = ((snapshot.version, nodes), book)
         return book
 
 
+def _shared_dir() -> str | None:
+    """Where the workers of one `archway serve` share the traffic snapshot: inside the per-run
+    directory serve.py makes for their metrics (PROMETHEUS_MULTIPROC_DIR). None outside it."""
+    directory = metrics.multiprocess_dir()
+    return os.path.join(directory, "traffic") if directory else None
+
+
 def _cluster_client(kubernetes_settings):
-    from archway.webhook.pullsecrets import build_api_client  # the same client choice as pull secrets
+    from archway.webhook.pullsecrets import (
+        build_api_client,  # the same client choice as pull secrets
+    )
     return build_api_client(kubernetes_settings)[0]
 
 

@@ -57,6 +57,8 @@ CASES = {
                                   '"effect": "NoSchedule"}]}'],
     "no-renewal-custom-config": ["--set", "tls.bootstrap.renewal.enabled=false",
                                  "--set", "config.prometheus.url=http://prometheus.monitoring:9090",
+                                 "--set", "config.prometheus.window=90s",
+                                 "--set", "config.extender.herd_control=false",
                                  "--set", "config.registry.insecure_hosts={registry.lab:5000}",
                                  "--set", "webhook.excludeNamespaces={kube-system,monitoring}",
                                  "--set", "scheduler.enabled=true"],
@@ -218,6 +220,8 @@ def test_alert_expressions_pass_promtool(render, tmp_path):
     (["--set-string", "config.admission.deadline_seconds=3"], "deadline_seconds"),
     (["--set", "config.server.bind=0.0.0.0:1"], "server"),
     (["--set", "config.prometheus.match=fuzzy"], "match"),
+    (["--set", "config.prometheus.window=2 minutes"], "window"),
+    (["--set", "config.extender.default_pod_bytes_per_second=0"], "default_pod_bytes_per_second"),
     (["--set", "scheduler.extender.httpTimeout=2 seconds"], "httpTimeout"),
     (["--set", "replicas=3"], "replicas"),
     (["--set", "credentialProviders.providers[0].name=ecr", "--set",
@@ -332,6 +336,7 @@ def test_archway_config_loads_and_passes_values_through(render):
         assert config.registry.insecure_hosts == ("registry.lab:5000",)
         assert set(config.admission.exclude_namespaces) == {"kube-system", "monitoring", NS}
     assert extender.server.tls is False and extender.server.bind == "127.0.0.1:8444"
+    assert extender.prometheus.window == "90s" and extender.extender.herd_control is False
     assert webhook.placement.scheduler_name is None          # default: never a Pending pod
 
 

@@ -127,7 +127,7 @@ def test_nodenames_prioritize_with_a_node_cache_gives_the_pure_functions_scores(
             assert scores == dict(zip(NODE_NAMES, node_scores(snapshot.traffic, NODE_NAMES)))
             # The cached nodes were answered from the precomputed book, the unknown one per call.
             (version, nodes), book = extender._book
-            assert version == snapshot.version and set(book) == set(NODE_NAMES[:3])
+            assert version == snapshot.version and set(book.entries) == set(NODE_NAMES[:3])
     finally:
         apiserver.stop()
 

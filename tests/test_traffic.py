@@ -190,7 +190,9 @@ def test_poller_keeps_the_last_answer_until_stale_then_none(caplog):
                            http=http, clock=clock)
     poller.refresh_once()
     assert poller.fresh_snapshot().traffic == {"a": 42.0}
-    assert "query=sum+by+%28nodename%29" in http.urls[0] and "timeout=5s" in http.urls[0]
+    # One query asks for traffic and capacity, the rate window substituted.
+    assert "query=label_replace%28%28sum+by+%28nodename%29" in http.urls[0] and "timeout=5s" in http.urls[0]
+    assert "%5B2m%5D" in http.urls[0] and "window" not in http.urls[0]
     caplog.clear()
     clock.now += 30
     poller.refresh_once()

@@ -1,11 +1,12 @@
 """A stand-in for kube-apiserver: no real one can be installed here.
 
 It speaks the exact JSON of the few REST calls archway makes (GET of ServiceAccounts, Secrets,
-Nodes, Namespaces and Pods, list + watch of Nodes and Namespaces, lists of workloads and Events
-in one namespace or across all of them with field selectors and limit/continue paging, create of
-Events, create/replace/patch of a Secret and a MutatingWebhookConfiguration) over plain HTTP,
-backed by an in-memory object store keyed by URL path. It is deliberately narrow: anything
-archway does not call answers 404 like the real server does for an unknown object.
+Nodes, Namespaces and Pods, list + watch of Nodes, Namespaces and Pods, lists of workloads and
+Events in one namespace or across all of them with field selectors and limit/continue paging,
+create of Events, create/replace/patch of a Secret and a MutatingWebhookConfiguration) and the
+scheduler's pod create and bind (pods/binding) over plain HTTP, backed by an in-memory object
+store keyed by URL path. It is deliberately narrow: anything archway does not call answers 404
+like the real server does for an unknown object.
 """
 import base64
 import copy
@@ -25,6 +26,17 @@ from .procs import free_port
 def _status(code: int, reason: str, message: str) -> dict:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code}
+
+
+def _in_collection(collection: str, path: str) -> bool:
+    """Whether objects of `collection` are listed at `path`: their own collection, or the
+    all-namespaces path of their resource (/api/v1/pods lists /api/v1/namespaces/*/pods)."""
+    if collection == path:
+        return True
+    parts, wanted = collection.split("/"), path.split("/")
+    # /api/v1/namespaces/NS/pods vs /api/v1/pods (also /apis/GROUP/VERSION/...)
+    return (len(parts) == len(wanted) + 2 and parts[-3] == "namespaces"
+            and parts[:-3] + parts[-1:] == wanted)
 
 
 def _merge(target, patch, strategic: bool):
@@ -63,7 +75,6 @@ _EVENT_FIELDS = {"involvedObject.kind", "involvedObject.namespace", "involvedObj
                  "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.fieldPath",
                  "involvedObject.resourceVersion", "reason", "reportingComponent", "source",
                  "type"}
-_API_PREFIX = re.compile(r"^(/api/v1|/apis/[^/]+/[^/]+)/([a-z]+)$")
 
 
 def _field(obj: dict, dotted: str) -> str:
@@ -253,43 +264,44 @@ class FakeApiServer:
                     if path in server.objects:
                         return self._reply(200, server.objects[path])
                     plural = path.rsplit("/", 1)[1]
-                    items = [o for p, o in sorted(server.objects.items())
-                             if p.rsplit("/", 1)[0] == path]
-                    across = _API_PREFIX.match(path)
-                    if across and across.group(2) != "namespaces":
-                        # every namespace: /apis/apps/v1/deployments holds
-                        # /apis/apps/v1/namespaces/*/deployments/*
-                        prefix = across.group(1) + "/namespaces/"
-                        items += [o for p, o in sorted(server.objects.items())
-                                  if p.startswith(prefix) and p.count("/") == path.count("/") + 3
-                                  and p.rsplit("/", 2)[1] == plural]
-                    if not (items or plural in _LISTS or any(
-                            c == path for _, c, _, _ in server._events)):
+                    # Its own collection, or every namespace's: /apis/apps/v1/deployments lists
+                    # /apis/apps/v1/namespaces/*/deployments/*.
+                    keyed = sorted((p, o) for p, o in server.objects.items()
+                                   if _in_collection(p.rsplit("/", 1)[0], path))
+                    if not (keyed or plural in _LISTS or any(
+                            _in_collection(c, path) for _, c, _, _ in server._events)):
                         return self._not_found(path)
                     try:
                         keep = _field_selector(query.get("fieldSelector", [""])[0], plural)
                     except ValueError as e:
                         return self._reply(400, _status(400, "BadRequest", str(e)))
-                    items = [o for o in items if keep(o)]
-                    metadata = {"resourceVersion": str(server._rv)}
+                    keyed = [(p, o) for p, o in keyed if keep(o)]
+                    meta = {"resourceVersion": str(server._rv)}
                     limit = int(query.get("limit", ["0"])[0] or 0)
-                    start = 0
-                    if query.get("continue"):
-                        try:
-                            start = int(base64.urlsafe_b64decode(query["continue"][0]))
-                        except ValueError:
-                            return self._reply(400, _status(400, "BadRequest",
-                                                            "continue key is not valid"))
-                    items = items[start:]
-                    if limit and len(items) > limit:
-                        metadata["continue"] = base64.urlsafe_b64encode(
-                            str(start + limit).encode()).decode()
-                        metadata["remainingItemCount"] = len(items) - limit
-                        items = items[:limit]
+                    if limit > 0 or "continue" in query:
+                        # Pages in key order; the token says where the next one starts and
+                        # at which resourceVersion the list began (as the real server's does).
+                        start, rv = "", server._rv
+                        if "continue" in query:
+                            try:
+                                token = json.loads(base64.b64decode(query["continue"][0]))
+                                start, rv = token["start"], int(token["rv"])
+                            except (ValueError, KeyError, TypeError):
+                                return self._reply(400, _status(
+                                    400, "BadRequest", "continue key is not valid"))
+                            if rv < server._oldest_rv:
+                                return self._reply(410, _status(
+                                    410, "Expired", "The provided continue parameter is too old"))
+                        rest = [(p, o) for p, o in keyed if p > start]
+                        keyed = rest[:limit] if limit > 0 else rest
+                        meta["resourceVersion"] = str(rv)
+                        if len(rest) > len(keyed):
+                            meta["continue"] = base64.b64encode(json.dumps(
+                                {"v": "meta.k8s.io/v1", "rv": rv, "start": keyed[-1][0]}).encode()).decode()
+                            meta["remainingItemCount"] = len(rest) - len(keyed)
                     kind, api_version = _LISTS.get(plural, (plural.capitalize() + "List", "v1"))
-                    return self._reply(200, {
-                        "kind": kind, "apiVersion": api_version, "metadata": metadata,
-                        "items": items})
+                    return self._reply(200, {"kind": kind, "apiVersion": api_version,
+                                             "metadata": meta, "items": [o for _, o in keyed]})
 
             def _watch(self, path, query):
                 since = int(query.get("resourceVersion", ["0"])[0] or 0)
@@ -306,7 +318,8 @@ class FakeApiServer:
                         return self._chunk(None)
                     while True:
                         with server._lock:
-                            pending = [e for e in server._events if e[0] > since and e[1] == path]
+                            pending = [e for e in server._events
+                                       if e[0] > since and _in_collection(e[1], path)]
                             if not pending:
                                 remaining = end - time.monotonic()
                                 if remaining <= 0 or server._stopping:
@@ -327,6 +340,11 @@ class FakeApiServer:
 
             def _post(self, path, query):
                 obj = self._body()
+                if path.endswith("/binding") and "/pods/" in path:
+                    return self._bind(path.rsplit("/", 1)[0], obj)
+                if path.endswith("/pods") and isinstance(obj, dict):
+                    # The real server starts every pod Pending (PrepareForCreate).
+                    obj = {**obj, "status": {"phase": "Pending"}}
                 namespace = re.match(r".*/namespaces/([^/]+)/[a-z]+$", path)
                 if namespace:
                     meta = obj.setdefault("metadata", {})
@@ -341,6 +359,40 @@ class FakeApiServer:
                         return self._reply(409, _status(409, "AlreadyExists",
                                                         f'{path.rsplit("/", 1)[1]} "{name}" already exists'))
                     self._reply(201, server._store(target, obj, "ADDED"))
+
+            def _bind(self, pod_path, binding):
+                """POST pods/NAME/binding as the real BindingREST answers it: 201 Status, the pod
+                gets spec.nodeName and a PodScheduled condition (a MODIFIED watch event)."""
+                pod_name = pod_path.rsplit("/", 1)[1]
+                if not isinstance(binding, dict) or binding.get("kind", "Binding") != "Binding":
+                    return self._reply(400, _status(400, "BadRequest", "the body is not a Binding"))
+                if (binding.get("metadata") or {}).get("name") != pod_name:
+                    return self._reply(400, _status(400, "BadRequest",
+                                                    "name in URL does not match name in Binding object"))
+                target = binding.get("target") or {}
+                if target.get("kind", "") not in ("", "Node") or not target.get("name"):
+                    field = "target.kind" if target.get("kind", "") not in ("", "Node") else "target.name"
+                    return self._reply(422, _status(422, "Invalid", f'Binding.core "{pod_name}" is '
+                                                    f'invalid: {field}: Invalid value'))
+                with server._lock:
+                    pod = server.objects.get(pod_path)
+                    if pod is None:
+                        return self._not_found(pod_path)
+                    node = (pod.get("spec") or {}).get("nodeName")
+                    if node or pod["metadata"].get("deletionTimestamp"):
+                        return self._reply(409, _status(
+                            409, "Conflict", f'Operation cannot be fulfilled on pods "{pod_name}": '
+                            f'pod {pod_name} is already assigned to node "{node}"'))
+                    pod = copy.deepcopy(pod)
+                    pod.setdefault("spec", {})["nodeName"] = target["name"]
+                    status = pod.setdefault("status", {})
+                    status["conditions"] = [c for c in status.get("conditions") or []
+                                            if c.get("type") != "PodScheduled"] + [{
+                        "type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                        "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]
+                    server._store(pod_path, pod, "MODIFIED")
+                self._reply(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                  "status": "Success", "code": 201})
 
             def _put(self, path, query):
                 obj = self._body()

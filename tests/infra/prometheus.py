@@ -10,8 +10,9 @@ node_exporter for this machine.
 Each fake node is its own tiny HTTP server (its own `instance`, as a real node's exporter would
 be), serving node_exporter's metric names in the text exposition format. Its byte counters are
 advanced by rate x elapsed time whenever they are read, so Prometheus' rate() sees exactly the
-rate the test set. Every fake node also reports busy `lo` and `veth` devices that the default
-query must leave out. Scrapes are every second; Prometheus needs ~6 s for its first scrape, so
+rate the test set, and its link speed (node_network_speed_bytes) when given one. Every fake node
+also reports busy `lo` and `veth` devices (the veth with a huge speed) that the default queries
+must leave out. Prometheus logs every query it answers to `query_log` (JSON lines). Scrapes are every second; Prometheus needs ~6 s for its first scrape, so
 start it once per session (`prometheus_stack` fixture) and poll.
 """
 import json
@@ -82,9 +83,10 @@ class ExpositionServer:
 
 
 class FakeNode(ExpositionServer):
-    def __init__(self, nodename: str, rate: float, address: str):
+    def __init__(self, nodename: str, rate: float, address: str, speed: float | None = None):
         self.nodename = nodename
         self.address = address          # the `instance` Prometheus gives it: "IP:9100"
+        self.speed = speed              # eth0's node_network_speed_bytes; None: not reported
         now = time.monotonic()
         self._lock = threading.Lock()
         self._counters = {"eth0": _Counter(rate / 2, now),
@@ -114,14 +116,21 @@ class FakeNode(ExpositionServer):
             lines.append(f"# TYPE node_network_{direction}_bytes_total counter")
             for device, value in values.items():
                 lines.append(f'node_network_{direction}_bytes_total{{device="{device}"}} {value:.1f}')
+        lines += ["# HELP node_network_speed_bytes Network device property speed_bytes.",
+                  "# TYPE node_network_speed_bytes gauge",
+                  f'node_network_speed_bytes{{device="veth3f2a"}} {EXCLUDED_DEVICE_RATE * 100:.1f}']
+        if self.speed is not None:
+            lines.append(f'node_network_speed_bytes{{device="eth0"}} {self.speed:.1f}')
         return ("\n".join(lines) + "\n").encode()
 
 
 class FakeNodeExporters:
-    """Several fake nodes; addresses 10.0.0.1, 10.0.0.2... in the order given."""
+    """Several fake nodes; addresses 10.0.<subnet>.1, .2... in the order given; `speeds`: link
+    speed in bytes/s of the nodes that report one."""
 
-    def __init__(self, rates: dict[str, float]):
-        self.nodes = {name: FakeNode(name, rate, f"10.0.0.{i}:9100")
+    def __init__(self, rates: dict[str, float], speeds: dict[str, float] | None = None,
+                 subnet: int = 0):
+        self.nodes = {name: FakeNode(name, rate, f"10.0.{subnet}.{i}:9100", (speeds or {}).get(name))
                       for i, (name, rate) in enumerate(rates.items(), start=1)}
 
     def set_rate(self, nodename: str, rate: float) -> None:
@@ -148,27 +157,30 @@ class NodeExporter:
 
 class PrometheusServer:
     FAKE_JOB = "fake-nodes"
+    LINKS_JOB = "links"
     NODE_JOB = "node"
 
-    def __init__(self, directory, fake: FakeNodeExporters, node_exporter: NodeExporter | None = None):
+    def __init__(self, directory, fake: FakeNodeExporters, node_exporter: NodeExporter | None = None,
+                 links: FakeNodeExporters | None = None):
         self.binary = require_binary("prometheus")
         self.directory = str(directory)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config_path = os.path.join(self.directory, "prometheus.yml")
+        self.query_log = os.path.join(self.directory, "queries.log")
+        # The fake nodes listen on 127.0.0.1:<port>; `instance` is relabelled to the address a
+        # real node_exporter would have, so address matching can be tested too.
         scrape_configs = [{
-            "job_name": self.FAKE_JOB,
-            # The fake nodes listen on 127.0.0.1:<port>; `instance` is relabelled to the address
-            # a real node_exporter would have, so address matching can be tested too.
+            "job_name": job,
             "static_configs": [{"targets": [f"127.0.0.1:{n.port}"], "labels": {"instance": n.address}}
-                               for n in fake.nodes.values()],
-        }]
+                               for n in group.nodes.values()],
+        } for job, group in ((self.FAKE_JOB, fake), (self.LINKS_JOB, links)) if group is not None]
         if node_exporter is not None:
             scrape_configs.append({"job_name": self.NODE_JOB,
                                    "static_configs": [{"targets": [f"127.0.0.1:{node_exporter.port}"]}]})
         with open(self.config_path, "w") as f:
             json.dump({"global": {"scrape_interval": "1s", "evaluation_interval": "1s",
-                                  "scrape_timeout": "1s"},
+                                  "scrape_timeout": "1s", "query_log_file": self.query_log},
                        "scrape_configs": scrape_configs}, f)  # JSON is YAML
         self.http = requests.Session()
         self.http.trust_env = False
@@ -189,6 +201,14 @@ class PrometheusServer:
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
+
+    def logged_queries(self) -> list[str]:
+        """Every query Prometheus answered so far, from its query log."""
+        try:
+            with open(self.query_log, encoding="utf-8") as f:
+                return [json.loads(line)["params"]["query"] for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
 
     def query(self, promql: str) -> list:
         r = self.http.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=5)
@@ -212,33 +232,41 @@ class PrometheusServer:
 
 
 def short_window(query: str, window: str = "4s", job: str = PrometheusServer.FAKE_JOB) -> str:
-    """The default query with a short rate() window (so a rate change shows within seconds)
+    """A default query with a short rate() window (so a rate change shows within seconds)
     restricted to one scrape job."""
-    return query.replace("[2m]", f"[{window}]").replace('{device!~', f'{{job="{job}",device!~')
+    return query.replace("$window", window).replace('{device!~', f'{{job="{job}",device!~')
 
 
 class PrometheusStack:
-    def __init__(self, fake, node_exporter, prometheus):
+    def __init__(self, fake, node_exporter, prometheus, links):
         self.fake = fake
+        self.links = links
         self.node_exporter = node_exporter
         self.prometheus = prometheus
 
 
 FAKE_RATES = {"worker-a": 2e3, "worker-b": 2e5, "worker-c": 2e7}
+# Job "links": nodes with link speeds (bytes/s; 100 Mb/s = 12.5e6), scored by utilisation.
+LINK_RATES = {"slow-busy": 2e6, "fast-light": 9e6, "nospeed-quiet": 1e4, "nospeed-busy": 5e7,
+              "equal-1": 2.5e6, "equal-2": 2.5e6, "equal-3": 2.5e6}
+LINK_SPEEDS = {"slow-busy": 12.5e6, "fast-light": 3.125e9,
+               "equal-1": 125e6, "equal-2": 125e6, "equal-3": 125e6}
 
 
 @pytest.fixture(scope="session")
 def prometheus_stack(tmp_path_factory):
     """Prometheus + three fake nodes (FAKE_RATES) + this machine's node_exporter, once per
-    session. Tests that change rates or stop Prometheus must put things back."""
+    session, and the LINK_RATES nodes in job "links". Tests that change rates or stop Prometheus
+    must put things back."""
     directory = tmp_path_factory.mktemp("prometheus")
     fake = FakeNodeExporters(FAKE_RATES)
+    links = FakeNodeExporters(LINK_RATES, LINK_SPEEDS, subnet=1)
     node_exporter = prometheus = None
     try:
         node_exporter = NodeExporter(directory)
-        prometheus = PrometheusServer(directory, fake, node_exporter)
-        yield PrometheusStack(fake, node_exporter, prometheus)
+        prometheus = PrometheusServer(directory, fake, node_exporter, links)
+        yield PrometheusStack(fake, node_exporter, prometheus, links)
     finally:
-        for part in (prometheus, node_exporter, fake):
+        for part in (prometheus, node_exporter, fake, links):
             if part is not None:
                 part.stop()
