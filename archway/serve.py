@@ -227,4 +227,10 @@ class _Gunicorn(BaseApplication):
     def load(self):
         # Runs in each worker after the fork (preload_app is off): the app is the worker's own.
         from archway.app import create_app
-        return create_app(self.archway_config, lookups_dir=self.lookups_dir)
+        app = create_app(self.archway_config, lookups_dir=self.lookups_dir)
+        # Listed while the worker boots, not on the scheduler's first filter call, which has
+        # only extender.deadline_seconds to wait for it.
+        node_cache = app.extensions["archway"].node_cache
+        if node_cache is not None:
+            node_cache.ensure_started()
+        return app
