@@ -173,4 +173,4 @@ def test_a_failing_resolver_fails_open_or_closed_by_policy():
     assert opened["warnings"] == ["archway failed to decide (internal error); pod admitted unchanged"]
     assert opened["auditAnnotations"] == {"outcome": "error"}
     closed = response(service(broken, policy=Policy(fail_closed=True)).review(review("reg/a:1")))
-    assert not closed["allowed"] and "fail_closed" in closed["status"]["message"]
+    assert not closed["allowed"] and "unresolved is deny" in closed["status"]["message"]

@@ -26,8 +26,9 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
     config = state.config
     if pull_secrets is None:
         pull_secrets = PullSecrets.from_config(config)
+    gating, events = _gate_support(config, pull_secrets)
     service = AdmissionService.from_config(config, resolver=state.resolver,
-                                           pull_secrets=pull_secrets)
+                                           pull_secrets=pull_secrets, gating=gating, events=events)
     app.extensions["archway.webhook"] = service
     state.readiness_facts["kubernetes_api"] = lambda: pull_secrets.source
     max_bytes = config.server.max_body_bytes
@@ -46,6 +47,23 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
 
     app.add_url_rule("/mutate", "mutate", mutate, methods=["POST"])
     return service
+
+
+def _gate_support(config, pull_secrets):
+    """(Lease observer, Event sink) when a Kubernetes API is configured, else (None, None)."""
+    api_client = getattr(getattr(pull_secrets, "api", None), "api_client", None)
+    if api_client is None:
+        return None, None
+    from .events import EventSink
+    from .kubeapi import KubeApi
+    from .lease import LeaseObserver, lease_namespace, new_identity
+    api = KubeApi(api_client, timeout_seconds=5)
+    gating = None
+    if config.admission.unresolved == "gate":
+        gating = LeaseObserver(api, lease_namespace(config.kubernetes.namespace),
+                               duration_seconds=config.admission.gate_lease_seconds)
+        gating.start()
+    return gating, EventSink(api, instance=new_identity())
 
 
 def _refuse_oversized(max_bytes: int):

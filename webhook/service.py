@@ -10,7 +10,7 @@ decision. The reply's warnings are put together and capped once, here: the pull-
 """
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
 
 from archway import metrics
@@ -22,6 +22,7 @@ from archway.registry.reference import parse_reference
 
 from .admission import (AdmissionError, AdmissionRequest, allow_unchanged, cap_warnings,
                         parse_review, review_response, skip_reason)
+from .gate import gate_patch
 from .placement import Decision, Policy, decide
 
 log = logging.getLogger("archway.admission")
@@ -31,7 +32,7 @@ PULL_SECRETS_SHARE = 0.4
 # Kept back from the deadline to build and send the answer.
 ANSWER_MARGIN_SECONDS = 0.05
 # Outcomes logged even when server.log_every_admission is off.
-_WORTH_A_LINE = frozenset({"denied", "fail_open", "error"})
+_WORTH_A_LINE = frozenset({"denied", "fail_open", "gated", "error"})
 
 
 class ImageResolver(Protocol):
@@ -41,6 +42,16 @@ class ImageResolver(Protocol):
 
 class PullCredentialSource(Protocol):
     def credentials_for(self, pod: PodView, deadline: float) -> Any: ...  # -> PullCredentials
+
+
+class Gating(Protocol):
+    """admission.unresolved: gate -- is a gate controller alive to remove the gate?"""
+    def leader_fresh(self) -> bool: ...
+
+
+class EventRecorder(Protocol):
+    def record(self, regarding: dict, event_type: str, reason: str, action: str,
+               note: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -61,7 +72,9 @@ class AdmissionService:
     def __init__(self, *, policy: Policy, resolver: ImageResolver,
                  pull_secrets: PullCredentialSource, deadline_seconds: float,
                  exclude_namespaces=(), max_body_bytes: int, log_every: bool = False,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, unresolved: str = "admit",
+                 gating: Gating | None = None, events: EventRecorder | None = None,
+                 gate_max_seconds: float = 120.0):
         self.policy = policy
         self.resolver = resolver
         self.pull_secrets = pull_secrets
@@ -70,15 +83,22 @@ class AdmissionService:
         self.max_body_bytes = max_body_bytes
         self.log_every = log_every
         self.clock = clock
+        self.unresolved = unresolved          # admission.unresolved: admit | gate | deny
+        self.gating = gating                  # None: no Kubernetes API, nobody could release
+        self.events = events                  # Warning Events on a fail-open pod's owner
+        self.gate_max_seconds = gate_max_seconds
 
     @classmethod
     def from_config(cls, config, *, resolver: ImageResolver,
-                    pull_secrets: PullCredentialSource) -> "AdmissionService":
+                    pull_secrets: PullCredentialSource, gating: Gating | None = None,
+                    events: EventRecorder | None = None) -> "AdmissionService":
         return cls(policy=Policy.from_config(config), resolver=resolver, pull_secrets=pull_secrets,
                    deadline_seconds=config.admission.deadline_seconds,
                    exclude_namespaces=config.admission.exclude_namespaces,
                    max_body_bytes=config.server.max_body_bytes,
-                   log_every=config.server.log_every_admission)
+                   log_every=config.server.log_every_admission,
+                   unresolved=config.admission.unresolved, gating=gating, events=events,
+                   gate_max_seconds=config.admission.gate_max_seconds)
 
     def review(self, body: bytes, *, started: float | None = None, peer: str = "-") -> Answer:
         """Answer one AdmissionReview body. `started`: clock() when the request arrived (the
@@ -104,6 +124,9 @@ class AdmissionService:
             resolution = self.resolve(pod, start)
             decision = decide(pod, resolution.results, self.policy)
             outcome = decision.outcome
+            if outcome == "fail_open":
+                decision = self._unresolved(request, decision)
+                outcome = decision.outcome
         except Exception:  # a bug must not turn into a 500: the apiserver would apply failurePolicy
             log.exception("admission %s uid=%s failed", request.display_name, request.uid)
             decision, outcome = self._internal_error(), "error"
@@ -128,11 +151,36 @@ class AdmissionService:
                                              timeout=deadline - self.clock())
         return Resolution(results, tuple(credentials.warnings))
 
+    def _unresolved(self, request: AdmissionRequest, decision: Decision) -> Decision:
+        """An image was not resolved in time: gate the pod when a gate controller is alive to
+        release it, else admit it unplaced and tell its owner with a Warning Event."""
+        pod = request.pod
+        assert pod is not None
+        if self.unresolved == "gate":
+            if self.gating is not None and self.gating.leader_fresh():
+                return replace(decision, patch=gate_patch(pod, self.policy), outcome="gated",
+                               reason="gated until its images are read", warnings=(
+                                   "the pod waits (SchedulingGated) for archway to read its "
+                                   f"images, at most {self.gate_max_seconds:g} s",
+                               ) + decision.warnings)
+            decision = replace(decision, warnings=(
+                "no archway gate controller is running: admitted without waiting",
+            ) + decision.warnings)
+        owner = next((o for o in pod.owner_references if o.controller), None)
+        if self.events is not None and owner is not None and not request.dry_run:
+            self.events.record(
+                {"apiVersion": owner.api_version, "kind": owner.kind, "name": owner.name,
+                 "uid": owner.uid, "namespace": pod.namespace},
+                "Warning", "AdmittedUnplaced", "Admit",
+                f"pod {pod.display_name} admitted without architecture placement: "
+                + "; ".join(w for w in decision.warnings if w.startswith("could not inspect")))
+        return decision
+
     def _internal_error(self) -> Decision:
         if self.policy.fail_closed:
             return Decision(allowed=False, outcome="denied", reason="internal error",
                             message="archway failed to decide (internal error; see its log) "
-                                    "and admission.fail_closed is true")
+                                    "and admission.unresolved is deny")
         return Decision(allowed=True, outcome="fail_open", reason="internal error",
                         warnings=("archway failed to decide (internal error); "
                                   "pod admitted unchanged",))

@@ -1,0 +1,98 @@
+"""Events (`events.k8s.io/v1`) that tell a human what archway did to a pod or its owner.
+
+`event` builds the object the apiserver's strict events.k8s.io/v1 validation accepts (eventTime,
+reportingController, reportingInstance, action, reason, type; note at most 1 kB); `EventSink`
+posts them from a background thread through a bounded queue, so neither an admission nor a
+release ever waits on it, and a flood of them drops the excess instead of growing memory.
+"""
+import logging
+import queue
+import threading
+import time
+
+from .kubeapi import ApiError, KubeApi
+from .lease import micro_time
+
+log = logging.getLogger("archway.events")
+
+REPORTING_CONTROLLER = "archway.dev/gate-controller"
+NOTE_LIMIT = 1024
+_FIELD_LIMIT = 128
+
+
+def event(*, regarding: dict, event_type: str, reason: str, action: str, note: str,
+          instance: str, now: float) -> dict:
+    """An events.k8s.io/v1 Event about `regarding` (an ObjectReference with namespace)."""
+    name = regarding.get("name") or "object"
+    if len(note) > NOTE_LIMIT:
+        note = note[:NOTE_LIMIT - 3] + "..."
+    return {
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        # client-go's naming: the object's name and a nanosecond stamp, unique per object.
+        "metadata": {"name": f"{name[:200]}.{int(now * 1e9):x}",
+                     "namespace": regarding.get("namespace") or "default"},
+        "eventTime": micro_time(now),
+        "reportingController": REPORTING_CONTROLLER,
+        "reportingInstance": instance[:_FIELD_LIMIT],
+        "action": action[:_FIELD_LIMIT], "reason": reason[:_FIELD_LIMIT],
+        "type": event_type, "note": note,
+        "regarding": {k: v for k, v in regarding.items() if v},
+    }
+
+
+def pod_reference(pod: dict) -> dict:
+    meta = pod.get("metadata") or {}
+    return {"apiVersion": "v1", "kind": "Pod", "namespace": meta.get("namespace"),
+            "name": meta.get("name"), "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion")}
+
+
+class EventSink:
+    def __init__(self, api: KubeApi, *, instance: str, max_queued: int = 1000,
+                 wall=time.time):
+        self.api = api
+        self.instance = instance
+        self.dropped = 0
+        self._wall = wall
+        self._queue: queue.Queue = queue.Queue(max_queued)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def record(self, regarding: dict, event_type: str, reason: str, action: str,
+               note: str) -> None:
+        """Queue an Event; never blocks."""
+        self._ensure_started()
+        body = event(regarding=regarding, event_type=event_type, reason=reason, action=action,
+                     note=note, instance=self.instance, now=self._wall())
+        try:
+            self._queue.put_nowait(body)
+        except queue.Full:
+            self.dropped += 1
+
+    def flush(self, timeout: float) -> None:
+        """Wait until every queued Event was sent (tests, a graceful stop)."""
+        end = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < end:
+            time.sleep(0.01)
+
+    def _ensure_started(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="archway-events",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            body = self._queue.get()
+            try:
+                namespace = body["metadata"]["namespace"]
+                self.api.request("POST", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events",
+                                 body=body, timeout=5)
+            except ApiError as e:
+                log.warning("could not record Event %s on %s: %s", body["reason"],
+                            body["regarding"].get("name"), e)
+            except Exception:
+                log.exception("could not record an Event")
+            finally:
+                self._queue.task_done()
