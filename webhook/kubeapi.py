@@ -65,28 +65,40 @@ class KubeApi:
             response.release_conn()
 
     def _call(self, method, path, body, query, content_type, timeout):
+        """The urllib3 response of a 2xx answer, not yet read; ApiError otherwise."""
         try:
-            return self.client.call_api(
-                path, method, query_params=list((query or {}).items()),
+            method, url, headers, body, _ = self.client.param_serialize(
+                method, path, query_params=list((query or {}).items()),
                 header_params={"Accept": "application/json", "Content-Type": content_type},
-                body=body, auth_settings=["BearerToken"], _preload_content=False,
-                _return_http_data_only=True, _request_timeout=timeout)
+                body=body, auth_settings=["BearerToken"])
+            response = self.client.call_api(method, url, header_params=headers, body=body,
+                                            _request_timeout=timeout).response
         except ApiException as e:
-            raise _api_error(e) from None
+            raise ApiError(int(e.status or 0), "Unreachable", str(e.reason)[:200]) from None
         except Exception as e:  # urllib3's zoo of transport errors: all mean "unreachable"
             raise ApiError(0, "Unreachable",
                            f"Kubernetes API unreachable: {type(e).__name__}") from None
+        if 200 <= response.status < 300:
+            return response
+        try:
+            data = response.read(65536)
+        except Exception:
+            data = b""
+        finally:
+            response.release_conn()
+        raise _api_error(response.status, response.reason, data)
 
 
-def _api_error(e: ApiException) -> ApiError:
-    reason, message = str(e.reason or ""), ""
+def _api_error(status: int, reason: str, body: bytes) -> ApiError:
+    """The API's Status (reason, message) when the body is one."""
+    message = ""
     try:
-        status = json.loads((e.body or b"")[:65536])
-        reason = str(status.get("reason") or reason)
-        message = str(status.get("message") or "")
+        answer = json.loads(body)
+        reason = str(answer.get("reason") or reason)
+        message = str(answer.get("message") or "")
     except (ValueError, AttributeError, TypeError):
         pass
-    return ApiError(int(e.status or 0), reason, message[:2000])
+    return ApiError(int(status), str(reason or ""), message[:2000])
 
 
 def _lines(response) -> Iterator[bytes]:

@@ -1,0 +1,305 @@
+"""Gating, pure: the webhook's gate patch and the one release update a gated pod accepts
+(KEP-3838), checked against the stand-in's ValidatePodUpdate (tests/infra/kubevalidation.py,
+itself checked here against the real server's rules), plus the Lease elector on the stand-in."""
+import copy
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from archway.errors import DeadlineExceeded, TransportError
+from archway.podview import PodView
+from archway.registry.model import ImageInfo
+from archway.registry.platforms import parse_platform
+from archway.webhook import gate
+from archway.webhook.events import event
+from archway.webhook.gate import GATE, GATED_LABEL, NO_ARCHITECTURE, gate_patch, plan_release
+from archway.webhook.kubeapi import KubeApi
+from archway.webhook.lease import LeaderElector, LeaseObserver, lease_path
+from archway.webhook.pullsecrets import build_api_client
+from archway.webhook.placement import ARCH_LABEL, Policy
+from archway.config import KubernetesSettings
+from tests.infra.apiserver import FakeApiServer
+from tests.infra.kubevalidation import validate_event_create, validate_pod_update
+
+REQ = "requiredDuringSchedulingIgnoredDuringExecution"
+SCHEMA_VERSIONS = ("1.30.0", "1.33.0")
+
+
+def info(image, *platforms):
+    return ImageInfo(image, frozenset(parse_platform(p) for p in platforms), None, "oci-index")
+
+
+def pod(*images, gates=("other.example/quota", GATE), node_selector=None, affinity=None,
+        labels=None, scheduler="default-scheduler"):
+    spec = {"containers": [{"name": f"c{i}", "image": im} for i, im in enumerate(images)],
+            "schedulerName": scheduler, "tolerations": [{"key": "a", "operator": "Exists"}]}
+    if gates:
+        spec["schedulingGates"] = [{"name": g} for g in gates]
+    if node_selector is not None:
+        spec["nodeSelector"] = node_selector
+    if affinity is not None:
+        spec["affinity"] = affinity
+    meta = {"name": "p", "namespace": "team", "uid": "u1", "resourceVersion": "7",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "labels": dict(labels or {}, **{GATED_LABEL: "true"})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
+            "status": {"phase": "Pending"}}
+
+
+def required(*terms):
+    return {"nodeAffinity": {REQ: {"nodeSelectorTerms": list(terms)}}}
+
+
+def arch_in(*values):
+    return {"key": ARCH_LABEL, "operator": "In", "values": list(values)}
+
+
+AMD = info("reg/amd:1", "linux/amd64")
+MULTI = info("reg/multi:1", "linux/amd64", "linux/arm64")
+ARM = info("reg/arm:1", "linux/arm64")
+DOWN = TransportError("reg/down:1: connection refused")
+
+
+def check_release(old, release):
+    """The update the apiserver must accept, and a schema-valid pod."""
+    assert validate_pod_update(old, release.pod) == []
+    for version in SCHEMA_VERSIONS:
+        kubernetes_validate.validate(release.pod, version, strict=True)
+    assert GATE not in [g["name"] for g in release.pod["spec"].get("schedulingGates", [])]
+    assert GATED_LABEL not in release.pod["metadata"].get("labels", {})
+
+
+# --- the stand-in's validation is the real server's --------------------------------------------
+
+def test_validation_rejects_what_the_real_server_rejects():
+    old = pod("reg/amd:1", node_selector={"disk": "ssd"}, affinity=required({"matchExpressions": [
+        {"key": "zone", "operator": "In", "values": ["a"]}]}))
+    cases = {
+        "spec.schedulingGates[2].name": lambda p: p["spec"]["schedulingGates"].append(
+            {"name": "new.example/gate"}),
+        "spec.nodeSelector": lambda p: p["spec"]["nodeSelector"].update(disk="hdd"),
+        f"spec.affinity.nodeAffinity.{REQ}.nodeSelectorTerms": lambda p: p["spec"]["affinity"][
+            "nodeAffinity"][REQ]["nodeSelectorTerms"].append({"matchExpressions": [arch_in("x")]}),
+        f"spec.affinity.nodeAffinity.{REQ}.nodeSelectorTerms[0]": lambda p: p["spec"]["affinity"][
+            "nodeAffinity"][REQ]["nodeSelectorTerms"][0]["matchExpressions"][0].update(values=["b"]),
+        "spec": lambda p: p["spec"].update(schedulerName="other"),
+        "spec.tolerations": lambda p: p["spec"].update(tolerations=[]),
+        "metadata.uid": lambda p: p["metadata"].update(uid="u2"),
+    }
+    for field, change in cases.items():
+        new = copy.deepcopy(old)
+        change(new)
+        assert field in [e.field for e in validate_pod_update(old, new)], field
+
+
+def test_validation_allows_what_kep_3838_allows_only_while_gated():
+    old = pod("reg/amd:1", node_selector={"disk": "ssd"}, affinity=required(
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}))
+    new = copy.deepcopy(old)
+    new["spec"]["nodeSelector"][ARCH_LABEL] = "amd64"
+    new["spec"]["affinity"]["nodeAffinity"][REQ]["nodeSelectorTerms"][0][
+        "matchExpressions"].append(arch_in("amd64"))
+    new["spec"]["schedulingGates"] = [{"name": "other.example/quota"}]
+    new["spec"]["containers"][0]["image"] = "reg/amd:2"
+    new["metadata"]["annotations"] = {"x": "y"}
+    assert validate_pod_update(old, new) == []
+    ungated = copy.deepcopy(old)
+    del ungated["spec"]["schedulingGates"]
+    placed = copy.deepcopy(ungated)
+    placed["spec"]["nodeSelector"][ARCH_LABEL] = "amd64"
+    assert [e.field for e in validate_pod_update(ungated, placed)] == ["spec"]
+    # absent, null and empty lists are the same to the real server's semantic equality
+    blank = copy.deepcopy(ungated)
+    blank["spec"]["schedulingGates"] = []
+    blank["spec"]["volumes"] = None
+    assert validate_pod_update(ungated, blank) == []
+
+
+# --- the webhook's gate -----------------------------------------------------------------------
+
+def test_gate_patch_appends_the_gate_keeps_others_and_sets_the_scheduler_now():
+    created = pod("reg/amd:1", gates=("other.example/quota",), scheduler="")
+    del created["metadata"]["labels"]
+    patch = gate_patch(PodView.of(created), Policy(scheduler_name="archway-scheduler"))
+    gated = jsonpatch.apply_patch(created, list(patch))
+    assert gated["spec"]["schedulingGates"] == [{"name": "other.example/quota"}, {"name": GATE}]
+    assert gated["metadata"]["labels"] == {GATED_LABEL: "true"}
+    assert gated["spec"]["schedulerName"] == "archway-scheduler"
+    assert "nodeSelector" not in gated["spec"] and "affinity" not in gated["spec"]
+    for version in SCHEMA_VERSIONS:
+        kubernetes_validate.validate(gated, version, strict=True)
+    assert gate_patch(PodView.of(gated), Policy()) == ()   # a reinvocation adds nothing
+
+
+def test_gate_patch_adds_to_existing_labels():
+    created = pod("reg/amd:1", gates=(), labels={"app": "web"})
+    del created["metadata"]["labels"][GATED_LABEL]
+    gated = jsonpatch.apply_patch(created, list(gate_patch(PodView.of(created), Policy())))
+    assert gated["metadata"]["labels"] == {"app": "web", GATED_LABEL: "true"}
+    assert gated["spec"]["schedulingGates"] == [{"name": GATE}]
+
+
+# --- the release ----------------------------------------------------------------------------------
+
+def test_release_places_and_removes_only_archways_gate():
+    old = pod("reg/amd:1", "reg/multi:1")
+    release = plan_release(old, {"reg/amd:1": AMD, "reg/multi:1": MULTI}, Policy(),
+                           expired=False, waited=3.2)
+    check_release(old, release)
+    assert release.outcome == "placed" and release.event_type == "Normal"
+    assert release.pod["spec"]["nodeSelector"] == {ARCH_LABEL: "amd64"}
+    assert release.pod["spec"]["schedulingGates"] == [{"name": "other.example/quota"}]
+    assert "amd64" in release.note and "3.2 s" in release.note
+
+
+def test_release_adds_the_arch_to_every_existing_term():
+    old = pod("reg/multi:1", gates=(GATE,), affinity=required(
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}))
+    release = plan_release(old, {"reg/multi:1": MULTI}, Policy(), expired=False)
+    check_release(old, release)
+    terms = release.pod["spec"]["affinity"]["nodeAffinity"][REQ]["nodeSelectorTerms"]
+    assert all(arch_in("amd64", "arm64") in t["matchExpressions"] for t in terms)
+    assert "schedulingGates" not in release.pod["spec"]
+
+
+def test_unresolved_image_waits_until_expired_then_releases_unplaced_or_on_fallback():
+    old = pod("reg/down:1", "reg/multi:1")
+    results = {"reg/multi:1": MULTI, "reg/down:1": DOWN}
+    assert plan_release(old, results, Policy(), expired=False) is None
+    assert plan_release(old, {"reg/multi:1": MULTI}, Policy(), expired=False) is None  # no answer
+    unplaced = plan_release(old, results, Policy(), expired=True, waited=120)
+    check_release(old, unplaced)
+    assert unplaced.outcome == "unplaced" and unplaced.event_type == "Warning"
+    assert "reg/down:1: " in unplaced.note and "gate_max_seconds" in unplaced.note
+    fallback = plan_release(old, results, Policy(), expired=True, fallback=("arm64",), waited=120)
+    check_release(old, fallback)
+    assert fallback.outcome == "fallback" and fallback.architectures == {"arm64"}
+    assert fallback.pod["spec"]["nodeSelector"] == {ARCH_LABEL: "arm64"}
+    # a fallback the known images exclude is not used
+    other = plan_release(old, results, Policy(), expired=True, fallback=("s390x",))
+    assert other.outcome == "unplaced"
+
+
+def test_images_without_a_common_architecture_are_kept_off_every_node_at_once():
+    old = pod("reg/amd:1", "reg/arm:1", "reg/down:1", affinity=required(
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}))
+    release = plan_release(old, {"reg/amd:1": AMD, "reg/arm:1": ARM,
+                                 "reg/down:1": DeadlineExceeded("slow")}, Policy(), expired=False)
+    check_release(old, release)
+    assert release.outcome == "no_common_arch" and release.reason == "NoCommonArchitecture"
+    assert "reg/amd:1 (amd64)" in release.note and "reg/arm:1 (arm64)" in release.note
+    term = release.pod["spec"]["affinity"]["nodeAffinity"][REQ]["nodeSelectorTerms"][0]
+    assert arch_in(NO_ARCHITECTURE) in term["matchExpressions"]
+    bare = pod("reg/amd:1", "reg/arm:1")
+    held = plan_release(bare, {"reg/amd:1": AMD, "reg/arm:1": ARM}, Policy(deny_on_empty=False),
+                        expired=False)
+    check_release(bare, held)
+    assert held.outcome == "no_common_arch"
+
+
+def test_a_pod_that_already_constrains_its_arch_keeps_its_selector():
+    old = pod("reg/multi:1", node_selector={ARCH_LABEL: "arm64"})
+    release = plan_release(old, {"reg/multi:1": MULTI}, Policy(), expired=False)
+    check_release(old, release)
+    assert release.pod["spec"]["nodeSelector"] == {ARCH_LABEL: "arm64"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["reg/amd:1", "reg/arm:1", "reg/multi:1", "reg/down:1"]),
+                min_size=1, max_size=3, unique=True),
+       st.sampled_from([None, {}, {"disk": "ssd"}, {ARCH_LABEL: "amd64"}]),
+       st.sampled_from([None, required({"matchExpressions": [
+           {"key": "zone", "operator": "In", "values": ["a"]}]}, {}),
+           {"podAntiAffinity": {}}]),
+       st.booleans(), st.tuples() | st.just(("arm64",)))
+def test_every_release_is_an_update_the_apiserver_accepts(images, selector, affinity, expired,
+                                                            fallback):
+    old = pod(*images, node_selector=selector, affinity=copy.deepcopy(affinity))
+    results = {"reg/amd:1": AMD, "reg/arm:1": ARM, "reg/multi:1": MULTI, "reg/down:1": DOWN}
+    release = plan_release(old, results, Policy(), expired=expired, fallback=fallback)
+    if release is None:
+        assert "reg/down:1" in images and not expired
+        return
+    assert validate_pod_update(old, release.pod) == [], release
+    assert validate_pod_update(old, gate.gate_only_release(old)) == []
+
+
+# --- events ----------------------------------------------------------------------------------------
+
+def test_events_pass_the_strict_events_k8s_io_v1_validation():
+    body = event(regarding={"apiVersion": "v1", "kind": "Pod", "namespace": "team", "name": "p",
+                            "uid": "u1"}, event_type="Warning", reason="ReleasedUnplaced",
+                 action="Release", note="x" * 5000, instance="archway-0_1_abc", now=1.7e9)
+    assert validate_event_create(body, "team") == []
+    assert len(body["note"]) == 1024
+    wrong = dict(body, type="Info", reportingController="")
+    assert {e.field for e in validate_event_create(wrong, "other")} == {
+        "type", "reportingController", "involvedObject.namespace"}
+
+
+# --- the Lease, on the stand-in ---------------------------------------------------------------------
+
+@pytest.fixture
+def api(tmp_path):
+    server = FakeApiServer()
+    client, _ = build_api_client(KubernetesSettings(kubeconfig=server.kubeconfig(str(tmp_path))))
+    yield server, KubeApi(client, timeout_seconds=5)
+    server.stop()
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_one_leader_and_takeover_after_a_duration_without_renewal(api):
+    server, kube = api
+    clock = Clock()
+    a = LeaderElector(kube, "archway", identity="a", duration_seconds=15, clock=clock)
+    b = LeaderElector(kube, "archway", identity="b", duration_seconds=15, clock=clock)
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    clock.now += 10
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()  # b saw it renewed
+    clock.now += 14.9
+    assert not b.try_acquire_or_renew()
+    clock.now += 0.2                                                   # a silent for 15 s
+    assert b.try_acquire_or_renew() and not a.try_acquire_or_renew()
+    lease = server.get(lease_path("archway"))
+    assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
+    b.release()
+    assert a.try_acquire_or_renew()                                   # released: at once
+    assert server.rejections == []
+
+
+def test_a_stale_write_loses_with_409(api):
+    server, kube = api
+    a = LeaderElector(kube, "archway", identity="a", duration_seconds=1)
+    assert a.try_acquire_or_renew()
+    lease = server.get(lease_path("archway"))
+    server.put(lease_path("archway"), lease)   # someone else wrote meanwhile
+    stale = dict(lease)
+    with pytest.raises(Exception) as failed:
+        kube.request("PUT", lease_path("archway"), body=stale)
+    assert failed.value.status == 409 and failed.value.reason == "Conflict"
+    assert server.conflicts == 1
+
+
+def test_observer_sees_a_fresh_leader_and_its_absence(api):
+    server, kube = api
+    clock = Clock()
+    observer = LeaseObserver(kube, "archway", duration_seconds=15, clock=clock)
+    observer.refresh()
+    assert not (observer._holder and clock() < observer._fresh_until)
+    LeaderElector(kube, "archway", identity="a", duration_seconds=15).try_acquire_or_renew()
+    observer.refresh()
+    assert observer._holder == "a" and clock() < observer._fresh_until
+    clock.now += 16                           # not renewed for a duration: not fresh
+    observer.refresh()
+    assert not clock() < observer._fresh_until
