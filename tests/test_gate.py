@@ -303,3 +303,77 @@ def test_observer_sees_a_fresh_leader_and_its_absence(api):
     clock.now += 16                           # not renewed for a duration: not fresh
     observer.refresh()
     assert not clock() < observer._fresh_until
+
+
+# --- the webhook's choice on a miss (the admission service, no HTTP) ---------------------------
+
+class Leader:
+    def __init__(self, fresh):
+        self.fresh = fresh
+
+    def leader_fresh(self):
+        return self.fresh
+
+
+def owned_review(image):
+    import json as _json
+    return _json.dumps({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "u-1", "operation": "CREATE", "namespace": "shop",
+                    "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {
+                        "generateName": "web-", "ownerReferences": [{
+                            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web",
+                            "uid": "rs-1", "controller": True}]},
+                        "spec": {"containers": [{"name": "c", "image": image}]}}}}).encode()
+
+
+def admission(unresolved, gating=None, events=None):
+    from tests.test_service import Resolver, Secrets, service
+    return service(Resolver({"reg/down:1": DOWN}), Secrets(), unresolved=unresolved,
+                   gating=gating, events=events)
+
+
+def decoded_patch(answer):
+    import base64 as _b64
+    import json as _json
+    return _json.loads(_b64.b64decode(answer.body["response"]["patch"]))
+
+
+def test_a_miss_is_gated_only_while_a_leader_is_fresh(api):
+    server, kube = api
+    from archway.webhook.events import EventSink
+    sink = EventSink(kube, instance="webhook-0")
+    gated = admission("gate", Leader(True), sink).review(owned_review("reg/down:1"))
+    response = gated.body["response"]
+    assert response["auditAnnotations"]["outcome"] == "gated"
+    assert {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]} in \
+        decoded_patch(gated)
+    assert "SchedulingGated" in response["warnings"][0]
+    alone = admission("gate", Leader(False), sink).review(owned_review("reg/down:1"))
+    response = alone.body["response"]
+    assert response["auditAnnotations"]["outcome"] == "fail_open"
+    assert "no archway gate controller is running" in response["warnings"][0]
+    sink.flush(5)
+    events = [o for p, o in server.objects.items() if "/events/" in p]
+    # only the unplaced pod told its ReplicaSet (a gated pod is not unplaced)
+    assert [(e["type"], e["reason"], e["regarding"]["kind"], e["regarding"]["name"])
+            for e in events] == [("Warning", "AdmittedUnplaced", "ReplicaSet", "web")]
+    assert "reg/down:1" in events[0]["note"] and server.rejections == []
+
+
+def test_admit_mode_tells_the_owner_and_deny_mode_denies(api):
+    server, kube = api
+    from archway.webhook.events import EventSink
+    sink = EventSink(kube, instance="webhook-0")
+    admitted = admission("admit", None, sink).review(owned_review("reg/down:1"))
+    assert admitted.body["response"]["allowed"]
+    sink.flush(5)
+    assert [o["reason"] for p, o in server.objects.items() if "/events/" in p] == [
+        "AdmittedUnplaced"]
+    from tests.test_service import Resolver, Secrets, service
+    denied = service(Resolver({"reg/down:1": DOWN}), Secrets(),
+                     policy=Policy(fail_closed=True)).review(owned_review("reg/down:1"))
+    assert not denied.body["response"]["allowed"]
+    assert "unresolved is deny" in denied.body["response"]["status"]["message"]

@@ -31,6 +31,10 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
                                            pull_secrets=pull_secrets, gating=gating, events=events)
     app.extensions["archway.webhook"] = service
     state.readiness_facts["kubernetes_api"] = lambda: pull_secrets.source
+    if gating is not None:
+        # Whether this worker would gate a pod now (admission.unresolved: gate).
+        state.readiness_facts["gate_controller"] = lambda: (
+            "leader alive" if gating.leader_fresh() else "no leader: pods are admitted unplaced")
     max_bytes = config.server.max_body_bytes
 
     def mutate():

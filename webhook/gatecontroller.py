@@ -83,7 +83,7 @@ class GateController:
                 self.pending.clear()
                 self._lock.notify_all()
             metrics.GATED_PODS.set(0)
-            watcher.join(5)
+            watcher.join(1)  # a daemon blocked in a watch read: it ends with the stream
 
     def _watch_loop(self) -> None:
         version, backoff = None, 0.0
@@ -322,7 +322,7 @@ def run(config, stop: threading.Event | None = None) -> None:
     finally:
         if leading is not None:
             leading.set()
-            leader_thread.join(10)  # type: ignore[union-attr]
+            leader_thread.join(3)  # type: ignore[union-attr]
             elector.release()
 
 

@@ -1,7 +1,8 @@
 """A TCP proxy on loopback that adds latency or stops answering, in front of a real server.
 
 Fault injection only: the server behind it is real. `delay` is added before each chunk the
-server sends back (so every HTTP response costs at least that), `hang = True` accepts
+server sends back (so every HTTP response costs at least that; changing it affects open
+connections too, as a registry that slows down or recovers would), `hang = True` accepts
 connections and never forwards a byte.
 """
 import socket
@@ -39,17 +40,17 @@ class DelayProxy:
                 continue  # keep the socket open, never answer
             upstream = socket.create_connection(("127.0.0.1", self.target_port))
             self._sockets.append(upstream)
-            threading.Thread(target=self._pump, args=(client, upstream, 0.0), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, self.delay), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, delay: float):
+    def _pump(self, source: socket.socket, sink: socket.socket, delayed: bool):
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
-                if delay:
-                    time.sleep(delay)
+                if delayed and self.delay:
+                    time.sleep(self.delay)
                 sink.sendall(data)
         except OSError:
             pass
