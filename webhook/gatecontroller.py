@@ -13,9 +13,11 @@ gate, which is always valid; the chart's pre-delete hook and the README's kubect
 controller that is gone.
 """
 import logging
-import multiprocessing
+import pickle
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -326,33 +328,38 @@ def run(config, stop: threading.Event | None = None) -> None:
             elector.release()
 
 
-def _process_main(config) -> None:
-    import logging as _logging
-    _logging.basicConfig(level=_logging.INFO,
-                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def start_process(config) -> subprocess.Popen:
+    """The controller in a fresh process of its own: nothing inherited from gunicorn's master
+    (its threads, its signal handlers), and nothing the workers it forks later would inherit.
+    The config travels pickled on stdin (it is the server's own, already checked)."""
+    process = subprocess.Popen([sys.executable, "-m", "archway.webhook.gatecontroller"],
+                               stdin=subprocess.PIPE)
+    assert process.stdin is not None
+    process.stdin.write(pickle.dumps(config))
+    process.stdin.close()
+    return process
+
+
+def stop_process(process: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()   # SIGTERM: it gives the Lease up and exits
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
+def _main() -> None:
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = pickle.loads(sys.stdin.buffer.read())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     run(config, stop)
 
 
-def start_process(config):
-    """The controller in a process of its own (spawned: nothing inherited from gunicorn)."""
-    context = multiprocessing.get_context("spawn")
-    process = context.Process(target=_process_main, args=(config,), name="archway-gate",
-                              daemon=False)
-    process.start()
-    return process
-
-
-def stop_process(process, timeout: float = 10.0) -> None:
-    if process is None or not process.is_alive():
-        return
-    process.terminate()
-    process.join(timeout)
-    if process.is_alive():
-        process.kill()
-        process.join(5)
-
-
-__all__ = ["GATE", "GateController", "run", "start_process", "stop_process"]
+if __name__ == "__main__":
+    _main()
