@@ -81,8 +81,8 @@ def test_unresolved_replaces_fail_closed_which_still_works_with_a_warning():
     assert Config().admission.unresolved == "admit" and deprecations(Config()) == []
     old = config_from_dict({"admission": {"fail_closed": True}})
     assert old.admission.unresolved == "deny"
-    assert deprecations(old) == ["admission.fail_closed is deprecated: write "
-                                 "admission.unresolved: deny instead"]
+    assert deprecations(old) == [("admission.fail_closed is deprecated: write "
+                                  "admission.unresolved: deny instead")]
     assert config_from_dict({"admission": {"fail_closed": False}}).admission.unresolved == "admit"
     new = config_from_dict({"admission": {"unresolved": "gate", "gate_max_seconds": 30},
                             "placement": {"fallback_architectures": ["amd64"]}})
@@ -99,6 +99,6 @@ def test_gate_without_a_kubernetes_api_is_refused_at_start_up(tmp_path):
     path.write_text("admission: {unresolved: gate}\nkubernetes: {enabled: \"off\"}\n"
                     f"server: {{state_dir: {tmp_path}}}\n")
     done = subprocess.run([sys.executable, "-m", "archway.cli", "--config", str(path), "serve",
-                           "--bind", "127.0.0.1:1"], capture_output=True, text=True, timeout=60)
+                           "--bind", "127.0.0.1:1"], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "admission.unresolved is gate, but no Kubernetes API is configured" in done.stderr

@@ -6,21 +6,27 @@ import copy
 import jsonpatch
 import kubernetes_validate
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from archway.errors import DeadlineExceeded, TransportError
-from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
 from archway.webhook import gate
 from archway.webhook.events import event
-from archway.webhook.gate import GATE, GATED_LABEL, NO_ARCHITECTURE, gate_patch, plan_release
+from archway.webhook.gate import (
+    GATE,
+    GATED_LABEL,
+    NO_ARCHITECTURE,
+    gate_patch,
+    plan_release,
+)
 from archway.webhook.kubeapi import KubeApi
 from archway.webhook.lease import LeaderElector, LeaseObserver, lease_path
-from archway.webhook.pullsecrets import build_api_client
 from archway.webhook.placement import ARCH_LABEL, Policy
+from archway.webhook.pullsecrets import build_api_client
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from archway.config import KubernetesSettings
+from archway.errors import DeadlineExceeded, TransportError
+from archway.podview import PodView
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.kubevalidation import validate_event_create, validate_pod_update
 
@@ -292,7 +298,7 @@ def test_a_stale_write_loses_with_409(api):
 
 
 def test_observer_sees_a_fresh_leader_and_its_absence(api):
-    server, kube = api
+    _, kube = api
     clock = Clock()
     observer = LeaseObserver(kube, "archway", duration_seconds=15, clock=clock)
     observer.refresh()

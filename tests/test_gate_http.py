@@ -17,9 +17,9 @@ import kubernetes_validate
 import pytest
 import requests
 import yaml
-
 from archway.webhook.gate import GATE, GATED_LABEL
 from archway.webhook.lease import lease_path, parse_time
+
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.procs import REPO, Server, free_port
 from tests.infra.proxy import DelayProxy
@@ -60,7 +60,7 @@ class Archway:
         text = self.session.get(self.url + "/metrics", timeout=5).text
         wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
         pattern = re.escape(name) + (r"\{" + re.escape(wanted) + r"\}" if wanted else "") + r" (\S+)"
-        found = re.search("^" + pattern + "$", text, re.M)
+        found = re.search("^" + pattern + "$", text, re.MULTILINE)
         return float(found.group(1)) if found else 0.0
 
     def gates_now(self) -> bool:

@@ -13,14 +13,21 @@ import copy
 from dataclasses import dataclass, replace
 
 import jsonpatch
-
-from archway.errors import classify_error
-from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import Platform
 
-from .placement import (ARCH_LABEL, Decision, Policy, _join, decide, display_image,
-                        told_architectures)
+from archway.errors import classify_error
+from archway.podview import PodView
+
+from .placement import (
+    ARCH_LABEL,
+    Decision,
+    Policy,
+    _join,
+    decide,
+    display_image,
+    told_architectures,
+)
 
 GATE = "archway.dev/resolving"
 GATED_LABEL = "archway.dev/gated"     # lets the controller list and watch only gated pods

@@ -27,7 +27,7 @@ from archway import metrics
 from archway.podview import PodShapeError, PodView
 
 from .events import EventSink, pod_reference
-from .gate import GATE, GATED_LABEL, gate_only_release, is_gated, plan_release
+from .gate import GATED_LABEL, gate_only_release, is_gated, plan_release
 from .kubeapi import MAX_LIST_BYTES, ApiError, KubeApi
 from .lease import LeaderElector, lease_namespace, new_identity, parse_time
 from .placement import Policy

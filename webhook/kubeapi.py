@@ -5,7 +5,8 @@ in-cluster service account, TLS and tokens): plain dicts in and out, every call 
 and every body in size, errors as one exception carrying the API's HTTP status and Status reason.
 """
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from kubernetes.client.rest import ApiException
 
@@ -75,14 +76,14 @@ class KubeApi:
                                             _request_timeout=timeout).response
         except ApiException as e:
             raise ApiError(int(e.status or 0), "Unreachable", str(e.reason)[:200]) from None
-        except Exception as e:  # urllib3's zoo of transport errors: all mean "unreachable"
+        except Exception as e:  # noqa: BLE001 -- urllib3 raises a zoo of errors: all mean unreachable
             raise ApiError(0, "Unreachable",
                            f"Kubernetes API unreachable: {type(e).__name__}") from None
         if 200 <= response.status < 300:
             return response
         try:
             data = response.read(65536)
-        except Exception:
+        except Exception:  # noqa: BLE001 -- the status alone is still worth reporting
             data = b""
         finally:
             response.release_conn()

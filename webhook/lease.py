@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from .kubeapi import ApiError, KubeApi
 
@@ -42,7 +42,7 @@ def new_identity() -> str:
 
 def micro_time(epoch: float) -> str:
     """metav1.MicroTime as the API writes it."""
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def lease_path(namespace: str, name: str = LEASE_NAME) -> str:
@@ -203,7 +203,7 @@ def parse_time(value) -> float | None:
         return None
     for fmt in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
         try:
-            return datetime.strptime(value, fmt).replace(tzinfo=timezone.utc).timestamp()
+            return datetime.strptime(value, fmt).replace(tzinfo=UTC).timestamp()
         except ValueError:
             continue
     return None

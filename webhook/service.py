@@ -160,8 +160,8 @@ class AdmissionService:
             if self.gating is not None and self.gating.leader_fresh():
                 return replace(decision, patch=gate_patch(pod, self.policy), outcome="gated",
                                reason="gated until its images are read", warnings=(
-                                   "the pod waits (SchedulingGated) for archway to read its "
-                                   f"images, at most {self.gate_max_seconds:g} s",
+                                   ("the pod waits (SchedulingGated) for archway to read its "
+                                    f"images, at most {self.gate_max_seconds:g} s"),
                                ) + decision.warnings)
             decision = replace(decision, warnings=(
                 "no archway gate controller is running: admitted without waiting",
