@@ -7,7 +7,8 @@ import sys
 from archway.errors import ArchwayError
 
 # Each module adds its own subcommands through `register(subparsers)`.
-_COMMAND_MODULES = ("archway.registry.inspect", "archway.serve", "archway.extender.schedconfig", "archway.certs.cli")
+_COMMAND_MODULES = ("archway.registry.inspect", "archway.serve", "archway.extender.schedconfig", "archway.certs.cli",
+                    "archway.webhook.gatecli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -38,6 +38,9 @@ BAD_REQUESTS = Counter("archway_bad_requests_total",
 GATED_PODS = Gauge("archway_gated_pods",
                    "Pods carrying archway's scheduling gate now, as the leading gate controller "
                    "sees them (0 on the other replicas)", multiprocess_mode="livesum")
+GATE_OLDEST = Gauge("archway_gate_oldest_seconds",
+                    "Age of the oldest pod carrying archway's scheduling gate (0: none), as the "
+                    "leading gate controller sees it", multiprocess_mode="livemax")
 # A gated pod waits from seconds (the registry was slow) to admission.gate_max_seconds.
 GATE_WAIT = Histogram("archway_gate_wait_seconds",
                       "Time from a gated pod's creation to its release",

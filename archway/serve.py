@@ -130,7 +130,8 @@ def _preflight(config, tls) -> None:
     if hosts_dir and not os.path.isdir(os.path.expanduser(hosts_dir)):
         raise ConfigError(f"registry.hosts_dir {hosts_dir} is not a directory")
     api_client, _ = build_api_client(config.kubernetes)  # ConfigError on a bad kubeconfig
-    if config.admission.unresolved == "gate" and api_client is None:
+    if config.admission.unresolved == "gate" and api_client is None \
+            and config.server.product in ("all", "webhook"):
         raise ConfigError("admission.unresolved is gate, but no Kubernetes API is configured "
                           "(kubernetes.enabled / kubeconfig / in-cluster): nobody could ever "
                           "remove the gate from a pod. Use admit or deny, or configure the API.")

@@ -383,3 +383,26 @@ def test_admit_mode_tells_the_owner_and_deny_mode_denies(api):
                      policy=Policy(fail_closed=True)).review(owned_review("reg/down:1"))
     assert not denied.body["response"]["allowed"]
     assert "unresolved is deny" in denied.body["response"]["status"]["message"]
+
+
+# --- archway gate release-all (the uninstall hook) ------------------------------------------------
+
+def test_release_all_removes_only_archways_gate_from_every_pod(api):
+    from archway.webhook.gatecli import release_all
+    server, kube = api
+    base = "/api/v1/namespaces/team/pods"
+    both = pod("reg/amd:1")
+    mine = pod("reg/amd:1", gates=(GATE,))
+    mine["metadata"].update(name="mine", uid="u2")
+    del mine["metadata"]["labels"][GATED_LABEL]       # a gate without the label is found too
+    theirs = pod("reg/amd:1", gates=("other.example/quota",))
+    theirs["metadata"].update(name="theirs", uid="u3")
+    for item in (both, mine, theirs):
+        server.put(f"{base}/{item['metadata']['name']}", item)
+    assert release_all(kube) == (2, 0)
+    assert server.get(f"{base}/p")["spec"]["schedulingGates"] == [{"name": "other.example/quota"}]
+    assert GATED_LABEL not in server.get(f"{base}/p")["metadata"]["labels"]
+    assert "schedulingGates" not in server.get(f"{base}/mine")["spec"]
+    assert server.get(f"{base}/theirs")["spec"]["schedulingGates"] == [
+        {"name": "other.example/quota"}]
+    assert server.count("PUT", base) == 2 and server.rejections == []

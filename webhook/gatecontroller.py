@@ -85,6 +85,7 @@ class GateController:
                 self.pending.clear()
                 self._lock.notify_all()
             metrics.GATED_PODS.set(0)
+            metrics.GATE_OLDEST.set(0)
             watcher.join(1)  # a daemon blocked in a watch read: it ends with the stream
 
     def _watch_loop(self) -> None:
@@ -172,6 +173,8 @@ class GateController:
         while not self._stop.is_set():
             now = self._clock()
             with self._lock:
+                oldest = min((p.created for p in self.pending.values()), default=None)
+                metrics.GATE_OLDEST.set(0 if oldest is None else max(0.0, self._wall() - oldest))
                 due = [(uid, p) for uid, p in self.pending.items()
                        if not p.busy and (p.next_try <= now or self._expired(p))]
                 for _, p in due:

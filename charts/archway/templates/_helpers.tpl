@@ -97,7 +97,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $_ := set $c "registry" $registry -}}
 {{- $sched := include "archway.injectedSchedulerName" . -}}
 {{- if $sched -}}
-{{- $_ := set $c "placement" (dict "scheduler_name" $sched) -}}
+{{- $placement := default dict $c.placement -}}
+{{- $_ := set $placement "scheduler_name" $sched -}}
+{{- $_ := set $c "placement" $placement -}}
 {{- end -}}
 {{- range $k, $v := $c -}}
 {{- if not $v }}{{ $_ := unset $c $k }}{{ end -}}
