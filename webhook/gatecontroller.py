@@ -23,7 +23,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+from archway.registry.model import ImageInfo
+from archway.registry.reference import parse_reference
+
 from archway import metrics
+from archway.errors import ArchwayError
 from archway.podview import PodShapeError, PodView
 
 from .events import EventSink, pod_reference
@@ -48,6 +52,7 @@ class Pending:
     next_try: float = 0.0     # monotonic
     tries: int = 0
     busy: bool = False
+    hosts: frozenset[str] = frozenset()   # the registries its images come from
 
 
 class GateController:
@@ -164,7 +169,8 @@ class GateController:
         current = self.pending.get(uid)
         if current is None:
             created = parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
-            self.pending[uid] = Pending(pod, created if created is not None else self._wall())
+            self.pending[uid] = Pending(pod, created if created is not None else self._wall(),
+                                        hosts=_hosts(pod))
         else:
             current.obj = pod
         metrics.GATED_PODS.set(len(self.pending))
@@ -221,12 +227,27 @@ class GateController:
         credentials = self.pull_secrets.credentials_for(view, start + timeout * 0.4)
         results = self.resolver.resolve_many(view.images, keyring=credentials.keyring,
                                              timeout=max(0.05, start + timeout - time.monotonic()))
+        if p.tries:
+            self._wake(results)
         waited = max(0.0, self._wall() - p.created)
         release = plan_release(p.obj, results, self.policy, expired=expired,
                                fallback=self.fallback, waited=waited)
         if release is None:
             return False
         return self._update(p, release.pod, release, release.outcome, waited)
+
+    def _wake(self, results: dict) -> None:
+        """A retry got answers: those registries are back. Every pod waiting on one of them
+        retries now instead of at the end of its back-off."""
+        answered = _hosts_of(image for image, result in results.items()
+                             if isinstance(result, ImageInfo))
+        if not answered:
+            return
+        with self._lock:
+            for p in self.pending.values():
+                if not p.busy and p.next_try > 0 and p.hosts & answered:
+                    p.next_try = 0.0
+            self._lock.notify_all()
 
     def _update(self, p: Pending, updated: dict, release, outcome: str, waited: float = 0.0) -> bool:
         meta = p.obj.get("metadata") or {}
@@ -258,6 +279,23 @@ class GateController:
             self.events.record(pod_reference(stored), release.event_type, release.reason,
                                "Release", release.note)
         return True
+
+
+def _hosts(pod: dict) -> frozenset[str]:
+    try:
+        return _hosts_of(PodView.of(pod).images)
+    except PodShapeError:
+        return frozenset()
+
+
+def _hosts_of(images) -> frozenset[str]:
+    hosts = set()
+    for image in images:
+        try:
+            hosts.add(parse_reference(image).host)
+        except ArchwayError:
+            continue
+    return frozenset(hosts)
 
 
 def _uid(pod: dict) -> str:

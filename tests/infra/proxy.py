@@ -3,7 +3,7 @@
 Fault injection only: the server behind it is real. `delay` is added before each chunk the
 server sends back (so every HTTP response costs at least that; changing it affects open
 connections too, as a registry that slows down or recovers would), `hang = True` accepts
-connections and never forwards a byte.
+connections and never forwards a byte, `go_down()` / `come_back()` refuse connections for a while.
 """
 import socket
 import threading
@@ -17,6 +17,7 @@ class DelayProxy:
         self.target_port = target_port
         self.delay = delay
         self.hang = hang
+        self.refuse = False   # True: every new connection is closed at once (a server that is down)
         self.connections = 0
         self.port = free_port()
         self._listener = socket.create_server(("127.0.0.1", self.port))
@@ -35,6 +36,9 @@ class DelayProxy:
             except OSError:
                 return
             self.connections += 1
+            if self.refuse:
+                client.close()
+                continue
             self._sockets.append(client)
             if self.hang:
                 continue  # keep the socket open, never answer
@@ -60,6 +64,20 @@ class DelayProxy:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+    def go_down(self) -> None:
+        """Refuse new connections and cut the open ones, as a registry that went down."""
+        self.refuse = True
+        sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def come_back(self) -> None:
+        self.refuse = False
 
     def stop(self):
         self._stopping = True
