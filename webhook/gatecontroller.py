@@ -31,7 +31,7 @@ from archway.errors import ArchwayError
 from archway.podview import PodShapeError, PodView
 
 from .events import EventSink, pod_reference
-from .gate import GATED_LABEL, gate_only_release, is_gated, plan_release
+from .gate import GATED_LABEL, Release, gate_only_release, is_gated, plan_release
 from .kubeapi import MAX_LIST_BYTES, ApiError, KubeApi
 from .lease import LeaderElector, lease_namespace, new_identity, parse_time
 from .placement import Policy
@@ -75,16 +75,16 @@ class GateController:
         self._clock = clock
         self._lock = threading.Condition()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gate")
-        self._stop = threading.Event()
 
     # --- leading --------------------------------------------------------------------------
     def lead(self, stop: threading.Event) -> None:
-        """Act until `stop` is set (leadership lost or the server stopping)."""
-        self._stop = stop
-        watcher = threading.Thread(target=self._watch_loop, name="archway-gate-watch", daemon=True)
+        """Act until `stop` is set (leadership lost or the server stopping). Each leadership has
+        its own `stop`: a watcher of a previous one still blocked in a read cannot act again."""
+        watcher = threading.Thread(target=self._watch_loop, args=(stop,),
+                                   name="archway-gate-watch", daemon=True)
         watcher.start()
         try:
-            self._work_loop()
+            self._work_loop(stop)
         finally:
             with self._lock:
                 self.pending.clear()
@@ -93,13 +93,13 @@ class GateController:
             metrics.GATE_OLDEST.set(0)
             watcher.join(1)  # a daemon blocked in a watch read: it ends with the stream
 
-    def _watch_loop(self) -> None:
+    def _watch_loop(self, stop: threading.Event) -> None:
         version, backoff = None, 0.0
-        while not self._stop.is_set():
+        while not stop.is_set():
             try:
                 if version is None:
                     version = self.sweep()
-                version = self._watch(version)
+                version = self._watch(version, stop)
                 backoff = 0.0
             except ApiError as e:
                 if e.status == 410:
@@ -108,10 +108,10 @@ class GateController:
                     continue
                 backoff = min(10.0, max(0.5, backoff * 2))
                 log.warning("gate controller: %s; retrying in %.1f s", e, backoff)
-                self._stop.wait(backoff * random.uniform(0.8, 1.2))
+                stop.wait(backoff * random.uniform(0.8, 1.2))
             except Exception:
                 log.exception("gate controller watch failed")
-                self._stop.wait(1.0)
+                stop.wait(1.0)
 
     def sweep(self) -> str:
         """Every pod carrying archway's gate, label or not (paged list of all pods): what a
@@ -142,11 +142,11 @@ class GateController:
         log.info("gate controller: %d gated pod(s) found", len(found))
         return version
 
-    def _watch(self, version: str) -> str:
+    def _watch(self, version: str, stop: threading.Event) -> str:
         for event in self.api.watch("/api/v1/pods", {"labelSelector": GATED_LABEL,
                                                      "resourceVersion": version},
                                     timeout_seconds=WATCH_SECONDS):
-            if self._stop.is_set():
+            if stop.is_set():
                 break
             pod = event.get("object") or {}
             version = (pod.get("metadata") or {}).get("resourceVersion") or version
@@ -175,14 +175,14 @@ class GateController:
             current.obj = pod
         metrics.GATED_PODS.set(len(self.pending))
 
-    def _work_loop(self) -> None:
-        while not self._stop.is_set():
+    def _work_loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             now = self._clock()
             with self._lock:
                 oldest = min((p.created for p in self.pending.values()), default=None)
                 metrics.GATE_OLDEST.set(0 if oldest is None else max(0.0, self._wall() - oldest))
                 due = [(uid, p) for uid, p in self.pending.items()
-                       if not p.busy and (p.next_try <= now or self._expired(p))]
+                       if not p.busy and p.next_try <= now]
                 for _, p in due:
                     p.busy = True
                 if not due:
@@ -199,6 +199,9 @@ class GateController:
     def _attempt(self, uid: str, p: Pending) -> None:
         try:
             done = self._try_release(uid, p)
+        except ApiError as e:   # the API is down or refuses: retried with the back-off
+            log.warning("gate controller: releasing %s failed: %s", _name(p.obj), e)
+            done = False
         except Exception:
             log.exception("gate controller: releasing %s failed", _name(p.obj))
             done = False
@@ -265,10 +268,13 @@ class GateController:
                 p.obj = fresh
                 p.next_try = 0.0
                 return False
-            if e.status == 422 and release is not None:
+            if e.status == 422 and release is not None and updated != gate_only_release(p.obj):
                 log.error("the apiserver refused archway's release of %s (%s): removing the "
                           "gate only", _name(p.obj), e.message)
-                return self._update(p, gate_only_release(p.obj), None, "unplaced", waited)
+                refused = Release(gate_only_release(p.obj), "unplaced", "Warning",
+                                  "ReleasedUnplaced", "released without placement: the apiserver "
+                                  f"refused archway's placement ({e.message[:300]})")
+                return self._update(p, refused.pod, refused, "unplaced", waited)
             raise
         metrics.GATE_RELEASES.labels(outcome).inc()
         metrics.GATE_WAIT.observe(waited)
