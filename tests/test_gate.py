@@ -406,3 +406,73 @@ def test_release_all_removes_only_archways_gate_from_every_pod(api):
     assert server.get(f"{base}/theirs")["spec"]["schedulingGates"] == [
         {"name": "other.example/quota"}]
     assert server.count("PUT", base) == 2 and server.rejections == []
+
+
+# --- the controller in process, on the stand-in (no registry: the resolver is a stand-in) -----------
+
+class FlakyResolver:
+    """Answers from `results`; an image missing there fails (a registry that is down)."""
+
+    def __init__(self):
+        self.results = {}
+
+    def resolve_many(self, images, *, keyring=None, timeout):
+        return {image: self.results.get(image, DOWN) for image in images}
+
+
+class NoSecrets:
+    def credentials_for(self, pod, deadline):
+        from archway.registry.credentials import Keyring
+        from archway.webhook.pullsecrets import PullCredentials
+        return PullCredentials(Keyring.empty())
+
+
+def wait_until(condition, timeout=10.0):
+    import time
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.02)
+    raise AssertionError("condition never met")
+
+
+def test_controller_lists_again_after_410_and_releases_what_it_finds(api):
+    import threading
+    import time
+
+    from archway.webhook.events import EventSink
+    from archway.webhook.gatecontroller import GateController
+    server, kube = api
+    resolver = FlakyResolver()
+    controller = GateController(api=kube, resolver=resolver, pull_secrets=NoSecrets(),
+                                policy=Policy(), max_seconds=600, events=EventSink(kube, instance="t"),
+                                watch_seconds=1)
+    first = pod("reg/multi:1")
+    first["metadata"]["creationTimestamp"] = None
+    server.put("/api/v1/namespaces/team/pods/p", first)
+    stop = threading.Event()
+    leader = threading.Thread(target=controller.lead, args=(stop,), daemon=True)
+    leader.start()
+    try:
+        wait_until(lambda: "u1" in controller.pending)
+        # A pod whose watch event was compacted away: it is in the store, in no event, and the
+        # history is gone, so the next watch from the controller's version gets 410 Gone.
+        second = pod("reg/amd:1")
+        second["metadata"].update(name="q", uid="u2", creationTimestamp=time.strftime(
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        with server._lock:
+            server._rv += 1
+            second["metadata"]["resourceVersion"] = str(server._rv)
+            server.objects["/api/v1/namespaces/team/pods/q"] = second
+        server.expire_history()
+        wait_until(lambda: controller.sweeps >= 2 and "u2" in controller.pending)
+        resolver.results = {"reg/multi:1": MULTI, "reg/amd:1": AMD}
+        wait_until(lambda: not controller.pending)
+    finally:
+        stop.set()
+        leader.join(5)
+    assert server.get("/api/v1/namespaces/team/pods/q")["spec"]["nodeSelector"] == {
+        ARCH_LABEL: "amd64"}
+    assert GATE not in str(server.get("/api/v1/namespaces/team/pods/p")["spec"])
+    assert server.rejections == []

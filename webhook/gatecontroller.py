@@ -61,7 +61,7 @@ class GateController:
     def __init__(self, *, api: KubeApi, resolver, pull_secrets, policy: Policy,
                  max_seconds: float, fallback: tuple[str, ...] = (), events: EventSink | None,
                  resolve_timeout: float = 5.0, workers: int = 8, wall=time.time,
-                 clock=time.monotonic):
+                 clock=time.monotonic, watch_seconds: int = WATCH_SECONDS):
         self.api = api
         self.resolver = resolver
         self.pull_secrets = pull_secrets
@@ -70,6 +70,8 @@ class GateController:
         self.fallback = fallback
         self.events = events
         self.resolve_timeout = resolve_timeout
+        self.watch_seconds = watch_seconds
+        self.sweeps = 0
         self.pending: dict[str, Pending] = {}
         self._wall = wall
         self._clock = clock
@@ -139,13 +141,14 @@ class GateController:
             for uid, pod in found.items():
                 self._upsert(uid, pod)
             self._lock.notify_all()
+        self.sweeps += 1
         log.info("gate controller: %d gated pod(s) found", len(found))
         return version
 
     def _watch(self, version: str, stop: threading.Event) -> str:
         for event in self.api.watch("/api/v1/pods", {"labelSelector": GATED_LABEL,
                                                      "resourceVersion": version},
-                                    timeout_seconds=WATCH_SECONDS):
+                                    timeout_seconds=self.watch_seconds):
             if stop.is_set():
                 break
             pod = event.get("object") or {}
