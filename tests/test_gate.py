@@ -476,3 +476,22 @@ def test_controller_lists_again_after_410_and_releases_what_it_finds(api):
         ARCH_LABEL: "amd64"}
     assert GATE not in str(server.get("/api/v1/namespaces/team/pods/p")["spec"])
     assert server.rejections == []
+
+
+def test_the_readmes_kubectl_patch_releases_a_gated_pod_and_keeps_other_gates(api):
+    """The strategic merge patch of the README's one-liner, sent as kubectl sends it."""
+    import json
+    import os
+    import re
+    from tests.infra.procs import REPO
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        line = next(line for line in f if line.startswith("kubectl get pods -A -l " + GATED_LABEL))
+    assert "--type strategic" in line
+    body = json.loads(re.search(r"-p '([^']+)'", line).group(1))
+    server, kube = api
+    path = "/api/v1/namespaces/team/pods/p"
+    server.put(path, pod("reg/amd:1"))
+    kube.request("PATCH", path, body=body, content_type="application/strategic-merge-patch+json")
+    released = server.get(path)
+    assert released["spec"]["schedulingGates"] == [{"name": "other.example/quota"}]
+    assert GATED_LABEL not in released["metadata"]["labels"] and server.rejections == []

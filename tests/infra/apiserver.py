@@ -90,6 +90,9 @@ def _merge(target, patch, strategic: bool):
               and all(isinstance(v, dict) and "name" in v for v in value + result[key])):
             merged = {item["name"]: item for item in result[key]}
             for item in value:
+                if item.get("$patch") == "delete":   # the directive that removes an item
+                    merged.pop(item["name"], None)
+                    continue
                 merged[item["name"]] = _merge(merged.get(item["name"], {}), item, strategic)
             result[key] = list(merged.values())
         else:
