@@ -483,6 +483,7 @@ def test_the_readmes_kubectl_patch_releases_a_gated_pod_and_keeps_other_gates(ap
     import json
     import os
     import re
+
     from tests.infra.procs import REPO
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
         line = next(line for line in f if line.startswith("kubectl get pods -A -l " + GATED_LABEL))
