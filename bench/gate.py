@@ -22,7 +22,7 @@ from tests.infra.registry import RegistryServer
 from .lab import PLATFORMS, Lab, fixture_text, mutated_archs
 from .loadgen import run_wrk
 from .report import Figure, failed_figure
-from .servers import GunicornServer
+from .servers import GunicornServer, rss_bytes
 from .stats import median, parse_metrics, percentile
 
 PODS = 100
@@ -203,6 +203,7 @@ def _throughput(gated, plain, api, proxy, warm: bytes, busy_images) -> Figure:
                     raise RuntimeError(f"{server.name}: {result.errors} wrk errors")
                 rates[server.name].append(result.rate)
         busy = _gated_now(gated)
+        controller_mb = sum(rss_bytes(pid) for pid in gated.controller_pids()) / 1e6
     finally:
         proxy.delay = 0.0
     ratios = [a / b for a, b in zip(rates[gated.name], rates[plain.name])]
@@ -215,4 +216,5 @@ def _throughput(gated, plain, api, proxy, warm: bytes, busy_images) -> Figure:
                       f"controller process retrying {busy:.0f} gated pods against a registry "
                       f"delayed {SLOW_SECONDS:g} s; and with kubernetes.enabled off (no "
                       f"controller); wrk {CONNECTIONS} connections, {ROUNDS} alternating rounds of "
-                      f"{SECONDS} s; per-round ratios {', '.join(f'{r:.2f}' for r in ratios)}")])
+                      f"{SECONDS} s; per-round ratios {', '.join(f'{r:.2f}' for r in ratios)}; the "
+                      f"controller process's RSS {controller_mb:.0f} MB")])
