@@ -496,3 +496,18 @@ def test_the_readmes_kubectl_patch_releases_a_gated_pod_and_keeps_other_gates(ap
     released = server.get(path)
     assert released["spec"]["schedulingGates"] == [{"name": "other.example/quota"}]
     assert GATED_LABEL not in released["metadata"]["labels"] and server.rejections == []
+
+
+def test_the_release_all_command_as_the_uninstall_hook_runs_it(api, tmp_path):
+    import subprocess
+    import sys
+    server, _ = api
+    server.put("/api/v1/namespaces/team/pods/p", pod("reg/amd:1"))
+    config = tmp_path / "archway.yaml"
+    config.write_text(f"kubernetes: {{kubeconfig: {server.kubeconfig(str(tmp_path))}}}\n")
+    done = subprocess.run([sys.executable, "-m", "archway.cli", "--config", str(config), "gate",
+                           "release-all"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "released 1 gated pod(s)" in done.stdout
+    assert server.get("/api/v1/namespaces/team/pods/p")["spec"]["schedulingGates"] == [
+        {"name": "other.example/quota"}]
