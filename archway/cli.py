@@ -8,7 +8,8 @@ from archway.errors import ArchwayError
 
 # Each module adds its own subcommands through `register(subparsers)`.
 _COMMAND_MODULES = ("archway.registry.inspect", "archway.serve", "archway.extender.schedconfig",
-                    "archway.certs.cli", "archway.webhook.explain", "archway.webhook.report")
+                    "archway.certs.cli", "archway.webhook.explain", "archway.webhook.report",
+                    "archway.webhook.gatecli")
 
 
 def build_parser() -> argparse.ArgumentParser:

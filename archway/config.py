@@ -134,12 +134,22 @@ class ServerSettings:
 class AdmissionSettings:
     mode: str = choice("enforce", "audit")  # audit: annotate and count, change no placement
     deadline_seconds: float = 3.0         # keep below the webhook's timeoutSeconds
-    fail_closed: bool = False             # true: deny pods whose images could not be resolved
+    # A pod with an image not resolved in time: admit it unplaced (with a warning), gate it
+    # (spec.schedulingGates) until the gate controller places it, or deny it.
+    unresolved: str = choice("admit", "gate", "deny")
+    gate_max_seconds: float = 120.0       # a gated pod is released (unplaced) after this long
+    gate_lease_seconds: float = 15.0      # the gate controller leader's Lease duration
+    fail_closed: bool | None = None       # deprecated: true is unresolved: deny, false admit
     deny_on_conflict: bool = False        # true: deny when the pod's own arch constraint excludes S
     deny_on_empty: bool = True            # false: admit pods with no common arch, with a warning
     deny_unschedulable: bool = False      # true: deny pods whose archs no (tolerated) node has
     exclude_namespaces: tuple[str, ...] = ("kube-system",)
     max_images_per_pod: int = 64          # distinct images resolved per pod; past it: unresolved
+
+    def __post_init__(self):
+        # The deprecated key still works when the new one is left at its default.
+        if self.fail_closed is not None and self.unresolved == "admit":
+            object.__setattr__(self, "unresolved", "deny" if self.fail_closed else "admit")
 
 
 def _arch_name(value: Any, key: str) -> str:
@@ -203,6 +213,9 @@ class PlacementSettings:
     preferred_architectures: tuple[tuple[str, int], ...] = checked(tuple, _arch_weights)
     # arch -> tolerations added when the pod may run on that arch (tainted arm64 pools)
     tolerations: tuple[tuple[str, tuple[dict, ...]], ...] = checked(tuple, _arch_tolerations)
+    # Where a gated pod goes when released after admission.gate_max_seconds unresolved;
+    # empty: released unplaced.
+    fallback_architectures: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -211,6 +224,7 @@ class KubernetesSettings:
     kubeconfig: str | None = None
     secret_cache_seconds: float = 60.0
     namespace_cache: bool = True          # list+watch Namespaces for per-namespace mode/preferences
+    namespace: str | None = None          # the gate controller's Lease; none: the pod's own
 
 
 @dataclass(frozen=True)
@@ -261,6 +275,15 @@ def load_config(path: str | None = None) -> Config:
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
     return config_from_dict(data or {}, origin=path)
+
+
+def deprecations(config: Config) -> list[str]:
+    """Warnings to log at start-up about deprecated keys the file still uses."""
+    found = []
+    if config.admission.fail_closed is not None:
+        found.append(f"admission.fail_closed is deprecated: write admission.unresolved: "
+                     f"{config.admission.unresolved} instead")
+    return found
 
 
 def config_from_dict(data: Any, origin: str = "config") -> Config:

@@ -50,6 +50,23 @@ UNSCHEDULABLE_PODS = Counter(
 BAD_REQUESTS = Counter("archway_bad_requests_total",
                        "Requests rejected as malformed, by HTTP status", ["code"])
 
+# --- gate controller (admission.unresolved: gate) -------------------------------------------------
+GATED_PODS = Gauge("archway_gated_pods",
+                   "Pods carrying archway's scheduling gate now, as the leading gate controller "
+                   "sees them (0 on the other replicas)", multiprocess_mode="livesum")
+GATE_OLDEST = Gauge("archway_gate_oldest_seconds",
+                    "Age of the oldest pod carrying archway's scheduling gate (0: none), as the "
+                    "leading gate controller sees it", multiprocess_mode="livemax")
+# A gated pod waits from seconds (the registry was slow) to admission.gate_max_seconds.
+GATE_WAIT = Histogram("archway_gate_wait_seconds",
+                      "Time from a gated pod's creation to its release",
+                      buckets=(0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0))
+GATE_RELEASES = Counter(
+    "archway_gate_releases_total",
+    "Gated pods released, by outcome: placed, fallback (placement.fallback_architectures), "
+    "unplaced (admission.gate_max_seconds passed), no_common_arch (kept off every node), "
+    "deleted (deleted while gated)", ["outcome"])
+
 # --- registry and cache -------------------------------------------------------------------------
 CACHE_LOOKUPS = Counter(
     "archway_cache_lookups_total",

@@ -16,7 +16,7 @@ from gunicorn.app.base import BaseApplication
 from archway.errors import ConfigError
 from archway.hostport import join_host_port, split_host_port
 
-from .config import load_config
+from .config import deprecations, load_config
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 GRACEFUL_TIMEOUT_SECONDS = 10
@@ -142,7 +142,21 @@ def _preflight(config, tls) -> None:
     hosts_dir = config.registry.hosts_dir
     if hosts_dir and not os.path.isdir(os.path.expanduser(hosts_dir)):
         raise ConfigError(f"registry.hosts_dir {hosts_dir} is not a directory")
-    build_api_client(config.kubernetes)  # ConfigError on a bad kubernetes.kubeconfig
+    api_client, _ = build_api_client(config.kubernetes)  # ConfigError on a bad kubeconfig
+    if config.admission.unresolved == "gate" and api_client is None \
+            and config.server.product in ("all", "webhook"):
+        raise ConfigError("admission.unresolved is gate, but no Kubernetes API is configured "
+                          "(kubernetes.enabled / kubeconfig / in-cluster): nobody could ever "
+                          "remove the gate from a pod. Use admit or deny, or configure the API.")
+    for warning in deprecations(config):
+        print(f"archway: warning: {warning}", flush=True)
+
+
+def runs_gate_controller(config) -> bool:
+    """The gate controller runs beside the webhook whenever a Kubernetes API is configured."""
+    from archway.webhook.pullsecrets import build_api_client
+    return config.server.product in ("all", "webhook") and \
+        build_api_client(config.kubernetes)[0] is not None
 
 
 def _fresh_metrics_dir() -> str:
@@ -181,6 +195,19 @@ def _options(config, bind: str, tls) -> dict:
     def child_exit(_arbiter, worker):
         metrics.mark_process_dead(worker.pid)
 
+    controller: list = []  # the gate controller's process, started once the server is up
+
+    def when_ready(_arbiter):
+        if runs_gate_controller(config):
+            from archway.webhook.gatecontroller import start_process
+            controller.append(start_process(config))
+
+    def on_exit(_arbiter):
+        from archway.webhook.gatecontroller import stop_process
+        for process in controller:
+            stop_process(process)
+            metrics.mark_process_dead(process.pid)
+
     options = {
         "bind": [bind],
         "workers": config.server.workers,
@@ -198,6 +225,8 @@ def _options(config, bind: str, tls) -> dict:
         "preload_app": False,          # the app (and its resolver) is built in each worker
         "control_socket_disable": True,
         "child_exit": child_exit,
+        "when_ready": when_ready,
+        "on_exit": on_exit,
     }
     if config.server.log_format == "json":
         from archway.logs import logging_dict

@@ -27,6 +27,7 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "uncached": "uncached",
     "admission": "admission",
     "memory": "memory",
+    "gate": "gate",
     "extender": "extender",
 }
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")

@@ -59,6 +59,8 @@ def main(argv=None) -> int:
     tls = serve.tls_files(config, host)
     options = serve._options(config, args.bind, tls)
     options["proc_name"] = "archway-bench-echo"
+    for hook in ("when_ready", "on_exit"):   # archway's gate controller is not part of the echo
+        options.pop(hook, None)
     _EchoGunicorn(options).run()
     return 0
 

@@ -90,7 +90,12 @@ class GunicornServer:
         return self.server.proc.pid
 
     def worker_pids(self) -> list[int]:
-        return children(self.master_pid)
+        """gunicorn's workers: the master's children but the gate controller's process."""
+        return [pid for pid in children(self.master_pid) if not _is_gate_controller(pid)]
+
+    def controller_pids(self) -> list[int]:
+        """The gate controller's process (archway serve with a Kubernetes API configured)."""
+        return [pid for pid in children(self.master_pid) if _is_gate_controller(pid)]
 
     def wait_workers(self, count: int, timeout: float = 30.0) -> list[int]:
         end = time.monotonic() + timeout
@@ -134,6 +139,14 @@ def children(pid: int) -> list[int]:
     except OSError:
         pass
     return sorted(set(pids))
+
+
+def _is_gate_controller(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"archway.webhook.gatecontroller" in f.read()
+    except OSError:
+        return False
 
 
 def rss_bytes(pid: int) -> int:

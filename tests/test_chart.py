@@ -55,6 +55,8 @@ CASES = {
                     "--set-json", 'config.placement.tolerations={"arm64": [{"key": '
                                   '"kubernetes.io/arch", "operator": "Equal", "value": "arm64", '
                                   '"effect": "NoSchedule"}]}'],
+    "unresolved-admit": ["--set", "config.admission.unresolved=admit",
+                         "--set", "config.placement.fallback_architectures={amd64}"],
     "no-renewal-custom-config": ["--set", "tls.bootstrap.renewal.enabled=false",
                                  "--set", "config.prometheus.url=http://prometheus.monitoring:9090",
                                  "--set", "config.prometheus.window=90s",
@@ -200,7 +202,15 @@ def test_alert_expressions_pass_promtool(render, tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     alerts = {r["alert"]: r["expr"] for r in rule["spec"]["groups"][0]["rules"]}
     assert set(alerts) == {"ArchwayWebhookDown", "ArchwayHighFailOpenRate", "ArchwayPrometheusDataStale",
-                           "ArchwayCertificateExpiresSoon"}
+                           "ArchwayCertificateExpiresSoon", "ArchwayPodsGatedTooLong"}
+    # pods gated longer than half of admission.gate_max_seconds (120 by default)
+    assert alerts["ArchwayPodsGatedTooLong"].endswith(") > 60")
+    assert "archway_gate_oldest_seconds" in alerts["ArchwayPodsGatedTooLong"]
+    gated = next(r for r in rule["spec"]["groups"][0]["rules"]
+                 if r.get("alert") == "ArchwayPodsGatedTooLong")
+    url = gated["annotations"]["runbook_url"]
+    assert url.endswith("/docs/runbooks/ArchwayPodsGatedTooLong.md")
+    assert os.path.exists(os.path.join(REPO, "docs", "runbooks", "ArchwayPodsGatedTooLong.md"))
     # The metric names are the ones archway exports (webhook/metrics.py, webhook/traffic.py).
     assert 'archway_admissions_total' in alerts["ArchwayHighFailOpenRate"]
     assert 'outcome="fail_open"' in alerts["ArchwayHighFailOpenRate"]
@@ -355,7 +365,7 @@ def test_bootstrap_mode_jobs_and_rbac(render):
     mwc = one(docs, "MutatingWebhookConfiguration")
     assert "caBundle" not in mwc["webhooks"][0]["clientConfig"]
     assert "annotations" not in mwc["metadata"]
-    jobs = {j["metadata"]["name"]: j for j in find(docs, "Job")}
+    jobs = {j["metadata"]["name"]: j for j in find(docs, "Job") if "certgen" in j["metadata"]["name"]}
     assert set(jobs) == {f"{RELEASE}-archway-certgen-create", f"{RELEASE}-archway-certgen-patch"}
     hooks = {n: j["metadata"]["annotations"]["helm.sh/hook"] for n, j in jobs.items()}
     assert hooks[f"{RELEASE}-archway-certgen-create"] == "pre-install,pre-upgrade"
@@ -418,7 +428,9 @@ def test_cert_manager_mode(render):
     ca_cert = next(c for c in find(docs, "Certificate") if c["spec"].get("isCA"))
     assert issuer["spec"]["ca"]["secretName"] == ca_cert["spec"]["secretName"]
     assert one(docs, "Issuer", ca_cert["spec"]["issuerRef"]["name"])["spec"] == {"selfSigned": {}}
-    assert not [d for d in docs if d["kind"] in ("Job", "CronJob")]
+    # no certgen Job (the only Job is the uninstall hook that releases gated pods)
+    assert [d["metadata"]["name"] for d in docs if d["kind"] in ("Job", "CronJob")] == [
+        f"{RELEASE}-archway-gate-release"]
 
     own = render("cert-manager-own-issuer")
     assert [d["kind"] for d in own if d["kind"] in ("Issuer", "Certificate")] == ["Certificate"]
@@ -432,7 +444,9 @@ def test_user_secret_mode(render):
     deployment = one(docs, "Deployment", f"{RELEASE}-archway")
     assert "my-webhook-tls" in [v["secret"]["secretName"]
                                 for v in deployment["spec"]["template"]["spec"]["volumes"] if "secret" in v]
-    assert not [d for d in docs if d["kind"] in ("Job", "CronJob", "Certificate", "Issuer")]
+    assert [d["metadata"]["name"] for d in docs
+            if d["kind"] in ("Job", "CronJob", "Certificate", "Issuer")] == [
+        f"{RELEASE}-archway-gate-release"]
 
 
 def expected_scheduler_config(**kwargs):
@@ -1044,3 +1058,50 @@ def test_every_value_set_to_null_renders_or_names_itself(helm_env, tmp_path):
         result = helm(helm_env, "template", RELEASE, CHART, "--set", f"{path}=null", check=False)
         leaf = path.rpartition(".")[2]
         assert result.returncode != 0 and f"missing property '{leaf}'" in result.stderr, path
+
+
+# --- gate on a miss (config.admission.unresolved) ---------------------------------------------------
+
+def test_the_chart_gates_with_least_privilege_and_releases_on_uninstall(render):
+    docs = render("default")
+    webhook = config_from_dict(archway_configs(docs)["webhook.yaml"], origin="webhook.yaml")
+    assert webhook.admission.unresolved == "gate" and webhook.admission.gate_max_seconds == 120
+    account = f"{RELEASE}-archway"
+    controller = one(docs, "ClusterRole", f"{RELEASE}-archway-gate-controller")
+    assert controller["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "update"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}]
+    lease = one(docs, "Role", f"{RELEASE}-archway-gate-lease")
+    assert lease["metadata"]["namespace"] == NS
+    assert lease["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "resourceNames": ["archway-gate-controller"], "verbs": ["get", "update"]}]
+    for kind, name in (("ClusterRoleBinding", controller["metadata"]["name"]),
+                       ("RoleBinding", lease["metadata"]["name"])):
+        binding = one(docs, kind, name)
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,
+                                        "namespace": NS}]
+    deployment = one(docs, "Deployment", f"{RELEASE}-archway")
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account
+
+    hook = one(docs, "Job", f"{RELEASE}-archway-gate-release")
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    pod = hook["spec"]["template"]["spec"]
+    assert pod["containers"][0]["args"] == ["gate", "release-all"]
+    assert pod["containers"][0]["image"] == container(deployment, "webhook")["image"]
+    hook_role = one(docs, "ClusterRole", pod["serviceAccountName"])
+    assert hook_role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                                   "verbs": ["list", "get", "update"]}]
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+        annotations = one(docs, kind, pod["serviceAccountName"])["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-delete"
+        assert int(annotations["helm.sh/hook-weight"]) < 0   # before the Job
+
+
+def test_admit_mode_has_no_uninstall_hook_and_passes_fallback_through(render):
+    docs = render("unresolved-admit")
+    assert not [j for j in docs if j["kind"] == "Job" and "gate-release" in j["metadata"]["name"]]
+    webhook = config_from_dict(archway_configs(docs)["webhook.yaml"], origin="webhook.yaml")
+    assert webhook.admission.unresolved == "admit"
+    assert webhook.placement.fallback_architectures == ("amd64",)

@@ -74,3 +74,31 @@ def test_docs_list_exactly_the_schema_keys():
         if row and section:
             documented.update(f"{section}.{k}" for k in row.groups() if k)
     assert documented == set(documented_keys())
+
+
+def test_unresolved_replaces_fail_closed_which_still_works_with_a_warning():
+    from archway.config import deprecations
+    assert Config().admission.unresolved == "admit" and deprecations(Config()) == []
+    old = config_from_dict({"admission": {"fail_closed": True}})
+    assert old.admission.unresolved == "deny"
+    assert deprecations(old) == [("admission.fail_closed is deprecated: write "
+                                  "admission.unresolved: deny instead")]
+    assert config_from_dict({"admission": {"fail_closed": False}}).admission.unresolved == "admit"
+    new = config_from_dict({"admission": {"unresolved": "gate", "gate_max_seconds": 30},
+                            "placement": {"fallback_architectures": ["amd64"]}})
+    assert (new.admission.unresolved, new.admission.gate_max_seconds,
+            new.placement.fallback_architectures) == ("gate", 30.0, ("amd64",))
+    with pytest.raises(ConfigError, match="admission.unresolved must be one of admit, gate, deny"):
+        config_from_dict({"admission": {"unresolved": "wait"}})
+
+
+def test_gate_without_a_kubernetes_api_is_refused_at_start_up(tmp_path):
+    import subprocess
+    import sys
+    path = tmp_path / "c.yaml"
+    path.write_text("admission: {unresolved: gate}\nkubernetes: {enabled: \"off\"}\n"
+                    f"server: {{state_dir: {tmp_path}}}\n")
+    done = subprocess.run([sys.executable, "-m", "archway.cli", "--config", str(path), "serve",
+                           "--bind", "127.0.0.1:1"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "admission.unresolved is gate, but no Kubernetes API is configured" in done.stderr

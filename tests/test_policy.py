@@ -210,14 +210,14 @@ def test_pod_no_node_can_run_gets_a_warning_and_an_event_on_its_controller(webho
     def events():
         with apiserver._lock:
             return [o for p, o in apiserver.objects.items()
-                    if p.startswith("/api/v1/namespaces/shop/events/")
-                    and o["involvedObject"]["name"] == "batch-7f9"]
+                    if p.startswith("/apis/events.k8s.io/v1/namespaces/shop/events/")
+                    and o["regarding"]["name"] == "batch-7f9"]
     wait_until(events)
     (event,) = events()
     assert event["reason"] == "ArchwayUnschedulable" and event["type"] == "Warning"
-    assert event["involvedObject"] == {"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                                       "namespace": "shop", "name": "batch-7f9", "uid": "rs-uid"}
-    assert event["source"] == {"component": "archway"}
+    assert event["regarding"] == {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                  "namespace": "shop", "name": "batch-7f9", "uid": "rs-uid"}
+    assert event["reportingController"] == "archway.dev/archway"
     # an arm64-only pod tolerates arm-1 thanks to archway's toleration: no warning
     fine, _ = admit(client, "shop", images["arm"])
     assert not fine.get("warnings")
@@ -355,16 +355,20 @@ def cluster(apiserver, images):
             "apiVersion": "apps/v1", "kind": "DaemonSet",
             "metadata": {"name": "agent", "namespace": "kube-system"},
             "spec": {"selector": {}, "template": {"spec": pod_spec(images["arm"])}}},
-        "/api/v1/namespaces/shop/events/web-5d8.1": {
-            "apiVersion": "v1", "kind": "Event", "metadata": {"name": "web-5d8.1"},
-            "involvedObject": {"kind": "ReplicaSet", "name": "web-5d8", "namespace": "shop"},
-            "reason": "ArchwayUnschedulable", "type": "Warning", "message": "from archway",
-            "source": {"component": "archway"}},
-        "/api/v1/namespaces/shop/events/web-5d8.2": {
-            "apiVersion": "v1", "kind": "Event", "metadata": {"name": "web-5d8.2"},
-            "involvedObject": {"kind": "ReplicaSet", "name": "web-5d8", "namespace": "shop"},
-            "reason": "SuccessfulCreate", "type": "Normal", "message": "not archway's",
-            "source": {"component": "replicaset-controller"}},
+        "/apis/events.k8s.io/v1/namespaces/shop/events/web-5d8.1": {
+            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": "web-5d8.1", "namespace": "shop"},
+            "regarding": {"kind": "ReplicaSet", "name": "web-5d8", "namespace": "shop"},
+            "reason": "ArchwayUnschedulable", "type": "Warning", "note": "from archway",
+            "action": "Admit", "eventTime": "2026-11-24T02:00:00.000000Z",
+            "reportingController": "archway.dev/archway", "reportingInstance": "archway-1"},
+        "/apis/events.k8s.io/v1/namespaces/shop/events/web-5d8.2": {
+            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": "web-5d8.2", "namespace": "shop"},
+            "regarding": {"kind": "ReplicaSet", "name": "web-5d8", "namespace": "shop"},
+            "reason": "SuccessfulCreate", "type": "Normal", "note": "not archway's",
+            "action": "Create", "eventTime": "2026-11-24T02:00:00.000000Z",
+            "reportingController": "replicaset-controller", "reportingInstance": "kcm-1"},
     }
     for path, obj in objects.items():
         apiserver.put(path, obj)

@@ -174,7 +174,7 @@ def test_a_failing_resolver_fails_open_or_closed_by_policy():
     assert opened["warnings"] == ["archway failed to decide (internal error); pod admitted unchanged"]
     assert opened["auditAnnotations"] == {"outcome": "error"}
     closed = response(service(broken, policy=Policy(fail_closed=True)).review(review("reg/a:1")))
-    assert not closed["allowed"] and "fail_closed" in closed["status"]["message"]
+    assert not closed["allowed"] and "unresolved is deny" in closed["status"]["message"]
 
 
 # --- per-namespace policy, the cluster's nodes, Events (stand-in caches) --------------------------
@@ -193,8 +193,8 @@ class Events:
     def __init__(self):
         self.sent = []
 
-    def warn(self, pod, reason, message):
-        self.sent.append((pod.display_name, reason, message))
+    def record(self, regarding, event_type, reason, action, note):
+        self.sent.append((f"{regarding['namespace']}/{regarding['name']}", event_type, reason, note))
 
 
 class Node:
@@ -237,7 +237,7 @@ def test_unschedulable_pod_is_warned_with_an_event_or_denied():
     resolver = Resolver({"reg/z:1": info("reg/z:1", "linux/s390x")})
     warned = response(service(resolver, nodes=nodes, events=events).review(review("reg/z:1")))
     assert warned["allowed"] and warned["warnings"][0].startswith("images are s390x-only")
-    assert events.sent == [("shop/web-*", "ArchwayUnschedulable",
+    assert events.sent == [("shop/web-", "Warning", "ArchwayUnschedulable",
                             ("images are s390x-only; nodes: amd64, arm64: the pod stays Pending "
                              "until such a node joins"))]
     denied = response(service(resolver, nodes=nodes, events=events,

@@ -10,7 +10,6 @@ from flask import Flask, jsonify, request
 
 from archway import metrics
 
-from .events import EventRecorder
 from .namespaces import NamespaceCache
 from .pullsecrets import PullSecrets, build_api_client
 from .service import AdmissionService
@@ -28,19 +27,20 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
     config = state.config
     if pull_secrets is None:
         pull_secrets = PullSecrets.from_config(config)
-
-    def client_factory():
-        return build_api_client(config.kubernetes)[0]
-
+    gating, events = _gate_support(config, pull_secrets)
     namespaces = None
     if config.kubernetes.namespace_cache and config.kubernetes.enabled != "off":
-        namespaces = NamespaceCache(client_factory)
+        namespaces = NamespaceCache(lambda: build_api_client(config.kubernetes)[0])
         namespaces.ensure_started()   # in this worker: the first pods need it listed
     service = AdmissionService.from_config(
         config, resolver=state.resolver, pull_secrets=pull_secrets, namespaces=namespaces,
-        nodes=state.node_cache, events=EventRecorder(client_factory))
+        nodes=state.node_cache, gating=gating, events=events)
     app.extensions["archway.webhook"] = service
     state.readiness_facts["kubernetes_api"] = lambda: pull_secrets.source
+    if gating is not None:
+        # Whether this worker would gate a pod now (admission.unresolved: gate).
+        state.readiness_facts["gate_controller"] = lambda: (
+            "leader alive" if gating.leader_fresh() else "no leader: pods are admitted unplaced")
     max_bytes = config.server.max_body_bytes
 
     def mutate():
@@ -57,6 +57,23 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
 
     app.add_url_rule("/mutate", "mutate", mutate, methods=["POST"])
     return service
+
+
+def _gate_support(config, pull_secrets):
+    """(Lease observer, Event sink) when a Kubernetes API is configured, else (None, None)."""
+    api_client = getattr(getattr(pull_secrets, "api", None), "api_client", None)
+    if api_client is None:
+        return None, None
+    from .events import EventSink
+    from .kubeapi import KubeApi
+    from .lease import LeaseObserver, lease_namespace, new_identity
+    api = KubeApi(api_client, timeout_seconds=5)
+    gating = None
+    if config.admission.unresolved == "gate":
+        gating = LeaseObserver(api, lease_namespace(config.kubernetes.namespace),
+                               duration_seconds=config.admission.gate_lease_seconds)
+        gating.start()
+    return gating, EventSink(api, instance=new_identity())
 
 
 def _refuse_oversized(max_bytes: int):

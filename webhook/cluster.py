@@ -57,9 +57,11 @@ class ClusterReader:
     def nodes(self) -> list[dict]:
         return list(self._pages("list nodes", self.core.list_node))
 
-    def events(self, namespace: str, field_selector: str) -> list[dict]:
-        return list(self._pages(f"list events in {namespace}", self.core.list_namespaced_event,
-                                namespace, field_selector=field_selector))
+    def events(self, namespace: str) -> list[dict]:
+        """The namespace's events.k8s.io/v1 Events (archway writes in that API)."""
+        api = self._client.EventsV1Api(self.api_client)
+        return list(self._pages(f"list events in {namespace}", api.list_namespaced_event,
+                                namespace))
 
     def workloads(self, kind: str, namespace: str | None = None) -> Iterator[dict]:
         """Every object of `kind` (in `namespace`, else in all), each with its `kind` set (a

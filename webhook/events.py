@@ -1,100 +1,127 @@
-"""Kubernetes Events from the webhook: "this pod can run on no node of the cluster", said where
-`kubectl describe` and `kubectl get events` show it, instead of a silent Pending.
+"""Events (`events.k8s.io/v1`) that tell a human what archway did to a pod or its owner.
 
-Sent from one background thread through a bounded queue, so an admission never waits for the
-API; the same message about the same object is sent once per few minutes, so a controller
-retrying 100 replicas does not make 100 Events. A full queue or a failed write costs only the
-Event (a debug line), never an admission.
+`event` builds the object the apiserver's strict events.k8s.io/v1 validation accepts (eventTime,
+reportingController, reportingInstance, action, reason, type; note at most 1 kB); `EventSink`
+posts them from a background thread through a bounded queue, so neither an admission nor a
+release ever waits on it, and a flood of them drops the excess instead of growing memory. The
+same note about the same object is sent once per few minutes: a controller retrying 100
+replicas does not make 100 Events.
 """
-import datetime as dt
 import logging
-import os
 import queue
-import secrets
-import socket
+import threading
 import time
 
-from archway.background import ProcessThread
 from archway.podview import PodView
 from archway.registry.cache import TTLCache
 
+from .kubeapi import ApiError, KubeApi
+from .lease import micro_time
+
 log = logging.getLogger("archway.events")
 
-COMPONENT = "archway"
+REPORTING_CONTROLLER = "archway.dev/archway"   # the webhook and the gate controller alike
 REASON_UNSCHEDULABLE = "ArchwayUnschedulable"
-_QUEUE_SIZE = 100
+NOTE_LIMIT = 1024
 _REPEAT_AFTER_SECONDS = 300.0
-_WRITE_TIMEOUT_SECONDS = 5.0
-_MAX_MESSAGE_CHARS = 1024   # the apiserver refuses Event messages over 1 KiB
+_FIELD_LIMIT = 128
 
 
-def involved_object(pod: PodView) -> dict:
-    """The object the Event is about. A pod created by a controller has no name yet at
-    admission (generateName), so the Event goes to its controller (ReplicaSet, Job...), where
-    `kubectl describe` of the workload shows it."""
-    if not pod.name:
-        owner = next((o for o in pod.owner_references if o.controller), None)
-        if owner is not None:
-            return {"apiVersion": owner.api_version, "kind": owner.kind,
-                    "namespace": pod.namespace, "name": owner.name, "uid": owner.uid}
-    return {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace,
-            "name": pod.name or pod.generate_name}
+def event(*, regarding: dict, event_type: str, reason: str, action: str, note: str,
+          instance: str, now: float) -> dict:
+    """An events.k8s.io/v1 Event about `regarding` (an ObjectReference with namespace)."""
+    name = regarding.get("name") or "object"
+    if len(note) > NOTE_LIMIT:
+        note = note[:NOTE_LIMIT - 3] + "..."
+    return {
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        # client-go's naming: the object's name and a nanosecond stamp, unique per object.
+        "metadata": {"name": f"{name[:200]}.{int(now * 1e9):x}",
+                     "namespace": regarding.get("namespace") or "default"},
+        "eventTime": micro_time(now),
+        "reportingController": REPORTING_CONTROLLER,
+        "reportingInstance": instance[:_FIELD_LIMIT],
+        "action": action[:_FIELD_LIMIT], "reason": reason[:_FIELD_LIMIT],
+        "type": event_type, "note": note,
+        "regarding": {k: v for k, v in regarding.items() if v},
+    }
 
 
-def event_body(pod: PodView, reason: str, message: str, *, now: dt.datetime,
-               instance: str) -> dict:
-    involved = involved_object(pod)
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    # client-go's naming: <object>.<16 hex digits>
-    name = f"{involved['name'] or 'pod'}.{secrets.token_hex(8)}"
-    return {"apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": name, "namespace": pod.namespace},
-            "involvedObject": involved, "reason": reason, "type": "Warning",
-            "message": message[:_MAX_MESSAGE_CHARS], "count": 1,
-            "firstTimestamp": stamp, "lastTimestamp": stamp,
-            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
-            "reportingInstance": instance}
+def owner_reference(pod: PodView) -> dict | None:
+    """The pod's controller (ReplicaSet, Job...) as an ObjectReference, if it has one."""
+    owner = next((o for o in pod.owner_references if o.controller), None)
+    if owner is None:
+        return None
+    return {"apiVersion": owner.api_version, "kind": owner.kind, "name": owner.name,
+            "uid": owner.uid, "namespace": pod.namespace}
 
 
-class EventRecorder:
-    def __init__(self, api_client_factory):
-        self._api_client_factory = api_client_factory
-        self._queue: queue.Queue = queue.Queue(_QUEUE_SIZE)
+def pod_or_owner(pod: PodView) -> dict:
+    """What an Event about a pod at admission is about. A pod a controller creates has no name
+    yet (generateName): its controller is, where `kubectl describe` of the workload shows it."""
+    owner = owner_reference(pod) if not pod.name else None
+    return owner or {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace,
+                     "name": pod.name or pod.generate_name}
+
+
+def pod_reference(pod: dict) -> dict:
+    meta = pod.get("metadata") or {}
+    return {"apiVersion": "v1", "kind": "Pod", "namespace": meta.get("namespace"),
+            "name": meta.get("name"), "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion")}
+
+
+class EventSink:
+    def __init__(self, api: KubeApi, *, instance: str, max_queued: int = 1000,
+                 wall=time.time):
+        self.api = api
+        self.instance = instance
+        self.dropped = 0
+        self._wall = wall
+        self._queue: queue.Queue = queue.Queue(max_queued)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
         self._recent = TTLCache(1000, time.monotonic)
-        self._runner = ProcessThread(self._run, "archway-events")
-        self.instance = f"{socket.gethostname()}-{os.getpid()}"
-        self.sent = 0
 
-    def warn(self, pod: PodView, reason: str, message: str) -> None:
-        """Queue a Warning Event about `pod`; never blocks."""
-        key = (pod.namespace, involved_object(pod)["name"], reason, message)
-        if self._recent.get(key) is not None:
+    def record(self, regarding: dict, event_type: str, reason: str, action: str,
+               note: str) -> None:
+        """Queue an Event; never blocks."""
+        repeat = (regarding.get("namespace"), regarding.get("name"), reason, note)
+        if self._recent.get(repeat) is not None:
             return
-        self._recent.put(key, True, _REPEAT_AFTER_SECONDS)
-        self._runner.start_once()
+        self._recent.put(repeat, True, _REPEAT_AFTER_SECONDS)
+        self._ensure_started()
+        body = event(regarding=regarding, event_type=event_type, reason=reason, action=action,
+                     note=note, instance=self.instance, now=self._wall())
         try:
-            self._queue.put_nowait(event_body(pod, reason, message,
-                                              now=dt.datetime.now(dt.UTC),
-                                              instance=self.instance))
+            self._queue.put_nowait(body)
         except queue.Full:
-            log.debug("event queue full: dropped %s about %s", reason, pod.display_name)
+            self.dropped += 1
+
+    def flush(self, timeout: float) -> None:
+        """Wait until every queued Event was sent (tests, a graceful stop)."""
+        end = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < end:
+            time.sleep(0.01)
+
+    def _ensure_started(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="archway-events",
+                                                daemon=True)
+                self._thread.start()
 
     def _run(self) -> None:
-        try:
-            api_client = self._api_client_factory()
-        except Exception as e:
-            log.warning("Events disabled: cannot build a Kubernetes client: %s", e)
-            api_client = None
-        from kubernetes import client
-        api = client.CoreV1Api(api_client) if api_client is not None else None
         while True:
             body = self._queue.get()
-            if api is None:
-                continue
             try:
-                api.create_namespaced_event(body["metadata"]["namespace"], body,
-                                            _request_timeout=_WRITE_TIMEOUT_SECONDS,
-                                            _preload_content=False)
-                self.sent += 1
-            except Exception as e:  # an Event is best effort
-                log.debug("could not write Event %s: %s", body["reason"], type(e).__name__)
+                namespace = body["metadata"]["namespace"]
+                self.api.request("POST", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events",
+                                 body=body, timeout=5)
+            except ApiError as e:
+                log.warning("could not record Event %s on %s: %s", body["reason"],
+                            body["regarding"].get("name"), e)
+            except Exception:
+                log.exception("could not record an Event")
+            finally:
+                self._queue.task_done()

@@ -250,16 +250,15 @@ def explain_live_pod(name: str, namespace: str, config, policy: Policy,
 def archway_events(reader, pod: PodView) -> list[dict]:
     """archway's Events about the pod or its controller (admission Events go to the controller
     when the pod had no name yet)."""
-    from .events import COMPONENT
+    from .events import REPORTING_CONTROLLER
     names = {pod.name} | {o.name for o in pod.owner_references if o.controller}
     found = []
-    for event in reader.events(pod.namespace, f"source={COMPONENT}"):
-        involved = event.get("involvedObject") or {}
-        if involved.get("name") in names:
+    for event in reader.events(pod.namespace):
+        regarding = event.get("regarding") or {}
+        if event.get("reportingController") == REPORTING_CONTROLLER and regarding.get("name") in names:
             found.append({"type": event.get("type", ""), "reason": event.get("reason", ""),
-                          "object": f"{involved.get('kind', '')}/{involved.get('name', '')}",
-                          "message": event.get("message", ""),
-                          "time": event.get("lastTimestamp") or event.get("eventTime")})
+                          "object": f"{regarding.get('kind', '')}/{regarding.get('name', '')}",
+                          "message": event.get("note", ""), "time": event.get("eventTime")})
     return found
 
 

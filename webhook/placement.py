@@ -50,7 +50,7 @@ class Policy:
     @classmethod
     def from_config(cls, config) -> "Policy":
         """From a `archway.config.Config` (its admission and placement sections)."""
-        return cls(fail_closed=config.admission.fail_closed,
+        return cls(fail_closed=config.admission.unresolved == "deny",
                    deny_on_conflict=config.admission.deny_on_conflict,
                    deny_on_empty=config.admission.deny_on_empty,
                    scheduler_name=config.placement.scheduler_name or None,
@@ -222,7 +222,7 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
         listed = "; ".join(f"{display_image(image)}: {classify_error(results.get(image)).words}"
                            for image in failed)
         return _deny(f"archway could not read the architectures of {listed} "
-                     "(admission.fail_closed is true)", warnings, None)
+                     "(admission.unresolved is deny)", warnings, None)
 
     archs = common_architectures(known)
     # Copy and diff only what a decision can change, at the same paths: the same patch as

@@ -10,7 +10,7 @@ decision. The reply's warnings are put together and capped once, here: the pull-
 """
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
 
 from archway import metrics
@@ -22,7 +22,8 @@ from archway.registry.reference import parse_reference
 
 from .admission import (AdmissionError, AdmissionRequest, allow_unchanged, cap_warnings,
                         parse_review, review_response, skip_reason)
-from .events import REASON_UNSCHEDULABLE
+from .events import REASON_UNSCHEDULABLE, owner_reference, pod_or_owner
+from .gate import gate_patch
 from .namespaces import NamespaceFacts, namespace_policy
 from .placement import Decision, Policy, decide
 
@@ -33,7 +34,7 @@ PULL_SECRETS_SHARE = 0.4
 # Kept back from the deadline to build and send the answer.
 ANSWER_MARGIN_SECONDS = 0.05
 # Outcomes logged even when server.log_every_admission is off.
-_WORTH_A_LINE = frozenset({"denied", "fail_open", "error"})
+_WORTH_A_LINE = frozenset({"denied", "fail_open", "gated", "error"})
 
 
 class ImageResolver(Protocol):
@@ -52,8 +53,14 @@ class FactsCache(Protocol):
     def wait_synced(self, timeout: float) -> bool: ...
 
 
-class EventSink(Protocol):
-    def warn(self, pod: PodView, reason: str, message: str) -> None: ...
+class Gating(Protocol):
+    """admission.unresolved: gate -- is a gate controller alive to remove the gate?"""
+    def leader_fresh(self) -> bool: ...
+
+
+class EventRecorder(Protocol):
+    def record(self, regarding: dict, event_type: str, reason: str, action: str,
+               note: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,8 @@ class AdmissionService:
                  max_images: int | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  namespaces: FactsCache | None = None, nodes: FactsCache | None = None,
-                 events: EventSink | None = None):
+                 unresolved: str = "admit", gating: Gating | None = None,
+                 events: EventRecorder | None = None, gate_max_seconds: float = 120.0):
         self.policy = policy
         self.resolver = resolver
         self.pull_secrets = pull_secrets
@@ -89,20 +97,25 @@ class AdmissionService:
         self.clock = clock
         self.namespaces = namespaces   # Namespace label/annotation overrides; None: config only
         self.nodes = nodes             # the cluster's nodes; None: not consulted
-        self.events = events           # where "no node can run this pod" Events go
+        self.unresolved = unresolved          # admission.unresolved: admit | gate | deny
+        self.gating = gating                  # None: no Kubernetes API, nobody could release
+        self.events = events           # Warning Events: unschedulable pods, fail-open owners
+        self.gate_max_seconds = gate_max_seconds
 
     @classmethod
     def from_config(cls, config, *, resolver: ImageResolver,
                     pull_secrets: PullCredentialSource, namespaces: FactsCache | None = None,
-                    nodes: FactsCache | None = None,
-                    events: EventSink | None = None) -> "AdmissionService":
+                    nodes: FactsCache | None = None, gating: Gating | None = None,
+                    events: EventRecorder | None = None) -> "AdmissionService":
         return cls(policy=Policy.from_config(config), resolver=resolver, pull_secrets=pull_secrets,
                    deadline_seconds=config.admission.deadline_seconds,
                    exclude_namespaces=config.admission.exclude_namespaces,
                    max_body_bytes=config.server.max_body_bytes,
                    log_every=config.server.log_every_admission,
                    max_images=config.admission.max_images_per_pod,
-                   namespaces=namespaces, nodes=nodes, events=events)
+                   namespaces=namespaces, nodes=nodes,
+                   unresolved=config.admission.unresolved, gating=gating, events=events,
+                   gate_max_seconds=config.admission.gate_max_seconds)
 
     def review(self, body: bytes, *, started: float | None = None, peer: str = "-") -> Answer:
         """Answer one AdmissionReview body. `started`: clock() when the request arrived (the
@@ -134,6 +147,9 @@ class AdmissionService:
             resolution = self.resolve(pod, start)
             decision = decide(pod, resolution.results, policy, nodes=self.known_nodes())
             outcome = decision.outcome
+            if outcome == "fail_open":
+                decision = self._unresolved(request, decision)
+                outcome = decision.outcome
         except Exception:  # a bug must not turn into a 500: the apiserver would apply failurePolicy
             log.exception("admission %s uid=%s failed", request.display_name, request.uid)
             decision, outcome = self._internal_error(), "error"
@@ -171,8 +187,9 @@ class AdmissionService:
         if decision.unschedulable:
             metrics.UNSCHEDULABLE_PODS.labels("warned" if decision.allowed else "denied").inc()
             if decision.allowed and self.events is not None and not request.dry_run:
-                self.events.warn(pod, REASON_UNSCHEDULABLE, decision.unschedulable
-                                 + ": the pod stays Pending until such a node joins")
+                self.events.record(pod_or_owner(pod), "Warning", REASON_UNSCHEDULABLE, "Admit",
+                                   decision.unschedulable
+                                   + ": the pod stays Pending until such a node joins")
 
     def resolve(self, pod: PodView, start: float) -> Resolution:
         """The images' results and the credential warnings; the API reads may use a share of
@@ -188,11 +205,34 @@ class AdmissionService:
                                              revalidate=pod.always_pulled, limit=self.max_images)
         return Resolution(results, tuple(credentials.warnings))
 
+    def _unresolved(self, request: AdmissionRequest, decision: Decision) -> Decision:
+        """An image was not resolved in time: gate the pod when a gate controller is alive to
+        release it, else admit it unplaced and tell its owner with a Warning Event."""
+        pod = request.pod
+        assert pod is not None
+        if self.unresolved == "gate":
+            if self.gating is not None and self.gating.leader_fresh():
+                return replace(decision, patch=gate_patch(pod, self.policy), outcome="gated",
+                               reason="gated until its images are read", warnings=(
+                                   ("the pod waits (SchedulingGated) for archway to read its "
+                                    f"images, at most {self.gate_max_seconds:g} s"),
+                               ) + decision.warnings)
+            decision = replace(decision, warnings=(
+                "no archway gate controller is running: admitted without waiting",
+            ) + decision.warnings)
+        owner = owner_reference(pod)
+        if self.events is not None and owner is not None and not request.dry_run:
+            self.events.record(
+                owner, "Warning", "AdmittedUnplaced", "Admit",
+                f"pod {pod.display_name} admitted without architecture placement: "
+                + "; ".join(w for w in decision.warnings if w.startswith("could not inspect")))
+        return decision
+
     def _internal_error(self) -> Decision:
         if self.policy.fail_closed:
             return Decision(allowed=False, outcome="denied", reason="internal error",
                             message="archway failed to decide (internal error; see its log) "
-                                    "and admission.fail_closed is true")
+                                    "and admission.unresolved is deny")
         return Decision(allowed=True, outcome="fail_open", reason="internal error",
                         warnings=("archway failed to decide (internal error); "
                                   "pod admitted unchanged",))

@@ -2,11 +2,19 @@
 
 It speaks the exact JSON of the few REST calls archway makes (GET of ServiceAccounts, Secrets,
 Nodes, Namespaces and Pods, list + watch of Nodes, Namespaces and Pods, lists of workloads and
-Events in one namespace or across all of them with field selectors and limit/continue paging,
-create of Events, create/replace/patch of a Secret and a MutatingWebhookConfiguration) and the
-scheduler's pod create and bind (pods/binding) over plain HTTP, backed by an in-memory object
-store keyed by URL path. It is deliberately narrow: anything archway does not call answers 404
-like the real server does for an unknown object.
+Events in one namespace or across all of them with field and label selectors and limit/continue
+paging, create of Events, create/replace/patch of a Secret and a MutatingWebhookConfiguration,
+replace of Pods, create/get/replace of Leases) and the scheduler's pod create and bind
+(pods/binding) over plain HTTP, backed by an in-memory object store keyed by URL path. It is
+deliberately narrow: anything archway does not call answers 404 like the real server does for an
+unknown object.
+
+Writes are checked as the real server checks them: a stale metadata.resourceVersion is 409
+Conflict; a pod update goes through ValidatePodUpdate (the KEP-3838 rules for gated pods) and an
+events.k8s.io/v1 Event through ValidateEventCreate (kubevalidation.py), 422 Invalid with field
+causes otherwise. Every 4xx answer to a write other than 404 and 409 is kept in `rejections`.
+Watches filter by labelSelector with the real server's transitions: an object that stops
+matching arrives as DELETED, one that starts matching as ADDED.
 """
 import base64
 import copy
@@ -20,12 +28,49 @@ from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
 
+from .kubevalidation import invalid_status, validate_event_create, validate_pod_update
 from .procs import free_port
 
 
-def _status(code: int, reason: str, message: str) -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code}
+def _status(code: int, reason: str, message: str, details: dict | None = None) -> dict:
+    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+              "message": message, "reason": reason, "code": code}
+    if details:
+        status["details"] = details
+    return status
+
+
+def _resource(path: str) -> tuple[str, str, str]:
+    """(group, plural, name) of an object path: /apis/coordination.k8s.io/v1/.../leases/x."""
+    parts = path.strip("/").split("/")
+    group = parts[1] if parts[0] == "apis" else ""
+    return group, parts[-2] if len(parts) >= 2 else "", parts[-1]
+
+
+def _qualified(group: str, plural: str) -> str:
+    return f"{plural}.{group}" if group else plural
+
+
+def _matches(selector: str, obj: dict | None) -> bool:
+    """Equality-based label selector: key, !key, key=value, key==value, key!=value."""
+    if obj is None:
+        return False
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key.strip()) == value.strip():
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key.strip()) != value.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
 
 
 def _in_collection(collection: str, path: str) -> bool:
@@ -52,6 +97,9 @@ def _merge(target, patch, strategic: bool):
               and all(isinstance(v, dict) and "name" in v for v in value + result[key])):
             merged = {item["name"]: item for item in result[key]}
             for item in value:
+                if item.get("$patch") == "delete":   # the directive that removes an item
+                    merged.pop(item["name"], None)
+                    continue
                 merged[item["name"]] = _merge(merged.get(item["name"], {}), item, strategic)
             result[key] = list(merged.values())
         else:
@@ -69,6 +117,7 @@ _LISTS = {
     "jobs": ("JobList", "batch/v1"), "cronjobs": ("CronJobList", "batch/v1"),
     "mutatingwebhookconfigurations": ("MutatingWebhookConfigurationList",
                                       "admissionregistration.k8s.io/v1"),
+    "leases": ("LeaseList", "coordination.k8s.io/v1"),
 }
 # Field selectors the real server accepts (every resource: metadata.name/namespace).
 _EVENT_FIELDS = {"involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
@@ -103,6 +152,20 @@ def _field_selector(text: str, plural: str):
     return lambda obj: all((_field(obj, f) == v) == equal for f, equal, v in tests)
 
 
+def _seen_as(event_type: str, obj: dict, old: dict | None, selector: str) -> str | None:
+    """What a watch with `selector` receives for one change (None: nothing)."""
+    if not selector:
+        return event_type
+    now, before = _matches(selector, obj), _matches(selector, old)
+    if event_type == "MODIFIED":
+        if now and before:
+            return "MODIFIED"
+        return "ADDED" if now else "DELETED" if before else None
+    if event_type == "DELETED":
+        return "DELETED" if before or now else None
+    return event_type if now else None
+
+
 class _QuietServer(ThreadingHTTPServer):
     def handle_error(self, request, client_address):
         # A client that gave up (archway's deadline passed) closes the socket mid-reply:
@@ -116,7 +179,10 @@ class FakeApiServer:
         self.requests: list[tuple[str, str]] = []
         self.faults: dict[str, int] = {}      # path prefix -> HTTP status to answer instead
         self.delay_seconds = 0.0
-        self._events: list[tuple[int, str, str, dict]] = []  # (rv, collection, type, object)
+        self.rejections: list[tuple[str, str, int, str]] = []  # (method, path, code, message)
+        self.conflicts = 0
+        # (rv, collection, type, object, the object before the change or None)
+        self._events: list[tuple[int, str, str, dict, dict | None]] = []
         self._oldest_rv = 0
         self._rv = 100
         self._lock = threading.Condition()
@@ -143,7 +209,7 @@ class FakeApiServer:
             obj = self.objects.pop(path)
             self._rv += 1  # a deletion is a change of its own, with its own resourceVersion
             obj["metadata"]["resourceVersion"] = str(self._rv)
-            self._record(path.rsplit("/", 1)[0], "DELETED", obj)
+            self._record(path.rsplit("/", 1)[0], "DELETED", obj, obj)
             return obj
 
     def emit(self, collection: str, event_type: str, obj: dict) -> None:
@@ -185,6 +251,7 @@ class FakeApiServer:
 
     # --- store -----------------------------------------------------------------------------
     def _store(self, path: str, obj: dict, event_type: str) -> dict:
+        old = self.objects.get(path)
         obj = copy.deepcopy(obj)
         self._rv += 1
         meta = obj.setdefault("metadata", {})
@@ -192,12 +259,16 @@ class FakeApiServer:
         meta.setdefault("name", path.rsplit("/", 1)[1])
         meta.setdefault("uid", f"uid-{self._rv}")
         meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        parts = path.strip("/").split("/")
+        if "namespaces" in parts[:-2] and parts.index("namespaces") + 1 < len(parts) - 2:
+            meta.setdefault("namespace", parts[parts.index("namespaces") + 1])
         self.objects[path] = obj
-        self._record(path.rsplit("/", 1)[0], event_type, obj)
+        self._record(path.rsplit("/", 1)[0], event_type, obj, old)
         return copy.deepcopy(obj)
 
-    def _record(self, collection, event_type, obj):
-        self._events.append((self._rv, collection, event_type, copy.deepcopy(obj)))
+    def _record(self, collection, event_type, obj, old=None):
+        self._events.append((self._rv, collection, event_type, copy.deepcopy(obj),
+                             copy.deepcopy(old)))
         self._lock.notify_all()
 
     # --- HTTP ------------------------------------------------------------------------------
@@ -212,6 +283,11 @@ class FakeApiServer:
                 pass
 
             def _reply(self, code: int, body: dict):
+                if self.command != "GET" and 400 <= code < 500 and code not in (404, 409):
+                    server.rejections.append((self.command, self.path, code,
+                                              body.get("message", "")))
+                if code == 409 and body.get("reason") == "Conflict":
+                    server.conflicts += 1
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -254,12 +330,25 @@ class FakeApiServer:
                 self._handle("DELETE")
 
             def _not_found(self, path):
-                kind, name = path.rsplit("/", 2)[-2:]
-                self._reply(404, _status(404, "NotFound", f'{kind} "{name}" not found'))
+                group, kind, name = _resource(path)
+                self._reply(404, _status(404, "NotFound",
+                                         f'{_qualified(group, kind)} "{name}" not found',
+                                         {"name": name, "group": group, "kind": kind}
+                                         if group else {"name": name, "kind": kind}))
+
+            def _conflict(self, path):
+                group, kind, name = _resource(path)
+                self._reply(409, _status(
+                    409, "Conflict", f'Operation cannot be fulfilled on {_qualified(group, kind)} '
+                    f'"{name}": the object has been modified; please apply your changes to the '
+                    'latest version and try again',
+                    {"name": name, "group": group, "kind": kind} if group else
+                    {"name": name, "kind": kind}))
 
             def _get(self, path, query):
                 if query.get("watch", ["false"])[0].lower() in ("true", "1"):
                     return self._watch(path, query)
+                selector = query.get("labelSelector", [""])[0]
                 with server._lock:
                     if path in server.objects:
                         return self._reply(200, server.objects[path])
@@ -267,7 +356,8 @@ class FakeApiServer:
                     # Its own collection, or every namespace's: /apis/apps/v1/deployments lists
                     # /apis/apps/v1/namespaces/*/deployments/*.
                     keyed = sorted((p, o) for p, o in server.objects.items()
-                                   if _in_collection(p.rsplit("/", 1)[0], path))
+                                   if _in_collection(p.rsplit("/", 1)[0], path)
+                                   and _matches(selector, o))
                     if not (keyed or plural in _LISTS or any(
                             _in_collection(c, path) for _, c, _, _ in server._events)):
                         return self._not_found(path)
@@ -300,10 +390,14 @@ class FakeApiServer:
                                 {"v": "meta.k8s.io/v1", "rv": rv, "start": keyed[-1][0]}).encode()).decode()
                             meta["remainingItemCount"] = len(rest) - len(keyed)
                     kind, api_version = _LISTS.get(plural, (plural.capitalize() + "List", "v1"))
+                    group = re.match(r"^/apis/([^/]+/[^/]+)/", path)
+                    if group:   # e.g. events.k8s.io/v1 Events: the group's own apiVersion
+                        api_version = group.group(1)
                     return self._reply(200, {"kind": kind, "apiVersion": api_version,
                                              "metadata": meta, "items": [o for _, o in keyed]})
 
             def _watch(self, path, query):
+                selector = query.get("labelSelector", [""])[0]
                 since = int(query.get("resourceVersion", ["0"])[0] or 0)
                 timeout = min(float(query.get("timeoutSeconds", ["30"])[0]), 30.0)
                 self.send_response(200)
@@ -326,8 +420,10 @@ class FakeApiServer:
                                     break
                                 server._lock.wait(min(remaining, 0.5))
                                 continue
-                        for rv, _, event_type, obj in pending:
-                            self._chunk({"type": event_type, "object": obj})
+                        for rv, _, event_type, obj, old in pending:
+                            shown = _seen_as(event_type, obj, old, selector)
+                            if shown:
+                                self._chunk({"type": shown, "object": obj})
                             since = rv
                     self._chunk(None)
                 except (BrokenPipeError, ConnectionResetError):
@@ -353,11 +449,18 @@ class FakeApiServer:
                             400, "BadRequest", "the namespace of the provided object does not "
                                                "match the namespace sent on the request"))
                 target = f"{path}/{obj.get('metadata', {}).get('name', '')}"
+                if path.startswith("/apis/events.k8s.io/v1/namespaces/"):
+                    errors = validate_event_create(obj, path.split("/")[5])
+                    if errors:
+                        return self._reply(422, invalid_status(
+                            "Event", obj.get("metadata", {}).get("name", ""), errors))
                 with server._lock:
                     if target in server.objects:
-                        name = target.rsplit("/", 1)[1]
-                        return self._reply(409, _status(409, "AlreadyExists",
-                                                        f'{path.rsplit("/", 1)[1]} "{name}" already exists'))
+                        group, kind, name = _resource(target)
+                        return self._reply(409, _status(
+                            409, "AlreadyExists", f'{_qualified(group, kind)} "{name}" already exists',
+                            {"name": name, "group": group, "kind": kind} if group else
+                            {"name": name, "kind": kind}))
                     self._reply(201, server._store(target, obj, "ADDED"))
 
             def _bind(self, pod_path, binding):
@@ -399,11 +502,29 @@ class FakeApiServer:
                 with server._lock:
                     if path not in server.objects:
                         return self._not_found(path)
-                    current = server.objects[path]["metadata"]["resourceVersion"]
-                    sent = obj.get("metadata", {}).get("resourceVersion")
-                    if sent and sent != current:
-                        return self._reply(409, _status(409, "Conflict", "the object has been modified"))
-                    self._reply(200, server._store(path, obj, "MODIFIED"))
+                    if obj.get("metadata", {}).get("name") != path.rsplit("/", 1)[1]:
+                        return self._reply(400, _status(
+                            400, "BadRequest", "the name of the object does not match the name "
+                            "on the URL"))
+                    self._update(path, obj)
+
+            def _update(self, path, obj):
+                """Store `obj` over the object at `path` as the real server does (lock held)."""
+                current = server.objects[path]
+                sent = obj.get("metadata", {}).get("resourceVersion")
+                if sent and sent != current["metadata"]["resourceVersion"]:
+                    return self._conflict(path)
+                if _resource(path)[1] == "pods":
+                    errors = validate_pod_update(current, obj)
+                    if errors:
+                        return self._reply(422, invalid_status("Pod", path.rsplit("/", 1)[1],
+                                                               errors))
+                    obj = dict(obj)
+                    if "status" in current:  # the main resource never changes status
+                        obj["status"] = current["status"]
+                    else:
+                        obj.pop("status", None)
+                self._reply(200, server._store(path, obj, "MODIFIED"))
 
             def _patch(self, path, query):
                 content_type = self.headers.get("Content-Type", "").split(";")[0]
@@ -422,7 +543,7 @@ class FakeApiServer:
                         updated = _merge(current, patch, content_type.startswith("application/strategic"))
                     else:
                         return self._reply(415, _status(415, "UnsupportedMediaType", content_type))
-                    self._reply(200, server._store(path, updated, "MODIFIED"))
+                    self._update(path, updated)
 
             def _delete(self, path, query):
                 with server._lock:

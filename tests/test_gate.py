@@ -1,0 +1,513 @@
+"""Gating, pure: the webhook's gate patch and the one release update a gated pod accepts
+(KEP-3838), checked against the stand-in's ValidatePodUpdate (tests/infra/kubevalidation.py,
+itself checked here against the real server's rules), plus the Lease elector on the stand-in."""
+import copy
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+from archway.registry.model import ImageInfo
+from archway.registry.platforms import parse_platform
+from archway.webhook import gate
+from archway.webhook.events import event
+from archway.webhook.gate import (
+    GATE,
+    GATED_LABEL,
+    NO_ARCHITECTURE,
+    gate_patch,
+    plan_release,
+)
+from archway.webhook.kubeapi import KubeApi
+from archway.webhook.lease import LeaderElector, LeaseObserver, lease_path
+from archway.webhook.placement import ARCH_LABEL, Policy
+from archway.webhook.pullsecrets import build_api_client
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from archway.config import KubernetesSettings
+from archway.errors import DeadlineExceeded, TransportError
+from archway.podview import PodView
+from tests.infra.apiserver import FakeApiServer
+from tests.infra.kubevalidation import validate_event_create, validate_pod_update
+
+REQ = "requiredDuringSchedulingIgnoredDuringExecution"
+SCHEMA_VERSIONS = ("1.30.0", "1.33.0")
+
+
+def info(image, *platforms):
+    return ImageInfo(image, frozenset(parse_platform(p) for p in platforms), None, "oci-index")
+
+
+def pod(*images, gates=("other.example/quota", GATE), node_selector=None, affinity=None,
+        labels=None, scheduler="default-scheduler"):
+    spec = {"containers": [{"name": f"c{i}", "image": im} for i, im in enumerate(images)],
+            "schedulerName": scheduler, "tolerations": [{"key": "a", "operator": "Exists"}]}
+    if gates:
+        spec["schedulingGates"] = [{"name": g} for g in gates]
+    if node_selector is not None:
+        spec["nodeSelector"] = node_selector
+    if affinity is not None:
+        spec["affinity"] = affinity
+    meta = {"name": "p", "namespace": "team", "uid": "u1", "resourceVersion": "7",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "labels": dict(labels or {}, **{GATED_LABEL: "true"})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
+            "status": {"phase": "Pending"}}
+
+
+def required(*terms):
+    return {"nodeAffinity": {REQ: {"nodeSelectorTerms": list(terms)}}}
+
+
+def arch_in(*values):
+    return {"key": ARCH_LABEL, "operator": "In", "values": list(values)}
+
+
+AMD = info("reg/amd:1", "linux/amd64")
+MULTI = info("reg/multi:1", "linux/amd64", "linux/arm64")
+ARM = info("reg/arm:1", "linux/arm64")
+DOWN = TransportError("reg/down:1: connection refused")
+
+
+def check_release(old, release):
+    """The update the apiserver must accept, and a schema-valid pod."""
+    assert validate_pod_update(old, release.pod) == []
+    for version in SCHEMA_VERSIONS:
+        kubernetes_validate.validate(release.pod, version, strict=True)
+    assert GATE not in [g["name"] for g in release.pod["spec"].get("schedulingGates", [])]
+    assert GATED_LABEL not in release.pod["metadata"].get("labels", {})
+
+
+# --- the stand-in's validation is the real server's --------------------------------------------
+
+def test_validation_rejects_what_the_real_server_rejects():
+    old = pod("reg/amd:1", node_selector={"disk": "ssd"}, affinity=required({"matchExpressions": [
+        {"key": "zone", "operator": "In", "values": ["a"]}]}))
+    cases = {
+        "spec.schedulingGates[2].name": lambda p: p["spec"]["schedulingGates"].append(
+            {"name": "new.example/gate"}),
+        "spec.nodeSelector": lambda p: p["spec"]["nodeSelector"].update(disk="hdd"),
+        f"spec.affinity.nodeAffinity.{REQ}.nodeSelectorTerms": lambda p: p["spec"]["affinity"][
+            "nodeAffinity"][REQ]["nodeSelectorTerms"].append({"matchExpressions": [arch_in("x")]}),
+        f"spec.affinity.nodeAffinity.{REQ}.nodeSelectorTerms[0]": lambda p: p["spec"]["affinity"][
+            "nodeAffinity"][REQ]["nodeSelectorTerms"][0]["matchExpressions"][0].update(values=["b"]),
+        "spec": lambda p: p["spec"].update(schedulerName="other"),
+        "spec.tolerations": lambda p: p["spec"].update(tolerations=[]),
+        "metadata.uid": lambda p: p["metadata"].update(uid="u2"),
+    }
+    for field, change in cases.items():
+        new = copy.deepcopy(old)
+        change(new)
+        assert field in [e.field for e in validate_pod_update(old, new)], field
+
+
+def test_validation_allows_what_kep_3838_allows_only_while_gated():
+    old = pod("reg/amd:1", node_selector={"disk": "ssd"}, affinity=required(
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}))
+    new = copy.deepcopy(old)
+    new["spec"]["nodeSelector"][ARCH_LABEL] = "amd64"
+    new["spec"]["affinity"]["nodeAffinity"][REQ]["nodeSelectorTerms"][0][
+        "matchExpressions"].append(arch_in("amd64"))
+    new["spec"]["schedulingGates"] = [{"name": "other.example/quota"}]
+    new["spec"]["containers"][0]["image"] = "reg/amd:2"
+    new["metadata"]["annotations"] = {"x": "y"}
+    assert validate_pod_update(old, new) == []
+    ungated = copy.deepcopy(old)
+    del ungated["spec"]["schedulingGates"]
+    placed = copy.deepcopy(ungated)
+    placed["spec"]["nodeSelector"][ARCH_LABEL] = "amd64"
+    assert [e.field for e in validate_pod_update(ungated, placed)] == ["spec"]
+    # absent, null and empty lists are the same to the real server's semantic equality
+    blank = copy.deepcopy(ungated)
+    blank["spec"]["schedulingGates"] = []
+    blank["spec"]["volumes"] = None
+    assert validate_pod_update(ungated, blank) == []
+
+
+# --- the webhook's gate -----------------------------------------------------------------------
+
+def test_gate_patch_appends_the_gate_keeps_others_and_sets_the_scheduler_now():
+    created = pod("reg/amd:1", gates=("other.example/quota",), scheduler="")
+    del created["metadata"]["labels"]
+    patch = gate_patch(PodView.of(created), Policy(scheduler_name="archway-scheduler"))
+    gated = jsonpatch.apply_patch(created, list(patch))
+    assert gated["spec"]["schedulingGates"] == [{"name": "other.example/quota"}, {"name": GATE}]
+    assert gated["metadata"]["labels"] == {GATED_LABEL: "true"}
+    assert gated["spec"]["schedulerName"] == "archway-scheduler"
+    assert "nodeSelector" not in gated["spec"] and "affinity" not in gated["spec"]
+    for version in SCHEMA_VERSIONS:
+        kubernetes_validate.validate(gated, version, strict=True)
+    assert gate_patch(PodView.of(gated), Policy()) == ()   # a reinvocation adds nothing
+
+
+def test_gate_patch_adds_to_existing_labels():
+    created = pod("reg/amd:1", gates=(), labels={"app": "web"})
+    del created["metadata"]["labels"][GATED_LABEL]
+    gated = jsonpatch.apply_patch(created, list(gate_patch(PodView.of(created), Policy())))
+    assert gated["metadata"]["labels"] == {"app": "web", GATED_LABEL: "true"}
+    assert gated["spec"]["schedulingGates"] == [{"name": GATE}]
+
+
+# --- the release ----------------------------------------------------------------------------------
+
+def test_release_places_and_removes_only_archways_gate():
+    old = pod("reg/amd:1", "reg/multi:1")
+    release = plan_release(old, {"reg/amd:1": AMD, "reg/multi:1": MULTI}, Policy(),
+                           expired=False, waited=3.2)
+    check_release(old, release)
+    assert release.outcome == "placed" and release.event_type == "Normal"
+    assert release.pod["spec"]["nodeSelector"] == {ARCH_LABEL: "amd64"}
+    assert release.pod["spec"]["schedulingGates"] == [{"name": "other.example/quota"}]
+    assert "amd64" in release.note and "3.2 s" in release.note
+
+
+def test_release_adds_the_arch_to_every_existing_term():
+    old = pod("reg/multi:1", gates=(GATE,), affinity=required(
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}))
+    release = plan_release(old, {"reg/multi:1": MULTI}, Policy(), expired=False)
+    check_release(old, release)
+    terms = release.pod["spec"]["affinity"]["nodeAffinity"][REQ]["nodeSelectorTerms"]
+    assert all(arch_in("amd64", "arm64") in t["matchExpressions"] for t in terms)
+    assert "schedulingGates" not in release.pod["spec"]
+
+
+def test_unresolved_image_waits_until_expired_then_releases_unplaced_or_on_fallback():
+    old = pod("reg/down:1", "reg/multi:1")
+    results = {"reg/multi:1": MULTI, "reg/down:1": DOWN}
+    assert plan_release(old, results, Policy(), expired=False) is None
+    assert plan_release(old, {"reg/multi:1": MULTI}, Policy(), expired=False) is None  # no answer
+    unplaced = plan_release(old, results, Policy(), expired=True, waited=120)
+    check_release(old, unplaced)
+    assert unplaced.outcome == "unplaced" and unplaced.event_type == "Warning"
+    assert "reg/down:1: " in unplaced.note and "gate_max_seconds" in unplaced.note
+    fallback = plan_release(old, results, Policy(), expired=True, fallback=("arm64",), waited=120)
+    check_release(old, fallback)
+    assert fallback.outcome == "fallback" and fallback.architectures == {"arm64"}
+    assert fallback.pod["spec"]["nodeSelector"] == {ARCH_LABEL: "arm64"}
+    # a fallback the known images exclude is not used
+    other = plan_release(old, results, Policy(), expired=True, fallback=("s390x",))
+    assert other.outcome == "unplaced"
+
+
+def test_images_without_a_common_architecture_are_kept_off_every_node_at_once():
+    old = pod("reg/amd:1", "reg/arm:1", "reg/down:1", affinity=required(
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}))
+    release = plan_release(old, {"reg/amd:1": AMD, "reg/arm:1": ARM,
+                                 "reg/down:1": DeadlineExceeded("slow")}, Policy(), expired=False)
+    check_release(old, release)
+    assert release.outcome == "no_common_arch" and release.reason == "NoCommonArchitecture"
+    assert "reg/amd:1 (amd64)" in release.note and "reg/arm:1 (arm64)" in release.note
+    term = release.pod["spec"]["affinity"]["nodeAffinity"][REQ]["nodeSelectorTerms"][0]
+    assert arch_in(NO_ARCHITECTURE) in term["matchExpressions"]
+    bare = pod("reg/amd:1", "reg/arm:1")
+    held = plan_release(bare, {"reg/amd:1": AMD, "reg/arm:1": ARM}, Policy(deny_on_empty=False),
+                        expired=False)
+    check_release(bare, held)
+    assert held.outcome == "no_common_arch"
+
+
+def test_a_pod_that_already_constrains_its_arch_keeps_its_selector():
+    old = pod("reg/multi:1", node_selector={ARCH_LABEL: "arm64"})
+    release = plan_release(old, {"reg/multi:1": MULTI}, Policy(), expired=False)
+    check_release(old, release)
+    assert release.pod["spec"]["nodeSelector"] == {ARCH_LABEL: "arm64"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["reg/amd:1", "reg/arm:1", "reg/multi:1", "reg/down:1"]),
+                min_size=1, max_size=3, unique=True),
+       st.sampled_from([None, {}, {"disk": "ssd"}, {ARCH_LABEL: "amd64"}]),
+       st.sampled_from([None, required({"matchExpressions": [
+           {"key": "zone", "operator": "In", "values": ["a"]}]}, {}),
+           {"podAntiAffinity": {}}]),
+       st.booleans(), st.tuples() | st.just(("arm64",)))
+def test_every_release_is_an_update_the_apiserver_accepts(images, selector, affinity, expired,
+                                                            fallback):
+    old = pod(*images, node_selector=selector, affinity=copy.deepcopy(affinity))
+    results = {"reg/amd:1": AMD, "reg/arm:1": ARM, "reg/multi:1": MULTI, "reg/down:1": DOWN}
+    release = plan_release(old, results, Policy(), expired=expired, fallback=fallback)
+    if release is None:
+        assert "reg/down:1" in images and not expired
+        return
+    assert validate_pod_update(old, release.pod) == [], release
+    assert validate_pod_update(old, gate.gate_only_release(old)) == []
+
+
+# --- events ----------------------------------------------------------------------------------------
+
+def test_events_pass_the_strict_events_k8s_io_v1_validation():
+    body = event(regarding={"apiVersion": "v1", "kind": "Pod", "namespace": "team", "name": "p",
+                            "uid": "u1"}, event_type="Warning", reason="ReleasedUnplaced",
+                 action="Release", note="x" * 5000, instance="archway-0_1_abc", now=1.7e9)
+    assert validate_event_create(body, "team") == []
+    assert len(body["note"]) == 1024
+    wrong = dict(body, type="Info", reportingController="")
+    assert {e.field for e in validate_event_create(wrong, "other")} == {
+        "type", "reportingController", "involvedObject.namespace"}
+
+
+# --- the Lease, on the stand-in ---------------------------------------------------------------------
+
+@pytest.fixture
+def api(tmp_path):
+    server = FakeApiServer()
+    client, _ = build_api_client(KubernetesSettings(kubeconfig=server.kubeconfig(str(tmp_path))))
+    yield server, KubeApi(client, timeout_seconds=5)
+    server.stop()
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_one_leader_and_takeover_after_a_duration_without_renewal(api):
+    server, kube = api
+    clock = Clock()
+    a = LeaderElector(kube, "archway", identity="a", duration_seconds=15, clock=clock)
+    b = LeaderElector(kube, "archway", identity="b", duration_seconds=15, clock=clock)
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    clock.now += 10
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()  # b saw it renewed
+    clock.now += 14.9
+    assert not b.try_acquire_or_renew()
+    clock.now += 0.2                                                   # a silent for 15 s
+    assert b.try_acquire_or_renew() and not a.try_acquire_or_renew()
+    lease = server.get(lease_path("archway"))
+    assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
+    b.release()
+    assert a.try_acquire_or_renew()                                   # released: at once
+    assert server.rejections == []
+
+
+def test_a_stale_write_loses_with_409(api):
+    server, kube = api
+    a = LeaderElector(kube, "archway", identity="a", duration_seconds=1)
+    assert a.try_acquire_or_renew()
+    lease = server.get(lease_path("archway"))
+    server.put(lease_path("archway"), lease)   # someone else wrote meanwhile
+    stale = dict(lease)
+    with pytest.raises(Exception) as failed:
+        kube.request("PUT", lease_path("archway"), body=stale)
+    assert failed.value.status == 409 and failed.value.reason == "Conflict"
+    assert server.conflicts == 1
+
+
+def test_observer_sees_a_fresh_leader_and_its_absence(api):
+    _, kube = api
+    clock = Clock()
+    observer = LeaseObserver(kube, "archway", duration_seconds=15, clock=clock)
+    observer.refresh()
+    assert not (observer._holder and clock() < observer._fresh_until)
+    LeaderElector(kube, "archway", identity="a", duration_seconds=15).try_acquire_or_renew()
+    observer.refresh()
+    assert observer._holder == "a" and clock() < observer._fresh_until
+    clock.now += 16                           # not renewed for a duration: not fresh
+    observer.refresh()
+    assert not clock() < observer._fresh_until
+
+
+# --- the webhook's choice on a miss (the admission service, no HTTP) ---------------------------
+
+class Leader:
+    def __init__(self, fresh):
+        self.fresh = fresh
+
+    def leader_fresh(self):
+        return self.fresh
+
+
+def owned_review(image):
+    import json as _json
+    return _json.dumps({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "u-1", "operation": "CREATE", "namespace": "shop",
+                    "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {
+                        "generateName": "web-", "ownerReferences": [{
+                            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web",
+                            "uid": "rs-1", "controller": True}]},
+                        "spec": {"containers": [{"name": "c", "image": image}]}}}}).encode()
+
+
+def admission(unresolved, gating=None, events=None):
+    from tests.test_service import Resolver, Secrets, service
+    return service(Resolver({"reg/down:1": DOWN}), Secrets(), unresolved=unresolved,
+                   gating=gating, events=events)
+
+
+def decoded_patch(answer):
+    import base64 as _b64
+    import json as _json
+    return _json.loads(_b64.b64decode(answer.body["response"]["patch"]))
+
+
+def test_a_miss_is_gated_only_while_a_leader_is_fresh(api):
+    server, kube = api
+    from archway.webhook.events import EventSink
+    sink = EventSink(kube, instance="webhook-0")
+    gated = admission("gate", Leader(True), sink).review(owned_review("reg/down:1"))
+    response = gated.body["response"]
+    assert response["auditAnnotations"]["outcome"] == "gated"
+    assert {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]} in \
+        decoded_patch(gated)
+    assert "SchedulingGated" in response["warnings"][0]
+    alone = admission("gate", Leader(False), sink).review(owned_review("reg/down:1"))
+    response = alone.body["response"]
+    assert response["auditAnnotations"]["outcome"] == "fail_open"
+    assert "no archway gate controller is running" in response["warnings"][0]
+    sink.flush(5)
+    events = [o for p, o in server.objects.items() if "/events/" in p]
+    # only the unplaced pod told its ReplicaSet (a gated pod is not unplaced)
+    assert [(e["type"], e["reason"], e["regarding"]["kind"], e["regarding"]["name"])
+            for e in events] == [("Warning", "AdmittedUnplaced", "ReplicaSet", "web")]
+    assert "reg/down:1" in events[0]["note"] and server.rejections == []
+
+
+def test_admit_mode_tells_the_owner_and_deny_mode_denies(api):
+    server, kube = api
+    from archway.webhook.events import EventSink
+    sink = EventSink(kube, instance="webhook-0")
+    admitted = admission("admit", None, sink).review(owned_review("reg/down:1"))
+    assert admitted.body["response"]["allowed"]
+    sink.flush(5)
+    assert [o["reason"] for p, o in server.objects.items() if "/events/" in p] == [
+        "AdmittedUnplaced"]
+    from tests.test_service import Resolver, Secrets, service
+    denied = service(Resolver({"reg/down:1": DOWN}), Secrets(),
+                     policy=Policy(fail_closed=True)).review(owned_review("reg/down:1"))
+    assert not denied.body["response"]["allowed"]
+    assert "unresolved is deny" in denied.body["response"]["status"]["message"]
+
+
+# --- archway gate release-all (the uninstall hook) ------------------------------------------------
+
+def test_release_all_removes_only_archways_gate_from_every_pod(api):
+    from archway.webhook.gatecli import release_all
+    server, kube = api
+    base = "/api/v1/namespaces/team/pods"
+    both = pod("reg/amd:1")
+    mine = pod("reg/amd:1", gates=(GATE,))
+    mine["metadata"].update(name="mine", uid="u2")
+    del mine["metadata"]["labels"][GATED_LABEL]       # a gate without the label is found too
+    theirs = pod("reg/amd:1", gates=("other.example/quota",))
+    theirs["metadata"].update(name="theirs", uid="u3")
+    for item in (both, mine, theirs):
+        server.put(f"{base}/{item['metadata']['name']}", item)
+    assert release_all(kube) == (2, 0)
+    assert server.get(f"{base}/p")["spec"]["schedulingGates"] == [{"name": "other.example/quota"}]
+    assert GATED_LABEL not in server.get(f"{base}/p")["metadata"]["labels"]
+    assert "schedulingGates" not in server.get(f"{base}/mine")["spec"]
+    assert server.get(f"{base}/theirs")["spec"]["schedulingGates"] == [
+        {"name": "other.example/quota"}]
+    assert server.count("PUT", base) == 2 and server.rejections == []
+
+
+# --- the controller in process, on the stand-in (no registry: the resolver is a stand-in) -----------
+
+class FlakyResolver:
+    """Answers from `results`; an image missing there fails (a registry that is down)."""
+
+    def __init__(self):
+        self.results = {}
+
+    def resolve_many(self, images, *, keyring=None, timeout):
+        return {image: self.results.get(image, DOWN) for image in images}
+
+
+class NoSecrets:
+    def credentials_for(self, pod, deadline):
+        from archway.registry.credentials import Keyring
+        from archway.webhook.pullsecrets import PullCredentials
+        return PullCredentials(Keyring.empty())
+
+
+def wait_until(condition, timeout=10.0):
+    import time
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.02)
+    raise AssertionError("condition never met")
+
+
+def test_controller_lists_again_after_410_and_releases_what_it_finds(api):
+    import threading
+    import time
+
+    from archway.webhook.events import EventSink
+    from archway.webhook.gatecontroller import GateController
+    server, kube = api
+    resolver = FlakyResolver()
+    controller = GateController(api=kube, resolver=resolver, pull_secrets=NoSecrets(),
+                                policy=Policy(), max_seconds=600, events=EventSink(kube, instance="t"),
+                                watch_seconds=1)
+    first = pod("reg/multi:1")
+    first["metadata"]["creationTimestamp"] = None
+    server.put("/api/v1/namespaces/team/pods/p", first)
+    stop = threading.Event()
+    leader = threading.Thread(target=controller.lead, args=(stop,), daemon=True)
+    leader.start()
+    try:
+        wait_until(lambda: "u1" in controller.pending)
+        # A pod whose watch event was compacted away: it is in the store, in no event, and the
+        # history is gone, so the next watch from the controller's version gets 410 Gone.
+        second = pod("reg/amd:1")
+        second["metadata"].update(name="q", uid="u2", creationTimestamp=time.strftime(
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        with server._lock:
+            server._rv += 1
+            second["metadata"]["resourceVersion"] = str(server._rv)
+            server.objects["/api/v1/namespaces/team/pods/q"] = second
+        server.expire_history()
+        wait_until(lambda: controller.sweeps >= 2 and "u2" in controller.pending)
+        resolver.results = {"reg/multi:1": MULTI, "reg/amd:1": AMD}
+        wait_until(lambda: not controller.pending)
+    finally:
+        stop.set()
+        leader.join(5)
+    assert server.get("/api/v1/namespaces/team/pods/q")["spec"]["nodeSelector"] == {
+        ARCH_LABEL: "amd64"}
+    assert GATE not in str(server.get("/api/v1/namespaces/team/pods/p")["spec"])
+    assert server.rejections == []
+
+
+def test_the_readmes_kubectl_patch_releases_a_gated_pod_and_keeps_other_gates(api):
+    """The strategic merge patch of the README's one-liner, sent as kubectl sends it."""
+    import json
+    import os
+    import re
+
+    from tests.infra.procs import REPO
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        line = next(line for line in f if line.startswith("kubectl get pods -A -l " + GATED_LABEL))
+    assert "--type strategic" in line
+    body = json.loads(re.search(r"-p '([^']+)'", line).group(1))
+    server, kube = api
+    path = "/api/v1/namespaces/team/pods/p"
+    server.put(path, pod("reg/amd:1"))
+    kube.request("PATCH", path, body=body, content_type="application/strategic-merge-patch+json")
+    released = server.get(path)
+    assert released["spec"]["schedulingGates"] == [{"name": "other.example/quota"}]
+    assert GATED_LABEL not in released["metadata"]["labels"] and server.rejections == []
+
+
+def test_the_release_all_command_as_the_uninstall_hook_runs_it(api, tmp_path):
+    import subprocess
+    import sys
+    server, _ = api
+    server.put("/api/v1/namespaces/team/pods/p", pod("reg/amd:1"))
+    config = tmp_path / "archway.yaml"
+    config.write_text(f"kubernetes: {{kubeconfig: {server.kubeconfig(str(tmp_path))}}}\n")
+    done = subprocess.run([sys.executable, "-m", "archway.cli", "--config", str(config), "gate",
+                           "release-all"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "released 1 gated pod(s)" in done.stdout
+    assert server.get("/api/v1/namespaces/team/pods/p")["spec"]["schedulingGates"] == [
+        {"name": "other.example/quota"}]

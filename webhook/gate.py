@@ -1,0 +1,163 @@
+"""Gating a pod archway could not place in time, and the one update that releases it. Pure.
+
+The webhook admits such a pod with archway's scheduling gate and a label the controller selects
+on (`gate_patch`). Once its images are known, or when admission.gate_max_seconds has passed, the
+controller sends ONE update (`plan_release`) that the apiserver accepts for a gated pod
+(KEP-3838, pkg/apis/core/validation ValidatePodUpdate): placement through `placement.decide`,
+the same decision as the webhook's, which only ever adds nodeSelector keys, sets required node
+affinity where there was none or adds a matchExpression to every existing term, and writes
+annotations; archway's gate removed and no other; archway's label removed. Nothing else in the
+spec changes: schedulerName, which may not change after creation, is set by the webhook at once.
+"""
+import copy
+from dataclasses import dataclass, replace
+
+import jsonpatch
+from archway.registry.model import ImageInfo
+from archway.registry.platforms import Platform
+
+from archway.errors import classify_error
+from archway.podview import PodView
+
+from .placement import (
+    ARCH_LABEL,
+    Decision,
+    Policy,
+    _join,
+    decide,
+    display_image,
+    told_architectures,
+)
+
+GATE = "archway.dev/resolving"
+GATED_LABEL = "archway.dev/gated"     # lets the controller list and watch only gated pods
+# The value of an arch requirement no node matches: keeps a pod that can never run off every node.
+NO_ARCHITECTURE = "no-common-architecture"
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def gate_patch(pod: PodView, policy: Policy) -> tuple[dict, ...]:
+    """JSON patch ops that gate `pod` at admission. The schedulerName the policy asks for is
+    set now: it may not change once the pod exists. Empty when archway's gate is there already
+    (a reinvocation)."""
+    if GATE in pod.scheduling_gates:
+        return ()
+    unplaced = decide(pod, {}, replace(policy, fail_closed=False))  # nothing known: no placement
+    ops = [op for op in unplaced.patch if op["path"] == "/spec/schedulerName"]
+    gates = [{"name": name} for name in pod.scheduling_gates] + [{"name": GATE}]
+    ops.append({"op": "add", "path": "/spec/schedulingGates", "value": gates})
+    if pod.labels:
+        ops.append({"op": "add", "path": "/metadata/labels/" + GATED_LABEL.replace("/", "~1"),
+                    "value": "true"})
+    else:
+        ops.append({"op": "add", "path": "/metadata/labels", "value": {GATED_LABEL: "true"}})
+    return tuple(ops)
+
+
+def is_gated(pod: dict) -> bool:
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(isinstance(g, dict) and g.get("name") == GATE for g in gates)
+
+
+@dataclass(frozen=True)
+class Release:
+    pod: dict               # the whole updated pod, to PUT with the resourceVersion it was read at
+    outcome: str            # placed | fallback | unplaced | no_common_arch
+    event_type: str         # Normal | Warning
+    reason: str             # the Event's reason
+    note: str               # the Event's note
+    architectures: frozenset[str] | None = None
+
+
+def unresolved(pod: PodView, results: dict) -> list[str]:
+    """The pod's images without an answer (an error or none at all)."""
+    return [image for image in pod.images if not isinstance(results.get(image), ImageInfo)]
+
+
+def plan_release(obj: dict, results: dict, policy: Policy, *, expired: bool,
+                 fallback: tuple[str, ...] = (), waited: float = 0.0) -> Release | None:
+    """The release of gated pod `obj` given its images' `results`; None: keep waiting (an image
+    is unresolved and the pod has not waited admission.gate_max_seconds yet)."""
+    pod = PodView.of(obj)
+    policy = replace(policy, fail_closed=False)  # a gated pod exists: it can no longer be denied
+    failed = unresolved(pod, results)
+    decision = decide(pod, results, policy)
+    if not decision.allowed or decision.architectures == frozenset():
+        # More answers cannot help: a common architecture only ever shrinks as images are added.
+        return _hold(obj, pod, results, decision)
+    if failed and not expired:
+        return None
+    if not failed:
+        archs = decision.architectures
+        where = f"on {_join(archs)}" if archs else "without an arch constraint (no image told one)"
+        return Release(_released(obj, decision), "placed", "Normal", "Placed",
+                       f"placed {where} after waiting {waited:.1f} s for its images", archs)
+    why = "; ".join(f"{display_image(image)}: {classify_error(results.get(image)).words}"
+                    for image in failed)
+    if fallback:
+        assumed = dict(results, **{image: _fallback_info(image, fallback) for image in failed})
+        with_fallback = decide(pod, assumed, policy)
+        if with_fallback.allowed and with_fallback.architectures:
+            archs = with_fallback.architectures
+            return Release(_released(obj, with_fallback), "fallback", "Warning",
+                           "ReleasedOnFallback",
+                           f"released after {waited:.0f} s (admission.gate_max_seconds) placed on "
+                           f"{_join(archs)} (placement.fallback_architectures); unresolved: {why}",
+                           archs)
+    return Release(_released(obj, decision), "unplaced", "Warning", "ReleasedUnplaced",
+                   f"released after {waited:.0f} s (admission.gate_max_seconds) "
+                   f"{'placed on ' + _join(decision.architectures) + ' by the images it read' if decision.architectures else 'without placement'}"
+                   f"; unresolved: {why}", decision.architectures)
+
+
+def gate_only_release(obj: dict) -> dict:
+    """The pod with archway's gate and label removed and nothing else: the update that is
+    always valid, for when a placing update was refused."""
+    return _released(obj, Decision(allowed=True))
+
+
+def _hold(obj: dict, pod: PodView, results: dict, decision: Decision) -> Release:
+    known = told_architectures({image: results.get(image) for image in pod.images})
+    if decision.architectures == frozenset():
+        note = "its images share no CPU architecture: " + "; ".join(
+            f"{display_image(image)} ({', '.join(sorted(archs))})" for image, archs in known.items())
+    else:
+        note = decision.message
+    updated = _released(obj, Decision(allowed=True))
+    _require_no_node(updated["spec"])
+    return Release(updated, "no_common_arch", "Warning", "NoCommonArchitecture",
+                   note + "; it could never run, so it is kept off every node", frozenset())
+
+
+def _released(obj: dict, decision: Decision) -> dict:
+    updated = jsonpatch.apply_patch(obj, list(decision.patch)) if decision.patch \
+        else copy.deepcopy(obj)
+    spec = updated.setdefault("spec", {})
+    gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != GATE]
+    if gates:
+        spec["schedulingGates"] = gates
+    else:
+        spec.pop("schedulingGates", None)
+    labels = (updated.get("metadata") or {}).get("labels")
+    if isinstance(labels, dict):
+        labels.pop(GATED_LABEL, None)
+    return updated
+
+
+def _require_no_node(spec: dict) -> None:
+    """Add an arch requirement no node meets: to every existing required term (ANDed there, so
+    each term then matches nothing), or as the only term when there is none."""
+    requirement = {"key": ARCH_LABEL, "operator": "In", "values": [NO_ARCHITECTURE]}
+    affinity = spec.setdefault("affinity", {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    required = node_affinity.get(_REQUIRED)
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if terms:
+        for term in terms:
+            term.setdefault("matchExpressions", []).append(dict(requirement))
+    else:
+        node_affinity[_REQUIRED] = {"nodeSelectorTerms": [{"matchExpressions": [requirement]}]}
+
+
+def _fallback_info(image: str, archs: tuple[str, ...]) -> ImageInfo:
+    return ImageInfo(image, frozenset(Platform("linux", a) for a in archs), None, "fallback")

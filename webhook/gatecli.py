@@ -1,0 +1,82 @@
+"""`archway gate release-all`: remove archway's scheduling gate from every pod, nothing else.
+
+What the chart's pre-delete hook Job runs on `helm uninstall`, and what an operator runs when
+archway's gate controller is gone: each gated pod gets the update that only removes archway's
+gate and label (always valid for the apiserver), other controllers' gates untouched.
+"""
+import logging
+
+from archway.config import load_config
+
+# Imported by the CLI for every subcommand: the Kubernetes client is imported when used.
+
+log = logging.getLogger("archway.gate")
+
+_ATTEMPTS = 5
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "gate", help="manage the pods archway gated (admission.unresolved: gate)",
+        description="Pods archway admitted SchedulingGated until it reads their images.")
+    commands = parser.add_subparsers(dest="gate_command", metavar="COMMAND", required=True)
+    release = commands.add_parser(
+        "release-all", help="remove archway's scheduling gate from every pod (uninstall hook)",
+        description="Remove the scheduling gate archway.dev/resolving (and the label "
+                    "archway.dev/gated) from every pod of the cluster; pods are released "
+                    "unplaced. Other gates are kept.")
+    release.set_defaults(func=_release_all)
+
+
+def release_all(api) -> tuple[int, int]:
+    """(released, failed): every gated pod of the cluster (`api`: a KubeApi), paged."""
+    from .gate import is_gated
+    from .kubeapi import MAX_LIST_BYTES
+    released = failed = 0
+    token = ""
+    while True:
+        query = {"limit": "500", **({"continue": token} if token else {})}
+        page = api.request("GET", "/api/v1/pods", query=query, timeout=60, max_bytes=MAX_LIST_BYTES)
+        for pod in page.get("items") or []:
+            if is_gated(pod):
+                if _release(api, pod):
+                    released += 1
+                else:
+                    failed += 1
+        token = (page.get("metadata") or {}).get("continue") or ""
+        if not token:
+            return released, failed
+
+
+def _release(api, pod: dict) -> bool:
+    from .gate import gate_only_release, is_gated
+    from .kubeapi import ApiError
+    meta = pod.get("metadata") or {}
+    path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
+    for _ in range(_ATTEMPTS):
+        try:
+            api.request("PUT", path, body=gate_only_release(pod))
+            return True
+        except ApiError as e:
+            if e.status == 404:
+                return True
+            if e.status != 409:
+                log.error("cannot release %s/%s: %s", meta.get("namespace"), meta.get("name"), e)
+                return False
+            pod = api.request("GET", path)   # changed meanwhile: release what it is now
+            if not is_gated(pod):
+                return True
+    return False
+
+
+def _release_all(args) -> int:
+    from .kubeapi import KubeApi
+    from .pullsecrets import build_api_client
+    config = load_config(args.config)
+    api_client, source = build_api_client(config.kubernetes)
+    if api_client is None:
+        print("archway: no Kubernetes API configured (kubeconfig or in-cluster)")
+        return 2
+    released, failed = release_all(KubeApi(api_client))
+    print(f"archway: released {released} gated pod(s) ({source}); {failed} failed")
+    return 1 if failed else 0

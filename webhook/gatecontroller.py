@@ -1,0 +1,415 @@
+"""The gate controller: places and releases the pods the webhook gated. Runs inside `archway
+serve` (one process beside the gunicorn workers) whenever a Kubernetes API is configured; among
+the replicas only the holder of the Lease acts (lease.py).
+
+    lead -> sweep every pod carrying the gate (paged list) -> watch the gated ones (label)
+         -> per pod: resolve its images with its pull secrets, retrying with back-off
+         -> plan_release (gate.py, pure) -> ONE update (PUT at the resourceVersion read)
+         -> an Event on the pod
+
+Never stuck: a pod is released at admission.gate_max_seconds after its creation whatever the
+registries do; an update the apiserver refuses is followed by the update that only removes the
+gate, which is always valid; the chart's pre-delete hook and the README's kubectl line cover a
+controller that is gone.
+"""
+import logging
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+from archway.registry.model import ImageInfo
+from archway.registry.reference import parse_reference
+
+from archway import metrics
+from archway.errors import ArchwayError
+from archway.podview import PodShapeError, PodView
+
+from .events import EventSink, pod_reference
+from .gate import GATED_LABEL, Release, gate_only_release, is_gated, plan_release
+from .kubeapi import MAX_LIST_BYTES, ApiError, KubeApi
+from .lease import LeaderElector, lease_namespace, new_identity, parse_time
+from .placement import Policy
+
+log = logging.getLogger("archway.gate")
+
+RETRY_MIN_SECONDS = 0.25      # first retry of a pod whose images did not resolve
+RETRY_MAX_SECONDS = 1.0       # the back-off's cap: a registry that is back is seen within it
+NEGATIVE_TTL_SECONDS = 0.5    # the controller's own resolver forgets failures this fast
+WATCH_SECONDS = 240
+PAGE_SIZE = 500
+
+
+@dataclass
+class Pending:
+    obj: dict                 # the pod as last seen (its resourceVersion is the update's)
+    created: float            # epoch seconds: when it was gated (gates exist only from creation)
+    next_try: float = 0.0     # monotonic
+    tries: int = 0
+    busy: bool = False
+    hosts: frozenset[str] = frozenset()   # the registries its images come from
+
+
+class GateController:
+    """What the leader does. `resolver` and `pull_secrets` are the webhook's interfaces."""
+
+    def __init__(self, *, api: KubeApi, resolver, pull_secrets, policy: Policy,
+                 max_seconds: float, fallback: tuple[str, ...] = (), events: EventSink | None,
+                 resolve_timeout: float = 5.0, workers: int = 8, wall=time.time,
+                 clock=time.monotonic, watch_seconds: int = WATCH_SECONDS):
+        self.api = api
+        self.resolver = resolver
+        self.pull_secrets = pull_secrets
+        self.policy = policy
+        self.max_seconds = max_seconds
+        self.fallback = fallback
+        self.events = events
+        self.resolve_timeout = resolve_timeout
+        self.watch_seconds = watch_seconds
+        self.sweeps = 0
+        self.pending: dict[str, Pending] = {}
+        self._wall = wall
+        self._clock = clock
+        self._lock = threading.Condition()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gate")
+
+    # --- leading --------------------------------------------------------------------------
+    def lead(self, stop: threading.Event) -> None:
+        """Act until `stop` is set (leadership lost or the server stopping). Each leadership has
+        its own `stop`: a watcher of a previous one still blocked in a read cannot act again."""
+        watcher = threading.Thread(target=self._watch_loop, args=(stop,),
+                                   name="archway-gate-watch", daemon=True)
+        watcher.start()
+        try:
+            self._work_loop(stop)
+        finally:
+            with self._lock:
+                self.pending.clear()
+                self._lock.notify_all()
+            metrics.GATED_PODS.set(0)
+            metrics.GATE_OLDEST.set(0)
+            watcher.join(1)  # a daemon blocked in a watch read: it ends with the stream
+
+    def _watch_loop(self, stop: threading.Event) -> None:
+        version, backoff = None, 0.0
+        while not stop.is_set():
+            try:
+                if version is None:
+                    version = self.sweep()
+                version = self._watch(version, stop)
+                backoff = 0.0
+            except ApiError as e:
+                if e.status == 410:
+                    log.info("pod watch expired (410 Gone): listing the gated pods again")
+                    version = None
+                    continue
+                backoff = min(10.0, max(0.5, backoff * 2))
+                log.warning("gate controller: %s; retrying in %.1f s", e, backoff)
+                stop.wait(backoff * random.uniform(0.8, 1.2))
+            except Exception:
+                log.exception("gate controller watch failed")
+                stop.wait(1.0)
+
+    def sweep(self) -> str:
+        """Every pod carrying archway's gate, label or not (paged list of all pods): what a
+        leader starts from. Returns the list's resourceVersion to watch from."""
+        found: dict[str, dict] = {}
+        token, version = "", ""
+        while True:
+            query = {"limit": str(PAGE_SIZE)}
+            if token:
+                query["continue"] = token
+            page = self.api.request("GET", "/api/v1/pods", query=query, timeout=60,
+                                    max_bytes=MAX_LIST_BYTES)
+            for pod in page.get("items") or []:
+                if is_gated(pod):
+                    found[_uid(pod)] = pod
+            meta = page.get("metadata") or {}
+            version = meta.get("resourceVersion") or version
+            token = meta.get("continue") or ""
+            if not token:
+                break
+        with self._lock:
+            for uid in list(self.pending):
+                if uid not in found:
+                    del self.pending[uid]
+            for uid, pod in found.items():
+                self._upsert(uid, pod)
+            self._lock.notify_all()
+        self.sweeps += 1
+        log.info("gate controller: %d gated pod(s) found", len(found))
+        return version
+
+    def _watch(self, version: str, stop: threading.Event) -> str:
+        for event in self.api.watch("/api/v1/pods", {"labelSelector": GATED_LABEL,
+                                                     "resourceVersion": version},
+                                    timeout_seconds=self.watch_seconds):
+            if stop.is_set():
+                break
+            pod = event.get("object") or {}
+            version = (pod.get("metadata") or {}).get("resourceVersion") or version
+            kind = event.get("type")
+            if kind == "BOOKMARK":
+                continue
+            uid = _uid(pod)
+            with self._lock:
+                if kind in ("ADDED", "MODIFIED") and is_gated(pod):
+                    self._upsert(uid, pod)
+                elif uid in self.pending:
+                    del self.pending[uid]
+                    if kind == "DELETED" and is_gated(pod):  # deleted while gated
+                        metrics.GATE_RELEASES.labels("deleted").inc()
+                self._lock.notify_all()
+            metrics.GATED_PODS.set(len(self.pending))
+        return version
+
+    def _upsert(self, uid: str, pod: dict) -> None:
+        current = self.pending.get(uid)
+        if current is None:
+            created = parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+            self.pending[uid] = Pending(pod, created if created is not None else self._wall(),
+                                        hosts=_hosts(pod))
+        else:
+            current.obj = pod
+        metrics.GATED_PODS.set(len(self.pending))
+
+    def _work_loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            now = self._clock()
+            with self._lock:
+                oldest = min((p.created for p in self.pending.values()), default=None)
+                metrics.GATE_OLDEST.set(0 if oldest is None else max(0.0, self._wall() - oldest))
+                due = [(uid, p) for uid, p in self.pending.items()
+                       if not p.busy and p.next_try <= now]
+                for _, p in due:
+                    p.busy = True
+                if not due:
+                    waits = [p.next_try - now for p in self.pending.values() if not p.busy]
+                    self._lock.wait(min([0.5] + [max(0.01, w) for w in waits]))
+                    continue
+            for uid, p in due:
+                self._pool.submit(self._attempt, uid, p)
+
+    def _expired(self, p: Pending) -> bool:
+        return self._wall() - p.created >= self.max_seconds
+
+    # --- one pod ----------------------------------------------------------------------------
+    def _attempt(self, uid: str, p: Pending) -> None:
+        try:
+            done = self._try_release(uid, p)
+        except ApiError as e:   # the API is down or refuses: retried with the back-off
+            log.warning("gate controller: releasing %s failed: %s", _name(p.obj), e)
+            done = False
+        except Exception:
+            log.exception("gate controller: releasing %s failed", _name(p.obj))
+            done = False
+        with self._lock:
+            p.busy = False
+            if done:
+                self.pending.pop(uid, None)
+            else:
+                p.tries += 1
+                delay = min(RETRY_MAX_SECONDS, RETRY_MIN_SECONDS * 2 ** (p.tries - 1))
+                p.next_try = self._clock() + delay * random.uniform(0.8, 1.0)
+            self._lock.notify_all()
+        metrics.GATED_PODS.set(len(self.pending))
+
+    def _try_release(self, uid: str, p: Pending) -> bool:
+        """True when the pod needs nothing more from this controller."""
+        try:
+            view = PodView.of(p.obj)
+        except PodShapeError as e:
+            log.warning("gated pod %s is malformed (%s): releasing its gate only", _name(p.obj), e)
+            return self._update(p, gate_only_release(p.obj), None, "unplaced")
+        expired = self._expired(p)
+        remaining = p.created + self.max_seconds - self._wall()
+        timeout = max(0.05, min(self.resolve_timeout, remaining)) if not expired else 0.05
+        start = time.monotonic()
+        credentials = self.pull_secrets.credentials_for(view, start + timeout * 0.4)
+        results = self.resolver.resolve_many(view.images, keyring=credentials.keyring,
+                                             timeout=max(0.05, start + timeout - time.monotonic()))
+        if p.tries:
+            self._wake(results)
+        waited = max(0.0, self._wall() - p.created)
+        release = plan_release(p.obj, results, self.policy, expired=expired,
+                               fallback=self.fallback, waited=waited)
+        if release is None:
+            return False
+        return self._update(p, release.pod, release, release.outcome, waited)
+
+    def _wake(self, results: dict) -> None:
+        """A retry got answers: those registries are back. Every pod waiting on one of them
+        retries now instead of at the end of its back-off."""
+        answered = _hosts_of(image for image, result in results.items()
+                             if isinstance(result, ImageInfo))
+        if not answered:
+            return
+        with self._lock:
+            for p in self.pending.values():
+                if not p.busy and p.next_try > 0 and p.hosts & answered:
+                    p.next_try = 0.0
+            self._lock.notify_all()
+
+    def _update(self, p: Pending, updated: dict, release, outcome: str, waited: float = 0.0) -> bool:
+        meta = p.obj.get("metadata") or {}
+        path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
+        try:
+            stored = self.api.request("PUT", path, body=updated)
+        except ApiError as e:
+            if e.status == 404:
+                return True  # deleted meanwhile: nothing to release
+            if e.status == 409:
+                # Changed since read: read it again and decide anew (another gate may be gone).
+                fresh = self.api.request("GET", path)
+                if not is_gated(fresh):
+                    return True
+                p.obj = fresh
+                p.next_try = 0.0
+                return False
+            if e.status == 422 and release is not None and updated != gate_only_release(p.obj):
+                log.error("the apiserver refused archway's release of %s (%s): removing the "
+                          "gate only", _name(p.obj), e.message)
+                refused = Release(gate_only_release(p.obj), "unplaced", "Warning",
+                                  "ReleasedUnplaced", "released without placement: the apiserver "
+                                  f"refused archway's placement ({e.message[:300]})")
+                return self._update(p, refused.pod, refused, "unplaced", waited)
+            raise
+        metrics.GATE_RELEASES.labels(outcome).inc()
+        metrics.GATE_WAIT.observe(waited)
+        log.info("gate controller: %s %s after %.1f s%s", outcome, _name(p.obj), waited,
+                 f": {release.note}" if release is not None and release.event_type != "Normal"
+                 else "")
+        if self.events is not None and release is not None:
+            self.events.record(pod_reference(stored), release.event_type, release.reason,
+                               "Release", release.note)
+        return True
+
+
+def _hosts(pod: dict) -> frozenset[str]:
+    try:
+        return _hosts_of(PodView.of(pod).images)
+    except PodShapeError:
+        return frozenset()
+
+
+def _hosts_of(images) -> frozenset[str]:
+    hosts = set()
+    for image in images:
+        try:
+            hosts.add(parse_reference(image).host)
+        except ArchwayError:
+            continue
+    return frozenset(hosts)
+
+
+def _uid(pod: dict) -> str:
+    meta = pod.get("metadata") or {}
+    return meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def _name(pod: dict) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+# --- the process ---------------------------------------------------------------------------
+
+def run(config, stop: threading.Event | None = None) -> None:
+    """Elect, lead while elected, until `stop` (or SIGTERM) -- the controller process's main."""
+    from archway.registry.resolver import Resolver
+
+    from .pullsecrets import PullSecrets, build_api_client
+
+    stop = stop or threading.Event()
+    api_client, source = build_api_client(config.kubernetes)
+    if api_client is None:
+        log.info("gate controller not started: no Kubernetes API configured")
+        return
+    api = KubeApi(api_client)
+    identity = new_identity()
+    namespace = lease_namespace(config.kubernetes.namespace)
+    elector = LeaderElector(api, namespace, identity=identity,
+                            duration_seconds=config.admission.gate_lease_seconds)
+    # Its own resolver: failures are forgotten within the retry interval, so a registry that
+    # comes back is seen at the next retry, not after registry.cache.negative_ttl_seconds.
+    registry = replace(config.registry, cache=replace(config.registry.cache,
+                                                      negative_ttl_seconds=NEGATIVE_TTL_SECONDS))
+    controller = GateController(
+        api=api, resolver=Resolver(registry, sif=config.sif),
+        pull_secrets=PullSecrets(api_client, cache_seconds=config.kubernetes.secret_cache_seconds,
+                                 source=source),
+        policy=Policy.from_config(config), max_seconds=config.admission.gate_max_seconds,
+        fallback=config.placement.fallback_architectures,
+        events=EventSink(api, instance=identity),
+        resolve_timeout=config.registry.timeout_seconds)
+    log.info("gate controller %s: candidate for Lease %s/%s (%s)", identity, namespace,
+             "archway-gate-controller", source)
+    leading: threading.Event | None = None
+    leader_thread = None
+    last_renewed = 0.0
+    try:
+        while not stop.is_set():
+            held = elector.try_acquire_or_renew()
+            now = time.monotonic()
+            if held:
+                last_renewed = now
+                if leading is None:
+                    log.info("gate controller %s: leading", identity)
+                    leading = threading.Event()
+                    leader_thread = threading.Thread(target=controller.lead, args=(leading,),
+                                                     name="archway-gate-lead", daemon=True)
+                    leader_thread.start()
+            elif leading is not None and now - last_renewed > elector.duration * 2 / 3:
+                log.warning("gate controller %s: lost the Lease; stopping", identity)
+                leading.set()
+                leader_thread.join(10)  # type: ignore[union-attr]
+                leading = None
+            stop.wait(elector.renew_every if leading is not None else
+                      max(0.2, elector.duration / 5))
+    finally:
+        if leading is not None:
+            leading.set()
+            leader_thread.join(3)  # type: ignore[union-attr]
+            elector.release()
+
+
+def start_process(config) -> subprocess.Popen:
+    """The controller in a fresh process of its own: nothing inherited from gunicorn's master
+    (its threads, its signal handlers), and nothing the workers it forks later would inherit.
+    The config travels pickled on stdin (it is the server's own, already checked)."""
+    process = subprocess.Popen([sys.executable, "-m", "archway.webhook.gatecontroller"],
+                               stdin=subprocess.PIPE)
+    assert process.stdin is not None
+    process.stdin.write(pickle.dumps(config))
+    process.stdin.close()
+    return process
+
+
+def stop_process(process: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()   # SIGTERM: it gives the Lease up and exits
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
+def _main() -> None:
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = pickle.loads(sys.stdin.buffer.read())
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    run(config, stop)
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,117 @@
+"""JSON over the Kubernetes API for the gate controller, its Lease and its Events.
+
+A thin layer over the official client's ApiClient (which already knows the kubeconfig or the
+in-cluster service account, TLS and tokens): plain dicts in and out, every call bounded in time
+and every body in size, errors as one exception carrying the API's HTTP status and Status reason.
+"""
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+MAX_OBJECT_BYTES = 4 * 1024 * 1024     # a pod is at most ~1.5 MiB in etcd; a list page more
+MAX_LIST_BYTES = 64 * 1024 * 1024
+MAX_WATCH_LINE_BYTES = 4 * 1024 * 1024
+
+
+class ApiError(Exception):
+    """The API answered an error (status, Status reason) or could not be reached (status 0)."""
+
+    def __init__(self, status: int, reason: str, message: str):
+        super().__init__(f"{status} {reason}: {message}" if status else message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class KubeApi:
+    def __init__(self, api_client, *, timeout_seconds: float = 10.0):
+        self.client = api_client
+        self.timeout_seconds = timeout_seconds
+
+    def request(self, method: str, path: str, *, body: Any = None, query: dict | None = None,
+                content_type: str = "application/json", timeout: float | None = None,
+                max_bytes: int = MAX_OBJECT_BYTES) -> dict:
+        response = self._call(method, path, body, query, content_type,
+                              timeout or self.timeout_seconds)
+        try:
+            data = response.read(max_bytes + 1)
+        finally:
+            response.release_conn()
+        if len(data) > max_bytes:
+            raise ApiError(0, "TooLarge", f"{method} {path}: answer larger than {max_bytes} bytes")
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise ApiError(0, "NotJSON", f"{method} {path}: the answer is not JSON") from None
+
+    def watch(self, path: str, query: dict, *, timeout_seconds: int) -> Iterator[dict]:
+        """The events of a watch (dicts with type and object) until the server ends it.
+        An ERROR event (410 Gone...) is raised as ApiError."""
+        query = dict(query, watch="true", timeoutSeconds=str(timeout_seconds),
+                     allowWatchBookmarks="true")
+        # Connect bounded; each read may wait for the server's own timeoutSeconds and a margin.
+        response = self._call("GET", path, None, query, "application/json",
+                              (self.timeout_seconds, timeout_seconds + 30))
+        try:
+            for line in _lines(response):
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    raise ApiError(int(status.get("code") or 0), str(status.get("reason") or ""),
+                                   str(status.get("message") or "watch error"))
+                yield event
+        finally:
+            response.release_conn()
+
+    def _call(self, method, path, body, query, content_type, timeout):
+        """The urllib3 response of a 2xx answer, not yet read; ApiError otherwise."""
+        try:
+            method, url, headers, body, _ = self.client.param_serialize(
+                method, path, query_params=list((query or {}).items()),
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body, auth_settings=["BearerToken"])
+            response = self.client.call_api(method, url, header_params=headers, body=body,
+                                            _request_timeout=timeout).response
+        except ApiException as e:
+            raise ApiError(int(e.status or 0), "Unreachable", str(e.reason)[:200]) from None
+        except Exception as e:  # noqa: BLE001 -- urllib3 raises a zoo of errors: all mean unreachable
+            raise ApiError(0, "Unreachable",
+                           f"Kubernetes API unreachable: {type(e).__name__}") from None
+        if 200 <= response.status < 300:
+            return response
+        try:
+            data = response.read(65536)
+        except Exception:  # noqa: BLE001 -- the status alone is still worth reporting
+            data = b""
+        finally:
+            response.release_conn()
+        raise _api_error(response.status, response.reason, data)
+
+
+def _api_error(status: int, reason: str, body: bytes) -> ApiError:
+    """The API's Status (reason, message) when the body is one."""
+    message = ""
+    try:
+        answer = json.loads(body)
+        reason = str(answer.get("reason") or reason)
+        message = str(answer.get("message") or "")
+    except (ValueError, AttributeError, TypeError):
+        pass
+    return ApiError(int(status), str(reason or ""), message[:2000])
+
+
+def _lines(response) -> Iterator[bytes]:
+    """Newline-delimited JSON from a streamed body, each line bounded."""
+    buffer = b""
+    for chunk in response.stream(65536, decode_content=True):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield line
+        if len(buffer) > MAX_WATCH_LINE_BYTES:
+            raise ApiError(0, "TooLarge", "a watch event is larger than the limit")
+    if buffer.strip():
+        yield buffer

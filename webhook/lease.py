@@ -1,0 +1,210 @@
+"""One gate controller among the replicas: a `coordination.k8s.io/v1` Lease.
+
+The elector follows client-go's leader election: a holder renews the Lease every third of its
+duration; another replica takes it over once it has seen no renewal for a whole duration,
+measured on its OWN clock from when it last saw the Lease change (clocks of different machines
+are never compared). Every write carries the resourceVersion read, so two candidates can never
+both win: the loser gets 409 Conflict. A holder that stops releases the Lease at once.
+
+The observer is what the webhook asks before gating a pod: is some controller alive to remove
+the gate? It re-reads the Lease in the background, so admission never waits on the API.
+"""
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+
+from .kubeapi import ApiError, KubeApi
+
+log = logging.getLogger("archway.lease")
+
+LEASE_NAME = "archway-gate-controller"
+_SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def lease_namespace(configured: str | None) -> str:
+    """kubernetes.namespace, else the namespace archway's pod runs in, else default."""
+    if configured:
+        return configured
+    try:
+        with open(_SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
+            return f.read(256).strip() or "default"
+    except OSError:
+        return os.environ.get("POD_NAMESPACE") or "default"
+
+
+def new_identity() -> str:
+    return f"{socket.gethostname()[:60]}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+
+
+def micro_time(epoch: float) -> str:
+    """metav1.MicroTime as the API writes it."""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def lease_path(namespace: str, name: str = LEASE_NAME) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+
+
+class LeaderElector:
+    def __init__(self, api: KubeApi, namespace: str, *, identity: str, duration_seconds: float,
+                 clock=time.monotonic, wall=time.time):
+        self.api = api
+        self.namespace = namespace
+        self.identity = identity
+        self.duration = duration_seconds
+        self._clock = clock
+        self._wall = wall
+        self._seen_version: str | None = None
+        self._seen_at = 0.0
+
+    @property
+    def renew_every(self) -> float:
+        return self.duration / 3
+
+    def try_acquire_or_renew(self) -> bool:
+        """True when this replica holds the Lease after the call."""
+        path = lease_path(self.namespace)
+        try:
+            lease = self.api.request("GET", path, timeout=self.renew_every)
+        except ApiError as e:
+            if e.status != 404:
+                log.warning("cannot read Lease %s/%s: %s", self.namespace, LEASE_NAME, e)
+                return False
+            return self._create()
+        spec = lease.get("spec") or {}
+        version = (lease.get("metadata") or {}).get("resourceVersion")
+        now = self._clock()
+        if version != self._seen_version:
+            self._seen_version, self._seen_at = version, now
+        holder = spec.get("holderIdentity") or ""
+        duration = float(spec.get("leaseDurationSeconds") or self.duration)
+        if holder and holder != self.identity and now - self._seen_at < duration:
+            return False  # someone else holds a Lease we saw renewed less than a duration ago
+        renewed = dict(spec, holderIdentity=self.identity, renewTime=micro_time(self._wall()),
+                       leaseDurationSeconds=int(max(1, round(self.duration))))
+        if holder != self.identity:
+            renewed["acquireTime"] = renewed["renewTime"]
+            renewed["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if holder else 0)
+        lease = dict(lease, spec=renewed)
+        try:
+            stored = self.api.request("PUT", path, body=lease, timeout=self.renew_every)
+        except ApiError as e:
+            if e.status != 409:
+                log.warning("cannot renew Lease %s/%s: %s", self.namespace, LEASE_NAME, e)
+            return False
+        self._seen_version, self._seen_at = stored["metadata"].get("resourceVersion"), now
+        return True
+
+    def release(self) -> None:
+        """Give the Lease up so another replica takes over at once (on a graceful stop)."""
+        path = lease_path(self.namespace)
+        try:
+            lease = self.api.request("GET", path, timeout=2)
+            spec = lease.get("spec") or {}
+            if spec.get("holderIdentity") != self.identity:
+                return
+            lease["spec"] = dict(spec, holderIdentity="", leaseDurationSeconds=1,
+                                 renewTime=micro_time(self._wall()))
+            self.api.request("PUT", path, body=lease, timeout=2)
+        except ApiError as e:
+            log.info("could not release the Lease (it will expire instead): %s", e)
+
+    def _create(self) -> bool:
+        now = micro_time(self._wall())
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": LEASE_NAME, "namespace": self.namespace},
+                "spec": {"holderIdentity": self.identity,
+                         "leaseDurationSeconds": int(max(1, round(self.duration))),
+                         "acquireTime": now, "renewTime": now, "leaseTransitions": 0}}
+        try:
+            stored = self.api.request(
+                "POST", f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases",
+                body=body, timeout=self.renew_every)
+        except ApiError as e:
+            if e.status != 409:
+                log.warning("cannot create Lease %s/%s: %s", self.namespace, LEASE_NAME, e)
+            return False
+        self._seen_version, self._seen_at = stored["metadata"].get("resourceVersion"), self._clock()
+        return True
+
+
+class LeaseObserver:
+    """Is a gate controller alive? Read in the background every third of a Lease duration.
+
+    Fresh means: a holder is named, and the Lease changed less than its duration ago on this
+    process's clock; the very first read trusts renewTime instead (nothing was seen change yet).
+    """
+
+    def __init__(self, api: KubeApi, namespace: str, *, duration_seconds: float,
+                 clock=time.monotonic, wall=time.time):
+        self.api = api
+        self.path = lease_path(namespace)
+        self.duration = duration_seconds
+        self._clock = clock
+        self._wall = wall
+        self._holder = ""
+        self._version: str | None = None
+        self._fresh_until = 0.0
+        self._lock = threading.Lock()
+        self._started_pid: int | None = None
+
+    def leader_fresh(self) -> bool:
+        self._ensure_started()
+        return bool(self._holder) and self._clock() < self._fresh_until
+
+    def refresh(self) -> None:
+        try:
+            lease = self.api.request("GET", self.path, timeout=max(1.0, self.duration / 3))
+        except ApiError as e:
+            if e.status == 404:
+                self._holder = ""
+            return  # unreadable: what was known simply ages out
+        spec = lease.get("spec") or {}
+        version = (lease.get("metadata") or {}).get("resourceVersion")
+        duration = float(spec.get("leaseDurationSeconds") or self.duration)
+        now = self._clock()
+        if self._version is None:
+            renewed = parse_time(spec.get("renewTime"))
+            age = self._wall() - renewed if renewed is not None else duration
+            self._fresh_until = now + duration - max(0.0, age)
+        elif version != self._version:
+            self._fresh_until = now + duration
+        self._version = version
+        self._holder = spec.get("holderIdentity") or ""
+
+    def _ensure_started(self) -> None:
+        if self._started_pid == os.getpid():
+            return
+        with self._lock:
+            if self._started_pid == os.getpid():
+                return
+            self._started_pid = os.getpid()
+            threading.Thread(target=self._loop, name="archway-lease-observer", daemon=True).start()
+
+    def start(self) -> None:
+        """Start reading in the background (in the process that serves: threads do not fork)."""
+        self._ensure_started()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self.refresh()
+            except Exception:  # never let the observer die: a dead one says "no leader" forever
+                log.exception("Lease observer failed")
+            time.sleep(max(0.5, self.duration / 3))
+
+
+def parse_time(value) -> float | None:
+    if not isinstance(value, str):
+        return None
+    for fmt in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
+        try:
+            return datetime.strptime(value, fmt).replace(tzinfo=UTC).timestamp()
+        except ValueError:
+            continue
+    return None
+
