@@ -149,7 +149,7 @@ def _preflight(config, tls) -> None:
                           "(kubernetes.enabled / kubeconfig / in-cluster): nobody could ever "
                           "remove the gate from a pod. Use admit or deny, or configure the API.")
     for warning in deprecations(config):
-        print(f"archway: warning: {warning}", flush=True)
+        logging.getLogger("archway.server").warning(warning)   # text or JSON, as every line
 
 
 def runs_gate_controller(config) -> bool:

@@ -406,8 +406,7 @@ def test_bootstrap_mode_jobs_and_rbac(render):
     assert reader["rules"] == [{"apiGroups": [""], "resources": ["serviceaccounts", "secrets"],
                                 "verbs": ["get"]},
                                {"apiGroups": [""], "resources": ["namespaces", "nodes"],
-                                "verbs": ["list", "watch"]},
-                               {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+                                "verbs": ["list", "watch"]}]
 
 
 def test_cert_manager_mode(render):
@@ -640,7 +639,8 @@ def test_archway_pods_run_only_where_the_image_can(render, case, archs):
     docs = render(case)
     specs = archway_pod_specs(docs)
     expected = {"Deployment arch-archway", "Job arch-archway-certgen-create",
-                "Job arch-archway-certgen-patch", "CronJob arch-archway-certgen-renew"}
+                "Job arch-archway-certgen-patch", "CronJob arch-archway-certgen-renew",
+                "Job arch-archway-gate-release"}
     if case != "default":
         expected.add("Deployment arch-archway-scheduler")
     assert set(specs) == expected
