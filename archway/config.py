@@ -85,6 +85,12 @@ class ProxySettings:
 
 
 @dataclass(frozen=True)
+class PrewarmSettings:
+    enabled: bool = True                    # with a Kubernetes API: read the cluster's images at start
+    requests_per_second: float = 5.0        # lookups (one manifest request each) per registry host
+
+
+@dataclass(frozen=True)
 class RegistrySettings:
     insecure_hosts: tuple[str, ...] = ()    # host[:port] reached over plain HTTP or unverified TLS
     ca_file: str | None = None              # extra CA bundle trusted for registries
@@ -99,6 +105,7 @@ class RegistrySettings:
     hosts_dir: str | None = None            # containerd's certs.d layout: mirrors per registry
     credential_providers: CredentialProviderSettings = field(default_factory=CredentialProviderSettings)
     proxy: ProxySettings = field(default_factory=ProxySettings)
+    prewarm: PrewarmSettings = field(default_factory=PrewarmSettings)
 
     def __post_init__(self):
         # Host lists compare case-insensitively, with the surrounding blanks of a hand-edited file.

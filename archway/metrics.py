@@ -79,6 +79,11 @@ CACHE_REVALIDATIONS = Counter(
     "Checks of cached answers at their registry, by outcome: unchanged (same digest: no "
     "manifest fetched), changed, or the error kind that kept the cached answer in use "
     "(stale-if-error)", ["outcome"])
+PREWARM_IMAGES = Gauge(
+    "archway_prewarm_images",
+    "Pre-warming at start (registry.prewarm): images the cluster's workloads and pods name "
+    "(found), lookups started, and how many resolved or failed once done; the furthest "
+    "process of the server", ["state"], multiprocess_mode="livemax")
 CACHE_BYTES = Gauge("archway_cache_bytes", "Approximate memory held by the resolver cache",
                     multiprocess_mode="livesum")
 REGISTRY_BACKOFF_UNTIL = Gauge(

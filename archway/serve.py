@@ -262,4 +262,7 @@ class _Gunicorn(BaseApplication):
         node_cache = app.extensions["archway"].node_cache
         if node_cache is not None:
             node_cache.ensure_started()
+        prewarm = app.extensions.get("archway.prewarm")
+        if prewarm is not None:
+            prewarm.start()
         return app

@@ -36,6 +36,15 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
         config, resolver=state.resolver, pull_secrets=pull_secrets, namespaces=namespaces,
         nodes=state.node_cache, gating=gating, events=events)
     app.extensions["archway.webhook"] = service
+    prewarm = config.registry.prewarm
+    if prewarm.enabled and getattr(pull_secrets, "api", None) is not None:
+        from .cluster import ClusterReader
+        from .prewarm import Prewarmer
+        # Started by `archway serve` as each worker boots (archway.serve), never by a test app.
+        app.extensions["archway.prewarm"] = Prewarmer(
+            lambda: ClusterReader(pull_secrets.api.api_client), state.resolver, pull_secrets,
+            per_second=prewarm.requests_per_second,
+            exclude_namespaces=config.admission.exclude_namespaces)
     state.readiness_facts["kubernetes_api"] = lambda: pull_secrets.source
     if gating is not None:
         # Whether this worker would gate a pod now (admission.unresolved: gate).
