@@ -334,9 +334,9 @@ def _build(cls: type, values: Any, path: str, origin: str) -> Any:
         key = path + name
         if "check" in f.metadata:
             kwargs[name] = f.metadata["check"](value, f"{origin}: {key}") if value is not None \
-                else f.default_factory()  # type: ignore[misc]
+                else f.default_factory()  # type: ignore[misc, operator]
         elif dataclasses.is_dataclass(kind):
-            kwargs[name] = _build(kind, value, key + ".", origin)
+            kwargs[name] = _build(typing.cast(type, kind), value, key + ".", origin)
         else:
             kwargs[name] = _coerce(kind, f, value, key, origin)
     return cls(**kwargs)

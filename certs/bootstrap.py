@@ -102,7 +102,8 @@ def plan_certificates(spec: BootstrapSpec, tls_data: dict[str, bytes] | None,
         if not is_ca(ca.cert):
             ca, ca_reason = None, "the stored CA certificate is not a CA"
         elif remaining(ca.cert, now) < dt.timedelta(days=spec.days) + spec.renew_before:
-            ca, ca_reason = None, f"the CA expires {ca.cert.not_valid_after_utc:%Y-%m-%d}"
+            ca_reason = f"the CA expires {ca.cert.not_valid_after_utc:%Y-%m-%d}"
+            ca = None
     if ca is None:
         ca = issue_ca(f"archway CA for {spec.service}.{spec.namespace}", days=spec.ca_days, now=now)
 
@@ -286,6 +287,7 @@ def _patch_ca_bundle(spec: BootstrapSpec, kube: "_Kube", bundle_b64: str,
     ops = ca_bundle_patch(config, bundle_b64)
     if not ops:
         return "unchanged", 0
+    assert spec.webhook_config is not None   # a config was read for it
     kube.patch_webhook_config(spec.webhook_config, ops)
     patched = sum(1 for op in ops if op["path"].endswith("/caBundle"))
     log.info("patched caBundle of %d webhook(s) in %s", patched, spec.webhook_config)
@@ -356,7 +358,7 @@ class _Kube:
             api_version=r["apiVersion"], kind=r["kind"], name=r["name"], uid=r["uid"],
             controller=r.get("controller"), block_owner_deletion=r.get("blockOwnerDeletion"))
             for r in owners] or None
-        encoded = {k: base64.b64encode(v).decode() for k, v in data.items()}
+        encoded: dict[str, bytes | str] = {k: base64.b64encode(v).decode() for k, v in data.items()}
         if existing is None:
             body = self.client.V1Secret(metadata=meta, type=secret_type, data=encoded)
             self.core.create_namespaced_secret(namespace, body, field_manager=FIELD_MANAGER,

@@ -56,7 +56,7 @@ class ReloadingContext:
                               f"{_reason(e)}") from None
         self.context.sni_callback = self._on_client_hello
         self._active = self.context
-        self._rejected = None         # signature of a pair that failed to load
+        self._rejected: tuple | None = None   # signature of a pair that failed to load
         self._next_check = clock() + check_interval
         self.reloads = 0
 

@@ -233,7 +233,7 @@ def describe(cert: x509.Certificate) -> str:
 def file_signature(*paths: str) -> tuple:
     """What changes when any of the files is replaced or rewritten (follows symlinks, as the
     kubelet swaps a Secret volume's `..data` link)."""
-    sig = []
+    sig: list[tuple[int, int, int, int] | None] = []
     for p in paths:
         try:
             st = os.stat(p)

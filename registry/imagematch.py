@@ -48,7 +48,7 @@ def image_matches(pattern: str, image: str) -> bool:
     (want_labels, want_port, want_path), (labels, port, path) = want, have
     if want_port != port or len(want_labels) != len(labels) or not path.startswith(want_path):
         return False
-    return all(_glob(p) is not None and _glob(p).fullmatch(label)
+    return all((glob := _glob(p)) is not None and glob.fullmatch(label) is not None
                for p, label in zip(want_labels, labels))
 
 
@@ -114,7 +114,7 @@ def _char_class(pattern: str, i: int) -> tuple[str, int] | None:
     """Parse a class after its '[' the way Go does; (regex, index after ']') or None."""
     negated = i < len(pattern) and pattern[i] == "^"
     i += negated
-    ranges = []
+    ranges: list[tuple[str, str]] = []
     while True:
         if i < len(pattern) and pattern[i] == "]" and ranges:
             i += 1

@@ -401,12 +401,12 @@ class PluginProvider:
         if cached is not None:
             return cached
         with self._lock:
-            flight = self._flights.get(image)
-            mine = flight is None
-            if mine:
-                flight = self._flights[image] = Future()
-        if not mine:
-            return flight.result()   # another thread is running the plugin for this image
+            running = self._flights.get(image)
+            if running is None:
+                flight: Future = Future()
+                self._flights[image] = flight
+        if running is not None:
+            return running.result()   # another thread is running the plugin for this image
         try:
             credentials = self._fetch(image)
             flight.set_result(credentials)

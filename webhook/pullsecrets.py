@@ -119,6 +119,7 @@ class PullSecrets:
             return cached
         where = f"pull secret {namespace}/{name}"
         ttl = self.cache_seconds
+        value: Keyring | _Unavailable
         try:
             assert self.api is not None  # credentials_for reads nothing without an API
             value = _keyring_of(self._read(self.api.read_namespaced_secret, name, namespace,
