@@ -38,6 +38,8 @@ CASES = {
     "monitoring": ["--set", "metrics.serviceMonitor.enabled=true",
                    "--set", "metrics.prometheusRule.enabled=true",
                    "--set", "scheduler.extender.exposeMetrics=true"],
+    "image-digest": ["--set", "image.repository=registry.example.com/platform/archway",
+                     "--set", "image.tag=v1.2.3", "--set", f"image.digest=sha256:{'ab' * 32}"],
     "registry-access-eks": ["-f", os.path.join(FIXTURES, "registry-access-eks.yaml")],
     "registry-access-gke": ["-f", os.path.join(FIXTURES, "registry-access-gke.yaml")],
     "no-renewal-custom-config": ["--set", "tls.bootstrap.renewal.enabled=false",
@@ -546,3 +548,39 @@ def test_no_host_mounts_and_no_annotations_by_default(render):
     assert all("annotations" not in sa["metadata"] or "helm.sh/hook" in sa["metadata"]["annotations"]
                for sa in find(docs, "ServiceAccount"))
     assert "credential-providers.yaml" not in archway_configs(docs)
+
+
+# --- the archway image: repository, tag or digest; the Dockerfile's user --------------------------
+
+def archway_containers(docs) -> list[dict]:
+    """Every container and initContainer of every workload that runs archway's own image."""
+    found = []
+    for doc in docs:
+        spec = doc.get("spec", {})
+        pod = (spec.get("jobTemplate", {}).get("spec", spec)).get("template", {}).get("spec")
+        for c in (pod or {}).get("containers", []) + (pod or {}).get("initContainers", []):
+            if "kube-scheduler" not in c["image"]:
+                found.append(c)
+    return found
+
+
+def test_image_digest_pins_every_archway_container(render):
+    default = archway_containers(render("default"))
+    assert default and {c["image"] for c in default} == {"ghcr.io/archway/archway:0.1.0"}
+    pinned = archway_containers(render("image-digest"))
+    assert len(pinned) == len(default)
+    assert {c["image"] for c in pinned} == {f"registry.example.com/platform/archway@sha256:{'ab' * 32}"}
+
+
+def test_schema_rejects_a_digest_that_is_not_sha256(helm_env):
+    result = helm(helm_env, "template", RELEASE, CHART, "--set", "image.digest=v1.2.3", check=False)
+    assert result.returncode != 0 and "/image/digest" in result.stderr
+
+
+def test_dockerfile_user_is_the_charts_security_context():
+    with open(os.path.join(REPO, "Dockerfile")) as f:
+        (user,) = re.findall(r"^USER\s+(\S+)\s*$", f.read(), re.MULTILINE)
+    with open(os.path.join(CHART, "values.yaml")) as f:
+        security = yaml.safe_load(f)["podSecurityContext"]
+    assert user == f"{security['runAsUser']}:{security['runAsGroup']}"
+    assert security["fsGroup"] == security["runAsGroup"]   # the emptyDir state dir is the user's
