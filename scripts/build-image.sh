@@ -77,26 +77,27 @@ seconds() { date +%s; }
 base() {
   local kind=$1 arch=$2 packages=$3
   local name="localhost/archway-base:$kind-$suite-$arch"
-  local tarball="$cache/$kind-$suite-$arch.tar" stamp="$cache/$kind-$suite-$arch.imported"
+  local tarball="$cache/$kind-$suite-$arch.tar" part="$cache/$kind-$suite-$arch.part.tar"
+  local stamp="$cache/$kind-$suite-$arch.imported"
   if $refresh || [ -z "$(find "$tarball" -mtime -7 2>/dev/null)" ]; then
     local start; start=$(seconds)
     echo "build-image.sh: making the $suite $kind base for $arch (mmdebstrap)" >&2
     # The same trimming as Debian's own slim images: no manuals, translations or docs but the
     # licenses; merged /usr from the start (no usrmerge package, which drags perl in).
-    if ! $sudo mmdebstrap --variant=minbase --arch="$arch" --include="$packages" \
+    if ! $sudo mmdebstrap --variant=minbase --format=tar --arch="$arch" --include="$packages" \
         --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
         --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
         --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
         --dpkgopt='path-include=/usr/share/doc/*/copyright' \
         --aptopt='Acquire::Retries "3"' \
-        "$suite" "$tarball.part" \
+        "$suite" "$part" \
         "deb $mirror $suite main" "deb $mirror $suite-updates main" \
         "deb $security $suite-security main" >"$cache/mmdebstrap-$kind-$arch.log" 2>&1; then
       tail -n 30 "$cache/mmdebstrap-$kind-$arch.log" >&2
-      rm -f "$tarball.part"
+      rm -f "$part"
       exit 1
     fi
-    mv "$tarball.part" "$tarball"
+    mv "$part" "$tarball"
     echo "build-image.sh: $kind base for $arch made in $(($(seconds) - start)) s" >&2
   fi
   local want; want=$(stat -c '%Y %s' "$tarball")
