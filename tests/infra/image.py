@@ -44,7 +44,8 @@ class PulledImage:
         self.config: dict = oci["config"]   # Env, Entrypoint, Cmd, User, WorkingDir, ...
 
     def _run(self, *args: str) -> str:
-        result = subprocess.run([*self._buildah, *args], capture_output=True, text=True, timeout=600)
+        result = subprocess.run([*self._buildah, *args], capture_output=True, text=True, timeout=600,
+                                check=False)
         if result.returncode:
             raise RuntimeError(f"buildah {' '.join(args)}: {result.stderr.strip()}")
         return result.stdout.strip()
