@@ -98,7 +98,10 @@ def test_the_image_is_small_no_compiler_no_pip_cache_no_tests(image, pushed, pla
     (entry,) = [m for m in index["manifests"] if m["platform"]["architecture"] == image.architecture]
     manifest = plain_registry.get_manifest("archway/archway", entry["digest"]).json()
     pushed_bytes = sum(layer["size"] for layer in manifest["layers"])
-    print(f"{image.architecture}: {pushed_bytes / 1e6:.1f} MB pushed (compressed layers)")
+    unpacked = sum(os.lstat(os.path.join(d, f)).st_size
+                   for d, _, files in os.walk(image.rootfs) for f in files)
+    print(f"{image.architecture}: {pushed_bytes / 1e6:.1f} MB pushed (compressed layers), "
+          f"{unpacked / 1e6:.1f} MB unpacked")
     assert pushed_bytes < MAX_PUSHED_BYTES
 
 
