@@ -6,8 +6,8 @@
 # both bases locally from Debian bookworm with mmdebstrap and passes them in as BASE/BUILD_BASE).
 #
 # Stage 1 runs on the BUILD machine's own architecture even for a foreign target: pip downloads
-# the target architecture's wheels (every dependency has manylinux wheels) and unpacks them into
-# /opt/archway, so no step ever runs under emulation. Stage 2 only copies that onto the slim
+# the target architecture's wheels (every dependency has manylinux wheels, for any glibc up to the
+# base's own) and unpacks them into /opt/archway, so no step ever runs under emulation. Stage 2 only copies that onto the slim
 # runtime base: no compiler, no pip cache, no source tree, no tests, no RUN step at all.
 # BUILD_BASE and BASE must carry the same Python (same version, same path): the byte code and
 # the `archway` script's #! line are made in stage 1 and used in stage 2. The byte code never
@@ -32,11 +32,12 @@ RUN set -eu; \
       *) echo "unsupported TARGETARCH '$TARGETARCH' (amd64, arm64)" >&2; exit 1 ;; \
     esac; \
     pyver=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+    glibc=$(python3 -c 'import platform; print(platform.libc_ver()[1].split(".")[1])'); \
+    platforms="--platform manylinux2014_$machine"; \
+    while [ "$glibc" -gt 17 ]; do platforms="$platforms --platform manylinux_2_${glibc}_$machine"; glibc=$((glibc - 1)); done; \
     python3 -m pip wheel --quiet --no-deps --wheel-dir /wheels .; \
     python3 -m pip install --quiet --target /opt/archway/lib --only-binary=:all: \
-        --implementation cp --python-version "$pyver" \
-        --platform "manylinux_2_28_$machine" --platform "manylinux2014_$machine" \
-        /wheels/archway-*.whl; \
+        --implementation cp --python-version "$pyver" $platforms /wheels/archway-*.whl; \
     mv /opt/archway/lib/bin /opt/archway/bin; \
     python3 -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/archway/lib; \
     mkdir -p /home-archway
