@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 
 usage() {
   sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
-  exit 2
+  exit "${1:-2}"
 }
 
 ref="" platforms="linux/amd64,linux/arm64" tls_verify=true refresh=false
@@ -28,7 +28,7 @@ while (($#)); do
     --platforms) platforms="${2:?--platforms needs a list}"; shift 2 ;;
     --insecure-registry) tls_verify=false; shift ;;
     --refresh-base) refresh=true; shift ;;
-    -h|--help) usage ;;
+    -h|--help) usage 0 ;;
     *) echo "build-image.sh: unknown argument '$1'" >&2; usage ;;
   esac
 done
