@@ -174,7 +174,8 @@ def test_the_default_command_serves_with_a_self_signed_pair_in_the_state_dir(ima
     for d in (state, tmp):
         d.mkdir()
         os.chown(d, 65532, 65532)
-    mounts = [Mount(str(tmp), "/tmp"), Mount(str(state), image.env()["HOME"])]
+    # Where the chart mounts its scratch emptyDir; the image must keep its state there (HOME).
+    mounts = [Mount(str(tmp), "/tmp"), Mount(str(state), "/var/lib/archway")]
     argv = pod_argv(image, ["serve", "--bind", f"127.0.0.1:{port}", *cmd[3:]])
     with Server(pod_command(image, argv, mounts, user=image.config["User"]), port=port,
                 env=image.env(), log_path=str(tmp_path / "serve.log"), ready_timeout=240) as server:
