@@ -4,6 +4,7 @@ import importlib
 import logging
 import sys
 
+from archway import __version__
 from archway.errors import ArchwayError
 
 # Each module adds its own subcommands through `register(subparsers)`.
@@ -18,6 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="FILE",
                         help="YAML config file (default: $ARCHWAY_CONFIG, else built-in defaults)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    parser.add_argument("--version", action="version", version=f"archway {__version__}",
+                        help="print archway's version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)

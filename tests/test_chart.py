@@ -44,6 +44,8 @@ CASES = {
     "monitoring": ["--set", "metrics.serviceMonitor.enabled=true", "--set", "scheduler.enabled=true",
                    "--set", "metrics.prometheusRule.enabled=true",
                    "--set", "scheduler.extender.exposeMetrics=true"],
+    "image-digest": ["--set", "image.repository=registry.example.com/platform/archway",
+                     "--set", "image.tag=v1.2.3", "--set", f"image.digest=sha256:{'ab' * 32}"],
     "registry-access-eks": ["-f", os.path.join(FIXTURES, "registry-access-eks.yaml"),
                             "--set", "scheduler.enabled=true"],
     "registry-access-gke": ["-f", os.path.join(FIXTURES, "registry-access-gke.yaml"),
@@ -610,6 +612,8 @@ def test_no_host_mounts_and_no_annotations_by_default(render):
                for sa in find(docs, "ServiceAccount"))
     assert "credential-providers.yaml" not in archway_configs(docs)
 
+
+# --- the archway image: repository, tag or digest; the Dockerfile's user --------------------------
 
 # --- hardening: where archway's own pods run, how they stop, what they cost -------------------
 

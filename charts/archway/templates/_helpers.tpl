@@ -53,8 +53,14 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
 {{/* Images ------------------------------------------------------------------------------ */}}
+{{/* repository@digest when image.digest is set (pins the exact index pushed, whatever the tag
+     now points to), else repository:tag (default: the chart's appVersion). */}}
 {{- define "archway.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- end -}}
 {{- end -}}
 
 {{/* kube-scheduler follows the version skew policy: never newer than the apiserver. By default

@@ -1,0 +1,184 @@
+"""archway's own image, as users get it: scripts/build-image.sh builds the repository's Dockerfile
+for linux/amd64 and linux/arm64 and pushes ONE index to a real docker-registry; `archway inspect`
+reads that index back (archway eats its own food); each platform is pulled and run the way the
+chart's webhook Deployment runs it: uid/gid from the pod securityContext, read-only root, the
+chart's volumes (config, TLS Secret, the scratch emptyDir for /tmp and the state directory). The
+arm64 image runs under qemu-user. The first build on a machine makes the Debian bases (minutes;
+cached in ~/.cache/archway/image afterwards).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import requests
+import yaml
+
+from archway import __version__
+from tests.infra.image import Mount, PulledImage, elf_machine, pod_argv, pod_command
+from tests.infra.procs import REPO, Server, free_port, require_binary
+from tests.infra.registry import plain_registry  # noqa: F401
+from tests.infra.tls import test_ca  # noqa: F401
+
+PLATFORMS = ("linux/amd64", "linux/arm64")
+# The first build makes the Debian bases, arm64's under emulation: minutes, not seconds.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+CHART = os.path.join(REPO, "charts", "archway")
+# Native code from the base and from the cross-installed wheels: built for the image's arch.
+NATIVE_PROBES = ("/usr/bin/python3", "/opt/archway/lib/yaml/_yaml.cpython-311-{m}-linux-gnu.so",
+                 "/opt/archway/lib/cryptography/hazmat/bindings/_rust.abi3.so")
+# Compressed layers per platform; 77 MB when this was written (docs/ and README say so).
+MAX_PUSHED_BYTES = 120_000_000
+
+
+@pytest.fixture(scope="module")
+def pushed(plain_registry):  # noqa: F811
+    ref = plain_registry.ref("archway/archway", "test")
+    result = subprocess.run(
+        ["bash", "scripts/build-image.sh", "--push", ref, "--platforms", ",".join(PLATFORMS),
+         "--insecure-registry"], cwd=REPO, capture_output=True, text=True, timeout=3600,
+        check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return ref
+
+
+@pytest.fixture(scope="module", params=PLATFORMS)
+def image(request, pushed, tmp_path_factory):
+    pulled = PulledImage(pushed, request.param, str(tmp_path_factory.mktemp("image")))
+    yield pulled
+    pulled.close()
+
+
+@pytest.fixture(scope="module")
+def webhook_pod(tmp_path_factory):
+    """The chart's webhook Deployment and its archway config, rendered with default values."""
+    home = tmp_path_factory.mktemp("helm")
+    env = {**os.environ, **{f"HELM_{k}_HOME": str(home / k.lower()) for k in ("CACHE", "CONFIG", "DATA")}}
+    out = subprocess.run([require_binary("helm"), "template", "arch", CHART, "-n", "archway-system"],
+                         capture_output=True, text=True, env=env, timeout=120, check=True).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    deployment = next(d for d in docs if d["kind"] == "Deployment"
+                      and d["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook")
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap" and "webhook.yaml" in d["data"])
+    return deployment["spec"]["template"]["spec"], yaml.safe_load(configmap["data"]["webhook.yaml"])
+
+
+def run_in_pod(image, argv, mounts, *, user="65532:65532", timeout=300):
+    return subprocess.run(pod_command(image, argv, mounts, user=user), env=image.env(),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_one_index_with_both_architectures_as_archway_sees_it(pushed, plain_registry, tmp_path):  # noqa: F811
+    config = tmp_path / "archway.yaml"
+    config.write_text(yaml.safe_dump({"registry": {"insecure_hosts": [plain_registry.host]}}))
+    result = subprocess.run([sys.executable, "-m", "archway.cli", "inspect", "--json",
+                             "--config", str(config), pushed],
+                            cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert row["error"] is None
+    assert row["source"] == "oci-index"
+    assert row["platforms"] == list(PLATFORMS)
+    assert row["architectures"] == ["amd64", "arm64"]
+
+
+def test_each_platform_is_built_for_its_architecture(image):
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}[image.architecture]
+    for probe in NATIVE_PROBES:
+        assert elf_machine(image.path(probe.format(m=machine))) == image.architecture, probe
+
+
+def test_the_image_is_small_no_compiler_no_pip_cache_no_tests(image, pushed, plain_registry):  # noqa: F811
+    for absent in ("/usr/bin/gcc", "/usr/bin/cc", "/root/.cache", "/var/lib/archway/.cache", "/src",
+                   "/wheels", "/opt/archway/lib/pip", "/usr/lib/python3/dist-packages/pip",
+                   "/opt/archway/lib/tests", "/opt/archway/lib/archway/tests"):
+        assert not os.path.lexists(image.path(absent)), absent
+    index = plain_registry.get_manifest("archway/archway", "test").json()
+    (entry,) = [m for m in index["manifests"] if m["platform"]["architecture"] == image.architecture]
+    manifest = plain_registry.get_manifest("archway/archway", entry["digest"]).json()
+    pushed_bytes = sum(layer["size"] for layer in manifest["layers"])
+    unpacked = sum(os.lstat(os.path.join(d, f)).st_size
+                   for d, _, files in os.walk(image.rootfs) for f in files)
+    print(f"{image.architecture}: {pushed_bytes / 1e6:.1f} MB pushed (compressed layers), "
+          f"{unpacked / 1e6:.1f} MB unpacked")
+    assert pushed_bytes < MAX_PUSHED_BYTES
+
+
+def test_version_runs_as_the_image_user_under_a_read_only_root(image, tmp_path):
+    assert image.config["User"] == "65532:65532"
+    result = run_in_pod(image, pod_argv(image, ["--version"]), [], user=image.config["User"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"archway {__version__}"
+    # The root really is read-only, even for root: what the pod's writes rely on is its volumes.
+    probe = run_in_pod(image, ["/bin/sh", "-c", "touch /opt/probe"], [], user="0:0")
+    assert probe.returncode != 0 and "Read-only file system" in probe.stderr
+
+
+def chart_mounts(pod_spec, directory, config_text, tls) -> list[Mount]:
+    """The webhook container's volumeMounts, each backed by a directory like the kubelet's."""
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    (webhook,) = [c for c in pod_spec["containers"] if c["name"] == "webhook"]
+    mounts = []
+    for vm in webhook["volumeMounts"]:
+        volume = volumes[vm["name"]]
+        source = os.path.join(directory, vm["name"], vm.get("subPath", ""))
+        os.makedirs(source, exist_ok=True)
+        if "emptyDir" in volume:   # fsGroup 65532 makes it the pod's
+            os.chown(source, 65532, 65532)
+        elif "configMap" in volume:
+            for item in volume["configMap"]["items"]:
+                with open(os.path.join(source, item["path"]), "w") as f:
+                    f.write(config_text)
+        elif "secret" in volume:
+            for item in volume["secret"]["items"]:
+                path = os.path.join(source, item["path"])
+                with open(tls.cert_path if item["key"] == "tls.crt" else tls.key_path, "rb") as f:
+                    data = f.read()
+                with open(path, "wb") as f:
+                    f.write(data)
+                os.chown(path, 0, 65532)
+                os.chmod(path, volume["secret"]["defaultMode"])
+        else:
+            pytest.fail(f"volume kind of {volume} not reproduced by this test")
+        mounts.append(Mount(source, vm["mountPath"], read_only=vm.get("readOnly", False)))
+    return mounts
+
+
+def test_serve_answers_healthz_over_tls_as_the_chart_runs_it(image, webhook_pod, test_ca, tmp_path):  # noqa: F811
+    pod_spec, config = webhook_pod
+    security = pod_spec["securityContext"]
+    (webhook,) = [c for c in pod_spec["containers"] if c["name"] == "webhook"]
+    assert webhook["securityContext"]["readOnlyRootFilesystem"] is True
+    user = f"{security['runAsUser']}:{security['runAsGroup']}"
+    assert user == image.config["User"], "the chart and the Dockerfile disagree on uid/gid"
+    port = free_port()
+    config["server"]["bind"] = f"127.0.0.1:{port}"   # the pod's own network namespace: host's here
+    tls = test_ca.issue("archway-webhook", ("127.0.0.1",))
+    mounts = chart_mounts(pod_spec, str(tmp_path), yaml.safe_dump(config), tls)
+    env = image.env({e["name"]: e["value"] for e in webhook.get("env", [])})
+    argv = pod_argv(image, webhook["args"])
+    with Server(pod_command(image, argv, mounts, user=user), port=port, env=env,
+                log_path=str(tmp_path / "serve.log"), ready_timeout=240) as server:
+        r = requests.get(f"https://127.0.0.1:{port}/healthz", verify=test_ca.cert_path, timeout=60)
+        assert r.status_code == 200, server.log()
+    assert "archway: serving the webhook" in server.log()
+
+
+def test_the_default_command_serves_with_a_self_signed_pair_in_the_state_dir(image, tmp_path):
+    """No config at all (the image's CMD): the pair is generated under HOME, the chart's emptyDir."""
+    cmd = image.config["Cmd"]
+    assert cmd[:2] == ["serve", "--bind"]
+    port = free_port()
+    state, tmp = tmp_path / "state", tmp_path / "tmp"
+    for d in (state, tmp):
+        d.mkdir()
+        os.chown(d, 65532, 65532)
+    # Where the chart mounts its scratch emptyDir; the image must keep its state there (HOME).
+    mounts = [Mount(str(tmp), "/tmp"), Mount(str(state), "/var/lib/archway")]
+    argv = pod_argv(image, ["serve", "--bind", f"127.0.0.1:{port}", *cmd[3:]])
+    with Server(pod_command(image, argv, mounts, user=image.config["User"]), port=port,
+                env=image.env(), log_path=str(tmp_path / "serve.log"), ready_timeout=240) as server:
+        ca = state / ".local" / "state" / "archway" / "tls" / "ca.crt"
+        r = requests.get(f"https://127.0.0.1:{port}/healthz", verify=str(ca), timeout=60)
+        assert r.status_code == 200, server.log()
