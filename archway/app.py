@@ -11,6 +11,7 @@ import os
 from typing import Callable
 
 from flask import Flask, Response, jsonify, request
+from gunicorn.http.errors import NoMoreData, ParseException
 from werkzeug.exceptions import HTTPException
 
 from archway import metrics
@@ -106,6 +107,24 @@ def _register_common(app: Flask, state: ServerState) -> None:
         else:
             message = e.description or e.name
         return jsonify(error=message), e.code
+
+    @app.errorhandler(ParseException)
+    def malformed_http(e: ParseException):
+        # A body gunicorn cannot decode (an invalid chunk size...) surfaces while the view
+        # reads it: the client's fault, not a 500.
+        metrics.bad_request(400)
+        return jsonify(error=f"malformed HTTP request body: {type(e).__name__}: {e}"), 400
+
+    @app.errorhandler(NoMoreData)
+    def body_cut_short(e: NoMoreData):
+        metrics.bad_request(400)
+        return jsonify(error="the request body ended before its announced length"), 400
+
+    @app.errorhandler(TimeoutError)
+    def body_too_slow(e: TimeoutError):
+        # The per-read timeout the views set on the socket while they read a body.
+        metrics.bad_request(408)
+        return jsonify(error="the request body stopped arriving"), 408
 
     @app.errorhandler(Exception)
     def internal_error(e: Exception):

@@ -31,6 +31,11 @@ IMAGE_RESOLUTIONS = Counter(
     "Image resolutions during admission: source is where the answer came from (oci-index, "
     "sif-https...) or the reference scheme when it failed; result is resolved, no_arch or an "
     "error kind", ["source", "result"])
+CLIENT_CUTS = Counter(
+    "archway_client_connections_cut_total",
+    "Client connections archway closed before their request was in: handshake_timeout, "
+    "header_timeout, body_timeout (too slow), header_too_large, tls_failed (no TLS client), "
+    "overflow (the oldest partial or idle connection, to make room)", ["reason"])
 BAD_REQUESTS = Counter("archway_bad_requests_total",
                        "Requests rejected as malformed, by HTTP status", ["code"])
 
@@ -98,6 +103,10 @@ def admission_finished(outcome: str, seconds: float, warnings: int) -> None:
     ADMISSION_DURATION.observe(seconds)
     if warnings:
         ADMISSION_WARNINGS.inc(warnings)
+
+
+def client_cut(reason: str) -> None:
+    CLIENT_CUTS.labels(reason).inc()
 
 
 def bad_request(status: int) -> None:

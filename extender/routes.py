@@ -16,7 +16,7 @@ from archway.registry.platforms import normalize
 from archway import metrics
 from archway.extender.wire import (MalformedExtenderArgs, filter_result_json, host_priority_entry,
                                   host_priority_list_json, parse_extender_args)
-from archway.extender.nodes import NodeCache, node_addresses, node_arch
+from archway.extender.nodes import NodeCache
 from archway.podview import PodShapeError, PodView
 from archway.webhook.placement import (ANNOTATION_ARCHITECTURES, common_architectures,
                                       told_architectures)
@@ -24,9 +24,11 @@ from archway.extender.traffic import NEUTRAL_SCORE, TrafficPoller, node_scores
 
 log = logging.getLogger("archway.extender")
 
-# Full-Nodes mode sends every candidate Node (10-20 KB each with status.images): far above the
-# admission body limit, so the extender routes set their own.
-MAX_BODY_BYTES = 256 * 1024 * 1024
+# Full-Nodes mode sends every candidate Node, far above the admission body limit, so the
+# extender routes set their own: 5,000 Nodes (Kubernetes' largest supported cluster) with
+# kubelet's 50 status.images each measure 58.8 MB in JSON (bench/cluster.py), 11.8 KB a node.
+# Parsing holds about twice the body (wire.py), so a worker's threads stay within a few GB.
+MAX_BODY_BYTES = 64 * 1024 * 1024
 # Kept back from extender.deadline_seconds to build and send the answer.
 ANSWER_MARGIN_SECONDS = 0.1
 # Bounds each socket read of a request body (gunicorn's gthread sockets block without limit).
@@ -151,8 +153,8 @@ class Extender:
             raise MalformedExtenderArgs(f"ExtenderArgs.Pod: {e}") from None
         pod_archs, source, detail = self.pod_architectures(pod, deadline)
         if args.nodes is not None:
-            node_archs = [node_arch(node) for node in args.nodes] if pod_archs else ()
-            names = [node["metadata"]["name"] for node in args.nodes]
+            node_archs = [node.arch for node in args.nodes] if pod_archs else ()
+            names = [node.name for node in args.nodes]
         else:
             names = args.node_names
             node_archs = self._cached_archs(names, deadline) if pod_archs else ()
@@ -190,7 +192,7 @@ class Extender:
         if snapshot is None:
             return host_priority_list_json([host_priority_entry(n, NEUTRAL_SCORE) for n in names])
         if args.nodes is not None:  # full mode: the request's own addresses are the freshest
-            addresses = {node["metadata"]["name"]: node_addresses(node) for node in args.nodes}
+            addresses = {node.name: node.addresses for node in args.nodes}
             return host_priority_list_json(self._entries(snapshot, names, addresses))
         book = self._score_book(snapshot)
         entries = [book.get(n) for n in names]
