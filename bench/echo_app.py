@@ -15,7 +15,7 @@ import sys
 from flask import Flask, jsonify, request
 from gunicorn.app.base import BaseApplication
 
-from archway.webhook import serve
+from archway import serve
 from archway.config import load_config
 
 

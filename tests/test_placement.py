@@ -1,5 +1,6 @@
 """The pure placement decision: table-driven cases and hypothesis properties."""
 import copy
+import json
 
 import jsonpatch
 import kubernetes_validate
@@ -14,7 +15,7 @@ from archway.registry.platforms import normalize, parse_platform
 from archway.podview import PodShapeError, PodView
 from archway.webhook import placement
 from archway.webhook.admission import MAX_WARNING_CHARS, MAX_WARNINGS, cap_warnings
-from archway.webhook.placement import ANNOTATION_ARCHITECTURES, ARCH_LABEL, Policy
+from archway.webhook.placement import ANNOTATION_ARCHITECTURES, ARCH_LABEL, Policy, json_patch
 
 SCHEMA_VERSIONS = ("1.30.0", "1.33.0")
 ALL_ARCHS = frozenset({"amd64", "arm64", "arm", "ppc64le", "s390x", "riscv64"})
@@ -537,3 +538,31 @@ def test_passwords_in_sif_urls_never_reach_warnings_or_messages():
                    {**RESULTS, secret_url: info(secret_url, "linux/amd64", source="sif-https")},
                    Policy())
     assert "s3cret" not in clash.message and "***@files.example" in clash.message
+
+
+# --- the patch ------------------------------------------------------------------------------------
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(
+        st.sampled_from(["a", "b", "k/s", "t~0", ""]), children, max_size=3), max_leaves=8)
+_JSON_MAPS = st.dictionaries(st.sampled_from(["a", "b", "k/s", "t~0", ""]), _JSON_VALUES,
+                             max_size=4)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(old=_JSON_MAPS, new=_JSON_MAPS)
+def test_json_patch_turns_the_old_document_into_the_new_one(old, new):
+    patch = json_patch(old, new)
+    assert jsonpatch.apply_patch(copy.deepcopy(old), list(patch)) == new
+    assert (patch == ()) == (json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True))
+
+
+def test_json_patch_escapes_keys_and_adds_missing_maps_whole():
+    old = {"metadata": {}, "spec": {"nodeSelector": {"a/b": "x"}}}
+    new = {"metadata": {"annotations": {"archway.dev/architectures": "amd64"}},
+           "spec": {"nodeSelector": {"a/b": "x", "kubernetes.io/arch": "amd64"}}}
+    assert json_patch(old, new) == (
+        {"op": "add", "path": "/metadata/annotations",
+         "value": {"archway.dev/architectures": "amd64"}},
+        {"op": "add", "path": "/spec/nodeSelector/kubernetes.io~1arch", "value": "amd64"})
