@@ -10,10 +10,44 @@ the default in-process registry is used.
 """
 import os
 
-from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge,
-                               Histogram, generate_latest, multiprocess)
+import prometheus_client
+from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest,
+                               multiprocess)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class _RememberedLabels:
+    """`labels(...)` answered from a dict after its first call with those values.
+
+    prometheus_client takes the metric's lock and converts and checks every label value on each
+    call: with 8 handler threads contending for the GIL that was ~8 % of a warm admission's
+    CPU (py-spy, docs/benchmarks.md figure 1). A child, once made, is the same object forever.
+    """
+
+    def labels(self, *values, **by_name):
+        if by_name:
+            return super().labels(*values, **by_name)  # type: ignore[misc]
+        children = self.__dict__.get("_archway_children")
+        if children is None:
+            children = self.__dict__.setdefault("_archway_children", {})
+        child = children.get(values)
+        if child is None:
+            child = children[values] = super().labels(*values)  # type: ignore[misc]
+        return child
+
+
+class Counter(_RememberedLabels, prometheus_client.Counter):
+    pass
+
+
+class Histogram(_RememberedLabels, prometheus_client.Histogram):
+    pass
+
+
+class Gauge(_RememberedLabels, prometheus_client.Gauge):
+    pass
+
 # Warm admissions take well under a millisecond: fine buckets there, coarse ones up to the deadline.
 LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.0, 3.0, 5.0, 10.0)
