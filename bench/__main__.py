@@ -24,6 +24,7 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "registry": "registry_costs",
     "uncached": "uncached",
     "admission": "admission",
+    "slowclients": "slowclients",
     "memory": "memory",
     "extender": "extender",
 }

@@ -24,6 +24,7 @@ import yaml
 from archway.worker import MAX_CONNECTIONS
 from tests.infra.procs import REPO, Server, free_port
 from tests.infra.registry import RegistryServer
+from tests.infra.stalled import KINDS, request_head, stalled
 
 pytestmark = pytest.mark.slow
 
@@ -146,24 +147,14 @@ def _closed_by_server(sock: socket.socket, timeout: float) -> bool:
 
 def _stall(served: Served) -> dict[str, list[socket.socket]]:
     body = json.dumps(served.review()).encode()
-    kinds: dict[str, list[socket.socket]] = {k: [] for k in (
-        "idle", "client_hello", "request_line", "body", "kept_alive")}
-    for _ in range(STALLED_PER_KIND):
-        kinds["idle"].append(served.tcp())
-        s = served.tcp()
-        s.sendall(b"\x16\x03\x01")           # the first 3 bytes of a TLS record: a ClientHello
-        kinds["client_hello"].append(s)
-        s = served.tls_socket()
-        s.sendall(b"POST /mut")
-        kinds["request_line"].append(s)
-        s = served.tls_socket()
-        s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n" % len(body) + body[:100])
-        kinds["body"].append(s)
+    address = ("127.0.0.1", served.port)
+    kinds: dict[str, list[socket.socket]] = {
+        kind: [stalled(address, kind, served.tls, body) for _ in range(STALLED_PER_KIND)]
+        for kind in KINDS}
+    kinds["kept_alive"] = []
     for _ in range(STALLED_PER_KIND):
         s = served.tls_socket()
-        s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        s.sendall(request_head("/mutate", len(body)) + body)
         head = b""
         while b"\r\n\r\n" not in head:
             head += s.recv(65536)
