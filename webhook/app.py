@@ -4,9 +4,10 @@ The view bounds how the body is read (size, per-read timeout) and writes the ser
 as JSON; what admission means lives in service.py. archway.app puts this route next to the
 shared ones (/healthz, /readyz, /metrics).
 """
+import json
 import time
 
-from flask import Flask, jsonify, request
+from flask import Flask, Response, jsonify, request
 
 from archway import metrics
 
@@ -40,9 +41,13 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
         too_large = _refuse_oversized(max_bytes)
         if too_large is not None:
             return too_large
-        body = request.get_data(cache=False)  # over MAX_CONTENT_LENGTH: the app's 413
+        # Straight from the WSGI stream: the worker has usually read the whole body already
+        # (archway.worker), and werkzeug's wrappers cost more than the read. A chunked body
+        # (no Content-Length) is cut one byte over the limit and refused by the service.
+        body = request.environ["wsgi.input"].read(max_bytes + 1)
         answer = service.review(body, started=start, peer=request.remote_addr or "-")
-        return jsonify(answer.body), answer.status
+        return Response(json.dumps(answer.body, separators=(",", ":")), answer.status,
+                        mimetype="application/json")
 
     app.add_url_rule("/mutate", "mutate", mutate, methods=["POST"])
     return service
