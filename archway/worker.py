@@ -20,9 +20,12 @@ summarised in one log line per LOG_EVERY_SECONDS.
 
 Spreading. All workers polling one listening socket let the first one awake accept every
 connection a client opens at once (the API server keeps a few for minutes): one worker did
-over 90 % of the work in 3 of 6 keep-alive runs. With server reuse_port on, each worker also
-listens on a socket of its own on the same address (SO_REUSEPORT) and the kernel spreads new
-connections over those sockets by a hash of the client's address and port.
+over 90 % of the work in 3 of 6 keep-alive runs. With gunicorn's reuse_port on, each worker
+listens on a socket of its own on the same address (SO_REUSEPORT), the master's socket stops
+listening once a worker has its own, and the kernel spreads new connections over the workers'
+sockets by a hash of the client's address and port. A worker that stops takes in what its
+socket holds before closing it; one that is killed loses its socket's queue (the clients see a
+reset and retry), as the other workers keep listening.
 """
 import errno
 import logging
@@ -100,6 +103,7 @@ class GuardedThreadWorker(ThreadWorker):
         self.arrivals: OrderedDict[TConn, _Arrival] = OrderedDict()   # oldest first
         self.buffered = 0
         self.own_listeners: list[socket.socket] = []
+        self.shared_listeners: list = []
         self._next_sweep = 0.0
         self._cuts: Counter[str] = Counter()
         self._last_cut_peer = "-"
@@ -108,9 +112,31 @@ class GuardedThreadWorker(ThreadWorker):
     # --- start and stop -------------------------------------------------------------------------
     def init_process(self):
         if self.cfg.reuse_port:
-            self.own_listeners = [s for s in map(_own_listener, self.sockets) if s is not None]
-            self.sockets = list(self.sockets) + self.own_listeners
-        super().init_process()
+            own = [s for s in map(_own_listener, self.sockets) if s is not None]
+            if own and len(own) == len(self.sockets):
+                self.shared_listeners, self.sockets = list(self.sockets), own
+                self.own_listeners = own
+            else:   # keep polling the shared socket(s): spread by whichever worker wakes first
+                for listener in own:
+                    listener.close()
+        super().init_process()   # runs the worker: returns only when it stops
+
+    def run(self):
+        # The master's socket belongs to the same SO_REUSEPORT group and would still get its
+        # share of new connections, accepted by whichever worker wakes first: take in what it
+        # holds, then stop it listening (for every worker: they share that one socket), so the
+        # kernel's hash alone spreads connections over the workers' own sockets.
+        for shared in self.shared_listeners:
+            try:
+                shared.setblocking(False)
+                for _ in range(MAX_CONNECTIONS):
+                    if not self._accept_one(shared):
+                        break
+                shared.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass   # already stopped by a sibling worker
+        self.shared_listeners = []
+        super().run()
 
     def set_accept_enabled(self, enabled):
         super().set_accept_enabled(enabled)
@@ -134,7 +160,8 @@ class GuardedThreadWorker(ThreadWorker):
         try:
             client, address = listener.accept()
         except OSError as e:
-            if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED, errno.EBADF):
+            if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED, errno.EBADF,
+                           errno.EINVAL):   # EINVAL: a listener no longer listening
                 return False
             if e.errno in (errno.EMFILE, errno.ENFILE):
                 # Out of descriptors: make room rather than spin on a listener we cannot serve.
