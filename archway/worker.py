@@ -39,7 +39,7 @@ from functools import partial
 
 from gunicorn import http
 from gunicorn.sock import ssl_context
-from gunicorn.workers.gthread import ThreadWorker, TConn
+from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from archway import metrics
 from archway.logsafe import escape
@@ -56,10 +56,10 @@ LOG_EVERY_SECONDS = 10.0
 _SWEEP_EVERY_SECONDS = 0.25
 _RECV_BYTES = 256 * 1024
 
-_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*([0-9]{1,15})[ \t]*\r\n", re.I)
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*([0-9]{1,15})[ \t]*\r\n", re.IGNORECASE)
 # Bodies the thread reads itself: chunked ones (no length to wait for) and those whose client
 # waits for "100 Continue" before sending them.
-_THREAD_READS_BODY = re.compile(rb"\r\n(?:transfer-encoding|expect)[ \t]*:", re.I)
+_THREAD_READS_BODY = re.compile(rb"\r\n(?:transfer-encoding|expect)[ \t]*:", re.IGNORECASE)
 _TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json"
               b"\r\nContent-Length: 45\r\nConnection: close\r\n\r\n"
               b'{"error": "request head larger than 64 KiB"}\n')
@@ -80,7 +80,7 @@ def body_to_preread(head: bytes, limit: int) -> int:
 
 class _Arrival:
     """A connection whose request (or TLS handshake) is still arriving."""
-    __slots__ = ("conn", "deadline", "stage", "buf", "scanned", "need")
+    __slots__ = ("buf", "conn", "deadline", "need", "scanned", "stage")
 
     def __init__(self, conn: TConn, stage: str, deadline: float):
         self.conn = conn

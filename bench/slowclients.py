@@ -44,7 +44,7 @@ def run(lab: Lab) -> list[Figure]:
         _admit(server, body)   # warm: the image is cached
         rows = [_round(server, body, n) for n in STALLED]
         cuts = _cuts(server.metrics())
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a figure that cannot run is a MISS with its reason
         return [failed_figure(number, name, target, e)]
     finally:
         for part in (server, registry):
@@ -54,17 +54,17 @@ def run(lab: Lab) -> list[Figure]:
     best = max((row["stalled"] for row in held), default=0)
     return [Figure(number, name, f"{best} (of {', '.join(map(str, STALLED))} tried)", target,
                    best >= TARGET, [
-        f"per N: {REAL} admissions on fresh TLS connections, {TIMEOUT_SECONDS:g} s timeout each, "
-        f"after opening N stalled connections ({', '.join(KINDS)}, N/{len(KINDS)} each; "
-        "2 workers x 8 threads)",
+        (f"per N: {REAL} admissions on fresh TLS connections, {TIMEOUT_SECONDS:g} s timeout "
+         f"each, after opening N stalled connections ({', '.join(KINDS)}, N/{len(KINDS)} each; "
+         "2 workers x 8 threads)"),
         "; ".join(f"N={row['stalled']}: {row['answered']}/{REAL} answered, median "
                   f"{row['median_ms']:.0f} ms, {row['open']} of N still open after "
                   f"{row['seconds']:.1f} s" for row in rows),
-        "connections cut off by the server over the run (archway_client_connections_cut_total): "
-        + (", ".join(f"{reason} {n:.0f}" for reason, n in sorted(cuts.items()))
-           or "none (each round's clients hung up before their deadline)"),
-        "before this change (gunicorn's gthread worker, issue 16): 10-12 stalled connections "
-        "made real admissions fail, 16-24 stopped the webhook",
+        ("connections cut off by the server over the run (archway_client_connections_cut_total): "
+         + (", ".join(f"{reason} {n:.0f}" for reason, n in sorted(cuts.items()))
+            or "none (each round's clients hung up before their deadline)")),
+        ("before this change (gunicorn's gthread worker, issue 16): 10-12 stalled connections "
+         "made real admissions fail, 16-24 stopped the webhook"),
     ])]
 
 

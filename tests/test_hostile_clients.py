@@ -141,7 +141,7 @@ def _closed_by_server(sock: socket.socket, timeout: float) -> bool:
         return True
     except (ConnectionResetError, ssl.SSLError, BrokenPipeError):
         return True
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         return False
 
 
@@ -230,7 +230,9 @@ def _raw_exchange(server: Served, request: bytes) -> tuple[int, dict]:
         while b"\r\n\r\n" not in data:
             data += s.recv(65536)
         head, _, body = data.partition(b"\r\n\r\n")
-        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+        found = re.search(rb"(?i)content-length: *(\d+)", head)
+        assert found, head
+        length = int(found.group(1))
         while len(body) < length:
             body += s.recv(65536)
     return int(head.split()[1]), json.loads(body)
