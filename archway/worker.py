@@ -97,20 +97,21 @@ class GuardedThreadWorker(ThreadWorker):
     #: Bodies up to this size are read in the main loop; `archway serve` sets it to
     #: server.max_body_bytes (the extender's larger bodies are read by their thread).
     preread_limit = 3 * 1024 * 1024
+    sockets: list   # the listeners this worker polls (gunicorn's Worker sets them)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.arrivals: OrderedDict[TConn, _Arrival] = OrderedDict()   # oldest first
         self.buffered = 0
         self.own_listeners: list[socket.socket] = []
-        self.shared_listeners: list = []
+        self.shared_listeners: list = []   # the master's, until run() stops them listening
         self._next_sweep = 0.0
         self._cuts: Counter[str] = Counter()
         self._last_cut_peer = "-"
         self._next_log = 0.0
 
     # --- start and stop -------------------------------------------------------------------------
-    def init_process(self):
+    def init_process(self) -> None:
         # gunicorn's own lines ("Invalid request from ip=...: ...") quote what clients sent.
         for handler in self.log.error_log.handlers:
             current = handler.formatter or logging.Formatter()
@@ -125,7 +126,7 @@ class GuardedThreadWorker(ThreadWorker):
                     listener.close()
         super().init_process()   # runs the worker: returns only when it stops
 
-    def run(self):
+    def run(self) -> None:
         # The master's socket belongs to the same SO_REUSEPORT group and would still get its
         # share of new connections, accepted by whichever worker wakes first: take in what it
         # holds, then stop it listening (for every worker: they share that one socket), so the
@@ -142,7 +143,7 @@ class GuardedThreadWorker(ThreadWorker):
         self.shared_listeners = []
         super().run()
 
-    def set_accept_enabled(self, enabled):
+    def set_accept_enabled(self, enabled: bool) -> None:
         super().set_accept_enabled(enabled)
         if not enabled and not self.alive and self.own_listeners:
             # Stopping: a connection left in this worker's own accept queue would be reset when
@@ -157,7 +158,7 @@ class GuardedThreadWorker(ThreadWorker):
             self.own_listeners = []
 
     # --- new connections -----------------------------------------------------------------------
-    def accept(self, listener):
+    def accept(self, listener) -> None:
         self._accept_one(listener)
 
     def _accept_one(self, listener) -> bool:
@@ -189,7 +190,7 @@ class GuardedThreadWorker(ThreadWorker):
         self._advance(arrival)   # a fast client's ClientHello is usually here already
         return True
 
-    def on_client_socket_readable(self, conn, client):
+    def on_client_socket_readable(self, conn: TConn, client) -> None:
         """A kept-alive connection's next request begins: read it here, not in a thread."""
         self.keepalived_conns.remove(conn)
         arrival = _Arrival(conn, "header", time.monotonic() + HEADER_TIMEOUT_SECONDS)
@@ -327,7 +328,7 @@ class GuardedThreadWorker(ThreadWorker):
                 break   # the one reading now is the oldest: let it finish or time out
             self._close(oldest, "overflow")
 
-    def murder_pending(self):
+    def murder_pending(self) -> None:
         """Called by gunicorn's loop after every wake-up: also cut arrivals past deadline."""
         super().murder_pending()
         now = time.monotonic()
