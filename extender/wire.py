@@ -17,14 +17,20 @@ import json.decoder
 import json.scanner
 import re
 from dataclasses import dataclass, field
+from typing import cast
 
 from .nodes import NodeFacts, node_facts
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
-_scan_value = json.scanner.make_scanner(json.JSONDecoder())  # the C scanner json.loads uses
-_scan_string = json.decoder.scanstring
+_scan_value = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # json.loads' C scanner
+_scan_string = json.decoder.scanstring  # type: ignore[attr-defined]
 _encode_string = json.encoder.encode_basestring_ascii
 _compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _after_whitespace(text: str, idx: int) -> int:
+    found = _WHITESPACE.match(text, idx)   # always matches (possibly nothing)
+    return found.end() if found else idx
 
 
 class MalformedExtenderArgs(ValueError):
@@ -51,13 +57,13 @@ class ExtenderArgs:
     def node_list_json(self, keep: list[int]) -> str | bytes:
         """The NodeList as sent, with only the items at positions `keep` (input order kept)."""
         source, spans = self._source, self._spans
-        sep = "," if isinstance(source, str) else b","
-        items = sep.join([source[spans[i][0]:spans[i][1]] for i in keep])
         if isinstance(source, str):
+            items = ",".join([source[spans[i][0]:spans[i][1]] for i in keep])
             parts = [m if m is not None else '"items":[' + items + "]" for m in self._list_members]
             return "{" + ",".join(parts) + "}"
-        parts = [m if m is not None else b'"items":[' + items + b"]" for m in self._list_members]
-        return b"{" + b",".join(parts) + b"}"
+        raw = b",".join([source[spans[i][0]:spans[i][1]] for i in keep])
+        raw_parts = [m if m is not None else b'"items":[' + raw + b"]" for m in self._list_members]
+        return b"{" + b",".join(raw_parts) + b"}"
 
 
 def parse_extender_args(body: bytes) -> ExtenderArgs:
@@ -91,7 +97,7 @@ class _Parser:
         self.source = source
 
     def _skip(self, idx: int) -> int:
-        return _WHITESPACE.match(self.text, idx).end()
+        return _after_whitespace(self.text, idx)
 
     def _expect(self, idx: int, char: str, what: str) -> int:
         idx = self._skip(idx)
@@ -147,7 +153,7 @@ class _Parser:
             raise MalformedExtenderArgs("ExtenderArgs has neither Nodes nor NodeNames")
         if node_list is None:
             return ExtenderArgs(pod=pod, nodes=None, node_names=names)
-        items, spans, members = node_list
+        items, spans, members = cast(tuple, node_list)
         # With both present the scheduler is not nodeCacheCapable: Nodes is what it reads back.
         return ExtenderArgs(pod=pod, nodes=items, node_names=None, _source=self.source,
                             _spans=spans, _list_members=members)
@@ -179,10 +185,10 @@ class _Parser:
         if text.startswith("null", at):
             return [], [], at + 4
         idx = self._skip(self._expect(at, "[", "to open Nodes.items"))
-        items, spans = [], []
+        items: list[NodeFacts] = []
+        spans: list[tuple[int, int]] = []
         if text[idx:idx + 1] == "]":
             return items, spans, idx + 1
-        skip = _WHITESPACE.match
         while True:
             item, end = _scan_value(text, idx)
             if not isinstance(item, dict):
@@ -192,13 +198,13 @@ class _Parser:
                 raise MalformedExtenderArgs(f"Nodes.items[{len(items)}] has no metadata.name")
             items.append(facts)
             spans.append((idx, end))
-            idx = skip(text, end).end()
+            idx = _after_whitespace(text, end)
             char = text[idx:idx + 1]
             if char == "]":
                 return items, spans, idx + 1
             if char != ",":
                 raise MalformedExtenderArgs(f"expected ',' or ']' in Nodes.items at offset {idx}")
-            idx = skip(text, idx + 1).end()
+            idx = _after_whitespace(text, idx + 1)
 
 
 def filter_result_json(args: ExtenderArgs, keep: list[int], failed: dict[str, str],
@@ -207,7 +213,7 @@ def filter_result_json(args: ExtenderArgs, keep: list[int], failed: dict[str, st
     tail = (',"FailedNodes":' + _compact(failed) + ',"FailedAndUnresolvableNodes":'
             + _compact(unresolvable) + ',"Error":""}')
     if args.nodes is None:
-        names = args.node_names
+        names = args.node_names or []
         return ('{"Nodes":null,"NodeNames":' + _compact([names[i] for i in keep]) + tail).encode()
     node_list = args.node_list_json(keep)
     if isinstance(node_list, bytes):
