@@ -198,6 +198,29 @@ class GuardedThreadWorker(ThreadWorker):
         self.poller.modify(conn.sock, selectors.EVENT_READ, partial(self._on_event, arrival))
         self._advance(arrival)
 
+    def finish_request(self, conn: TConn, fs) -> None:
+        """A request is answered. When the client already sent (part of) its next one, which the
+        thread read ahead into the parser's buffer or TLS holds decrypted, gunicorn would hand
+        the connection straight back to a thread that then blocks on the rest: read the rest
+        here instead, like any other arriving request."""
+        keep_alive = not fs.cancelled() and fs.exception() is None and fs.result() is True
+        if keep_alive and conn.parser is not None and not conn.is_http2:
+            ahead = conn.parser.unreader.take_buffered()
+            if ahead or (isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending()):
+                conn.sock.setblocking(False)
+                arrival = _Arrival(conn, "header", time.monotonic() + HEADER_TIMEOUT_SECONDS)
+                arrival.buf += ahead
+                self.buffered += len(ahead)
+                self.arrivals[conn] = arrival
+                self.poller.register(conn.sock, selectors.EVENT_READ,
+                                     partial(self._on_event, arrival))
+                if self._complete(arrival):
+                    self._hand_over(arrival)
+                else:
+                    self._advance(arrival)
+                return
+        super().finish_request(conn, fs)
+
     def _on_event(self, arrival: _Arrival, _fileobj) -> None:
         self._advance(arrival)
 

@@ -29,7 +29,7 @@ from tests.infra.stalled import KINDS, request_head, stalled
 pytestmark = pytest.mark.slow
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
-STALLED_PER_KIND = 40        # x 5 kinds = 200 connections, over 12 times the 16 handler threads
+STALLED_PER_KIND = 40        # x 6 kinds = 240 connections, 15 times the 16 handler threads
 REAL_ADMISSIONS = 20
 
 
@@ -161,6 +161,15 @@ def _stall(served: Served) -> dict[str, list[socket.socket]]:
         assert head.startswith(b"HTTP/1.1 200"), head[:200]
         s.sendall(b"POST /mutate HT")      # the next request on the kept-alive connection
         kinds["kept_alive"].append(s)
+    kinds["pipelined"] = []
+    for _ in range(STALLED_PER_KIND):
+        s = served.tls_socket()   # a whole request and the start of the next in one write
+        s.sendall(request_head("/mutate", len(body)) + body + b"POST /mutate HTTP/1.1\r\nHo")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += s.recv(65536)
+        assert head.startswith(b"HTTP/1.1 200"), head[:200]
+        kinds["pipelined"].append(s)
     return kinds
 
 
@@ -185,7 +194,7 @@ def test_stalled_clients_do_not_stop_admissions_and_are_cut_off(server):
     grew = {reason: cuts.get(reason, 0) - before.get(reason, 0) for reason in cuts}
     n = STALLED_PER_KIND
     assert grew.get("handshake_timeout") == 2 * n, grew     # idle + client_hello
-    assert grew.get("header_timeout") == 2 * n, grew        # request_line + kept_alive
+    assert grew.get("header_timeout") == 3 * n, grew        # request_line, kept_alive, pipelined
     assert grew.get("body_timeout") == n, grew
     assert not grew.get("tls_failed") and not grew.get("overflow"), grew
     assert re.search(r"WARNING archway\.server: cut off \d+ client connection\(s\) \(.*"
