@@ -374,6 +374,9 @@ def _own_listener(shared) -> socket.socket | None:
     try:
         own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        # As gunicorn sets on its own listener, and accepted sockets inherit: without it a
+        # reply's head and body, written separately, wait out the client's delayed ACK (40 ms).
+        own.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if family == socket.AF_INET6:
             own.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY,
                            shared.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY))
