@@ -56,7 +56,8 @@ LOG_EVERY_SECONDS = 10.0
 _SWEEP_EVERY_SECONDS = 0.25
 _RECV_BYTES = 256 * 1024
 
-_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*([0-9]{1,15})[ \t]*\r\n", re.IGNORECASE)
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*([0-9]{1,15})[ \t]*(?=\r\n)",
+                             re.IGNORECASE)
 # Bodies the thread reads itself: chunked ones (no length to wait for) and those whose client
 # waits for "100 Continue" before sending them.
 _THREAD_READS_BODY = re.compile(rb"\r\n(?:transfer-encoding|expect)[ \t]*:", re.IGNORECASE)
