@@ -1,8 +1,9 @@
 """The webhook product's HTTP side: POST /mutate, translated to and from the admission service.
 
-The view bounds how the body is read (size, per-read timeout) and writes the service's answer
-as JSON; what admission means lives in service.py. archway.app puts this route next to the
-shared ones (/healthz, /readyz, /metrics).
+The handler bounds how the body is read (size, per-read timeout) and writes the service's
+answer as JSON; what admission means lives in service.py. It works on the WSGI environ:
+archway.app answers POST /mutate with it ahead of Flask (the warm path), and the Flask route,
+next to the shared ones (/healthz, /readyz, /metrics), serves the rest (GET /mutate's 405).
 """
 import json
 import time
