@@ -558,6 +558,21 @@ def test_json_patch_turns_the_old_document_into_the_new_one(old, new):
     assert (patch == ()) == (json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True))
 
 
+def test_json_patch_tells_true_from_1_inside_maps_and_lists():
+    assert json_patch({"a": {"b": True}, "c": [1]}, {"a": {"b": 1}, "c": [True]}) == (
+        {"op": "replace", "path": "/a/b", "value": 1},
+        {"op": "replace", "path": "/c/0", "value": True})
+
+
+def test_json_patch_appends_to_lists_item_by_item():
+    old = {"terms": [{"matchExpressions": [{"key": "zone"}]}, {"matchExpressions": []}]}
+    new = {"terms": [{"matchExpressions": [{"key": "zone"}, {"key": "arch"}]},
+                     {"matchExpressions": [{"key": "arch"}]}]}
+    assert json_patch(old, new) == (
+        {"op": "add", "path": "/terms/0/matchExpressions/1", "value": {"key": "arch"}},
+        {"op": "add", "path": "/terms/1/matchExpressions/0", "value": {"key": "arch"}})
+
+
 def test_json_patch_escapes_keys_and_adds_missing_maps_whole():
     old = {"metadata": {}, "spec": {"nodeSelector": {"a/b": "x"}}}
     new = {"metadata": {"annotations": {"archway.dev/architectures": "amd64"}},

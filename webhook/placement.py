@@ -304,24 +304,34 @@ def _join(archs) -> str:
     return ", ".join(sorted(archs))
 
 
-def json_patch(old: dict, new: dict, path: str = "") -> tuple[dict, ...]:
-    """RFC 6902 operations turning `old` into `new`: maps are compared member by member, any
-    other value that differs is replaced whole (a changed list of terms is one "replace").
-    jsonpatch.make_patch does the same job with list diffing archway never needs, at 4 times
-    the cost on the warm admission path (docs/benchmarks.md, figure 1)."""
+def json_patch(old: dict, new: dict) -> tuple[dict, ...]:
+    """RFC 6902 operations turning `old` into `new`: maps are compared member by member, a list
+    item by item when it kept its first items (what a decision does: requirements appended to
+    every node selector term), anything else that differs is replaced. jsonpatch.make_patch
+    gives the same operations here at 4 times the cost on the warm admission path
+    (docs/benchmarks.md, figure 1)."""
     ops: list[dict] = []
-    for key, value in old.items():
-        where = f"{path}/{_pointer_token(key)}"
-        if key not in new:
-            ops.append({"op": "remove", "path": where})
-        elif isinstance(value, dict) and isinstance(new[key], dict):
-            ops += json_patch(value, new[key], where)
-        elif new[key] != value or type(new[key]) is not type(value):
-            ops.append({"op": "replace", "path": where, "value": new[key]})
-    for key, value in new.items():
-        if key not in old:
-            ops.append({"op": "add", "path": f"{path}/{_pointer_token(key)}", "value": value})
+    _diff(old, new, "", ops)
     return tuple(ops)
+
+
+def _diff(old, new, path: str, ops: list[dict]) -> None:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key, value in old.items():
+            if key not in new:
+                ops.append({"op": "remove", "path": f"{path}/{_pointer_token(key)}"})
+            else:
+                _diff(value, new[key], f"{path}/{_pointer_token(key)}", ops)
+        for key, value in new.items():
+            if key not in old:
+                ops.append({"op": "add", "path": f"{path}/{_pointer_token(key)}", "value": value})
+    elif isinstance(old, list) and isinstance(new, list) and len(new) >= len(old) and path:
+        for i, value in enumerate(old):
+            _diff(value, new[i], f"{path}/{i}", ops)
+        for i in range(len(old), len(new)):
+            ops.append({"op": "add", "path": f"{path}/{i}", "value": new[i]})
+    elif type(old) is not type(new) or old != new:   # JSON's true is not 1
+        ops.append({"op": "replace", "path": path, "value": new})
 
 
 def _pointer_token(key: str) -> str:
