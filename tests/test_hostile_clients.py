@@ -275,3 +275,34 @@ def test_a_pod_name_cannot_forge_a_log_line(server):
     assert not any(line.startswith(forged[:30]) for line in log.splitlines())
     assert log.count("web\\n2026-01-01 00:00:00,000 INFO") >= 2, log[-3000:]   # both products
     assert "\\r\\x1b[2K" in log
+
+
+def test_an_extender_body_dripped_slower_than_its_deadline_is_cut_off(server):
+    """Extender bodies over server.max_body_bytes are read by a handler thread: a client that
+    keeps dripping one (each byte within the 5 s per-read timeout) is cut off at the body's
+    deadline (10 s) instead of holding the thread: over plain HTTP it gets a 408; over TLS the
+    session cannot carry one after its receiving side was shut, so the connection ends."""
+    with server.tls_socket() as s:
+        s.sendall(b"POST /scheduler/filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: %d\r\n\r\n" % (10 * 1024 * 1024) + b"{" + b" " * 1000)
+        s.settimeout(0.5)
+        answer, ended = b"", False
+        for _ in range(120):   # one byte every 0.5 s until the server ends it (60 s at most)
+            try:
+                chunk = s.recv(65536)
+            except TimeoutError:
+                try:
+                    s.sendall(b" ")
+                except (OSError, ssl.SSLError):
+                    ended = True
+                    break
+                continue
+            except (OSError, ssl.SSLError):
+                ended = True
+                break
+            answer += chunk
+            if not chunk or b"\r\n\r\n" in answer:
+                ended = True
+                break
+    assert ended, "the server kept reading the dripped body for 60 s"
+    assert not answer or answer.startswith(b"HTTP/1.1 408"), answer[:300]
