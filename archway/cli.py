@@ -4,7 +4,7 @@ import importlib
 import logging
 import sys
 
-from archway import __version__
+from archway import __version__, logsafe
 from archway.errors import ArchwayError
 
 # Each module adds its own subcommands through `register(subparsers)`.
@@ -33,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Every value logged is escaped (archway.logsafe): a pod name cannot forge a log line.
+    logsafe.configure(logging.DEBUG if args.verbose else logging.INFO,
+                      "%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
     except ArchwayError as e:

@@ -10,10 +10,49 @@ the default in-process registry is used.
 """
 import os
 
-from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge,
-                               Histogram, generate_latest, multiprocess)
+import prometheus_client
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    generate_latest,
+    multiprocess,
+)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class _RememberedLabels:
+    """`labels(...)` answered from a dict after its first call with those values.
+
+    prometheus_client takes the metric's lock and converts and checks every label value on each
+    call: with 8 handler threads contending for the GIL that was ~8 % of a warm admission's
+    CPU (py-spy, docs/benchmarks.md figure 1). A child, once made, is the same object forever.
+    """
+
+    def labels(self, *values, **by_name):
+        if by_name:
+            return super().labels(*values, **by_name)  # type: ignore[misc]
+        children = self.__dict__.get("_archway_children")
+        if children is None:
+            children = self.__dict__.setdefault("_archway_children", {})
+        child = children.get(values)
+        if child is None:
+            child = children[values] = super().labels(*values)  # type: ignore[misc]
+        return child
+
+
+class Counter(_RememberedLabels, prometheus_client.Counter):
+    pass
+
+
+class Histogram(_RememberedLabels, prometheus_client.Histogram):
+    pass
+
+
+class Gauge(_RememberedLabels, prometheus_client.Gauge):
+    pass
+
 # Warm admissions take well under a millisecond: fine buckets there, coarse ones up to the deadline.
 LATENCY_BUCKETS = (0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.0, 3.0, 5.0, 10.0)
@@ -47,6 +86,11 @@ UNSCHEDULABLE_PODS = Counter(
     "archway_unschedulable_pods_total",
     "Pods whose images' architectures no current node they tolerate has (the node cache's "
     "view), by action: warned or denied", ["action"])
+CLIENT_CUTS = Counter(
+    "archway_client_connections_cut_total",
+    "Client connections archway closed before their request was in: handshake_timeout, "
+    "header_timeout, body_timeout (too slow), header_too_large, tls_failed (no TLS client), "
+    "overflow (the oldest partial or idle connection, to make room)", ["reason"])
 BAD_REQUESTS = Counter("archway_bad_requests_total",
                        "Requests rejected as malformed, by HTTP status", ["code"])
 
@@ -180,6 +224,10 @@ def backoff_until(host: str, unix_time: float) -> None:
         host = "other"   # label values stay bounded whatever hosts pods name
     _BACKOFF_HOSTS.add(host)
     REGISTRY_BACKOFF_UNTIL.labels(host).set(unix_time)
+
+
+def client_cut(reason: str) -> None:
+    CLIENT_CUTS.labels(reason).inc()
 
 
 def bad_request(status: int) -> None:

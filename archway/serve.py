@@ -191,6 +191,7 @@ def _announce(config, bind, host, port, tls) -> None:
 
 def _options(config, bind: str, tls) -> dict:
     from . import metrics
+    from .worker import MAX_CONNECTIONS, GuardedThreadWorker
 
     def child_exit(_arbiter, worker):
         metrics.mark_process_dead(worker.pid)
@@ -212,7 +213,14 @@ def _options(config, bind: str, tls) -> dict:
         "bind": [bind],
         "workers": config.server.workers,
         "threads": config.server.threads,
-        "worker_class": "gthread",
+        # gthread, with handshakes and request heads read in its main loop under deadlines
+        # (slow clients never hold a thread) and connections spread over the workers.
+        "worker_class": type("ArchwayWorker", (GuardedThreadWorker,),
+                             {"preread_limit": config.server.max_body_bytes}),
+        "reuse_port": True,            # each worker also listens on a socket of its own
+        # The worker enforces MAX_CONNECTIONS itself (closing the oldest idle connection to make
+        # room); gunicorn's own cap, which stops accepting, stays out of its way.
+        "worker_connections": 2 * MAX_CONNECTIONS,
         # gthread workers heartbeat from their main loop, so this only catches a hung worker;
         # admissions themselves end at admission.deadline_seconds.
         "timeout": 30,

@@ -26,6 +26,7 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "cache": "cache",
     "uncached": "uncached",
     "admission": "admission",
+    "slowclients": "slowclients",
     "memory": "memory",
     "gate": "gate",
     "extender": "extender",

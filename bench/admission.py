@@ -19,10 +19,10 @@ from .stats import (bucket_difference, histogram_buckets, histogram_quantile, me
 
 ROUNDS = 4
 SECONDS = 3
-# The 2 workers share one listening socket: on a quiet machine the first to wake accepts all of
-# wrk's keep-alive connections and the other idles (figure 1c). Closing one
-# connection every CLOSE_EVERY requests lets reconnections spread over both workers; a TLS
-# handshake per 200 requests is the same small cost for both servers.
+# Each worker listens on a socket of its own (archway/worker.py, SO_REUSEPORT) and the kernel
+# spreads wrk's connections by hash, so a run can still be uneven (figure 1c). Closing one
+# connection every CLOSE_EVERY requests lets reconnections even it out; a TLS handshake per
+# 200 requests is the same small cost for both servers.
 CLOSE_EVERY = 200
 BALANCE = 0.3             # each worker's minimum share of a run's work for the run to count
 MAX_ATTEMPTS = 8
@@ -136,9 +136,9 @@ def _keepalive_spread(archway: GunicornServer, body: bytes) -> Figure:
         f"{len(lopsided)} of {SPREAD_RUNS}", "context for 1", None, [
             f"{SPREAD_RUNS} wrk runs of 1 s, {CONNECTIONS} connections opened at once and kept: the "
             f"busiest worker's share of the CPU per run {', '.join(f'{s:.0%}' for s in shares)}; "
-            f"req/s per run {', '.join(f'{r:.0f}' for r in rates)}. Both workers poll one "
-            f"listening socket and the first awake accepts; a client that keeps few long-lived "
-            f"connections (as the API server does) can leave one worker, i.e. one core, idle",
+            f"req/s per run {', '.join(f'{r:.0f}' for r in rates)}. Each worker listens on a "
+            f"socket of its own (SO_REUSEPORT) and the kernel spreads new connections by hash; "
+            f"before, both polled one socket and the first awake often accepted all 16",
         ])
 
 
@@ -182,9 +182,9 @@ def _measure(archway, echo, body, specs) -> list[Figure]:
             f"{mutated:.0f} for {served_all} requests wrk counted)",
             "baseline: bench/echo_app.py, Flask parses the AdmissionReview and answers "
             "allowed with the uid; gunicorn options and TLS context from archway.serve",
-            f"wrk closes one connection every {CLOSE_EVERY} requests so that reconnections spread "
-            f"over both workers (with keep-alive only, one worker often accepts all {CONNECTIONS} "
-            f"connections and the other idles); only runs in which each worker did >= "
+            f"wrk closes one connection every {CLOSE_EVERY} requests so that reconnections even "
+            f"out the kernel's spread of the {CONNECTIONS} connections over the workers (see "
+            f"1c); only runs in which each worker did >= "
             f"{BALANCE:.0%} of the work count: repeated runs archway "
             f"{len(discarded[archway.name])}, echo {len(discarded[echo.name])}",
         ])

@@ -53,6 +53,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bench.profile")
     parser.add_argument("target", choices=["admission"])
     parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--rate", type=int, default=250, help="samples per second")
     args = parser.parse_args(argv)
     py_spy = shutil.which("py-spy")
     if not py_spy:
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
                 path = os.path.join(RESULTS, f"profile-{pid}.txt")
                 recorders.append((pid, path, subprocess.Popen(
                     [py_spy, "record", "--pid", str(pid), "--nonblocking", "--gil", "--format", "raw",
-                     "--duration", str(int(args.seconds)), "--rate", "250", "--output", path],
+                     "--duration", str(int(args.seconds)), "--rate", str(args.rate), "--output", path],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
             for _, _, proc in recorders:
                 proc.wait(timeout=args.seconds + 60)

@@ -9,10 +9,12 @@ that is why unknown things pass instead of blocking.
 import json
 import logging
 import os
+import socket
+import threading
 import time
 
 from archway.extender.herd import Herd, PodWatch, added_traffic, pod_bandwidth, pod_key
-from archway.extender.nodes import NodeCache, node_addresses, node_arch
+from archway.extender.nodes import NodeCache
 from archway.extender.traffic import (
     NEUTRAL_SCORE,
     TrafficPoller,
@@ -34,19 +36,61 @@ from archway.webhook.placement import (
     told_architectures,
 )
 from flask import Flask, Response, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from archway import metrics
 from archway.podview import PodShapeError, PodView
 
 log = logging.getLogger("archway.extender")
 
-# Full-Nodes mode sends every candidate Node (10-20 KB each with status.images): far above the
-# admission body limit, so the extender routes set their own.
-MAX_BODY_BYTES = 256 * 1024 * 1024
+# Full-Nodes mode sends every candidate Node, far above the admission body limit, so the
+# extender routes set their own: 5,000 Nodes (Kubernetes' largest supported cluster) with
+# kubelet's 50 status.images each measure 58.8 MB in JSON (bench/cluster.py), 11.8 KB a node.
+# Parsing holds about twice the body (wire.py), so a worker's threads stay within a few GB.
+MAX_BODY_BYTES = 64 * 1024 * 1024
 # Kept back from extender.deadline_seconds to build and send the answer.
 ANSWER_MARGIN_SECONDS = 0.1
-# Bounds each socket read of a request body (gunicorn's gthread sockets block without limit).
+# Bounds each socket read of a request body (gunicorn's gthread sockets block without limit)...
 BODY_READ_TIMEOUT_SECONDS = 5.0
+# ... and the whole body: these large bodies are read by a handler thread, not by the worker's
+# main loop (archway.worker), so a client dripping one is cut off here. 64 MiB over loopback
+# takes well under a second; kube-scheduler gives up on the call after its httpTimeout anyway.
+BODY_DEADLINE_SECONDS = 10.0
+
+
+def read_body(environ: dict, limit: int, deadline: float) -> bytes:
+    """Up to `limit` bytes of the request body, all of it in by `deadline`, else TimeoutError
+    (archway.app answers 408). gunicorn reads a body in a loop of socket reads that each wait
+    at most BODY_READ_TIMEOUT_SECONDS, which a client sending a byte now and then never trips:
+    at the deadline a timer shuts the socket's receiving side, which ends that loop (over plain
+    HTTP, the extender sidecar's, the 408 still goes out; a TLS session is over)."""
+    sock = environ.get("gunicorn.socket")
+    if sock is None:   # not under gunicorn (a test client): nothing can stall
+        return environ["wsgi.input"].read(limit)
+    sock.settimeout(BODY_READ_TIMEOUT_SECONDS)
+    expired = threading.Event()
+
+    def cut_off() -> None:
+        expired.set()
+        # Through a duplicate of the descriptor: SSLSocket.shutdown would drop the TLS layer
+        # the answer still needs.
+        with socket.socket(fileno=os.dup(sock.fileno())) as raw:
+            raw.shutdown(socket.SHUT_RD)
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut_off)
+    timer.daemon = True
+    timer.start()
+    try:
+        body = environ["wsgi.input"].read(limit)
+    except Exception:
+        if expired.is_set():
+            raise TimeoutError("request body not complete before its deadline") from None
+        raise
+    finally:
+        timer.cancel()
+    if expired.is_set():
+        raise TimeoutError("request body not complete before its deadline")
+    return body
 
 
 # --- pure decisions ---------------------------------------------------------------------------
@@ -201,8 +245,8 @@ class Extender:
             raise MalformedExtenderArgs(f"ExtenderArgs.Pod: {e}") from None
         pod_archs, source, detail = self.pod_architectures(pod, deadline)
         if args.nodes is not None:
-            node_archs = [node_arch(node) for node in args.nodes] if pod_archs else ()
-            names = [node["metadata"]["name"] for node in args.nodes]
+            node_archs = [node.arch for node in args.nodes] if pod_archs else ()
+            names = [node.name for node in args.nodes]
         else:
             names = args.node_names
             node_archs = self._cached_archs(names, deadline) if pod_archs else ()
@@ -243,7 +287,7 @@ class Extender:
             return host_priority_list_json([host_priority_entry(n, NEUTRAL_SCORE) for n in names])
         match = self.config.prometheus.match
         if args.nodes is not None:  # full mode: the request's own addresses are the freshest
-            addresses = {node["metadata"]["name"]: node_addresses(node) for node in args.nodes}
+            addresses = {node.name: node.addresses for node in args.nodes}
             books = [ScoreBook(snapshot, names, addresses, match)]
         else:
             books = [self._score_book(snapshot)]
@@ -325,10 +369,13 @@ def register_extender(app: Flask, config, resolver, *, extender: Extender | None
 
     def read_args():
         request.max_content_length = MAX_BODY_BYTES
-        sock = request.environ.get("gunicorn.socket")
-        if sock is not None:
-            sock.settimeout(BODY_READ_TIMEOUT_SECONDS)
-        return parse_extender_args(request.get_data(cache=False))
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            raise RequestEntityTooLarge()
+        body = read_body(request.environ, MAX_BODY_BYTES + 1,
+                         time.monotonic() + BODY_DEADLINE_SECONDS)
+        if len(body) > MAX_BODY_BYTES:   # a chunked body without a length
+            raise RequestEntityTooLarge()
+        return parse_extender_args(body)
 
     def filter_view():
         started, arrived = time.perf_counter(), time.monotonic()

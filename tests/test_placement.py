@@ -16,7 +16,7 @@ from archway.podview import PodShapeError, PodView
 from archway.webhook import placement
 from archway.webhook.admission import MAX_WARNING_CHARS, MAX_WARNINGS, cap_warnings
 from archway.webhook.placement import (ANNOTATION_ARCHITECTURES, ANNOTATION_IMAGES, ARCH_LABEL,
-                                      Policy)
+                                      Policy, json_patch)
 
 SCHEMA_VERSIONS = ("1.30.0", "1.33.0")
 ALL_ARCHS = frozenset({"amd64", "arm64", "arm", "ppc64le", "s390x", "riscv64"})
@@ -681,3 +681,46 @@ def test_images_annotation_is_bounded_and_marks_what_it_left_out():
     assert [e["image"] for e in entries[:-1]] == images[:len(entries) - 1]
     (gone,) = json.loads(placement.images_annotation(["reg/gone:1"], {}))
     assert set(gone) == {"image", "error"} and gone["error"]
+
+
+# --- the patch ------------------------------------------------------------------------------------
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(
+        st.sampled_from(["a", "b", "k/s", "t~0", ""]), children, max_size=3), max_leaves=8)
+_JSON_MAPS = st.dictionaries(st.sampled_from(["a", "b", "k/s", "t~0", ""]), _JSON_VALUES,
+                             max_size=4)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(old=_JSON_MAPS, new=_JSON_MAPS)
+def test_json_patch_turns_the_old_document_into_the_new_one(old, new):
+    patch = json_patch(old, new)
+    assert jsonpatch.apply_patch(copy.deepcopy(old), list(patch)) == new
+    assert (patch == ()) == (json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True))
+
+
+def test_json_patch_tells_true_from_1_inside_maps_and_lists():
+    assert json_patch({"a": {"b": True}, "c": [1]}, {"a": {"b": 1}, "c": [True]}) == (
+        {"op": "replace", "path": "/a/b", "value": 1},
+        {"op": "replace", "path": "/c/0", "value": True})
+
+
+def test_json_patch_appends_to_lists_item_by_item():
+    old = {"terms": [{"matchExpressions": [{"key": "zone"}]}, {"matchExpressions": []}]}
+    new = {"terms": [{"matchExpressions": [{"key": "zone"}, {"key": "arch"}]},
+                     {"matchExpressions": [{"key": "arch"}]}]}
+    assert json_patch(old, new) == (
+        {"op": "add", "path": "/terms/0/matchExpressions/1", "value": {"key": "arch"}},
+        {"op": "add", "path": "/terms/1/matchExpressions/0", "value": {"key": "arch"}})
+
+
+def test_json_patch_escapes_keys_and_adds_missing_maps_whole():
+    old = {"metadata": {}, "spec": {"nodeSelector": {"a/b": "x"}}}
+    new = {"metadata": {"annotations": {"archway.dev/architectures": "amd64"}},
+           "spec": {"nodeSelector": {"a/b": "x", "kubernetes.io/arch": "amd64"}}}
+    assert json_patch(old, new) == (
+        {"op": "add", "path": "/metadata/annotations",
+         "value": {"archway.dev/architectures": "amd64"}},
+        {"op": "add", "path": "/spec/nodeSelector/kubernetes.io~1arch", "value": "amd64"})

@@ -63,8 +63,10 @@ def parse_review(body: bytes, max_bytes: int) -> AdmissionRequest:
                            "(server.max_body_bytes)")
     try:
         review = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError) as e:   # integers over 4,300 digits too
         raise AdmissionError(f"request body is not JSON: {e}") from None
+    except RecursionError:   # ~1,000 nested arrays or objects: no AdmissionReview nests so deep
+        raise AdmissionError("request body nests too deeply to be an AdmissionReview") from None
     if not isinstance(review, dict):
         raise AdmissionError("request body must be a JSON object (an AdmissionReview)")
     api_version = review.get("apiVersion")

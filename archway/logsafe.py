@@ -1,0 +1,43 @@
+"""Log lines that a client cannot forge: control characters in logged values are escaped.
+
+Pod names, namespaces, image references, peers and error texts reach the log from requests.
+A newline in one of them would start a line of the client's choosing ("... INFO admission
+kube-system/x mutated" under archway's name). `archway serve` (and every CLI command) formats
+its log through SafeFormatter, so every value logged anywhere is escaped once, here, whatever
+module logs it; `escape` is the same rule for text built outside logging.
+"""
+import logging
+import re
+
+# C0 and C1 controls, DEL, and the Unicode line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(match: re.Match) -> str:
+    char = match.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+
+
+def escape(text: object) -> str:
+    """`text` as one printable line: \\n, \\r, \\t and \\xNN / \\uNNNN for other controls."""
+    text = str(text)
+    return _CONTROL.sub(_escape_char, text) if _CONTROL.search(text) else text
+
+
+class SafeFormatter(logging.Formatter):
+    """A Formatter whose message part (the template with its values) is escaped; a traceback,
+    which archway writes itself, keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape(record.message)
+        return super().formatMessage(record)
+
+
+def configure(level: int, fmt: str) -> None:
+    """logging.basicConfig with SafeFormatter."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(SafeFormatter(fmt))
+    logging.basicConfig(level=level, handlers=[handler])
