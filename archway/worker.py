@@ -42,6 +42,7 @@ from gunicorn.sock import ssl_context
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from archway import metrics
+from archway.logs import JsonFormatter
 from archway.logsafe import SafeFormatter, escape
 
 log = logging.getLogger("archway.server")
@@ -114,9 +115,11 @@ class GuardedThreadWorker(ThreadWorker):
     # --- start and stop -------------------------------------------------------------------------
     def init_process(self) -> None:
         # gunicorn's own lines ("Invalid request from ip=...: ...") quote what clients sent.
+        # JSON lines (server.log_format: json) escape control characters already.
         for handler in self.log.error_log.handlers:
             current = handler.formatter or logging.Formatter()
-            handler.setFormatter(SafeFormatter(current._fmt, current.datefmt))
+            if not isinstance(current, (SafeFormatter, JsonFormatter)):
+                handler.setFormatter(SafeFormatter(current._fmt, current.datefmt))
         if self.cfg.reuse_port:
             own = [s for s in map(_own_listener, self.sockets) if s is not None]
             if own and len(own) == len(self.sockets):

@@ -24,6 +24,7 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "policy": "policy",
     "registry": "registry_costs",
     "cache": "cache",
+    "drip": "drip",
     "uncached": "uncached",
     "admission": "admission",
     "slowclients": "slowclients",

@@ -38,11 +38,11 @@ NS = "shop"
 
 
 def run(lab: Lab) -> list[Figure]:
-    specs = (("10", f"release latency of {PODS} gated pods after the registry comes back",
+    specs = (("13", f"release latency of {PODS} gated pods after the registry comes back",
               f"p99 < {P99_TARGET_SECONDS:g} s"),
-             ("10b", f"release latency of {PODS} gated pods after the registry is fast again",
-              "context for 10"),
-             ("11", "warm-cache admission throughput, gate controller busy vs no controller",
+             ("13b", f"release latency of {PODS} gated pods after the registry is fast again",
+              "context for 13"),
+             ("14", "warm-cache admission throughput, gate controller busy vs no controller",
               f">= {RATIO_TARGET}"))
     parts = []
     try:
@@ -170,7 +170,7 @@ def _release_latency(server, api, proxy, images, prefix, *, down: bool) -> Figur
     p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
     how = ("refused every connection (down)" if down else
            f"delayed every response by {SLOW_SECONDS:g} s (slow; read timeout 1.5 s)")
-    number, target = ("10", f"p99 < {P99_TARGET_SECONDS:g} s") if down else ("10b", "context for 10")
+    number, target = ("13", f"p99 < {P99_TARGET_SECONDS:g} s") if down else ("13b", "context for 13")
     return Figure(number, f"release latency of {PODS} gated pods after the registry "
                           f"{'comes back' if down else 'is fast again'}",
                   f"p50 {p50:.2f} / p99 {p99:.2f} / max {latencies[-1]:.2f} s", target,
@@ -208,7 +208,7 @@ def _throughput(gated, plain, api, proxy, warm: bytes, busy_images) -> Figure:
         proxy.delay = 0.0
     ratios = [a / b for a, b in zip(rates[gated.name], rates[plain.name])]
     ratio = median(ratios)
-    return Figure("11", "warm-cache admission throughput, gate controller busy vs no controller",
+    return Figure("14", "warm-cache admission throughput, gate controller busy vs no controller",
                   f"{ratio:.2f} ({median(rates[gated.name]):.0f} vs "
                   f"{median(rates[plain.name]):.0f} req/s)", f">= {RATIO_TARGET}",
                   ratio >= RATIO_TARGET, [(

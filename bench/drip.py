@@ -1,0 +1,72 @@
+"""Figure 16: a drip-feeding registry must not starve lookups of healthy registries.
+
+The attack of issue 16: four pods name 40 images each on a registry that answers one byte a
+second. Then 20 pods name a new image each on a healthy registry (a real docker-registry). Each
+pod gets the admission deadline (3 s). Measured side by side in one run with the Resolver each
+gunicorn worker builds: archway's per-host limit (registry.max_lookups_per_host, 8 of the 32
+lookup threads) against no per-host limit (32: every thread may go to the drip host, as before).
+"""
+import time
+
+from archway.config import RegistrySettings
+from archway.registry.model import ImageInfo
+from archway.registry.resolver import Resolver
+from tests.infra.faults import DripServer
+from tests.infra.registry import RegistryServer
+
+from .lab import Lab
+from .report import Figure, failed_figure
+from .stats import percentile
+
+DEADLINE = 3.0
+DRIP_PODS, DRIP_IMAGES = 4, 40
+HEALTHY_PODS = 20
+
+
+def run(lab: Lab) -> list[Figure]:
+    name, target = "healthy pods answered in time while a drip registry holds 160 lookups", "20 of 20"
+    try:
+        return [_measure(lab, name, target)]
+    except Exception as e:  # one broken benchmark must not hide the others
+        return [failed_figure("16", name, target, e)]
+
+
+def _round(registry: RegistryServer, drip: DripServer, per_host: int, tag: str) -> tuple[int, list]:
+    """(healthy pods answered, their latencies in ms) under the drip attack."""
+    settings = RegistrySettings(insecure_hosts=(registry.host, drip.host), timeout_seconds=5,
+                                max_lookups_per_host=per_host)
+    resolver = Resolver(settings)
+    for pod in range(DRIP_PODS):   # admitted at once (their lookups go on in the background)
+        resolver.resolve_many([f"{drip.host}/drip/p{pod}-{tag}-{i}:v1" for i in range(DRIP_IMAGES)],
+                              timeout=0)
+    answered, latencies = 0, []
+    for pod in range(HEALTHY_PODS):
+        image = registry.ref(f"healthy/app{pod}-{tag}", "v1")
+        start = time.monotonic()
+        answer = resolver.resolve_many([image], timeout=DEADLINE)[image]
+        latencies.append((time.monotonic() - start) * 1000)
+        answered += isinstance(answer, ImageInfo)
+    return answered, latencies
+
+
+def _measure(lab: Lab, name: str, target: str) -> Figure:
+    registry = RegistryServer(lab.path("registry-drip"))
+    drip = DripServer(phase="headers", interval=1.0)
+    try:
+        for tag in ("limited", "unlimited"):
+            for pod in range(HEALTHY_PODS):
+                registry.push_image(f"healthy/app{pod}-{tag}", "v1", "linux/arm64")
+        limited, limited_ms = _round(registry, drip, 8, "limited")
+        unlimited, unlimited_ms = _round(registry, drip, 32, "unlimited")
+    finally:
+        drip.stop()
+        registry.stop()
+    return Figure("16", name, f"{limited} of {HEALTHY_PODS} (p99 {percentile(limited_ms, 99):.0f} ms) "
+                              f"vs {unlimited} of {HEALTHY_PODS} without a per-host limit",
+                  target, limited == HEALTHY_PODS, [
+        f"{DRIP_PODS} pods x {DRIP_IMAGES} images on a server answering 1 byte/s (headers), then "
+        f"{HEALTHY_PODS} pods with one new image each on a real docker-registry, each under a "
+        f"{DEADLINE:g} s deadline; one worker's Resolver (32 lookup threads)",
+        "side by side: registry.max_lookups_per_host 8 (the default) vs 32 (no per-host limit, "
+        "as before issue 16)",
+    ])

@@ -1,0 +1,36 @@
+"""The code's own checks, run by CI with the tests: ruff (pyproject's [tool.ruff]) on everything,
+and mypy (0 errors) on the `archway` packages as installed: the folders mapped by package-dir
+(webhook/ -> archway.webhook, ...) are linked into one tree first, since mypy reads sources,
+not the install's import hooks."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("webhook", "registry", "extender", "certs")
+
+pytestmark = pytest.mark.slow
+
+
+def test_ruff_finds_nothing():
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "archway",
+                          *PACKAGES, "tests", "bench"], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_mypy_finds_no_error_in_the_packages(tmp_path):
+    tree = tmp_path / "archway"
+    tree.mkdir()
+    for name in os.listdir(os.path.join(REPO, "archway")):
+        if name.endswith(".py"):
+            os.symlink(os.path.join(REPO, "archway", name), tree / name)
+    for package in PACKAGES:
+        os.symlink(os.path.join(REPO, package), tree / package)
+    out = subprocess.run([sys.executable, "-m", "mypy", "--config-file",
+                          os.path.join(REPO, "pyproject.toml"), "--cache-dir", str(tmp_path / "cache"),
+                          "-p", "archway"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
