@@ -9,8 +9,8 @@ connection pools, cache) belongs to the worker that uses it.
 import json
 import logging
 import os
+from collections.abc import Callable
 from http import HTTPStatus
-from typing import Callable
 
 from flask import Flask, Response, jsonify, request
 from gunicorn.http.errors import NoMoreData, ParseException

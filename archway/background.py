@@ -6,6 +6,7 @@ started in the master would be missing in every worker. Each process starts its 
 import os
 import threading
 
+
 class ProcessThread:
     def __init__(self, target, name: str):
         self._target = target

@@ -1,8 +1,11 @@
 """The `archway` command: inspect, serve, scheduler-config, certs."""
 import argparse
+import atexit
 import importlib
 import logging
+import os
 import sys
+import threading
 
 from archway import __version__, logsafe
 from archway.errors import ArchwayError
@@ -32,6 +35,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    status = _run(argv)
+    if argv is None and any(t.daemon and t.is_alive() for t in threading.enumerate()):
+        # A command that stopped waiting for lookups still running (--timeout) ends here: a
+        # daemon thread caught mid-request by interpreter shutdown can abort the process
+        # (CPython < 3.14), turning exit status 1 into a crash. Exit handlers (temporary CA
+        # bundles) still run.
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
+
+
+def _run(argv) -> int:
     args = build_parser().parse_args(argv)
     # Every value logged is escaped (archway.logsafe): a pod name cannot forge a log line.
     logsafe.configure(logging.DEBUG if args.verbose else logging.INFO,

@@ -88,7 +88,7 @@ class ListWatch:
     def _run(self) -> None:
         try:
             api_client = self._api_client_factory()
-        except Exception as e:  # noqa: BLE001  # a broken kubeconfig must not kill the worker
+        except Exception as e:  # a broken kubeconfig must not kill the worker
             log.warning("%s disabled: cannot build a Kubernetes client: %s", self.what, e)
             api_client = None
         if api_client is None:
@@ -112,7 +112,7 @@ class ListWatch:
             except _Gone:
                 log.info("%s: watch expired (410 Gone): listing again", self.what)
                 resource_version = None
-            except Exception as e:  # noqa: BLE001  # any failure: retry with backoff
+            except Exception as e:  # any failure: retry with backoff
                 if self._stop.is_set():
                     break
                 # A first list that fails (no RBAC, API down) must not make callers wait for a

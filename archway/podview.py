@@ -9,10 +9,11 @@ dict: the view holds tuples and read-only mappings.
 The apiserver and kube-scheduler only ever send pods decoded into Go structs, so a shape error
 means a client that is not one of them; each caller turns it into its own 400.
 """
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from archway.errors import ArchwayError
 

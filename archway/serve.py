@@ -128,7 +128,6 @@ def _preflight(config, tls) -> None:
     from archway.registry.http import read_ca_file
     from archway.registry.providers import CredentialProviders
     from archway.registry.proxy import ProxyRules
-
     from archway.webhook.pullsecrets import build_api_client
     if tls is not None:
         from archway.certs.tls import server_context

@@ -14,8 +14,14 @@ from .lab import PLATFORMS, Lab, fixture_text, mutated_archs
 from .loadgen import run_wrk
 from .report import Figure, failed_figure
 from .servers import GunicornServer, cpu_seconds
-from .stats import (bucket_difference, histogram_buckets, histogram_quantile, median,
-                    parse_metrics, share_at_most)
+from .stats import (
+    bucket_difference,
+    histogram_buckets,
+    histogram_quantile,
+    median,
+    parse_metrics,
+    share_at_most,
+)
 
 ROUNDS = 4
 SECONDS = 3

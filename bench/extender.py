@@ -13,11 +13,10 @@ import gc
 import json
 import time
 
+from archway.config import config_from_dict
 from archway.extender.routes import Extender
 from archway.extender.traffic import TrafficSnapshot
 from archway.extender.wire import parse_extender_args
-
-from archway.config import config_from_dict
 from tests.infra.apiserver import FakeApiServer
 
 from .cluster import (

@@ -37,7 +37,7 @@ def run_wrk(url: str, body: bytes, *, seconds: float, connections: int, threads:
             env=dict(os.environ, BENCH_BODY=f.name, BENCH_CLOSE_EVERY=str(close_every)),
             capture_output=True, text=True,
             timeout=seconds + 60)
-    line = next((l for l in out.stdout.splitlines() if l.startswith("BENCH-JSON ")), None)
+    line = next((text for text in out.stdout.splitlines() if text.startswith("BENCH-JSON ")), None)
     if out.returncode != 0 or line is None:
         raise RuntimeError(f"wrk failed ({out.returncode}): {out.stdout[-500:]} {out.stderr[-500:]}")
     data = json.loads(line[len("BENCH-JSON "):])

@@ -24,10 +24,10 @@ import time
 from flask import jsonify, request
 from requests.structures import CaseInsensitiveDict
 
+from archway import cli, serve
 from archway.registry import oci
 from archway.registry.http import Response
 from archway.registry.reference import parse_reference
-from archway import cli, serve
 
 _Gunicorn = serve._Gunicorn
 

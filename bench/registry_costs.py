@@ -8,9 +8,9 @@ record of body bytes sent.
 import os
 import time
 
+from archway.config import RegistrySettings
 from archway.registry.credentials import Keyring
 from archway.registry.resolver import Resolver
-from archway.config import RegistrySettings
 from tests.infra.fileserver import FileServer
 from tests.infra.procs import SHARED_TESTDATA
 from tests.infra.registry import RegistryServer

@@ -106,7 +106,7 @@ def machine() -> dict[str, str]:
     mem_kib = _first_line("/proc/meminfo", "MemTotal").split()[0]
     memory = f"{int(mem_kib) / 1024 / 1024:.1f} GiB" if mem_kib.isdigit() else "unknown"
     return {
-        "date (UTC)": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "date (UTC)": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
         "CPU": _first_line("/proc/cpuinfo", "model name"),
         "cores": str(os.cpu_count()),
         "RAM": memory,

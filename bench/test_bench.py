@@ -8,8 +8,15 @@ import pytest
 
 from bench.profile import summarize
 from bench.report import Figure, failed_figure, summary, table
-from bench.stats import (bucket_difference, histogram_buckets, histogram_quantile, median,
-                         parse_metrics, percentile, share_at_most)
+from bench.stats import (
+    bucket_difference,
+    histogram_buckets,
+    histogram_quantile,
+    median,
+    parse_metrics,
+    percentile,
+    share_at_most,
+)
 
 EXPOSITION = """# HELP archway_admission_duration_seconds Time to answer
 # TYPE archway_admission_duration_seconds histogram

@@ -10,8 +10,8 @@ import uuid
 
 import requests
 
-from archway.registry.resolver import Resolver
 from archway.config import RegistrySettings
+from archway.registry.resolver import Resolver
 from tests.infra.proxy import DelayProxy
 from tests.infra.registry import RegistryServer
 

@@ -31,9 +31,23 @@ from dataclasses import dataclass, field
 
 from archway.errors import ArchwayError
 
-from .x509 import (CertificateError, Issued, bundle_pem, describe, hosts_of, is_ca, is_issued_by,
-                   issue_ca, issue_serving_cert, load_certs, load_issued, normalize_hosts,
-                   remaining, service_dns_names, utcnow)
+from .x509 import (
+    CertificateError,
+    Issued,
+    bundle_pem,
+    describe,
+    hosts_of,
+    is_ca,
+    is_issued_by,
+    issue_ca,
+    issue_serving_cert,
+    load_certs,
+    load_issued,
+    normalize_hosts,
+    remaining,
+    service_dns_names,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 

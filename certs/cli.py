@@ -2,8 +2,13 @@
 import argparse
 import logging
 
-from .bootstrap import (BootstrapError, BootstrapSpec, api_client_from_environment,
-                        in_cluster_namespace, run_bootstrap)
+from .bootstrap import (
+    BootstrapError,
+    BootstrapSpec,
+    api_client_from_environment,
+    in_cluster_namespace,
+    run_bootstrap,
+)
 from .generate import generate
 
 log = logging.getLogger(__name__)

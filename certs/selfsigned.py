@@ -14,8 +14,19 @@ import os
 from typing import NamedTuple
 
 from .files import PRIVATE_FILE, PUBLIC_FILE, ensure_private_dir, write_atomic
-from .x509 import (CertificateError, Issued, describe, hosts_of, is_issued_by, issue_ca,
-                   issue_serving_cert, load_issued_files, normalize_hosts, remaining, utcnow)
+from .x509 import (
+    CertificateError,
+    Issued,
+    describe,
+    hosts_of,
+    is_issued_by,
+    issue_ca,
+    issue_serving_cert,
+    load_issued_files,
+    normalize_hosts,
+    remaining,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 

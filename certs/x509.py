@@ -40,7 +40,7 @@ class Issued:
 
 
 def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def new_key() -> ec.EllipticCurvePrivateKey:

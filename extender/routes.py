@@ -13,6 +13,10 @@ import socket
 import threading
 import time
 
+from flask import Flask, Response, request
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from archway import metrics
 from archway.extender.herd import Herd, PodWatch, added_traffic, pod_bandwidth, pod_key
 from archway.extender.nodes import NodeCache
 from archway.extender.traffic import (
@@ -29,17 +33,13 @@ from archway.extender.wire import (
     host_priority_list_json,
     parse_extender_args,
 )
+from archway.podview import PodShapeError, PodView
 from archway.registry.platforms import normalize
 from archway.webhook.placement import (
     ANNOTATION_ARCHITECTURES,
     common_architectures,
     told_architectures,
 )
-from flask import Flask, Response, request
-from werkzeug.exceptions import RequestEntityTooLarge
-
-from archway import metrics
-from archway.podview import PodShapeError, PodView
 
 log = logging.getLogger("archway.extender")
 
@@ -209,6 +209,12 @@ class Extender:
         # The cached nodes' book is built when a snapshot arrives, off the request path.
         self.traffic.listeners.append(self._score_book)
         self._no_cache_logged = False
+
+    def stop(self) -> None:
+        """Stop the background parts: the traffic poller, the node cache and the pod watch."""
+        for part in (self.traffic, self.node_cache, self.pod_watch):
+            if part is not None:
+                part.stop()
 
     @property
     def resolver(self):

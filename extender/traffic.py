@@ -17,12 +17,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
-from archway.registry.http import HttpClient
-
 from archway import metrics
 from archway.background import ProcessThread
 from archway.config import RegistrySettings
 from archway.errors import ArchwayError
+from archway.registry.http import HttpClient
 
 log = logging.getLogger("archway.traffic")
 

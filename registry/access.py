@@ -10,8 +10,15 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
-from archway.errors import (ArchwayError, AuthError, CredentialProviderError, DeadlineExceeded,
-                            NotFound, classify_error)
+from archway.errors import (
+    ArchwayError,
+    AuthError,
+    CredentialProviderError,
+    DeadlineExceeded,
+    NotFound,
+    classify_error,
+)
+
 from .credentials import Keyring
 from .mirrors import Mirrors
 from .model import ImageInfo

@@ -12,9 +12,10 @@ import time
 from dataclasses import dataclass
 from urllib.parse import SplitResult, urlencode, urlsplit
 
-from .credentials import Credential, Keyring
 from archway.errors import ArchwayError, AuthError, RegistryError, ResponseTooLarge, classify_error
 from archway.hostport import host_of
+
+from .credentials import Credential, Keyring
 from .http import HttpClient, parse_json, rate_limited
 from .reference import DOCKER_HUB, ImageReference
 

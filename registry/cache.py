@@ -7,11 +7,11 @@ TTL. A failure is never served stale: once its short TTL passes the image is loo
 Pure data and arithmetic on an injected clock; no I/O.
 """
 import copy
-import time
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Hashable
 
 from archway.errors import ArchwayError
 

@@ -16,6 +16,7 @@ import secrets
 from dataclasses import dataclass, field, replace
 
 from archway.errors import ConfigError
+
 from .imagematch import image_matches, registry_key
 
 MAX_CONFIG_BYTES = 1024 * 1024   # a Kubernetes Secret cannot be larger

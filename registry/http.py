@@ -33,13 +33,22 @@ from requests.structures import CaseInsensitiveDict
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.util.ssl_ import create_urllib3_context
 
-from archway.errors import (ArchwayError, ConfigError, DeadlineExceeded, HostRefused, RateLimited,
-                            ResponseTooLarge, TransportError, classify_error)
+from archway.config import RegistrySettings
+from archway.errors import (
+    ArchwayError,
+    ConfigError,
+    DeadlineExceeded,
+    HostRefused,
+    RateLimited,
+    ResponseTooLarge,
+    TransportError,
+    classify_error,
+)
 from archway.hostport import join_host_port
+
 from .hostpolicy import HostPolicy
 from .proxy import ProxyRules
 from .reference import without_userinfo
-from archway.config import RegistrySettings
 
 MAX_REDIRECTS = 5
 # Without a caller's deadline a request still ends: after this many per-read timeouts in all.

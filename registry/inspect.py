@@ -9,8 +9,9 @@ import json
 import os
 import sys
 
-from . import sif
 from archway.errors import ArchwayError
+
+from . import sif
 from .model import ImageInfo
 from .reference import parse_reference, redact_url
 from .resolver import Resolver

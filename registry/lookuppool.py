@@ -9,8 +9,8 @@ to the flood. Threads are daemons, started on demand: a command whose caller gav
 """
 import threading
 from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Callable
 
 from archway.errors import Overloaded
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from urllib.parse import quote, urlsplit
 
 from archway.errors import ArchwayError, ConfigError
+
 from .filewatch import WatchedFile
 from .reference import DOCKER_HUB, DOCKER_HUB_API, ImageReference
 

@@ -7,6 +7,7 @@ Secret or ConfigMap updated in place), so rotated credentials need no restart.
 """
 from archway.config import RegistrySettings
 from archway.errors import CredentialProviderError
+
 from .credentials import Keyring
 from .filewatch import WatchedFile
 from .providers import CredentialProviders

@@ -14,15 +14,23 @@ import re
 import threading
 from dataclasses import dataclass
 
+from archway.config import RegistrySettings
+from archway.errors import (
+    AuthError,
+    InvalidReference,
+    NotFound,
+    RegistryError,
+    ResponseTooLarge,
+    TransportError,
+    UnsupportedImage,
+)
+
 from .auth import Authorization, RegistryAuth
 from .credentials import Keyring
-from archway.errors import (AuthError, InvalidReference, NotFound, RegistryError,
-                            ResponseTooLarge, TransportError, UnsupportedImage)
 from .http import HttpClient, Response, parse_json, rate_limited
 from .model import ImageInfo
 from .platforms import Platform, is_attestation, normalize
 from .reference import ImageReference
-from archway.config import RegistrySettings
 from .sif import BlockReader, read_sif_platforms
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"

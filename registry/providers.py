@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import yaml
 
 from archway.errors import ConfigError, CredentialProviderError
+
 from .credentials import Credential, Keyring
 from .filewatch import WatchedFile
 from .imagematch import image_matches, registry_key, registry_of

@@ -67,7 +67,7 @@ def proxy_url(value: str, where: str) -> str:
         text = "http://" + text
     try:
         parts = urlsplit(text)
-        parts.port   # raises ValueError on a port that is not a number
+        _ = parts.port   # raises ValueError on a port that is not a number
     except ValueError:
         raise ConfigError(f"{where} is not a proxy URL: {_redacted(text)}") from None
     if parts.scheme not in ("http", "https"):

@@ -21,8 +21,14 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from archway.config import RegistrySettings, SifSettings
-from archway.errors import (ArchwayError, DeadlineExceeded, InvalidReference, Overloaded,
-                            RateLimited, classify_error)
+from archway.errors import (
+    ArchwayError,
+    DeadlineExceeded,
+    InvalidReference,
+    Overloaded,
+    RateLimited,
+    classify_error,
+)
 
 from . import sifsources
 from .access import RegistryAccess, image_name

@@ -20,7 +20,7 @@ import json
 import os
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from archway.errors import ArchwayError
 

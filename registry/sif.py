@@ -13,10 +13,11 @@ import hashlib
 import json
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from archway.errors import SIFError
+
 from .platforms import Platform, is_attestation, normalize
 
 Read = Callable[[int, int], bytes]
@@ -296,9 +297,10 @@ def _pre_sif(read: Read, head: bytes) -> SifArch:
         start = newline + 1 if newline >= 0 else len(head)
     if head[start:start + 4] == _SQUASHFS_MAGIC:
         return SifArch(frozenset(), "pre-sif", PRE_SIF_NOTE + " (squashfs)")
-    if len(head) == HEADER_SIZE:  # anything shorter cannot hold an ext3 superblock
-        if _read(read, start + _EXT_MAGIC_OFFSET, 2, "the ext3 magic", allow_short=True) == _EXT_MAGIC:
-            return SifArch(frozenset(), "pre-sif", PRE_SIF_NOTE + " (ext3)")
+    # anything shorter than a header cannot hold an ext3 superblock
+    if len(head) == HEADER_SIZE and _read(read, start + _EXT_MAGIC_OFFSET, 2, "the ext3 magic",
+                                          allow_short=True) == _EXT_MAGIC:
+        return SifArch(frozenset(), "pre-sif", PRE_SIF_NOTE + " (ext3)")
     if len(head) < 42:
         raise SIFError(f"not a SIF image: only {len(head)} bytes, a SIF header is {HEADER_SIZE}")
     raise SIFError(f"not a SIF image: no SIF_MAGIC at offset 32 (the image starts with "

@@ -15,13 +15,21 @@ import json
 import re
 from urllib.parse import quote, urlsplit
 
-from archway.errors import (AuthError, ConfigError, HostRefused, NotFound, RegistryError,
-                     ResponseTooLarge, SIFError)
+from archway.config import SifSettings
+from archway.errors import (
+    AuthError,
+    ConfigError,
+    HostRefused,
+    NotFound,
+    RegistryError,
+    ResponseTooLarge,
+    SIFError,
+)
+
 from .http import HttpClient, rate_limited
 from .model import ImageInfo
 from .platforms import normalize
 from .reference import ImageReference, redact_url, without_userinfo
-from archway.config import SifSettings
 from .sif import BlockReader, read_sif_platforms
 
 FIRST_BLOCK = 32768             # header + default descriptor table (32176 bytes) in one request

@@ -7,10 +7,16 @@ import os
 
 import pytest
 
-from tests.infra.procs import REPO
-from archway.webhook.admission import (AdmissionError, BodyTooLarge, allow_unchanged, parse_review,
-                               review_response, skip_reason)
+from archway.webhook.admission import (
+    AdmissionError,
+    BodyTooLarge,
+    allow_unchanged,
+    parse_review,
+    review_response,
+    skip_reason,
+)
 from archway.webhook.placement import Decision
+from tests.infra.procs import REPO
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "admission")
 LIMIT = 3 * 1024 * 1024
@@ -104,7 +110,7 @@ MALFORMED = [
     (_mutated(["request", "object", "metadata", "annotations"], ["a"]), "annotations must be"),
     (_mutated(["request", "object", "spec"], []), "spec must be a mapping"),
     (_mutated(["request", "object", "spec", "containers"], {}), "spec.containers must be a list"),
-    (_mutated(["request", "object", "spec", "containers", 0, "image"], None or 3),
+    (_mutated(["request", "object", "spec", "containers", 0, "image"], 3),
      r"spec.containers\[0\].image must be a string"),
 ]
 

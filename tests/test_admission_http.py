@@ -764,7 +764,7 @@ def test_readyz_fails_when_the_serving_certificate_expired(tmp_path):
     import datetime as dt
 
     from archway.certs.x509 import issue_ca, issue_serving_cert
-    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=10)
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(days=10)
     ca = issue_ca("expired test CA", days=30, now=past)
     leaf = issue_serving_cert(ca, ["127.0.0.1"], days=1, now=past)
     (tmp_path / "tls.crt").write_bytes(leaf.cert_pem)

@@ -11,8 +11,13 @@ import pytest
 import yaml
 
 from archway.certs import x509 as cx
-from archway.certs.bootstrap import (BootstrapError, BootstrapSpec, api_client_from_environment,
-                             ca_bundle_patch, run_bootstrap)
+from archway.certs.bootstrap import (
+    BootstrapError,
+    BootstrapSpec,
+    api_client_from_environment,
+    ca_bundle_patch,
+    run_bootstrap,
+)
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.procs import REPO, require_binary
 

@@ -15,7 +15,7 @@ from archway.registry.model import ImageInfo
 from archway.registry.resolver import Resolver
 from tests.infra.faults import BlackHole, wait_until
 from tests.infra.gateway import RegistryGateway
-from tests.infra.registry import plain_registry  # noqa: F401
+from tests.infra.registry import plain_registry
 
 TTL = 60.0
 
@@ -67,7 +67,7 @@ def test_an_unchanged_tag_costs_one_get_then_heads_only(plain_registry, gateway)
     image = f"{gateway.host}/cache/steady:v1"
     mark = plain_registry.mark()
     unchanged = revalidations("unchanged")
-    for window in range(6):
+    for _ in range(6):
         info = resolver.resolve(image, deadline=time.monotonic() + 10)
         assert info.architectures == {"amd64", "arm64"}
         settle(resolver)
@@ -125,7 +125,7 @@ def test_an_outage_is_served_the_last_known_answer_until_stale_if_error_ends(pla
     assert resolver.resolve(image).architectures == {"arm64"}
     gateway.mode = "down"
     failed = revalidations("registry_error")
-    for step in range(3):
+    for _ in range(3):
         clock.now += TTL + 31
         answer = resolver.resolve_many([image], timeout=5)[image]
         assert isinstance(answer, ImageInfo) and answer.architectures == {"arm64"}

@@ -13,12 +13,12 @@ import subprocess
 import kubernetes_validate
 import pytest
 import yaml
-from archway.webhook.admission import SKIP_ANNOTATION, parse_review, skip_reason
-from archway.webhook.placement import ARCH_KEYS, pod_arch_constraint
 
 from archway.config import config_from_dict
 from archway.podview import PodView
 from archway.serve import GRACEFUL_TIMEOUT_SECONDS
+from archway.webhook.admission import SKIP_ANNOTATION, parse_review, skip_reason
+from archway.webhook.placement import ARCH_KEYS, pod_arch_constraint
 from tests.infra.procs import REPO, require_binary
 from tests.test_operating import declared
 
@@ -89,7 +89,7 @@ def helm(helm_env, *args, check=True):
 
 @pytest.fixture(scope="session")
 def render(helm_env):
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def _render(case: str, kube_version: str = "1.33.0") -> tuple:
         out = helm(helm_env, "template", RELEASE, CHART, "-n", NS, "--kube-version", kube_version,
                    *CASES[case]).stdout

@@ -3,10 +3,11 @@ import base64
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from archway.registry.credentials import Credential, Keyring, normalize_registry_key
 from archway.errors import ArchwayError, ConfigError
+from archway.registry.credentials import Credential, Keyring, normalize_registry_key
 
 SECRET = "s3cr3t-Pa55:with-colon"
 

@@ -13,16 +13,20 @@ import pytest
 import requests
 from flask import Flask
 
+from archway.config import RegistrySettings, config_from_dict
+from archway.extender.nodes import NodeCache, node_arch
+from archway.extender.routes import (
+    Extender,
+    annotated_architectures,
+    filter_by_arch,
+    register_extender,
+    shared_architectures,
+)
+from archway.podview import PodShapeError, PodView
 from archway.registry.resolver import Resolver
-from archway.config import RegistrySettings
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.procs import REPO, free_port, wait_for_port
-from tests.infra.registry import plain_registry  # noqa: F401
-from archway.config import config_from_dict
-from archway.podview import PodShapeError, PodView
-from archway.extender.routes import (Extender, annotated_architectures, shared_architectures,
-                              filter_by_arch, register_extender)
-from archway.extender.nodes import NodeCache, node_arch
+from tests.infra.registry import plain_registry
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "extender")
 REPLY_KEYS = ["Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"]
@@ -167,7 +171,7 @@ def test_a_pod_of_unknown_architecture_passes_every_node():
     assert len(result["Nodes"]["items"]) == 4 and result["FailedAndUnresolvableNodes"] == {}
 
 
-def test_unannotated_pod_resolved_through_a_real_registry(plain_registry):  # noqa: F811
+def test_unannotated_pod_resolved_through_a_real_registry(plain_registry):
     plain_registry.push_image("archway-test/arm64-only", "1.0", "linux/arm64")
     plain_registry.push_index("archway-test/multi", "1.0", ["linux/amd64", "linux/arm64", "linux/s390x"])
     plain_registry.push_image("archway-test/amd64-only", "1.0", "linux/amd64")
@@ -264,9 +268,10 @@ def cached(apiserver, tmp_path_factory):
     cache = NodeCache(lambda: build_api_client(config.kubernetes)[0], watch_timeout_seconds=1,
                       max_backoff_seconds=0.5)
     app = Flask("test-extender-cache")
-    register_extender(app, config, None, extender=Extender(config, None, node_cache=cache))
+    extender = Extender(config, None, node_cache=cache)
+    register_extender(app, config, None, extender=extender)
     yield app.test_client(), cache
-    cache.stop()
+    extender.stop()
 
 
 def names_filter(client, names):

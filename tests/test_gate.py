@@ -6,6 +6,12 @@ import copy
 import jsonpatch
 import kubernetes_validate
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from archway.config import KubernetesSettings
+from archway.errors import DeadlineExceeded, TransportError
+from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
 from archway.webhook import gate
@@ -21,12 +27,6 @@ from archway.webhook.kubeapi import KubeApi
 from archway.webhook.lease import LeaderElector, LeaseObserver, lease_path
 from archway.webhook.placement import ARCH_LABEL, Policy
 from archway.webhook.pullsecrets import build_api_client
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from archway.config import KubernetesSettings
-from archway.errors import DeadlineExceeded, TransportError
-from archway.podview import PodView
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.kubevalidation import validate_event_create, validate_pod_update
 

@@ -17,9 +17,9 @@ import kubernetes_validate
 import pytest
 import requests
 import yaml
+
 from archway.webhook.gate import GATE, GATED_LABEL
 from archway.webhook.lease import lease_path, parse_time
-
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.procs import REPO, Server, free_port
 from tests.infra.proxy import DelayProxy

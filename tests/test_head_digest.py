@@ -19,8 +19,7 @@ from archway.registry.reference import parse_reference
 from archway.registry.resolver import Resolver
 from archway.registry.sifsources import resolve_https
 from tests.infra.faults import ScriptedServer
-from tests.infra.registry import (RegistryServer, plain_registry, session_ca,  # noqa: F401
-                                  test_ca, token_registry)
+from tests.infra.registry import RegistryServer, plain_registry, session_ca, test_ca, token_registry
 
 
 def client_for(**settings_kw) -> RegistryClient:

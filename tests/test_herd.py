@@ -7,6 +7,10 @@ import sys
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from archway.config import PrometheusSettings
 from archway.extender.herd import (
     ANNOTATION_BANDWIDTH,
     Herd,
@@ -29,10 +33,6 @@ from archway.extender.traffic import (
     utilisation_score,
 )
 from archway.registry.http import Response
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from archway.config import PrometheusSettings
 
 # --- the curve --------------------------------------------------------------------------------------
 
@@ -264,9 +264,8 @@ def test_placements_stay_bounded_while_no_sample_prunes_them(monkeypatch):
 
 
 def test_pod_watch_lists_in_pages_and_keeps_only_what_it_uses(tmp_path):
-    from archway.webhook.pullsecrets import build_api_client
-
     from archway.config import config_from_dict
+    from archway.webhook.pullsecrets import build_api_client
     from tests.infra.apiserver import FakeApiServer
     api = FakeApiServer()
     try:

@@ -17,8 +17,18 @@ import pytest
 import yaml
 
 from archway.config import RegistrySettings
-from archway.errors import (ArchwayError, AuthError, DeadlineExceeded, HostRefused, NotFound, RegistryError,
-                            InvalidReference, TransportError, UnsupportedImage, classify_error)
+from archway.errors import (
+    ArchwayError,
+    AuthError,
+    DeadlineExceeded,
+    HostRefused,
+    InvalidReference,
+    NotFound,
+    RegistryError,
+    TransportError,
+    UnsupportedImage,
+    classify_error,
+)
 from archway.registry.credentials import Keyring
 from archway.registry.hostpolicy import HostPolicy, canonical_address
 from archway.registry.http import HttpClient, redirect_step
@@ -29,7 +39,7 @@ from archway.registry.reference import parse_reference, redact_url
 from archway.registry.sifsources import resolve_https
 from tests.infra.faults import BlackHole, DripServer, ScriptedServer
 from tests.infra.procs import REPO
-from tests.infra.registry import test_ca  # noqa: F401
+from tests.infra.registry import test_ca
 
 # Slack past a deadline: the watchdog acts at once, this only absorbs a loaded test machine.
 SLACK = 3.0
@@ -43,7 +53,7 @@ def run_with_limit(fn, limit: float):
     def target():
         try:
             outcome["value"] = fn()
-        except Exception as e:   # noqa: BLE001 - handed to the test to assert on
+        except Exception as e:
             outcome["value"] = e
     thread = threading.Thread(target=target, daemon=True)
     thread.start()

@@ -18,8 +18,8 @@ import yaml
 from archway import __version__
 from tests.infra.image import Mount, PulledImage, elf_machine, pod_argv, pod_command
 from tests.infra.procs import REPO, Server, free_port, require_binary
-from tests.infra.registry import plain_registry  # noqa: F401
-from tests.infra.tls import test_ca  # noqa: F401
+from tests.infra.registry import plain_registry
+from tests.infra.tls import test_ca
 
 PLATFORMS = ("linux/amd64", "linux/arm64")
 # The first build makes the Debian bases, arm64's under emulation: minutes, not seconds.
@@ -33,7 +33,7 @@ MAX_PUSHED_BYTES = 120_000_000
 
 
 @pytest.fixture(scope="module")
-def pushed(plain_registry):  # noqa: F811
+def pushed(plain_registry):
     ref = plain_registry.ref("archway/archway", "test")
     result = subprocess.run(
         ["bash", "scripts/build-image.sh", "--push", ref, "--platforms", ",".join(PLATFORMS),
@@ -72,7 +72,7 @@ def run_in_pod(image, argv, mounts, *, user="65532:65532", timeout=300):
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def test_one_index_with_both_architectures_as_archway_sees_it(pushed, plain_registry, tmp_path):  # noqa: F811
+def test_one_index_with_both_architectures_as_archway_sees_it(pushed, plain_registry, tmp_path):
     config = tmp_path / "archway.yaml"
     config.write_text(yaml.safe_dump({"registry": {"insecure_hosts": [plain_registry.host]}}))
     result = subprocess.run([sys.executable, "-m", "archway.cli", "inspect", "--json",
@@ -92,7 +92,7 @@ def test_each_platform_is_built_for_its_architecture(image):
         assert elf_machine(image.path(probe.format(m=machine))) == image.architecture, probe
 
 
-def test_the_image_is_small_no_compiler_no_pip_cache_no_tests(image, pushed, plain_registry):  # noqa: F811
+def test_the_image_is_small_no_compiler_no_pip_cache_no_tests(image, pushed, plain_registry):
     for absent in ("/usr/bin/gcc", "/usr/bin/cc", "/root/.cache", "/var/lib/archway/.cache", "/src",
                    "/wheels", "/opt/archway/lib/pip", "/usr/lib/python3/dist-packages/pip",
                    "/opt/archway/lib/tests", "/opt/archway/lib/archway/tests"):
@@ -148,7 +148,7 @@ def chart_mounts(pod_spec, directory, config_text, tls) -> list[Mount]:
     return mounts
 
 
-def test_serve_answers_healthz_over_tls_as_the_chart_runs_it(image, webhook_pod, test_ca, tmp_path):  # noqa: F811
+def test_serve_answers_healthz_over_tls_as_the_chart_runs_it(image, webhook_pod, test_ca, tmp_path):
     pod_spec, config = webhook_pod
     security = pod_spec["securityContext"]
     (webhook,) = [c for c in pod_spec["containers"] if c["name"] == "webhook"]

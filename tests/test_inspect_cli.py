@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tests.infra.procs import REPO, SHARED_TESTDATA
-from tests.infra.registry import plain_registry  # noqa: F401
+from tests.infra.registry import plain_registry
 
 
 def archway(*args, env=None, timeout=60):

@@ -14,7 +14,7 @@ from archway.registry.credentials import Keyring
 from archway.registry.mirrors import Mirrors, RegistryHost, parse_hosts_dir
 from archway.registry.reference import parse_reference
 from archway.registry.resolver import Resolver
-from tests.infra.registry import RegistryServer, session_ca, test_ca  # noqa: F401
+from tests.infra.registry import RegistryServer, session_ca, test_ca
 
 ARCHWAY_AGENT = "python-requests"
 

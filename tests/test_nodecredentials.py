@@ -14,7 +14,7 @@ from archway.registry.credentials import Keyring
 from archway.registry.nodecredentials import NodeCredentials
 from archway.registry.resolver import Resolver
 from tests.infra.credprovider import ProviderPlugin, provider
-from tests.infra.registry import basic_auth_registry, session_ca, test_ca  # noqa: F401
+from tests.infra.registry import basic_auth_registry, session_ca, test_ca
 
 
 class MountedSecret:

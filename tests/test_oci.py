@@ -5,34 +5,64 @@ the registry's access log (and the token server's own count). Stand-in servers a
 fault injection: oversized manifests, 5xx, garbage, silence, lying digests.
 """
 import base64
+import ipaddress
 import json
 import os
-import ipaddress
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from archway.registry.auth import (RegistryAuth, cache_until, credential_for_realm, parse_www_authenticate,
-                           pick_challenge, token_lifetime)
+from archway.config import RegistrySettings
+from archway.errors import (
+    ArchwayError,
+    AuthError,
+    DeadlineExceeded,
+    HostRefused,
+    NotFound,
+    RegistryError,
+    ResponseTooLarge,
+    SIFError,
+    TransportError,
+    UnsupportedImage,
+)
+from archway.registry.auth import (
+    RegistryAuth,
+    cache_until,
+    credential_for_realm,
+    parse_www_authenticate,
+    pick_challenge,
+    token_lifetime,
+)
 from archway.registry.credentials import Keyring
-from archway.errors import (ArchwayError, AuthError, DeadlineExceeded, HostRefused, NotFound,
-                             RegistryError, ResponseTooLarge, SIFError, TransportError,
-                             UnsupportedImage)
 from archway.registry.hostpolicy import HostPolicy
 from archway.registry.http import HttpClient, Response
-from archway.registry.oci import (ACCEPT, RegistryClient, manifest_media_type, parse_manifest,
-                          platforms_from_config, platforms_from_index)
+from archway.registry.oci import (
+    ACCEPT,
+    RegistryClient,
+    manifest_media_type,
+    parse_manifest,
+    platforms_from_config,
+    platforms_from_index,
+)
 from archway.registry.platforms import Platform
 from archway.registry.reference import parse_reference
-from archway.config import RegistrySettings
 from tests.infra.procs import SHARED_TESTDATA
-from tests.infra.registry import (OCI_MANIFEST, RegistryServer,  # noqa: F401
-                                  basic_auth_registry, plain_registry, sha256_digest, test_ca,
-                                  tls_registry, token_registry)
+from tests.infra.registry import (
+    OCI_MANIFEST,
+    RegistryServer,
+    basic_auth_registry,
+    plain_registry,
+    sha256_digest,
+    test_ca,
+    tls_registry,
+    token_registry,
+)
 
 SIF_DIR = os.path.join(SHARED_TESTDATA, "sif")
 

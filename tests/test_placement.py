@@ -8,15 +8,19 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from archway.errors import (AuthError, DeadlineExceeded, HostRefused, NotFound, RegistryError,
-                             TransportError)
+from archway.errors import AuthError, DeadlineExceeded, HostRefused, NotFound, RegistryError, TransportError
+from archway.podview import PodShapeError, PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import normalize, parse_platform
-from archway.podview import PodShapeError, PodView
 from archway.webhook import placement
 from archway.webhook.admission import MAX_WARNING_CHARS, MAX_WARNINGS, cap_warnings
-from archway.webhook.placement import (ANNOTATION_ARCHITECTURES, ANNOTATION_IMAGES, ARCH_LABEL,
-                                      Policy, json_patch)
+from archway.webhook.placement import (
+    ANNOTATION_ARCHITECTURES,
+    ANNOTATION_IMAGES,
+    ARCH_LABEL,
+    Policy,
+    json_patch,
+)
 
 SCHEMA_VERSIONS = ("1.30.0", "1.33.0")
 ALL_ARCHS = frozenset({"amd64", "arm64", "arm", "ppc64le", "s390x", "riscv64"})

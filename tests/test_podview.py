@@ -4,8 +4,15 @@ import dataclasses
 
 import pytest
 
-from archway.podview import (Container, NodeSelectorTerm, OwnerReference, PodShapeError, PodView,
-                             PreferredTerm, Requirement)
+from archway.podview import (
+    Container,
+    NodeSelectorTerm,
+    OwnerReference,
+    PodShapeError,
+    PodView,
+    PreferredTerm,
+    Requirement,
+)
 
 POD = {
     "apiVersion": "v1", "kind": "Pod",

@@ -15,7 +15,7 @@ import yaml
 
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.procs import REPO
-from tests.infra.registry import plain_registry  # noqa: F401
+from tests.infra.registry import plain_registry
 
 ARM_TOLERATION = {"key": "kubernetes.io/arch", "operator": "Equal", "value": "arm64",
                   "effect": "NoSchedule"}
@@ -420,9 +420,8 @@ def test_report_lists_each_workload_once_with_its_readiness_for_arm64(cluster, c
 
 
 def test_report_pages_through_long_lists(cluster, config_file, monkeypatch, capsys, apiserver):
-    from archway.webhook import cluster as cluster_module
-
     from archway import cli
+    from archway.webhook import cluster as cluster_module
     monkeypatch.setattr(cluster_module, "PAGE_SIZE", 1)
     apiserver.requests.clear()
     assert cli.main(["report", "--json", "--config", config_file]) == 0

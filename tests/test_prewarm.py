@@ -13,7 +13,7 @@ from archway.webhook.cluster import ClusterReader
 from archway.webhook.prewarm import Prewarmer, paced, wanted_images
 from archway.webhook.pullsecrets import PullSecrets, build_api_client
 from tests.infra.apiserver import FakeApiServer
-from tests.infra.registry import basic_auth_registry, plain_registry, session_ca  # noqa: F401
+from tests.infra.registry import basic_auth_registry, plain_registry, session_ca
 
 RATE = 20.0   # lookups a second per host: the test's pace (the default is 5)
 

@@ -13,7 +13,7 @@ from archway.errors import TransportError
 from archway.registry.http import HttpClient
 from tests.infra.fileserver import FileServer
 from tests.infra.procs import REPO
-from tests.infra.tls import test_ca  # noqa: F401  (fixture)
+from tests.infra.tls import test_ca
 
 _SNAPSHOT = """
 import gc, logging, os, socket, sys, warnings
@@ -49,7 +49,7 @@ print(json.dumps({"before": before, "after": snapshot(), "modules": names}))
     assert result["after"] == result["before"]
 
 
-def test_an_insecure_host_is_fetched_without_a_warning_and_others_still_verify(test_ca):  # noqa: F811
+def test_an_insecure_host_is_fetched_without_a_warning_and_others_still_verify(test_ca):
     server = FileServer(test_ca, {"/x": b"hello"})
     try:
         url = server.url("/x")

@@ -10,11 +10,11 @@ import pytest
 from flask import Flask
 from prometheus_client import REGISTRY
 
-from tests.infra.apiserver import FakeApiServer
-from tests.infra.prometheus import FAKE_RATES, prometheus_stack, short_window  # noqa: F401
 from archway.config import DEFAULT_PROMETHEUS_QUERY, config_from_dict
 from archway.extender.routes import register_extender
 from archway.extender.traffic import NEUTRAL_SCORE, TrafficPoller, node_scores, node_traffic
+from tests.infra.apiserver import FakeApiServer
+from tests.infra.prometheus import FAKE_RATES, prometheus_stack, short_window
 
 pytestmark = pytest.mark.slow
 
@@ -41,9 +41,7 @@ def extender_client(prometheus_url, kubeconfig=None, **prometheus):
     try:
         yield app.test_client(), extender
     finally:
-        extender.traffic.stop()
-        if extender.node_cache is not None:
-            extender.node_cache.stop()
+        extender.stop()
 
 
 def prioritize(client, names=NODE_NAMES, nodes=None):
@@ -137,7 +135,7 @@ def test_address_matching_of_instance_against_node_addresses(prom):
     with open(os.path.join(FIXTURES, "filter-nodes.json")) as f:
         template = json.load(f)["Nodes"]["items"][0]
     items = []
-    for i, name in enumerate(["c-node", "a-node", "b-node", "unscraped"]):
+    for name in ["c-node", "a-node", "b-node", "unscraped"]:
         node = json.loads(json.dumps(template))
         node["metadata"]["name"] = name
         ip = {"a-node": "10.0.0.1", "b-node": "10.0.0.2", "c-node": "10.0.0.3"}.get(name, "10.9.9.9")

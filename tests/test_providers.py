@@ -9,13 +9,16 @@ import pytest
 from prometheus_client import REGISTRY
 
 from archway.config import CredentialProviderSettings, RegistrySettings
-from archway.errors import AuthError, ConfigError, CredentialProviderError
-from archway.registry.providers import (CredentialProviders, parse_duration, parse_provider_config,
-                                        read_provider_config)
+from archway.errors import AuthError, ConfigError, CredentialProviderError, classify_error
+from archway.registry.providers import (
+    CredentialProviders,
+    parse_duration,
+    parse_provider_config,
+    read_provider_config,
+)
 from archway.registry.resolver import Resolver
-from archway.errors import classify_error
 from tests.infra.credprovider import API_VERSION, ProviderPlugin, provider
-from tests.infra.registry import plain_registry, test_ca, token_registry  # noqa: F401
+from tests.infra.registry import plain_registry, test_ca, token_registry
 
 
 class Clock:
@@ -245,8 +248,8 @@ def test_unusable_answers_are_refused_without_quoting_them(answer, words):
 def test_duplicate_fields_are_refused():
     from archway.registry.providers import ProviderSpec, parse_response
     spec = ProviderSpec("p", ("*",), 60.0, API_VERSION)
-    body = ('{"apiVersion": "%s", "kind": "CredentialProviderResponse", "cacheKeyType": "Image",'
-            ' "cacheKeyType": "Global"}' % API_VERSION).encode()
+    body = (f'{{"apiVersion": "{API_VERSION}", "kind": "CredentialProviderResponse", '
+            f'"cacheKeyType": "Image", "cacheKeyType": "Global"}}').encode()
     with pytest.raises(CredentialProviderError):
         parse_response(body, spec)
 

@@ -10,7 +10,7 @@ from archway.registry.credentials import Keyring
 from archway.registry.proxy import ProxyRules, bypassed
 from archway.registry.resolver import Resolver
 from tests.infra.forwardproxy import ForwardProxy
-from tests.infra.registry import plain_registry, session_ca, test_ca, token_registry  # noqa: F401
+from tests.infra.registry import plain_registry, session_ca, test_ca, token_registry
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import pytest
 
 from archway.errors import ConfigError
 from archway.podview import PodView
-from tests.infra.apiserver import FakeApiServer
 from archway.webhook.pullsecrets import PullSecrets, build_api_client
+from tests.infra.apiserver import FakeApiServer
 
 NS = "team-a"
 

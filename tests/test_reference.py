@@ -2,7 +2,8 @@
 import socket
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from archway.errors import HostRefused, InvalidReference
 from archway.registry.hostpolicy import HostPolicy, forbidden_address

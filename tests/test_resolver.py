@@ -5,15 +5,15 @@ import time
 
 import pytest
 
-from archway.registry.credentials import Keyring
-from archway.errors import AuthError, DeadlineExceeded, HostRefused, InvalidReference
-from archway.registry.model import ImageInfo
-from archway.registry.cache import AnswerCache, Entry
-from archway.registry.resolver import Resolver
 from archway.config import CacheSettings, RegistrySettings
+from archway.errors import AuthError, DeadlineExceeded, HostRefused, InvalidReference
+from archway.registry.cache import AnswerCache, Entry
+from archway.registry.credentials import Keyring
+from archway.registry.model import ImageInfo
+from archway.registry.resolver import Resolver
 from tests.infra.gateway import RegistryGateway
 from tests.infra.proxy import DelayProxy
-from tests.infra.registry import basic_auth_registry, plain_registry, session_ca  # noqa: F401
+from tests.infra.registry import basic_auth_registry, plain_registry, session_ca
 
 
 class FakeClock:

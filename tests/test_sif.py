@@ -6,10 +6,11 @@ import os
 import subprocess
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
-from archway.registry import sif
 from archway.errors import SIFError
+from archway.registry import sif
 from archway.registry.sif import BlockReader, file_reader, read_sif_platforms
 from tests.infra import sifbuild
 from tests.infra.procs import SHARED_TESTDATA, require_binary
@@ -551,7 +552,7 @@ def test_lying_header_counts(field, value):
         "free": not 0 <= value <= 48,
         "desc_offset": value < 128 or value + 48 * 585 > len(image),
         "data_offset": not (0 <= value <= object_start and object_end <= data_end <= 2 ** 63 - 1),
-        "data_size": not (0 <= value and object_end <= data_end <= 2 ** 63 - 1),
+        "data_size": not (value >= 0 and object_end <= data_end <= 2 ** 63 - 1),
     }[field]
     if must_fail:
         assert result is None

@@ -8,16 +8,16 @@ import os
 
 import pytest
 
+from archway.config import RegistrySettings
 from archway.registry.http import HttpClient
 from archway.registry.oci import RegistryClient
 from archway.registry.reference import parse_reference
-from archway.config import RegistrySettings
 from tests.infra import sifbuild
-from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
-from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED
 from tests.infra.fileserver import RecordingProxy
 from tests.infra.procs import SHARED_TESTDATA
 from tests.infra.registry import RegistryServer
+from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
+from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED
 from tests.infra.tls import session_ca
 
 SIF_DIR = os.path.join(SHARED_TESTDATA, "sif")

@@ -3,18 +3,25 @@ import os
 
 import pytest
 
-from archway.errors import (AuthError, ConfigError, HostRefused, NotFound, RegistryError,
-                             ResponseTooLarge, SIFError)
+from archway.config import RegistrySettings, SifSettings
+from archway.errors import (
+    AuthError,
+    ConfigError,
+    HostRefused,
+    NotFound,
+    RegistryError,
+    ResponseTooLarge,
+    SIFError,
+)
 from archway.registry.http import HttpClient
 from archway.registry.reference import parse_reference
 from archway.registry.resolver import Resolver
-from archway.config import RegistrySettings, SifSettings
 from archway.registry.sifsources import resolve_https, resolve_library
 from tests.infra import sifbuild
-from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
-from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED
 from tests.infra.fileserver import FileServer, LibraryServer, _parse_range
 from tests.infra.procs import SHARED_TESTDATA
+from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
+from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED
 from tests.infra.tls import session_ca
 
 SIF_DIR = os.path.join(SHARED_TESTDATA, "sif")

@@ -3,13 +3,24 @@ scoring. No I/O here (the real Prometheus is in test_prometheus.py)."""
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from archway.registry.http import Response
 from archway.config import PrometheusSettings
-from archway.extender.traffic import (MAX_SCORE, NEUTRAL_SCORE, PrometheusError, TrafficPoller, TrafficScale,
-                             instance_host, match_by_address, match_by_name, node_scores,
-                             node_traffic, parse_vector)
+from archway.extender.traffic import (
+    MAX_SCORE,
+    NEUTRAL_SCORE,
+    PrometheusError,
+    TrafficPoller,
+    TrafficScale,
+    instance_host,
+    match_by_address,
+    match_by_name,
+    node_scores,
+    node_traffic,
+    parse_vector,
+)
+from archway.registry.http import Response
 
 
 def vector(*series):

@@ -12,6 +12,13 @@ from contextlib import contextmanager
 
 import pytest
 import requests
+from flask import Flask
+
+from archway.config import (
+    DEFAULT_CAPACITY_QUERY,
+    DEFAULT_PROMETHEUS_QUERY,
+    config_from_dict,
+)
 from archway.extender.herd import ANNOTATION_BANDWIDTH
 from archway.extender.routes import register_extender
 from archway.extender.traffic import (
@@ -20,16 +27,9 @@ from archway.extender.traffic import (
     node_scores,
     utilisation_score,
 )
-from flask import Flask
-
-from archway.config import (
-    DEFAULT_CAPACITY_QUERY,
-    DEFAULT_PROMETHEUS_QUERY,
-    config_from_dict,
-)
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.procs import REPO, free_port, wait_for_port
-from tests.infra.prometheus import (  # noqa: F401
+from tests.infra.prometheus import (
     LINK_RATES,
     LINK_SPEEDS,
     PrometheusServer,
@@ -53,7 +53,7 @@ def _fixture(name):
 
 
 @pytest.fixture(scope="module")
-def prom(prometheus_stack):  # noqa: F811
+def prom(prometheus_stack):
     # Every links node's rate must have settled (rate() over a window the series only partly
     # covers yet reads low) before the tests compare scores.
     def settled(result):
@@ -76,9 +76,7 @@ def extender_client(prometheus_url, kubeconfig=None, extender=None, **prometheus
     try:
         yield app.test_client(), ext
     finally:
-        for part in (ext.traffic, ext.node_cache, ext.pod_watch):
-            if part is not None:
-                part.stop()
+        ext.stop()
 
 
 def prioritize(client, names, pod=None):

@@ -13,11 +13,11 @@ import copy
 from dataclasses import dataclass, replace
 
 import jsonpatch
-from archway.registry.model import ImageInfo
-from archway.registry.platforms import Platform
 
 from archway.errors import classify_error
 from archway.podview import PodView
+from archway.registry.model import ImageInfo
+from archway.registry.platforms import Platform
 
 from .placement import (
     ARCH_LABEL,

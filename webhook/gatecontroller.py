@@ -23,12 +23,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from archway.registry.model import ImageInfo
-from archway.registry.reference import parse_reference
-
 from archway import metrics
 from archway.errors import ArchwayError
 from archway.podview import PodShapeError, PodView
+from archway.registry.model import ImageInfo
+from archway.registry.reference import parse_reference
 
 from .events import EventSink, pod_reference
 from .gate import GATED_LABEL, Release, gate_only_release, is_gated, plan_release

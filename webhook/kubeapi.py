@@ -76,14 +76,14 @@ class KubeApi:
                                             _request_timeout=timeout).response
         except ApiException as e:
             raise ApiError(int(e.status or 0), "Unreachable", str(e.reason)[:200]) from None
-        except Exception as e:  # noqa: BLE001 -- urllib3 raises a zoo of errors: all mean unreachable
+        except Exception as e:
             raise ApiError(0, "Unreachable",
                            f"Kubernetes API unreachable: {type(e).__name__}") from None
         if 200 <= response.status < 300:
             return response
         try:
             data = response.read(65536)
-        except Exception:  # noqa: BLE001 -- the status alone is still worth reporting
+        except Exception:
             data = b""
         finally:
             response.release_conn()

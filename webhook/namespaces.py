@@ -8,7 +8,6 @@ archway does not understand leaves the configured policy in force and says so on
 from dataclasses import dataclass, replace
 
 from archway.registry.platforms import normalize
-
 from archway.watchcache import WatchCache
 
 from .placement import MODES, Policy

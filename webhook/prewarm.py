@@ -106,14 +106,12 @@ class Prewarmer:
         metrics.PREWARM_IMAGES.labels("found").set(len(wanted))
         log.info("pre-warming %d images of %d workloads and pods", len(wanted), len(objects))
         begin = self._clock()
-        started = 0
-        for offset, item in paced(wanted, self.per_second, _host):
+        for started, (offset, item) in enumerate(paced(wanted, self.per_second, _host), 1):
             wait = begin + offset - self._clock()
             if wait > 0:
                 self._sleep(wait)
             # timeout 0: start the lookup and go on; it fills the cache in the background.
             self.resolver.resolve_many([item.image], keyring=self._keyring(item.pod), timeout=0)
-            started += 1
             metrics.PREWARM_IMAGES.labels("started").set(started)
         self.outcome = self._count(wanted)
         for state in ("resolved", "failed"):

@@ -23,10 +23,10 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from archway.registry.credentials import MAX_CONFIG_BYTES, Keyring
 from archway.errors import ArchwayError, ConfigError
 from archway.podview import PodView
 from archway.registry.cache import TTLCache
+from archway.registry.credentials import MAX_CONFIG_BYTES, Keyring
 
 log = logging.getLogger(__name__)
 

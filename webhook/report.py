@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from archway.errors import ArchwayError
 from archway.podview import PodView
 
-from .placement import (common_architectures, display_image, pod_arch_constraint,
-                        told_architectures)
+from .placement import common_architectures, display_image, pod_arch_constraint, told_architectures
 from .workloads import Workload, is_top_level, workloads_in
 
 # The order of the table: long-lived workloads first.

@@ -10,8 +10,9 @@ decision. The reply's warnings are put together and capped once, here: the pull-
 """
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from archway import metrics
 from archway.errors import ArchwayError, classify_error
@@ -20,8 +21,15 @@ from archway.registry.credentials import Keyring
 from archway.registry.model import ImageInfo
 from archway.registry.reference import parse_reference
 
-from .admission import (AdmissionError, AdmissionRequest, allow_unchanged, cap_warnings,
-                        parse_review, review_response, skip_reason)
+from .admission import (
+    AdmissionError,
+    AdmissionRequest,
+    allow_unchanged,
+    cap_warnings,
+    parse_review,
+    review_response,
+    skip_reason,
+)
 from .events import REASON_UNSCHEDULABLE, owner_reference, pod_or_owner
 from .gate import gate_patch
 from .namespaces import NamespaceFacts, namespace_policy

@@ -199,7 +199,7 @@ def _parse_range(header: str, size: int) -> tuple[int, int] | None:
 
 
 def _timestamp() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LibraryServer(_HttpsServer):

@@ -54,7 +54,7 @@ class Server:
             wait_for_port(port, timeout=ready_timeout, proc=self.proc)
         except Exception:
             self.stop()
-            raise RuntimeError(f"{args[0]} did not start; log:\n{self.log()}")
+            raise RuntimeError(f"{args[0]} did not start; log:\n{self.log()}") from None
 
     def log(self) -> str:
         with open(self.log_path, "rb") as f:

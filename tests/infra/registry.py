@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 from .procs import Server, free_port, require_binary
-from .tls import CertificateAuthority, IssuedCert, self_signed, session_ca, test_ca  # noqa: F401
+from .tls import CertificateAuthority, IssuedCert, self_signed, session_ca, test_ca
 
 # Media types (OCI image spec, Docker distribution, Sylabs' oras layout).
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"

@@ -45,7 +45,7 @@ def _key_pem(key) -> bytes:
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
 
 
 def _san(hosts) -> x509.SubjectAlternativeName:
