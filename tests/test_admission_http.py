@@ -28,6 +28,9 @@ from tests.infra.proxy import DelayProxy
 from tests.infra.registry import RegistryServer
 from tests.infra.tls import session_ca
 
+# Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
+pytestmark = pytest.mark.slow
+
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "admission")
 SIF_DIR = os.path.join(SHARED_TESTDATA, "sif")
 DEADLINE = 1.5            # admission.deadline_seconds of the server under test

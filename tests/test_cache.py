@@ -17,6 +17,9 @@ from tests.infra.faults import BlackHole, wait_until
 from tests.infra.gateway import RegistryGateway
 from tests.infra.registry import plain_registry
 
+# Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
+pytestmark = pytest.mark.slow
+
 TTL = 60.0
 
 

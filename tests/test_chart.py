@@ -22,6 +22,9 @@ from archway.webhook.placement import ARCH_KEYS, pod_arch_constraint
 from tests.infra.procs import REPO, require_binary
 from tests.test_operating import declared
 
+# Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
+pytestmark = pytest.mark.slow
+
 CHART = os.path.join(REPO, "charts", "archway")
 RELEASE, NS = "arch", "archway-system"
 KUBE_VERSIONS = ("1.30.0", "1.33.0")

@@ -28,6 +28,9 @@ from tests.infra.apiserver import FakeApiServer
 from tests.infra.procs import REPO, free_port, wait_for_port
 from tests.infra.registry import plain_registry
 
+# Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
+pytestmark = pytest.mark.slow
+
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "extender")
 REPLY_KEYS = ["Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"]
 AMD64, ARM64, PPC64LE, S390X = (f"ip-10-0-1-1{i}.eu-west-1.compute.internal" for i in range(1, 5))

@@ -30,6 +30,9 @@ from archway.webhook.pullsecrets import build_api_client
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.kubevalidation import validate_event_create, validate_pod_update
 
+# Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
+pytestmark = pytest.mark.slow
+
 REQ = "requiredDuringSchedulingIgnoredDuringExecution"
 SCHEMA_VERSIONS = ("1.30.0", "1.33.0")
 

@@ -41,6 +41,9 @@ from tests.infra.faults import BlackHole, DripServer, ScriptedServer
 from tests.infra.procs import REPO
 from tests.infra.registry import test_ca
 
+# Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
+pytestmark = pytest.mark.slow
+
 # Slack past a deadline: the watchdog acts at once, this only absorbs a loaded test machine.
 SLACK = 3.0
 

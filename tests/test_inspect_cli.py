@@ -10,6 +10,9 @@ import yaml
 from tests.infra.procs import REPO, SHARED_TESTDATA
 from tests.infra.registry import plain_registry
 
+# Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
+pytestmark = pytest.mark.slow
+
 
 def archway(*args, env=None, timeout=60):
     return subprocess.run([sys.executable, "-m", "archway.cli", *args], cwd=REPO,

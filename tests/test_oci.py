@@ -64,6 +64,9 @@ from tests.infra.registry import (
     token_registry,
 )
 
+# Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
+pytestmark = pytest.mark.slow
+
 SIF_DIR = os.path.join(SHARED_TESTDATA, "sif")
 
 

@@ -17,6 +17,9 @@ from tests.infra.apiserver import FakeApiServer
 from tests.infra.procs import REPO
 from tests.infra.registry import plain_registry
 
+# Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
+pytestmark = pytest.mark.slow
+
 ARM_TOLERATION = {"key": "kubernetes.io/arch", "operator": "Equal", "value": "arm64",
                   "effect": "NoSchedule"}
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"

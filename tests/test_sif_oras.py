@@ -20,6 +20,9 @@ from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
 from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED
 from tests.infra.tls import session_ca
 
+# Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
+pytestmark = pytest.mark.slow
+
 SIF_DIR = os.path.join(SHARED_TESTDATA, "sif")
 BUILT_ARCHES = ("amd64", "arm64", "ppc64le", "s390x", "riscv64", "386")
 

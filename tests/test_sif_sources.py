@@ -24,6 +24,9 @@ from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
 from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED
 from tests.infra.tls import session_ca
 
+# Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
+pytestmark = pytest.mark.slow
+
 SIF_DIR = os.path.join(SHARED_TESTDATA, "sif")
 TOKEN = "lib-token-3f9a"
 DEFAULT_LAYOUT = ["busybox_amd64.sif", "busybox_arm64.sif", "busybox_ppc64le.sif", "one-group.sif",
