@@ -11,6 +11,7 @@ import time
 from archway.config import CacheSettings, RegistrySettings
 from archway.registry.model import ImageInfo
 from archway.registry.resolver import Resolver
+from tests.infra.clock import ManualClock
 from tests.infra.proxy import DelayProxy
 from tests.infra.registry import RegistryServer
 
@@ -23,14 +24,6 @@ ADMISSION_EVERY = 60.0          # one pod with the tag per simulated minute
 DAY = 24 * 3600.0
 REGISTRY_DELAY = 0.2
 TAGS = 200
-
-
-class _Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class _RefetchingResolver(Resolver):
@@ -63,7 +56,7 @@ def _settle(resolver: Resolver) -> None:
 
 def _day_of_admissions(registry: RegistryServer, resolver_class, repo: str) -> tuple[int, int]:
     """(manifest GETs, HEADs) the registry served for one tag admitted every minute for a day."""
-    clock = _Clock()
+    clock = ManualClock()
     resolver = resolver_class(RegistrySettings(insecure_hosts=(registry.host,),
                                                cache=CacheSettings(tag_ttl_seconds=TAG_TTL)),
                               clock=clock)
@@ -106,7 +99,7 @@ def _expired_tag_latency(lab: Lab, number: str, name: str, target: str) -> Figur
         tags = [f"t{i}" for i in range(TAGS)]
         for tag in tags:
             registry.push_index("expired/app", tag, ["linux/amd64", "linux/arm64"])
-        clock = _Clock()
+        clock = ManualClock()
         resolver = Resolver(RegistrySettings(insecure_hosts=(proxy.host,),
                                              cache=CacheSettings(tag_ttl_seconds=TAG_TTL)),
                             clock=clock)

@@ -13,6 +13,7 @@ from archway.config import CacheSettings, RegistrySettings
 from archway.errors import ArchwayError, NotFound, Overloaded, RateLimited
 from archway.registry.model import ImageInfo
 from archway.registry.resolver import Resolver
+from tests.infra.clock import ManualClock
 from tests.infra.faults import BlackHole, wait_until
 from tests.infra.gateway import RegistryGateway
 from tests.infra.registry import plain_registry
@@ -21,14 +22,6 @@ from tests.infra.registry import plain_registry
 pytestmark = pytest.mark.slow
 
 TTL = 60.0
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 @pytest.fixture
@@ -65,7 +58,7 @@ def revalidations(outcome):
 
 def test_an_unchanged_tag_costs_one_get_then_heads_only(plain_registry, gateway):
     plain_registry.push_index("cache/steady", "v1", ["linux/amd64", "linux/arm64"])
-    clock = Clock()
+    clock = ManualClock()
     resolver = resolver_for(gateway.host, clock=clock)
     image = f"{gateway.host}/cache/steady:v1"
     mark = plain_registry.mark()
@@ -82,7 +75,7 @@ def test_an_unchanged_tag_costs_one_get_then_heads_only(plain_registry, gateway)
 
 def test_a_repushed_tag_is_seen_after_its_ttl_with_one_get(plain_registry, gateway):
     plain_registry.push_image("cache/moved", "v1", "linux/amd64")
-    clock = Clock()
+    clock = ManualClock()
     resolver = resolver_for(gateway.host, clock=clock)
     image = f"{gateway.host}/cache/moved:v1"
     assert resolver.resolve(image).architectures == {"amd64"}
@@ -99,7 +92,7 @@ def test_a_repushed_tag_is_seen_after_its_ttl_with_one_get(plain_registry, gatew
 
 def test_a_tag_moved_back_to_known_content_costs_no_get(plain_registry, gateway):
     first = plain_registry.push_image("cache/back", "v1", "linux/s390x")
-    clock = Clock()
+    clock = ManualClock()
     resolver = resolver_for(gateway.host, clock=clock)
     image = f"{gateway.host}/cache/back:v1"
     resolver.resolve(image)
@@ -121,7 +114,7 @@ def test_a_tag_moved_back_to_known_content_costs_no_get(plain_registry, gateway)
 def test_an_outage_is_served_the_last_known_answer_until_stale_if_error_ends(plain_registry,
                                                                                gateway):
     plain_registry.push_image("cache/outage", "v1", "linux/arm64")
-    clock = Clock()
+    clock = ManualClock()
     resolver = resolver_for(gateway.host, clock=clock, stale_if_error_seconds=3600,
                             negative_ttl_seconds=30)
     image = f"{gateway.host}/cache/outage:v1"
@@ -148,7 +141,7 @@ def test_an_outage_is_served_the_last_known_answer_until_stale_if_error_ends(pla
 
 def test_an_image_never_seen_during_an_outage_fails(plain_registry, gateway):
     plain_registry.push_image("cache/never", "v1", "linux/arm64")
-    resolver = resolver_for(gateway.host, clock=Clock())
+    resolver = resolver_for(gateway.host, clock=ManualClock())
     gateway.mode = "down"
     image = f"{gateway.host}/cache/never:v1"
     assert isinstance(resolver.resolve_many([image], timeout=5)[image], ArchwayError)
@@ -158,7 +151,7 @@ def test_a_429_backs_the_host_off_until_retry_after_and_the_cache_answers(plain_
                                                                           gateway):
     plain_registry.push_image("cache/limited", "v1", "linux/amd64")
     plain_registry.push_image("cache/limited-new", "v1", "linux/amd64")
-    clock = Clock()
+    clock = ManualClock()
     resolver = resolver_for(gateway.host, clock=clock)
     known = f"{gateway.host}/cache/limited:v1"
     new = f"{gateway.host}/cache/limited-new:v1"
@@ -187,7 +180,7 @@ def test_a_429_backs_the_host_off_until_retry_after_and_the_cache_answers(plain_
 
 def test_without_retry_after_the_pause_grows(plain_registry, gateway):
     plain_registry.push_image("cache/grow", "v1", "linux/amd64")
-    clock = Clock()
+    clock = ManualClock()
     resolver = resolver_for(gateway.host, clock=clock, negative_ttl_seconds=0.5)
     image = f"{gateway.host}/cache/grow:v1"
     gateway.mode = "rate_limited"
@@ -202,7 +195,7 @@ def test_without_retry_after_the_pause_grows(plain_registry, gateway):
 
 def test_pull_policy_always_costs_one_head(plain_registry, gateway):
     plain_registry.push_image("cache/always", "v1", "linux/arm64")
-    resolver = resolver_for(gateway.host, clock=Clock())
+    resolver = resolver_for(gateway.host, clock=ManualClock())
     image = f"{gateway.host}/cache/always:v1"
     resolver.resolve(image)
     mark = plain_registry.mark()
@@ -289,7 +282,7 @@ def test_the_cache_is_bounded_in_bytes(plain_registry):
 
 
 def test_a_missing_image_is_a_cached_failure_then_found(plain_registry, gateway):
-    clock = Clock()
+    clock = ManualClock()
     resolver = resolver_for(gateway.host, clock=clock, negative_ttl_seconds=30)
     image = f"{gateway.host}/cache/later:v1"
     assert isinstance(resolver.resolve_many([image], timeout=5)[image], NotFound)

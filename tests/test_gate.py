@@ -28,6 +28,7 @@ from archway.webhook.lease import LeaderElector, LeaseObserver, lease_path
 from archway.webhook.placement import ARCH_LABEL, Policy
 from archway.webhook.pullsecrets import build_api_client
 from tests.infra.apiserver import FakeApiServer
+from tests.infra.clock import ManualClock
 from tests.infra.kubevalidation import validate_event_create, validate_pod_update
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
@@ -260,17 +261,9 @@ def api(tmp_path):
     server.stop()
 
 
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_one_leader_and_takeover_after_a_duration_without_renewal(api):
     server, kube = api
-    clock = Clock()
+    clock = ManualClock()
     a = LeaderElector(kube, "archway", identity="a", duration_seconds=15, clock=clock)
     b = LeaderElector(kube, "archway", identity="b", duration_seconds=15, clock=clock)
     assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
@@ -302,7 +295,7 @@ def test_a_stale_write_loses_with_409(api):
 
 def test_observer_sees_a_fresh_leader_and_its_absence(api):
     _, kube = api
-    clock = Clock()
+    clock = ManualClock()
     observer = LeaseObserver(kube, "archway", duration_seconds=15, clock=clock)
     observer.refresh()
     assert not (observer._holder and clock() < observer._fresh_until)

@@ -14,6 +14,7 @@ from archway.config import DEFAULT_PROMETHEUS_QUERY, config_from_dict
 from archway.extender.routes import register_extender
 from archway.extender.traffic import NEUTRAL_SCORE, TrafficPoller, node_scores, node_traffic
 from tests.infra.apiserver import FakeApiServer
+from tests.infra.procs import poll
 from tests.infra.prometheus import FAKE_RATES, prometheus_stack, short_window
 
 pytestmark = pytest.mark.slow
@@ -52,15 +53,6 @@ def prioritize(client, names=NODE_NAMES, nodes=None):
     expected = [n["metadata"]["name"] for n in nodes["items"]] if nodes else names
     assert [entry["Host"] for entry in reply] == expected
     return {entry["Host"]: entry["Score"] for entry in reply}
-
-
-def poll(fn, done, timeout=25.0, interval=0.2):
-    end = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if done(value) or time.monotonic() > end:
-            return value
-        time.sleep(interval)
 
 
 def ordered(scores):

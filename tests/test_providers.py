@@ -17,16 +17,9 @@ from archway.registry.providers import (
     read_provider_config,
 )
 from archway.registry.resolver import Resolver
+from tests.infra.clock import ManualClock
 from tests.infra.credprovider import API_VERSION, ProviderPlugin, provider
 from tests.infra.registry import plain_registry, test_ca, token_registry
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 @pytest.fixture
@@ -100,7 +93,7 @@ def test_answers_are_cached_by_their_cache_key_type(plugin, key_type, expected_c
 
 
 def test_cache_duration_from_the_answer_else_the_default_and_zero_means_never(plugin):
-    clock = Clock()
+    clock = ManualClock()
     providers = providers_for(plugin, provider(duration="30s", default_duration="1h"), clock=clock)
     providers.keyring_for("a.example/x")
     clock.now += 30

@@ -11,17 +11,10 @@ from archway.registry.cache import AnswerCache, Entry
 from archway.registry.credentials import Keyring
 from archway.registry.model import ImageInfo
 from archway.registry.resolver import Resolver
+from tests.infra.clock import ManualClock
 from tests.infra.gateway import RegistryGateway
 from tests.infra.proxy import DelayProxy
 from tests.infra.registry import basic_auth_registry, plain_registry, session_ca
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 def _entry(clock, name, ttl, stale=0.0, size=10):
@@ -30,7 +23,7 @@ def _entry(clock, name, ttl, stale=0.0, size=10):
 
 
 def test_answer_cache_expires_and_evicts_least_recently_used():
-    clock = FakeClock()
+    clock = ManualClock()
     cache = AnswerCache(max_entries=2, max_bytes=1000, clock=clock)
     cache.put("a", _entry(clock, "a", 10))
     cache.put("b", _entry(clock, "b", 100))
@@ -43,7 +36,7 @@ def test_answer_cache_expires_and_evicts_least_recently_used():
 
 
 def test_answer_cache_serves_stale_answers_until_their_window_ends_and_counts_bytes():
-    clock = FakeClock()
+    clock = ManualClock()
     cache = AnswerCache(max_entries=10, max_bytes=25, clock=clock)
     cache.put("a", _entry(clock, "a", 10, stale=100))
     clock.now += 50
@@ -86,7 +79,7 @@ def test_concurrent_resolutions_of_one_uncached_image_make_one_manifest_request(
 
 def test_cached_answers_make_no_request_and_tag_answers_expire(plain_registry):
     plain_registry.push_image("sf/single", "v1", "linux/arm64")
-    clock = FakeClock()
+    clock = ManualClock()
     resolver = Resolver(settings_for(plain_registry.host, tag_ttl_seconds=60), clock=clock)
     image = plain_registry.ref("sf/single", "v1")
     first = resolver.resolve(image)
@@ -105,7 +98,7 @@ def test_cached_answers_make_no_request_and_tag_answers_expire(plain_registry):
 
 
 def test_failures_are_cached_briefly_then_retried(plain_registry):
-    clock = FakeClock()
+    clock = ManualClock()
     resolver = Resolver(settings_for(plain_registry.host, negative_ttl_seconds=30), clock=clock)
     image = plain_registry.ref("sf/later", "v1")
     with pytest.raises(Exception) as first:

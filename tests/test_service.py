@@ -18,16 +18,9 @@ from archway.webhook.admission import MAX_WARNINGS
 from archway.webhook.placement import Policy
 from archway.webhook.pullsecrets import PullCredentials
 from archway.webhook.service import ANSWER_MARGIN_SECONDS, PULL_SECRETS_SHARE, AdmissionService
+from tests.infra.clock import ManualClock
 
 START = 1000.0
-
-
-class Clock:
-    def __init__(self, now=START):
-        self.now = now
-
-    def __call__(self):
-        return self.now
 
 
 class Resolver:
@@ -59,7 +52,7 @@ def service(resolver=None, secrets=None, clock=None, policy=Policy(), **kw):
                     max_body_bytes=3 * 1024 * 1024)
     settings.update(kw)
     return AdmissionService(policy=policy, resolver=resolver or Resolver(),
-                            pull_secrets=secrets or Secrets(), clock=clock or Clock(), **settings)
+                            pull_secrets=secrets or Secrets(), clock=clock or ManualClock(START), **settings)
 
 
 def review(*images, namespace="shop", operation="CREATE", annotations=None, node_name=None,
@@ -124,7 +117,7 @@ def test_a_pod_is_pinned_to_its_images_architectures():
 
 
 def test_the_deadline_is_shared_between_the_api_and_the_registries():
-    clock = Clock()
+    clock = ManualClock(START)
     resolver, secrets = Resolver(clock=clock), Secrets()
     clock.now = START + 0.5   # the body took half a second to arrive
     service(resolver, secrets, clock).review(review("reg/a:1"), started=START)
@@ -223,7 +216,7 @@ def test_namespace_mode_off_reads_nothing_and_audit_patches_annotations_only():
 
 def test_namespace_cache_not_synced_waits_at_most_the_api_share_then_uses_the_config():
     from archway.webhook.namespaces import NamespaceFacts
-    clock = Clock()
+    clock = ManualClock(START)
     namespaces = Cache({"shop": NamespaceFacts("shop", mode="off")}, synced=False)
     svc = service(Resolver({"reg/arm:1": info("reg/arm:1", "linux/arm64")}), clock=clock,
                   namespaces=namespaces)

@@ -21,6 +21,7 @@ from archway.extender.traffic import (
     parse_vector,
 )
 from archway.registry.http import Response
+from tests.infra.clock import ManualClock
 
 
 def vector(*series):
@@ -178,17 +179,9 @@ class _CannedHttp:
         return Response(status, {}, body, url)
 
 
-class _Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_poller_keeps_the_last_answer_until_stale_then_none(caplog):
     from archway.errors import TransportError
-    clock = _Clock()
+    clock = ManualClock()
     http = _CannedHttp(
         (200, b'{"status":"success","data":{"resultType":"vector","result":'
               b'[{"metric":{"nodename":"a"},"value":[1,"42"]}]}}'),

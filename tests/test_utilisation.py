@@ -28,7 +28,7 @@ from archway.extender.traffic import (
     utilisation_score,
 )
 from tests.infra.apiserver import FakeApiServer
-from tests.infra.procs import REPO, free_port, wait_for_port
+from tests.infra.procs import REPO, free_port, poll, wait_for_port
 from tests.infra.prometheus import (
     LINK_RATES,
     LINK_SPEEDS,
@@ -85,15 +85,6 @@ def prioritize(client, names, pod=None):
     r = client.post("/scheduler/prioritize", data=json.dumps(args))
     assert r.status_code == 200, r.data
     return {entry["Host"]: entry["Score"] for entry in r.get_json()}
-
-
-def poll(fn, done, timeout=25.0, interval=0.2):
-    end = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if done(value) or time.monotonic() > end:
-            return value
-        time.sleep(interval)
 
 
 def test_a_busy_slow_link_scores_below_a_lightly_loaded_fast_link(prom):

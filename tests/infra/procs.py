@@ -75,3 +75,13 @@ class Server:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def poll(fn, done, timeout=25.0, interval=0.2):
+    """fn() again and again until done(its value) or `timeout`; the last value either way."""
+    end = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if done(value) or time.monotonic() > end:
+            return value
+        time.sleep(interval)
