@@ -227,9 +227,9 @@ class Resolver:
             return None
         try:
             self._backoff.check(ref.host)
-        except RateLimited:
+            return self._fly(key, ref.host, lambda: self._revalidate(key, ref, keyring, entry))
+        except (RateLimited, Overloaded):   # the cached answer stands; a later pod checks again
             return None
-        return self._fly(key, ref.host, lambda: self._revalidate(key, ref, keyring, entry))
 
     def _revalidate(self, key: tuple, ref: ImageReference, keyring: Keyring, entry: Entry) -> Answer:
         old = entry.answer

@@ -320,3 +320,24 @@ def test_a_stuck_lookup_is_not_joined_forever(plain_registry, monkeypatch):
         assert len(calls) == 2
     finally:
         release.set()
+
+
+def test_a_full_lookup_queue_still_serves_known_answers(plain_registry):
+    plain_registry.push_image("cache/known", "v1", "linux/arm64")
+    hole = BlackHole()
+    clock = ManualClock()
+    try:
+        resolver = Resolver(RegistrySettings(
+            insecure_hosts=(plain_registry.host, hole.host), timeout_seconds=2,
+            max_queued_lookups=2, max_lookups_per_host=1,
+            cache=CacheSettings(tag_ttl_seconds=TTL)), max_workers=1, clock=clock)
+        known = plain_registry.ref("cache/known", "v1")
+        resolver.resolve(known, deadline=time.monotonic() + 10)
+        # A pod naming images on a host that never answers takes the thread and fills the queue.
+        flood = resolver.resolve_many([f"{hole.host}/q/image{i}:v1" for i in range(4)], timeout=0)
+        assert any(isinstance(a, Overloaded) for a in flood.values())
+        clock.now += TTL + 1
+        answer = resolver.resolve_many([known], timeout=1)[known]
+        assert isinstance(answer, ImageInfo) and answer.architectures == {"arm64"}
+    finally:
+        hole.stop()
