@@ -9,9 +9,9 @@ replicas does not make 100 Events.
 """
 import logging
 import queue
-import threading
 import time
 
+from archway.background import ProcessThread
 from archway.podview import PodView
 from archway.registry.cache import TTLCache
 
@@ -79,8 +79,7 @@ class EventSink:
         self.dropped = 0
         self._wall = wall
         self._queue: queue.Queue = queue.Queue(max_queued)
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._runner = ProcessThread(self._run, "archway-events")
         self._recent = TTLCache(1000, time.monotonic)
 
     def record(self, regarding: dict, event_type: str, reason: str, action: str,
@@ -90,7 +89,7 @@ class EventSink:
         if self._recent.get(repeat) is not None:
             return
         self._recent.put(repeat, True, _REPEAT_AFTER_SECONDS)
-        self._ensure_started()
+        self._runner.start_once()
         body = event(regarding=regarding, event_type=event_type, reason=reason, action=action,
                      note=note, instance=self.instance, now=self._wall())
         try:
@@ -103,13 +102,6 @@ class EventSink:
         end = time.monotonic() + timeout
         while self._queue.unfinished_tasks and time.monotonic() < end:
             time.sleep(0.01)
-
-    def _ensure_started(self) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="archway-events",
-                                                daemon=True)
-                self._thread.start()
 
     def _run(self) -> None:
         while True:
