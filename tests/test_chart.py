@@ -60,6 +60,7 @@ CASES = {
                     "--set-json", 'config.placement.tolerations={"arm64": [{"key": '
                                   '"kubernetes.io/arch", "operator": "Equal", "value": "arm64", '
                                   '"effect": "NoSchedule"}]}'],
+    "no-prewarm": ["--set", "config.registry.prewarm.enabled=false"],
     "unresolved-admit": ["--set", "config.admission.unresolved=admit",
                          "--set", "config.placement.fallback_architectures={amd64}"],
     "no-renewal-custom-config": ["--set", "tls.bootstrap.renewal.enabled=false",
@@ -411,7 +412,14 @@ def test_bootstrap_mode_jobs_and_rbac(render):
     assert reader["rules"] == [{"apiGroups": [""], "resources": ["serviceaccounts", "secrets"],
                                 "verbs": ["get"]},
                                {"apiGroups": [""], "resources": ["namespaces", "nodes"],
-                                "verbs": ["list", "watch"]}]
+                                "verbs": ["list", "watch"]},
+                               # pre-warming (config.registry.prewarm.enabled, on by default)
+                               {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+                               {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets",
+                                                                     "daemonsets", "replicasets"],
+                                "verbs": ["list"]},
+                               {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"],
+                                "verbs": ["list"]}]
 
 
 def test_cert_manager_mode(render):
@@ -1112,3 +1120,37 @@ def test_admit_mode_has_no_uninstall_hook_and_passes_fallback_through(render):
     webhook = config_from_dict(archway_configs(docs)["webhook.yaml"], origin="webhook.yaml")
     assert webhook.admission.unresolved == "admit"
     assert webhook.placement.fallback_architectures == ("amd64",)
+
+
+# Keys of archway's config that the chart sets itself from other values (never by `config:`).
+CHART_OWNED_KEYS = {"placement.scheduler_name"} | {
+    f"server.{key}" for key in ("bind", "cert_file", "key_file", "log_every_admission",
+                                "log_format", "max_body_bytes", "product", "state_dir", "threads",
+                                "tls", "workers")}
+
+
+def test_the_chart_schema_lets_every_config_key_through():
+    """values.schema.json refuses unknown `config:` keys; every key archway reads must be
+    settable there, except those the chart derives from its own values."""
+    from archway.config import documented_keys
+
+    def keys(node, prefix=""):
+        found = set()
+        for name, sub in (node.get("properties") or {}).items():
+            if sub.get("properties") and sub.get("additionalProperties") is False:
+                found |= keys(sub, f"{prefix}{name}.")
+            else:
+                found.add(prefix + name)
+        return found
+
+    with open(os.path.join(CHART, "values.schema.json")) as f:
+        schema = json.load(f)
+    assert keys(schema["properties"]["config"]) == set(documented_keys()) - CHART_OWNED_KEYS
+
+
+def test_pre_warming_off_drops_the_workload_list_rules(render):
+    def lists_workloads(case):
+        reader = one(render(case), "ClusterRole", f"{RELEASE}-archway-pull-secret-reader")
+        return any("deployments" in rule["resources"] for rule in reader["rules"])
+
+    assert lists_workloads("default") and not lists_workloads("no-prewarm")
