@@ -1,7 +1,9 @@
 """`archway inspect IMAGE...`: which architectures does this image support?
 
-Also the helpers every command that resolves images shares (`explain`, `report`): a resolution
-bounded by the wall clock, and the normalised reference shown next to what the user wrote.
+Also the helpers every command that resolves images shares (`explain`, `report`): the
+`--timeout` type and the normalised reference shown next to what the user wrote. The wall-clock
+bound itself is the resolver's: `resolve_many` returns at its timeout, lookups run on daemon
+threads, and archway.cli exits without waiting for them.
 """
 import argparse
 import dataclasses

@@ -45,11 +45,6 @@ class LookupPool:
                 self._waiting.setdefault(host, deque()).append(item)
         return future
 
-    def busy_hosts(self) -> dict[str, int]:
-        """Lookups admitted per host (running or about to): what a stuck host holds."""
-        with self._cv:
-            return {host: n for host, n in self._admitted.items() if n}
-
     def _wake_or_start(self) -> None:
         if self._idle:
             self._cv.notify()

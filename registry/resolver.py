@@ -354,16 +354,10 @@ def _settled(answer, image: str, timeout: float | None) -> ImageInfo | ArchwayEr
     return _named(result, image)
 
 
-_metrics = None
-
-
 def _recorder():
     # Imported on first use: only the serving processes record metrics (see archway.metrics).
-    global _metrics
-    if _metrics is None:
-        from archway import metrics
-        _metrics = metrics
-    return _metrics
+    from archway import metrics
+    return metrics
 
 
 def _count_lookup(result: str) -> None:
