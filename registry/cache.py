@@ -104,8 +104,8 @@ class AnswerCache:
 
 
 class TTLCache:
-    """A bounded LRU map whose entries also expire: for answers with no stale life (pull
-    secrets read from the API)."""
+    """A bounded LRU map whose entries also expire: for values with no stale life (pull secrets
+    read from the API, Events recently sent)."""
 
     def __init__(self, max_entries: int, clock=time.monotonic):
         self.max_entries = max_entries
