@@ -196,7 +196,10 @@ class GuardedThreadWorker(ThreadWorker):
 
     def on_client_socket_readable(self, conn: TConn, client) -> None:
         """A kept-alive connection's next request begins: read it here, not in a thread."""
-        self.keepalived_conns.remove(conn)
+        try:
+            self.keepalived_conns.remove(conn)
+        except ValueError:
+            return   # closed to make room earlier in this batch of events
         arrival = _Arrival(conn, "header", time.monotonic() + HEADER_TIMEOUT_SECONDS)
         self.arrivals[conn] = arrival
         self.poller.modify(conn.sock, selectors.EVENT_READ, partial(self._on_event, arrival))
@@ -226,7 +229,10 @@ class GuardedThreadWorker(ThreadWorker):
         super().finish_request(conn, fs)
 
     def _on_event(self, arrival: _Arrival, _fileobj) -> None:
-        self._advance(arrival)
+        # An event of a connection closed earlier in the same batch of events (to make room, or
+        # past the partial-request budget) is stale: handling it would close it twice.
+        if self.arrivals.get(arrival.conn) is arrival:
+            self._advance(arrival)
 
     # --- reading what arrives, without blocking -------------------------------------------------
     def _advance(self, arrival: _Arrival) -> None:

@@ -217,6 +217,23 @@ def test_more_connections_than_a_worker_holds_make_room_for_real_clients(server)
     assert _cuts(server.metrics()).get("overflow", 0) - before >= 0.3 * MAX_CONNECTIONS
 
 
+def test_clients_leaving_while_a_full_worker_makes_room_do_not_crash_it(server):
+    """A full worker closes its oldest connection to accept a new one; when that connection's
+    own close was already among the events being handled, handling it again raised, the worker
+    died, and every connection it held (real admissions too) was reset."""
+    held = [server.tcp() for _ in range(int(2.3 * MAX_CONNECTIONS))]
+    fresh = []
+    try:
+        for s in held:   # the new connection's accept and the oldest one's close: one batch
+            fresh.append(server.tcp())
+            s.close()
+        assert all(_mutated(server.admit(server.review())) for _ in range(5))
+    finally:
+        for s in held + fresh:
+            s.close()
+    assert "Exception in worker process" not in server.log()
+
+
 def test_a_request_head_over_64_kib_is_a_431(server):
     with server.tls_socket() as s:
         s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nX-Filler: " + b"a" * 70_000)
