@@ -126,6 +126,12 @@ def test_validation_allows_what_kep_3838_allows_only_while_gated():
     blank["spec"]["schedulingGates"] = []
     blank["spec"]["volumes"] = None
     assert validate_pod_update(ungated, blank) == []
+    # before KEP-3838 (1.26): removing gates is all a gated pod may change
+    assert [e.field for e in validate_pod_update(old, new, mutable_scheduling_directives=False)
+            ] == ["spec"]
+    only_gate = copy.deepcopy(old)
+    only_gate["spec"]["schedulingGates"] = [{"name": "other.example/quota"}]
+    assert validate_pod_update(old, only_gate, mutable_scheduling_directives=False) == []
 
 
 # --- the webhook's gate -----------------------------------------------------------------------
@@ -507,3 +513,42 @@ def test_the_release_all_command_as_the_uninstall_hook_runs_it(api, tmp_path):
     assert "released 1 gated pod(s)" in done.stdout
     assert server.get("/api/v1/namespaces/team/pods/p")["spec"]["schedulingGates"] == [
         {"name": "other.example/quota"}]
+
+
+def test_an_apiserver_without_kep_3838_gets_the_gate_removed_and_a_warning(api):
+    """Before 1.27 a gated pod's nodeSelector is as fixed as any pod's: the placement update is
+    a 422, so the controller removes only its gate (the pod must not wait for ever) and says
+    why on the pod."""
+    import threading
+    import time
+
+    from archway.webhook.events import EventSink
+    from archway.webhook.gatecontroller import GateController
+    server, kube = api
+    server.mutable_scheduling_directives = False
+    resolver = FlakyResolver()
+    resolver.results = {"reg/amd:1": AMD}
+    controller = GateController(api=kube, resolver=resolver, pull_secrets=NoSecrets(),
+                                policy=Policy(), max_seconds=600, events=EventSink(kube, instance="t"),
+                                watch_seconds=1)
+    path = "/api/v1/namespaces/team/pods/p"
+    fresh = pod("reg/amd:1")
+    fresh["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    server.put(path, fresh)
+    stop = threading.Event()
+    leader = threading.Thread(target=controller.lead, args=(stop,), daemon=True)
+    leader.start()
+    try:
+        wait_until(lambda: GATE not in str(server.get(path)["spec"]))
+        events_path = "/apis/events.k8s.io/v1/namespaces/team/events/"
+        wait_until(lambda: any(p.startswith(events_path) for p in server.objects))
+    finally:
+        stop.set()
+        leader.join(5)
+    released = server.get(path)
+    assert released["spec"]["schedulingGates"] == [{"name": "other.example/quota"}]
+    assert "nodeSelector" not in released["spec"]
+    assert [(code, method) for method, _, code, _ in server.rejections] == [(422, "PUT")]
+    [note] = [o for p, o in server.objects.items() if p.startswith(events_path)]
+    assert (note["type"], note["reason"]) == ("Warning", "ReleasedUnplaced")
+    assert "refused archway's placement" in note["note"] and "Forbidden" in note["note"]

@@ -183,6 +183,7 @@ class FakeApiServer:
         self.delay_seconds = 0.0
         self.rejections: list[tuple[str, str, int, str]] = []  # (method, path, code, message)
         self.conflicts = 0
+        self.mutable_scheduling_directives = True   # False: validate pod updates as 1.26 does
         # (rv, collection, type, object, the object before the change or None)
         self._events: list[tuple[int, str, str, dict, dict | None]] = []
         self._oldest_rv = 0
@@ -517,7 +518,9 @@ class FakeApiServer:
                 if sent and sent != current["metadata"]["resourceVersion"]:
                     return self._conflict(path)
                 if _resource(path)[1] == "pods":
-                    errors = validate_pod_update(current, obj)
+                    errors = validate_pod_update(
+                        current, obj,
+                        mutable_scheduling_directives=server.mutable_scheduling_directives)
                     if errors:
                         return self._reply(422, invalid_status("Pod", path.rsplit("/", 1)[1],
                                                                errors))

@@ -85,7 +85,11 @@ def equal(a, b) -> bool:
 
 # --- pods ---------------------------------------------------------------------------------------
 
-def validate_pod_update(old: dict, new: dict) -> list[FieldError]:
+def validate_pod_update(old: dict, new: dict, *,
+                        mutable_scheduling_directives: bool = True) -> list[FieldError]:
+    """`mutable_scheduling_directives=False`: an apiserver before KEP-3838 (1.26, with
+    scheduling gates on), where a gated pod's nodeSelector and affinity are as fixed as any
+    other pod's and only the deletion of gates is allowed."""
     errors = _validate_meta_update(old.get("metadata") or {}, new.get("metadata") or {})
     old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
     errors += _validate_pod_spec(new_spec)
@@ -109,7 +113,7 @@ def validate_pod_update(old: dict, new: dict) -> list[FieldError]:
     _set(munged, "activeDeadlineSeconds", old_spec.get("activeDeadlineSeconds"))
     _set(munged, "schedulingGates", old_spec.get("schedulingGates"))
     _set(munged, "tolerations", old_spec.get("tolerations"))
-    if old_spec.get("schedulingGates"):
+    if old_spec.get("schedulingGates") and mutable_scheduling_directives:
         errors += _node_selector_mutation(new_spec.get("nodeSelector") or {},
                                           old_spec.get("nodeSelector") or {})
         _set(munged, "nodeSelector", old_spec.get("nodeSelector"))
