@@ -1,12 +1,12 @@
 """One list + watch loop, like an informer, shared by the node and namespace caches
-(archway.watchcache) and the extender's pod watch.
+(archway.watchcache), the extender's pod watch and the gate controller's watch of gated pods.
 
-A subclass says what to list (`_list_call`) and what to keep from the answer (`_on_list`,
-`_on_event`); this class does the rest: a daemon thread per serving process, the first list,
-watches resumed from the last resourceVersion, a new list after 410 Gone, and retries with
-backoff that log once per outage.
+A subclass says what to list (`path`, `page_size`, `watch_query`) and what to keep from the
+answer (`_slim`, `_on_list`, `_on_event`); this class does the rest: a daemon thread per serving
+process, the first list, watches resumed from the last resourceVersion, a new list after 410
+Gone, and retries with backoff that log once per outage. It reads through archway.kubeapi, so
+every list page and watch event is bounded in size and every read in time.
 """
-import json
 import logging
 import random
 import threading
@@ -14,12 +14,15 @@ from collections.abc import Callable
 from typing import Any
 
 from archway.background import ProcessThread
+from archway.kubeapi import MAX_LIST_BYTES, ApiError, KubeApi, WatchStream
 
 log = logging.getLogger("archway.listwatch")
 
 
 class ListWatch:
     what = "objects"          # for log lines: "node cache", "pod watch"
+    path = ""                 # the collection: /api/v1/nodes
+    watch_query: dict[str, str] = {}   # what the watch narrows to (a label selector)
     # None: one list from the API server's watch cache (resourceVersion "0"); a number: pages
     # of that many objects (limit/continue), each cut down by _slim before the next is read, so
     # a cluster with very many objects never sits in memory (or one response) whole.
@@ -38,12 +41,9 @@ class ListWatch:
         self._settled = threading.Event()     # synced, or the first attempt failed / no cluster
         self._stop = threading.Event()
         self._runner = ProcessThread(self._run, thread_name)
-        self._watch: Any = None
+        self._stream: WatchStream | None = None
 
     # --- what subclasses say -----------------------------------------------------------------
-    def _list_call(self, api: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError
-
     def _on_list(self, items: list) -> None:
         raise NotImplementedError
 
@@ -53,8 +53,8 @@ class ListWatch:
     def _on_no_cluster(self) -> None:
         """Called once when there is no cluster to watch."""
 
-    def _slim(self, obj: dict) -> dict:
-        """What _on_list needs of a listed object (paged lists keep only that)."""
+    def _slim(self, obj: dict) -> dict | None:
+        """What _on_list needs of a listed object (paged lists keep only that); None: nothing."""
         return obj
 
     # --- control -------------------------------------------------------------------------------
@@ -79,9 +79,9 @@ class ListWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        watch = self._watch
-        if watch is not None:
-            watch.stop()
+        stream = self._stream
+        if stream is not None:
+            stream.close()   # ends a read waiting for the next event
         self._runner.join(5)
 
     # --- the loop ----------------------------------------------------------------------------
@@ -97,8 +97,7 @@ class ListWatch:
             self._on_no_cluster()
             return
         self.available = True
-        from kubernetes import client
-        api = client.CoreV1Api(api_client)
+        api = KubeApi(api_client, timeout_seconds=self.request_timeout_seconds)
         backoff = 0.0
         failures = 0
         resource_version = None
@@ -109,8 +108,8 @@ class ListWatch:
                     backoff, failures = 0.0, self._recovered(failures)
                 resource_version = self._watch_from(api, resource_version)
                 backoff, failures = 0.0, self._recovered(failures)
-            except _Gone:
-                log.info("%s: watch expired (410 Gone): listing again", self.what)
+            except _Relist as why:
+                log.info("%s: %s: listing again", self.what, why)
                 resource_version = None
             except Exception as e:  # any failure: retry with backoff
                 if self._stop.is_set():
@@ -125,61 +124,54 @@ class ListWatch:
                     "%s: %s; retrying with backoff (%.1f s now)", self.what, _describe(e), backoff)
                 self._stop.wait(backoff * random.uniform(0.8, 1.2))
 
-    def _list(self, api: Any) -> str:
+    def _list(self, api: KubeApi) -> str:
         items: list = []
         token = None
         while True:
-            paging: dict[str, Any]
             if self.page_size:
-                paging = {"limit": self.page_size, **({"_continue": token} if token else {})}
+                query = {**({"continue": token} if token else {}), "limit": str(self.page_size)}
             else:  # resourceVersion "0": served from the API server's watch cache, not etcd
-                paging = {"resource_version": "0"}
-            response = self._list_call(api, _preload_content=False,
-                                       _request_timeout=self.request_timeout_seconds, **paging)
-            try:
-                data = json.loads(response.data)
-            finally:
-                response.release_conn()
-            items.extend(self._slim(item) for item in data.get("items") or [])
+                query = {"resourceVersion": "0"}
+            data = api.request("GET", self.path, query=query, max_bytes=MAX_LIST_BYTES)
+            items.extend(slim for slim in map(self._slim, data.get("items") or [])
+                         if slim is not None)
             meta = data.get("metadata") or {}
             token = meta.get("continue")
             if not self.page_size or not token:
                 break
+        if self._stop.is_set():
+            return ""
         self._on_list(items)
         self.lists += 1
         self._synced.set()
         self._settled.set()
         return meta.get("resourceVersion") or ""
 
-    def _watch_from(self, api: Any, resource_version: str) -> str:
-        from kubernetes import watch
-        from kubernetes.client.rest import ApiException
-
-        def list_call(**kwargs):  # no return annotation: the Watch hands back plain dicts
-            return self._list_call(api, **kwargs)
-
-        self._watch = w = watch.Watch()
+    def _watch_from(self, api: KubeApi, resource_version: str) -> str:
         try:
-            for event in w.stream(list_call, resource_version=resource_version,
-                                  allow_watch_bookmarks=True,
-                                  timeout_seconds=self.watch_timeout_seconds,
-                                  _request_timeout=(self.request_timeout_seconds,
-                                                    self.watch_timeout_seconds + 30)):
+            self._stream = stream = api.watch(
+                self.path, dict(self.watch_query, resourceVersion=resource_version),
+                timeout_seconds=self.watch_timeout_seconds)
+            if self._stop.is_set():   # stopped while the watch was opening
+                return resource_version
+            for event in stream:
                 if self._stop.is_set():
                     break
-                obj = event.get("raw_object") or event.get("object") or {}
+                obj = event.get("object") or {}
                 rv = (obj.get("metadata") or {}).get("resourceVersion")
                 kind = event.get("type")
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     self._on_event(kind, obj)
                 if rv:
                     resource_version = rv
-        except ApiException as e:
+        except ApiError as e:
             if e.status == 410:
-                raise _Gone() from None
+                raise _Relist("watch expired (410 Gone)") from None
+            if e.reason == "TooLarge":   # a list page may hold what one watch event cannot
+                raise _Relist(str(e)) from None
             raise
         finally:
-            self._watch = None
+            self._stream = None
         return resource_version
 
     def _recovered(self, failures: int) -> int:
@@ -189,13 +181,11 @@ class ListWatch:
         return 0
 
 
-class _Gone(Exception):
-    """The watch's resourceVersion is too old: list again."""
+class _Relist(Exception):
+    """The watch cannot go on from its resourceVersion: list again."""
 
 
 def _describe(error: Exception) -> str:
-    status = getattr(error, "status", None)
-    reason = getattr(error, "reason", None)
-    if status:
-        return f"API server answered {status} {reason or ''}".strip()
+    if isinstance(error, ApiError):
+        return f"API server answered {error}" if error.status else str(error)
     return f"{type(error).__name__}: {str(error)[:200]}"

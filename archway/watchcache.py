@@ -7,7 +7,7 @@ objects.
 """
 import logging
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from archway.listwatch import ListWatch
 
@@ -18,19 +18,16 @@ F = TypeVar("F")
 class WatchCache(ListWatch, Generic[F]):
     """`items` (name -> fact) is replaced, never mutated, so request threads read it without a
     lock; `version` changes whenever a fact changes (a status heartbeat that changes no fact
-    does not). `list_call(CoreV1Api)` returns the bound list method (`api.list_node`)."""
+    does not). `path` is the collection (/api/v1/nodes)."""
 
-    def __init__(self, api_client_factory, *, what: str, list_call: Callable[[Any], Callable],
+    def __init__(self, api_client_factory, *, what: str, path: str,
                  facts: Callable[[dict], F | None], **kwargs):
         super().__init__(api_client_factory, thread_name=f"archway-{what}-cache", **kwargs)
         self.what = f"{what} cache"
-        self._list_method = list_call
+        self.path = path
         self._facts = facts
         self.items: dict[str, F] = {}
         self.version = 0
-
-    def _list_call(self, api: Any, **kwargs: Any) -> Any:
-        return self._list_method(api)(**kwargs)
 
     def _on_no_cluster(self) -> None:
         log.info("no Kubernetes cluster configured: the %s stays empty", self.what)

@@ -149,15 +149,13 @@ class PodWatch(ListWatch):
     """List + watch of all Pods, keeping only which node each running pod is on: it tells the
     Herd about binds and counts running pods per node."""
     what = "pod watch"
+    path = "/api/v1/pods"
     page_size = 500
 
     def __init__(self, api_client_factory, herd: Herd, **kwargs):
         super().__init__(api_client_factory, thread_name="archway-pod-watch", **kwargs)
         self.herd = herd
         self._nodes: dict[str, str] = {}    # pod key -> node, for pods that run (or will)
-
-    def _list_call(self, api, **kwargs):
-        return api.list_pod_for_all_namespaces(**kwargs)
 
     def _on_no_cluster(self) -> None:
         log.info("no Kubernetes cluster configured: herd control estimates placements from "

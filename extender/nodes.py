@@ -88,7 +88,7 @@ class NodeCache(WatchCache[NodeFacts]):
 
     def __init__(self, api_client_factory, *, watch_timeout_seconds: int = 240,
                  request_timeout_seconds: float = 30.0, max_backoff_seconds: float = 30.0):
-        super().__init__(api_client_factory, what="node", list_call=lambda api: api.list_node,
+        super().__init__(api_client_factory, what="node", path="/api/v1/nodes",
                          facts=node_facts, watch_timeout_seconds=watch_timeout_seconds,
                          request_timeout_seconds=request_timeout_seconds,
                          max_backoff_seconds=max_backoff_seconds)

@@ -381,6 +381,44 @@ def test_a_refused_first_list_does_not_make_filter_calls_wait(tmp_path):
         server.stop()
 
 
+def test_stop_ends_a_watch_waiting_for_its_next_event(apiserver, tmp_path):
+    """A watch waits up to its timeout (4 min) for the next event; stop() must not (a thread
+    left in that read when the interpreter exits aborts it)."""
+    config = config_from_dict({"kubernetes": {"kubeconfig": apiserver.kubeconfig(str(tmp_path))}})
+    from archway.webhook.pullsecrets import build_api_client
+    cache = NodeCache(lambda: build_api_client(config.kubernetes)[0], watch_timeout_seconds=240)
+    assert cache.wait_synced(5)
+    wait_until(lambda: apiserver.count("GET", "/api/v1/nodes?resourceVersion=") >= 1
+               and cache._stream is not None)
+    started = time.monotonic()
+    cache.stop()
+    assert time.monotonic() - started < 1 and not cache._runner.thread.is_alive()
+
+
+def test_a_watch_event_over_its_size_cap_is_refused_and_the_cache_lists_again(tmp_path):
+    from archway import kubeapi
+    server = FakeApiServer()
+    node = load("filter-nodes.json")["Nodes"]["items"][0]
+    server.put(f"/api/v1/nodes/{AMD64}", node)
+    config = config_from_dict({"kubernetes": {"kubeconfig": server.kubeconfig(str(tmp_path))}})
+    from archway.webhook.pullsecrets import build_api_client
+    cache = NodeCache(lambda: build_api_client(config.kubernetes)[0], max_backoff_seconds=0.3)
+    try:
+        assert cache.wait_synced(5)
+        lists = cache.lists
+        huge = copy.deepcopy(node)
+        huge["metadata"]["name"] = "huge"
+        huge["metadata"]["annotations"] = {"filler": "x" * (kubeapi.MAX_WATCH_LINE_BYTES + 1)}
+        server.put("/api/v1/nodes/huge", huge)
+        # The watch refuses the event, the loop lists again, and the list (whose cap is
+        # 64 MiB) brings the node in.
+        wait_until(lambda: "huge" in cache.nodes, timeout=10)
+        assert cache.lists == lists + 1
+    finally:
+        cache.stop()
+        server.stop()
+
+
 def test_no_cluster_means_an_empty_cache_that_settles_at_once():
     cache = NodeCache(lambda: None)
     started = time.monotonic()

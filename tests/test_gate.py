@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from archway.config import KubernetesSettings
 from archway.errors import DeadlineExceeded, TransportError
+from archway.kubeapi import KubeApi
 from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
@@ -23,7 +24,6 @@ from archway.webhook.gate import (
     gate_patch,
     plan_release,
 )
-from archway.webhook.kubeapi import KubeApi
 from archway.webhook.lease import LeaderElector, LeaseObserver, lease_path
 from archway.webhook.placement import ARCH_LABEL, Policy
 from archway.webhook.pullsecrets import build_api_client

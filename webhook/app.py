@@ -91,8 +91,9 @@ def _gate_support(config, pull_secrets):
     api_client = getattr(getattr(pull_secrets, "api", None), "api_client", None)
     if api_client is None:
         return None, None
+    from archway.kubeapi import KubeApi
+
     from .events import EventSink
-    from .kubeapi import KubeApi
     from .lease import LeaseObserver, lease_namespace, new_identity
     api = KubeApi(api_client, timeout_seconds=5)
     gating = None

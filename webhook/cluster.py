@@ -7,8 +7,7 @@ never arrives as one giant answer. An API error is an ArchwayError naming the ca
 from collections.abc import Iterator
 
 from archway.errors import ArchwayError
-
-from .kubeapi import MAX_LIST_BYTES, MAX_OBJECT_BYTES, ApiError, KubeApi
+from archway.kubeapi import MAX_LIST_BYTES, MAX_OBJECT_BYTES, ApiError, KubeApi
 
 REQUEST_TIMEOUT_SECONDS = 30.0
 PAGE_SIZE = 500

@@ -12,10 +12,10 @@ import queue
 import time
 
 from archway.background import ProcessThread
+from archway.kubeapi import ApiError, KubeApi
 from archway.podview import PodView
 from archway.registry.cache import TTLCache
 
-from .kubeapi import ApiError, KubeApi
 from .lease import micro_time
 
 log = logging.getLogger("archway.events")

@@ -30,8 +30,9 @@ def register(subparsers) -> None:
 
 def release_all(api) -> tuple[int, int]:
     """(released, failed): every gated pod of the cluster (`api`: a KubeApi), paged."""
+    from archway.kubeapi import MAX_LIST_BYTES
+
     from .gate import is_gated
-    from .kubeapi import MAX_LIST_BYTES
     released = failed = 0
     token = ""
     while True:
@@ -49,8 +50,9 @@ def release_all(api) -> tuple[int, int]:
 
 
 def _release(api, pod: dict) -> bool:
+    from archway.kubeapi import ApiError
+
     from .gate import gate_only_release, is_gated
-    from .kubeapi import ApiError
     meta = pod.get("metadata") or {}
     path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
     for _ in range(_ATTEMPTS):
@@ -70,7 +72,8 @@ def _release(api, pod: dict) -> bool:
 
 
 def _release_all(args) -> int:
-    from .kubeapi import KubeApi
+    from archway.kubeapi import KubeApi
+
     from .pullsecrets import build_api_client
     config = load_config(args.config)
     api_client, source = build_api_client(config.kubernetes)

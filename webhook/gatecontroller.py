@@ -25,13 +25,14 @@ from dataclasses import dataclass, replace
 
 from archway import metrics
 from archway.errors import ArchwayError
+from archway.kubeapi import ApiError, KubeApi
+from archway.listwatch import ListWatch
 from archway.podview import PodShapeError, PodView
 from archway.registry.model import ImageInfo
 from archway.registry.reference import parse_reference
 
 from .events import EventSink, pod_reference
 from .gate import GATED_LABEL, Release, gate_only_release, is_gated, plan_release
-from .kubeapi import MAX_LIST_BYTES, ApiError, KubeApi
 from .lease import LeaderElector, lease_namespace, new_identity, parse_time
 from .placement import Policy
 
@@ -80,59 +81,23 @@ class GateController:
     # --- leading --------------------------------------------------------------------------
     def lead(self, stop: threading.Event) -> None:
         """Act until `stop` is set (leadership lost or the server stopping). Each leadership has
-        its own `stop`: a watcher of a previous one still blocked in a read cannot act again."""
-        watcher = threading.Thread(target=self._watch_loop, args=(stop,),
-                                   name="archway-gate-watch", daemon=True)
-        watcher.start()
+        its own watch: one of a previous leadership, still ending, cannot act again."""
+        watch = GatedPods(self)
+        watch.ensure_started()
         try:
             self._work_loop(stop)
         finally:
+            watch.stop()
             with self._lock:
                 self.pending.clear()
                 self._lock.notify_all()
             metrics.GATED_PODS.set(0)
             metrics.GATE_OLDEST.set(0)
-            watcher.join(1)  # a daemon blocked in a watch read: it ends with the stream
 
-    def _watch_loop(self, stop: threading.Event) -> None:
-        version, backoff = None, 0.0
-        while not stop.is_set():
-            try:
-                if version is None:
-                    version = self.sweep()
-                version = self._watch(version, stop)
-                backoff = 0.0
-            except ApiError as e:
-                if e.status == 410:
-                    log.info("pod watch expired (410 Gone): listing the gated pods again")
-                    version = None
-                    continue
-                backoff = min(10.0, max(0.5, backoff * 2))
-                log.warning("gate controller: %s; retrying in %.1f s", e, backoff)
-                stop.wait(backoff * random.uniform(0.8, 1.2))
-            except Exception:
-                log.exception("gate controller watch failed")
-                stop.wait(1.0)
-
-    def sweep(self) -> str:
-        """Every pod carrying archway's gate, label or not (paged list of all pods): what a
-        leader starts from. Returns the list's resourceVersion to watch from."""
-        found: dict[str, dict] = {}
-        token, version = "", ""
-        while True:
-            query = {"limit": str(PAGE_SIZE)}
-            if token:
-                query["continue"] = token
-            page = self.api.request("GET", "/api/v1/pods", query=query, timeout=60,
-                                    max_bytes=MAX_LIST_BYTES)
-            for pod in page.get("items") or []:
-                if is_gated(pod):
-                    found[_uid(pod)] = pod
-            meta = page.get("metadata") or {}
-            version = meta.get("resourceVersion") or version
-            token = meta.get("continue") or ""
-            if not token:
-                break
+    def found(self, gated: list[dict]) -> None:
+        """A full list: every pod carrying archway's gate, label or not (what a leader starts
+        from, and where it starts again after 410 Gone)."""
+        found = {_uid(pod): pod for pod in gated}
         with self._lock:
             for uid in list(self.pending):
                 if uid not in found:
@@ -142,30 +107,19 @@ class GateController:
             self._lock.notify_all()
         self.sweeps += 1
         log.info("gate controller: %d gated pod(s) found", len(found))
-        return version
 
-    def _watch(self, version: str, stop: threading.Event) -> str:
-        for event in self.api.watch("/api/v1/pods", {"labelSelector": GATED_LABEL,
-                                                     "resourceVersion": version},
-                                    timeout_seconds=self.watch_seconds):
-            if stop.is_set():
-                break
-            pod = event.get("object") or {}
-            version = (pod.get("metadata") or {}).get("resourceVersion") or version
-            kind = event.get("type")
-            if kind == "BOOKMARK":
-                continue
-            uid = _uid(pod)
-            with self._lock:
-                if kind in ("ADDED", "MODIFIED") and is_gated(pod):
-                    self._upsert(uid, pod)
-                elif uid in self.pending:
-                    del self.pending[uid]
-                    if kind == "DELETED" and is_gated(pod):  # deleted while gated
-                        metrics.GATE_RELEASES.labels("deleted").inc()
-                self._lock.notify_all()
-            metrics.GATED_PODS.set(len(self.pending))
-        return version
+    def changed(self, kind: str, pod: dict) -> None:
+        """A watch event of a gated (labelled) pod."""
+        uid = _uid(pod)
+        with self._lock:
+            if kind in ("ADDED", "MODIFIED") and is_gated(pod):
+                self._upsert(uid, pod)
+            elif uid in self.pending:
+                del self.pending[uid]
+                if kind == "DELETED" and is_gated(pod):  # deleted while gated
+                    metrics.GATE_RELEASES.labels("deleted").inc()
+            self._lock.notify_all()
+        metrics.GATED_PODS.set(len(self.pending))
 
     def _upsert(self, uid: str, pod: dict) -> None:
         current = self.pending.get(uid)
@@ -287,6 +241,30 @@ class GateController:
             self.events.record(pod_reference(stored), release.event_type, release.reason,
                                "Release", release.note)
         return True
+
+
+class GatedPods(ListWatch):
+    """The pods a leader acts on: a paged list of every pod, keeping those gated by archway
+    (with the label or not), then a watch of the labelled ones."""
+    what = "gate controller's pod watch"
+    path = "/api/v1/pods"
+    page_size = PAGE_SIZE
+    watch_query = {"labelSelector": GATED_LABEL}
+
+    def __init__(self, controller: GateController):
+        super().__init__(lambda: controller.api.client, thread_name="archway-gate-watch",
+                         watch_timeout_seconds=controller.watch_seconds,
+                         request_timeout_seconds=60, max_backoff_seconds=10)
+        self.controller = controller
+
+    def _slim(self, obj: dict) -> dict | None:
+        return obj if is_gated(obj) else None
+
+    def _on_list(self, items: list) -> None:
+        self.controller.found(items)
+
+    def _on_event(self, kind: str, obj: dict) -> None:
+        self.controller.changed(kind, obj)
 
 
 def _hosts(pod: dict) -> frozenset[str]:

@@ -17,7 +17,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 
-from .kubeapi import ApiError, KubeApi
+from archway.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger("archway.lease")
 

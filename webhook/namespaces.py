@@ -81,5 +81,5 @@ def namespace_policy(base: Policy, facts: NamespaceFacts | None) -> Policy:
 class NamespaceCache(WatchCache[NamespaceFacts]):
     def __init__(self, api_client_factory, **kwargs):
         super().__init__(api_client_factory, what="namespace",
-                         list_call=lambda api: api.list_namespace, facts=namespace_facts,
+                         path="/api/v1/namespaces", facts=namespace_facts,
                          **kwargs)

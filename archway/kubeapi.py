@@ -1,4 +1,5 @@
-"""JSON over the Kubernetes API for the gate controller, its Lease and its Events.
+"""JSON over the Kubernetes API: every read of it archway makes (the list + watch caches, the gate
+controller, its Lease and Events, explain/report and pre-warming).
 
 A thin layer over the official client's ApiClient (which already knows the kubeconfig or the
 in-cluster service account, TLS and tokens): plain dicts in and out, every call bounded in time
@@ -46,24 +47,14 @@ class KubeApi:
         except ValueError:
             raise ApiError(0, "NotJSON", f"{method} {path}: the answer is not JSON") from None
 
-    def watch(self, path: str, query: dict, *, timeout_seconds: int) -> Iterator[dict]:
-        """The events of a watch (dicts with type and object) until the server ends it.
-        An ERROR event (410 Gone...) is raised as ApiError."""
+    def watch(self, path: str, query: dict, *, timeout_seconds: int) -> "WatchStream":
+        """A watch from `query`'s resourceVersion, open until the server ends it (after
+        `timeout_seconds`) or it is closed."""
         query = dict(query, watch="true", timeoutSeconds=str(timeout_seconds),
                      allowWatchBookmarks="true")
         # Connect bounded; each read may wait for the server's own timeoutSeconds and a margin.
-        response = self._call("GET", path, None, query, "application/json",
-                              (self.timeout_seconds, timeout_seconds + 30))
-        try:
-            for line in _lines(response):
-                event = json.loads(line)
-                if event.get("type") == "ERROR":
-                    status = event.get("object") or {}
-                    raise ApiError(int(status.get("code") or 0), str(status.get("reason") or ""),
-                                   str(status.get("message") or "watch error"))
-                yield event
-        finally:
-            response.release_conn()
+        return WatchStream(self._call("GET", path, None, query, "application/json",
+                                      (self.timeout_seconds, timeout_seconds + 30)))
 
     def _call(self, method, path, body, query, content_type, timeout):
         """The urllib3 response of a 2xx answer, not yet read; ApiError otherwise."""
@@ -102,6 +93,32 @@ def _api_error(status: int, reason: str, body: bytes) -> ApiError:
     return ApiError(int(status), str(reason or ""), message[:2000])
 
 
+class WatchStream:
+    """The events of one watch (dicts with type and object), each line bounded in size. An ERROR
+    event (410 Gone...) is raised as ApiError. close() may come from another thread: it ends a
+    read that is waiting for the next event."""
+
+    def __init__(self, response):
+        self._response = response
+
+    def __iter__(self) -> Iterator[dict]:
+        try:
+            for line in _lines(self._response):
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    raise ApiError(int(status.get("code") or 0), str(status.get("reason") or ""),
+                                   str(status.get("message") or "watch error"))
+                yield event
+        finally:
+            self._response.release_conn()
+
+    def close(self) -> None:
+        shutdown = getattr(self._response, "shutdown", None)   # urllib3 >= 2.3
+        if shutdown is not None:
+            shutdown()
+
+
 def _lines(response) -> Iterator[bytes]:
     """Newline-delimited JSON from a streamed body, each line bounded."""
     buffer = b""
@@ -110,8 +127,13 @@ def _lines(response) -> Iterator[bytes]:
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
             if line.strip():
-                yield line
-        if len(buffer) > MAX_WATCH_LINE_BYTES:
-            raise ApiError(0, "TooLarge", "a watch event is larger than the limit")
+                yield _bounded(line)
+        _bounded(buffer)   # a line still arriving
     if buffer.strip():
         yield buffer
+
+
+def _bounded(line: bytes) -> bytes:
+    if len(line) > MAX_WATCH_LINE_BYTES:
+        raise ApiError(0, "TooLarge", f"a watch event is larger than {MAX_WATCH_LINE_BYTES} bytes")
+    return line
