@@ -81,7 +81,29 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
     _register_common(app, state)
     if state.fast_routes:
         app.wsgi_app = _FastRoutes(app.wsgi_app, state.fast_routes)  # type: ignore[method-assign]
+    if config.server.metrics_bind:
+        from .serve import split_bind
+        app.wsgi_app = _MetricsListener(  # type: ignore[method-assign]
+            app.wsgi_app, split_bind(config.server.metrics_bind)[1])
     return app
+
+
+class _MetricsListener:
+    """WSGI middleware: on server.metrics_bind's port, only what scrapers and probes read."""
+    PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
+    NOT_HERE = json.dumps({"error": "this address serves only /metrics, /healthz and /readyz"}
+                          ).encode()
+
+    def __init__(self, app, port: int):
+        self.app = app
+        self.port = str(port)
+
+    def __call__(self, environ, start_response):
+        if environ.get("SERVER_PORT") == self.port and environ.get("PATH_INFO") not in self.PATHS:
+            start_response("404 Not Found", [("Content-Type", "application/json"),
+                                             ("Content-Length", str(len(self.NOT_HERE)))])
+            return [self.NOT_HERE]
+        return self.app(environ, start_response)
 
 
 class _FastRoutes:

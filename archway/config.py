@@ -127,6 +127,9 @@ class SifSettings:
 class ServerSettings:
     product: str = choice("all", "webhook", "extender")  # what this server answers
     bind: str = "127.0.0.1:8443"
+    # A second address answering only /metrics, /healthz and /readyz: scrapers on the pod
+    # network reach those while the product's routes stay on `bind` (localhost).
+    metrics_bind: str | None = None
     tls: bool = True                      # false: plain HTTP (localhost extender sidecar only)
     cert_file: str | None = None          # none: a self-signed pair generated into state_dir
     key_file: str | None = None

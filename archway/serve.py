@@ -51,6 +51,9 @@ def serve(config, bind: str | None = None) -> int:
     """Run gunicorn until it is stopped (SIGTERM: graceful). Returns the exit status."""
     bind = bind or config.server.bind
     host, port = split_bind(bind)
+    if config.server.metrics_bind and split_bind(config.server.metrics_bind)[1] == port:
+        raise ConfigError(f"server.metrics_bind {config.server.metrics_bind} must use "
+                          f"another port than the serving address {bind}")
     if config.server.log_format == "json":   # before anything logs (the certificate below)
         from archway.logs import logging_dict
         logging.config.dictConfig(logging_dict("json", logging.getLogger().level))
@@ -167,6 +170,9 @@ def _fresh_metrics_dir() -> str:
 
 
 def _announce(config, bind, host, port, tls) -> None:
+    if config.server.metrics_bind:
+        logging.getLogger("archway.server").info(
+            "/metrics, /healthz and /readyz also on %s (only those)", config.server.metrics_bind)
     if config.server.log_format == "json":   # a log pipeline gets log lines only
         logging.getLogger("archway.server").info(
             "serving %s on %s (workers=%d, threads=%d)", config.server.product, bind,
@@ -209,7 +215,7 @@ def _options(config, bind: str, tls) -> dict:
             metrics.mark_process_dead(process.pid)
 
     options = {
-        "bind": [bind],
+        "bind": [bind] + ([config.server.metrics_bind] if config.server.metrics_bind else []),
         "workers": config.server.workers,
         "threads": config.server.threads,
         # gthread, with handshakes and request heads read in its main loop under deadlines

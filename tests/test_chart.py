@@ -555,7 +555,16 @@ def test_monitoring_scrapes_the_webhook_over_verified_tls(render):
     assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": f"{RELEASE}-archway-tls", "key": "ca.crt"}
     assert endpoint["tlsConfig"]["serverName"] == f"{RELEASE}-archway.{NS}.svc"
     sidecar = config_from_dict(archway_configs(docs)["extender.yaml"])
-    assert sidecar.server.bind == "0.0.0.0:8444"        # exposeMetrics: reachable for scraping
+    # exposeMetrics: the metrics address is reachable for scraping, the extender routes are not
+    assert sidecar.server.bind == "127.0.0.1:8444" and sidecar.server.metrics_bind == "0.0.0.0:8445"
+    extender_monitor = one(docs, "ServiceMonitor", f"{RELEASE}-archway-scheduler")
+    extender_service = one(docs, "Service", f"{RELEASE}-archway-scheduler-metrics")
+    [endpoint] = extender_monitor["spec"]["endpoints"]
+    [port] = extender_service["spec"]["ports"]
+    sidecar_ports = container(one(docs, "Deployment", f"{RELEASE}-archway-scheduler"),
+                              "extender")["ports"]
+    assert endpoint["port"] == port["name"] and sidecar_ports == [
+        {"name": port["targetPort"], "containerPort": 8445, "protocol": "TCP"}]
 
 
 # --- registry access as the nodes have it --------------------------------------------------------
@@ -913,7 +922,7 @@ def test_network_policy(render):
     sched = one(docs, "Deployment", f"{RELEASE}-archway-scheduler")
     declared = {p["name"] for c in sched["spec"]["template"]["spec"]["containers"]
                 for p in c.get("ports", [])}
-    assert {p["port"] for p in rule["ports"]} == declared == {"https-metrics", "http-extender"}
+    assert {p["port"] for p in rule["ports"]} == declared == {"https-metrics", "http-metrics"}
     assert rule["from"] == [{"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": "monitoring"}}}]
 
@@ -1125,8 +1134,8 @@ def test_admit_mode_has_no_uninstall_hook_and_passes_fallback_through(render):
 # Keys of archway's config that the chart sets itself from other values (never by `config:`).
 CHART_OWNED_KEYS = {"placement.scheduler_name"} | {
     f"server.{key}" for key in ("bind", "cert_file", "key_file", "log_every_admission",
-                                "log_format", "max_body_bytes", "product", "state_dir", "threads",
-                                "tls", "workers")}
+                                "log_format", "max_body_bytes", "metrics_bind", "product",
+                                "state_dir", "threads", "tls", "workers")}
 
 
 def test_the_chart_schema_lets_every_config_key_through():

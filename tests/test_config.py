@@ -102,3 +102,16 @@ def test_gate_without_a_kubernetes_api_is_refused_at_start_up(tmp_path):
                            "--bind", "127.0.0.1:1"], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "admission.unresolved is gate, but no Kubernetes API is configured" in done.stderr
+
+
+def test_a_metrics_address_on_the_serving_port_is_refused_at_start_up(tmp_path):
+    import subprocess
+    import sys
+    path = tmp_path / "c.yaml"
+    path.write_text(f"server: {{state_dir: {tmp_path}, metrics_bind: '0.0.0.0:9443'}}\n"
+                    "kubernetes: {enabled: \"off\"}\n")
+    done = subprocess.run([sys.executable, "-m", "archway.cli", "--config", str(path), "serve",
+                           "--bind", "127.0.0.1:9443"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 2
+    assert "server.metrics_bind 0.0.0.0:9443 must use another port" in done.stderr

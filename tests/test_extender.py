@@ -431,11 +431,12 @@ def test_no_cluster_means_an_empty_cache_that_settles_at_once():
 @pytest.fixture(scope="module")
 def served(apiserver, tmp_path_factory):
     directory = tmp_path_factory.mktemp("serve")
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     config_path = os.path.join(str(directory), "archway.yaml")
     with open(config_path, "w") as f:
         json.dump({"server": {"tls": False, "workers": 1, "threads": 4,
-                              "state_dir": str(directory)},
+                              "state_dir": str(directory),
+                              "metrics_bind": f"127.0.0.1:{metrics_port}"},
                    "kubernetes": {"kubeconfig": apiserver.kubeconfig(str(directory))},
                    "extender": {"node_cache": True}}, f)
     log_path = os.path.join(str(directory), "serve.log")
@@ -448,14 +449,14 @@ def served(apiserver, tmp_path_factory):
         wait_for_port(port, timeout=30, proc=proc)
         session = requests.Session()
         session.trust_env = False
-        yield session, f"http://127.0.0.1:{port}", log_path
+        yield session, f"http://127.0.0.1:{port}", log_path, f"http://127.0.0.1:{metrics_port}"
     finally:
         proc.terminate()
         proc.wait(15)
 
 
 def test_served_filter_in_both_modes_and_prioritize(served, apiserver):
-    session, url, log_path = served
+    session, url, log_path, _ = served
     r = session.post(f"{url}/scheduler/filter", data=raw("filter-nodenames.json"), timeout=10)
     assert r.status_code == 200 and r.headers["Content-Type"] == "application/json"
     assert r.json()["NodeNames"] == [AMD64, ARM64] and list(r.json()) == REPLY_KEYS
@@ -474,7 +475,7 @@ def test_served_filter_in_both_modes_and_prioritize(served, apiserver):
 
 
 def test_the_extender_product_serves_no_admission(served):
-    session, url, _ = served
+    session, url, _, _ = served
     r = session.post(f"{url}/mutate", json={}, timeout=10)
     assert r.status_code == 404
     served_routes = r.json()["error"].split("archway serves ")[1]
@@ -484,8 +485,23 @@ def test_the_extender_product_serves_no_admission(served):
     assert ready["ready"] is True and "kubernetes_api" not in ready   # no pull secrets read here
 
 
+def test_the_metrics_address_serves_only_metrics_and_probes(served):
+    """The chart's exposeMetrics: scrapers reach /metrics on the pod network while the extender
+    routes stay on localhost."""
+    session, url, _, metrics_url = served
+    r = session.get(f"{metrics_url}/metrics", timeout=10)
+    assert r.status_code == 200 and "archway_build_info" in r.text
+    assert session.get(f"{metrics_url}/healthz", timeout=10).json() == {"status": "ok"}
+    assert session.get(f"{metrics_url}/readyz", timeout=10).json()["ready"] is True
+    for path in ("/scheduler/filter", "/scheduler/prioritize"):
+        r = session.post(f"{metrics_url}{path}", data=raw("filter-nodenames.json"), timeout=10)
+        assert r.status_code == 404 and "only /metrics" in r.json()["error"], path
+    r = session.post(f"{url}/scheduler/filter", data=raw("filter-nodenames.json"), timeout=10)
+    assert r.status_code == 200
+
+
 def test_served_filter_takes_a_body_far_above_the_admission_limit(served):
-    session, url, _ = served
+    session, url, _, _ = served
     args = load("filter-nodes.json")
     template = args["Nodes"]["items"]
     items = []

@@ -196,15 +196,19 @@ affinity:
 
 {{- define "archway.extenderConfig" -}}
 {{- $c := include "archway.configBase" . | fromJson -}}
-{{- $host := ternary "0.0.0.0" "127.0.0.1" .Values.scheduler.extender.exposeMetrics -}}
-{{- $_ := set $c "server" (dict
+{{- $server := dict
     "product" "extender"
-    "bind" (printf "%s:%d" $host (int .Values.scheduler.extender.port))
+    "bind" (printf "127.0.0.1:%d" (int .Values.scheduler.extender.port))
     "tls" false
     "state_dir" "/var/lib/archway"
     "workers" (int .Values.scheduler.extender.workers)
     "threads" (int .Values.webhook.threads)
-    "log_format" .Values.logFormat) -}}
+    "log_format" .Values.logFormat -}}
+{{- if .Values.scheduler.extender.exposeMetrics }}
+{{- /* only /metrics, /healthz and /readyz on the pod network; the routes stay on localhost */ -}}
+{{- $_ := set $server "metrics_bind" (printf "0.0.0.0:%d" (int .Values.scheduler.extender.metricsPort)) -}}
+{{- end }}
+{{- $_ := set $c "server" $server -}}
 {{- toYaml $c -}}
 {{- end -}}
 
