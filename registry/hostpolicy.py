@@ -14,8 +14,10 @@ import re
 import socket
 from dataclasses import dataclass
 
-from archway.errors import HostRefused
+from archway.errors import DeadlineExceeded, HostRefused
 from archway.hostport import split_host_port
+
+from .dns import LOOKUPS, LookupTimeout, NameLookups
 
 # Cloud metadata services that are not inside the link-local ranges.
 _METADATA_ADDRESSES = {
@@ -136,17 +138,18 @@ def forbidden_address(address: str) -> bool:
 class HostPolicy:
     """Allow and deny lists from config, plus the addresses that are always refused."""
 
-    def __init__(self, allow_hosts=(), deny_hosts=(), resolve=socket.getaddrinfo,
-                 forbidden=forbidden_address):
+    def __init__(self, allow_hosts=(), deny_hosts=(), resolve=None, forbidden=forbidden_address):
+        """`resolve`: a getaddrinfo to use instead of the system's (tests)."""
         self.allow_hosts = tuple(allow_hosts)
         self.deny_hosts = tuple(deny_hosts)
         self._allow = HostPatterns.parse(self.allow_hosts)
         self._deny = HostPatterns.parse(self.deny_hosts)
-        self._resolve = resolve
+        self.lookups = LOOKUPS if resolve is None else NameLookups(resolve)
         self._forbidden = forbidden
 
-    def check(self, netloc: str) -> None:
-        """Raise HostRefused unless archway may connect to `netloc` (host[:port])."""
+    def check(self, netloc: str, deadline: float | None = None) -> None:
+        """Raise HostRefused unless archway may connect to `netloc` (host[:port]); a name
+        lookup still unanswered at `deadline` raises DeadlineExceeded."""
         host, port = _host_port(netloc)
         if host in _METADATA_NAMES:
             raise HostRefused(f"{host} is a cloud metadata service: archway never contacts it")
@@ -154,7 +157,11 @@ class HostPolicy:
             raise HostRefused(f"{netloc} is in registry.deny_hosts")
         if self._allow and not self._allow.matches(host, port):
             raise HostRefused(f"{netloc} is not in registry.allow_hosts")
-        for address in self._addresses(host, port):
+        try:
+            addresses = self._addresses(host, port, deadline)
+        except LookupTimeout as e:
+            raise DeadlineExceeded(f"deadline passed reaching {netloc}: {e}") from None
+        for address in addresses:
             self.check_peer(address, netloc)
 
     def check_peer(self, address: str, netloc: str) -> None:
@@ -170,12 +177,13 @@ class HostPolicy:
         if ip is not None and self._deny.covers(ip, _port_of(netloc)):
             raise HostRefused(f"{netloc} resolves to {address}, which registry.deny_hosts refuses")
 
-    def _addresses(self, host: str, port: int | None) -> set[str]:
+    def _addresses(self, host: str, port: int | None, deadline: float | None) -> set[str]:
         address = canonical_address(host)
         if address is not None:
             return {str(address)}
         try:
-            infos = self._resolve(host, port or 443, proto=socket.IPPROTO_TCP)
+            infos = self.lookups.getaddrinfo(host, port or 443, proto=socket.IPPROTO_TCP,
+                                             deadline=deadline)
         except (socket.gaierror, UnicodeError):
             return set()  # unresolvable: the connection itself will fail with a clear error
         return {info[4][0] for info in infos}

@@ -31,6 +31,8 @@ import urllib3
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
+from urllib3.util.connection import allowed_gai_family
 from urllib3.util.ssl_ import create_urllib3_context
 
 from archway.config import RegistrySettings
@@ -46,6 +48,7 @@ from archway.errors import (
 )
 from archway.hostport import join_host_port
 
+from .dns import LOOKUPS, LookupTimeout
 from .hostpolicy import HostPolicy
 from .proxy import ProxyRules
 from .reference import without_userinfo
@@ -146,7 +149,7 @@ class HttpClient:
         headers = dict(headers or {})
         for _ in range(MAX_REDIRECTS + 1):
             netloc = _authority(url)
-            self.policy.check(netloc)
+            self.policy.check(netloc, deadline)
             response = self._send(method, url, headers, deadline, max_bytes, data)
             if response.status not in (301, 302, 303, 307, 308) or "location" not in response.headers:
                 return response
@@ -436,7 +439,7 @@ class _HTTPSPool(HTTPSConnectionPool):
 def _checked_pool(pool_class, policy: HostPolicy):
     class CheckedConnection(pool_class.ConnectionCls):
         def _new_conn(self):
-            sock = super()._new_conn()
+            sock = self._connect_by(getattr(_current, "deadline", None))
             try:
                 policy.check_peer(sock.getpeername()[0], join_host_port(self.host, self.port))
             except HostRefused:
@@ -448,6 +451,30 @@ def _checked_pool(pool_class, policy: HostPolicy):
         def request(self, *args, **kwargs):
             _watch_current(self.sock)   # a pooled connection, reused: None when not yet open
             return super().request(*args, **kwargs)
+
+        def _connect_by(self, deadline: float | None):
+            """urllib3's connect, with the name looked up by `deadline` (registry.dns), then
+            each address tried in turn as urllib3 does."""
+            name: str = self._dns_host  # type: ignore[has-type]  # urllib3 sets it untyped
+            try:
+                infos = LOOKUPS.getaddrinfo(name.strip("[]"), self.port,
+                                            allowed_gai_family(), socket.SOCK_STREAM,
+                                            deadline=deadline)
+            except socket.gaierror as e:
+                raise NameResolutionError(self.host, self, e) from e
+            except LookupTimeout as e:
+                raise ConnectTimeoutError(self, str(e)) from None
+            error: Exception = NewConnectionError(self, f"{name} resolves to no address")
+            try:
+                for address in dict.fromkeys(info[4][0] for info in infos):
+                    self._dns_host = address
+                    try:
+                        return super()._new_conn()
+                    except (NewConnectionError, ConnectTimeoutError) as e:
+                        error = e
+            finally:
+                self._dns_host = name
+            raise error
 
     return type(f"Checked{pool_class.__name__}", (pool_class,), {"ConnectionCls": CheckedConnection})
 

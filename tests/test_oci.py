@@ -730,7 +730,7 @@ def test_host_outside_allow_list_is_never_contacted(listener):
 def test_name_resolving_to_metadata_address_is_never_contacted(listener):
     # The injected resolver says localhost is 169.254.169.254; were the policy skipped, the
     # connection would go to the real localhost, where the listener waits.
-    def resolver(host, port, proto=0):
+    def resolver(host, port, family=0, socktype=0, proto=0, flags=0):
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("169.254.169.254", port))]
     netloc = f"localhost:{listener.port}"
     client = make_client(policy=HostPolicy(resolve=resolver), insecure_hosts=(netloc,))
@@ -744,7 +744,7 @@ def test_a_name_that_rebinds_between_check_and_connect_is_refused_on_the_socket(
     """DNS rebinding: the name check sees a harmless address, the connection lands on a
     forbidden one. No test can listen on 169.254.169.254, so here loopback plays the forbidden
     address: the policy's check sees 10.0.0.7 for localhost, the socket lands on 127.0.0.1."""
-    def resolver(host, port, proto=0):
+    def resolver(host, port, family=0, socktype=0, proto=0, flags=0):
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", port))]
 
     def forbidden(address):

@@ -142,7 +142,7 @@ def test_parse_platform_and_architectures():
 
 def fake_resolver(table: dict):
     """getaddrinfo stand-in: name -> address; unknown names do not resolve."""
-    def resolve(host, port, proto=0):
+    def resolve(host, port, family=0, socktype=0, proto=0, flags=0):
         if host not in table:
             raise socket.gaierror(socket.EAI_NONAME, "not known")
         family = socket.AF_INET6 if ":" in table[host] else socket.AF_INET
