@@ -25,6 +25,7 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "registry": "registry_costs",
     "cache": "cache",
     "drip": "drip",
+    "dns": "dns",
     "uncached": "uncached",
     "admission": "admission",
     "slowclients": "slowclients",
