@@ -1,5 +1,5 @@
-"""JSON over the Kubernetes API: every read of it archway makes (the list + watch caches, the gate
-controller, its Lease and Events, explain/report and pre-warming).
+"""JSON over the Kubernetes API, for every call archway makes to it: the list + watch caches, the
+gate controller with its Lease and Events, explain/report and pre-warming.
 
 A thin layer over the official client's ApiClient (which already knows the kubeconfig or the
 in-cluster service account, TLS and tokens): plain dicts in and out, every call bounded in time

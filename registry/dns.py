@@ -50,9 +50,7 @@ class NameLookups:
         if not lookup.done.wait(max(0.0, deadline - time.monotonic())):
             raise LookupTimeout(f"the DNS lookup of {host} did not answer in time")
         if lookup.error is not None:
-            # A new exception per caller: raising one shared object from several threads
-            # would chain their tracebacks onto it.
-            raise type(lookup.error)(*lookup.error.args)
+            raise _copy(lookup.error)
         return lookup.result
 
     def _run(self, args: tuple, lookup: _Lookup) -> None:
@@ -65,6 +63,15 @@ class NameLookups:
                 if self._in_flight.get(args) is lookup:
                     del self._in_flight[args]
             lookup.done.set()
+
+
+def _copy(error: BaseException) -> BaseException:
+    """A new exception per caller: raising one shared object from several threads would chain
+    their tracebacks onto it."""
+    try:
+        return type(error)(*error.args)
+    except Exception:
+        return error
 
 
 def _is_address(host: str) -> bool:
