@@ -45,16 +45,17 @@ def test_a_lookup_that_never_answers_ends_at_the_deadline():
     started = time.monotonic()
     with pytest.raises(LookupTimeout, match="localhost"):
         lookups.getaddrinfo("localhost", 443, deadline=started + 0.3)
-    assert 0.3 <= time.monotonic() - started < 0.6
+    assert 0.3 <= time.monotonic() - started < 1.5
     silent.release()
 
 
 def test_callers_of_one_name_share_the_lookup_in_flight():
     silent = SilentResolver("localhost")
     lookups = NameLookups(silent)
-    answers, errors = [], []
+    answers, errors, entered = [], [], []
 
     def caller():
+        entered.append(1)
         try:
             answers.append(lookups.getaddrinfo("localhost", 443, proto=socket.IPPROTO_TCP,
                                                deadline=time.monotonic() + 10))
@@ -63,7 +64,9 @@ def test_callers_of_one_name_share_the_lookup_in_flight():
     threads = [threading.Thread(target=caller) for _ in range(20)]
     for t in threads:
         t.start()
-    time.sleep(0.2)
+    while len(entered) < len(threads):
+        time.sleep(0.01)
+    time.sleep(0.3)   # each caller is past its first line: waiting on the one lookup
     silent.release()
     for t in threads:
         t.join(5)
@@ -123,7 +126,7 @@ def test_a_silent_resolver_at_the_host_check_ends_the_lookup_at_its_deadline(
     started = time.monotonic()
     with pytest.raises(DeadlineExceeded, match="DNS lookup of localhost"):
         _lookup(_client(netloc), netloc, 0.5)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 2.0
     assert plain_registry.requests_since(mark) == []
     silent.release()
 
@@ -140,7 +143,7 @@ def test_a_silent_resolver_at_the_connection_ends_the_lookup_at_its_deadline(
     started = time.monotonic()
     with pytest.raises(DeadlineExceeded):
         _lookup(_client(netloc, checked), netloc, 0.5)
-    assert time.monotonic() - started < 1.0 and silent.calls == ["localhost"]
+    assert time.monotonic() - started < 2.0 and silent.calls == ["localhost"]
     silent.release()
     # The resolver answers again: so does the registry, through the same kind of client.
     assert _lookup(_client(netloc, checked), netloc, 10).platforms
