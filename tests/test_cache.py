@@ -14,8 +14,9 @@ from archway.errors import ArchwayError, NotFound, Overloaded, RateLimited
 from archway.registry.model import ImageInfo
 from archway.registry.resolver import Resolver
 from tests.infra.clock import ManualClock
-from tests.infra.faults import BlackHole, wait_until
+from tests.infra.faults import BlackHole
 from tests.infra.gateway import RegistryGateway
+from tests.infra.procs import wait_until
 from tests.infra.registry import plain_registry
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.

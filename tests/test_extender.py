@@ -25,7 +25,7 @@ from archway.extender.routes import (
 from archway.podview import PodShapeError, PodView
 from archway.registry.resolver import Resolver
 from tests.infra.apiserver import FakeApiServer
-from tests.infra.procs import REPO, free_port, wait_for_port
+from tests.infra.procs import REPO, free_port, wait_for_port, wait_until
 from tests.infra.registry import plain_registry
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
@@ -285,14 +285,6 @@ def names_filter(client, names):
 
 def _delete(apiserver, node):
     apiserver.emit("/api/v1/nodes", "DELETED", node)
-
-
-def wait_until(predicate, timeout=10.0):
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
 
 
 def test_nodenames_filter_reads_arch_from_the_node_cache(cached, apiserver):

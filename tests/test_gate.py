@@ -30,6 +30,7 @@ from archway.webhook.pullsecrets import build_api_client
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.clock import ManualClock
 from tests.infra.kubevalidation import validate_event_create, validate_pod_update
+from tests.infra.procs import wait_until
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow
@@ -427,16 +428,6 @@ class NoSecrets:
         from archway.registry.credentials import Keyring
         from archway.webhook.pullsecrets import PullCredentials
         return PullCredentials(Keyring.empty())
-
-
-def wait_until(condition, timeout=10.0):
-    import time
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.02)
-    raise AssertionError("condition never met")
 
 
 def test_controller_lists_again_after_410_and_releases_what_it_finds(api):

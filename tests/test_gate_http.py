@@ -21,7 +21,7 @@ import yaml
 from archway.webhook.gate import GATE, GATED_LABEL
 from archway.webhook.lease import lease_path, parse_time
 from tests.infra.apiserver import FakeApiServer
-from tests.infra.procs import REPO, Server, free_port
+from tests.infra.procs import REPO, Server, free_port, wait_until
 from tests.infra.proxy import DelayProxy
 from tests.infra.registry import RegistryServer
 
@@ -78,16 +78,6 @@ class Archway:
         self.server.stop()
 
 
-def wait_for(condition, timeout, what):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     stack = []
@@ -123,7 +113,7 @@ def world(tmp_path_factory):
         w = World(api=api, registry=registry, slow=slow, down=down, replicas=[first],
                   config_path=config_path, workdir=workdir)
         stack.append(Replicas(w))
-        wait_for(first.gates_now, 30, "the gate controller to lead")
+        wait_until(first.gates_now, 30, "the gate controller to lead")
         yield w
         for replica in w.all:
             log = replica.log()
@@ -216,17 +206,17 @@ def test_slow_registry_gates_then_the_pod_is_placed_and_released(world):
         assert gates(pod) == [GATE] and pod["metadata"]["labels"][GATED_LABEL] == "true"
         assert ARCH not in json.dumps(pod["spec"])
         # While the registry stays slow the controller cannot resolve: the pod stays gated.
-        wait_for(lambda: world.archway.metric("archway_gated_pods") == 1, 10, "the gauge")
+        wait_until(lambda: world.archway.metric("archway_gated_pods") == 1, 10, "the gauge")
         assert GATE in gates(world.pod("slow"))
     finally:
         world.slow.delay = 0.0
-    pod = wait_for(lambda: released(world, "slow"), 10, "the release")
+    pod = wait_until(lambda: released(world, "slow"), 10, "the release")
     assert pod["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
         {"matchExpressions": [{"key": ARCH, "operator": "In", "values": ["amd64", "arm64"]}]}]
     assert "schedulingGates" not in pod["spec"] and GATED_LABEL not in pod["metadata"]["labels"]
     assert pod["metadata"]["annotations"]["archway.dev/architectures"] == "amd64,arm64"
-    events = wait_for(lambda: world.events("slow"), 5, "the Placed Event")
+    events = wait_until(lambda: world.events("slow"), 5, "the Placed Event")
     assert [(e["type"], e["reason"]) for e in events] == [("Normal", "Placed")]
     assert "amd64, arm64" in events[0]["note"] and "waiting" in events[0]["note"]
     assert world.archway.metric("archway_gate_releases_total", outcome="placed") >= 1
@@ -237,10 +227,10 @@ def test_registry_down_for_good_releases_after_gate_max_seconds_with_a_warning(w
     world.create_pod("down", f"{world.down.host}/archway/multi:1.0", owner=True)
     start = time.monotonic()
     assert GATE in gates(world.pod("down"))
-    pod = wait_for(lambda: released(world, "down"), GATE_MAX + 10, "the release at gate_max")
+    pod = wait_until(lambda: released(world, "down"), GATE_MAX + 10, "the release at gate_max")
     assert time.monotonic() - start >= GATE_MAX - 1.0   # creationTimestamp has 1 s granularity
     assert ARCH not in json.dumps(pod["spec"])
-    events = wait_for(lambda: world.events("down"), 5, "the Warning Event")
+    events = wait_until(lambda: world.events("down"), 5, "the Warning Event")
     assert [(e["type"], e["reason"]) for e in events] == [("Warning", "ReleasedUnplaced")]
     assert f"{world.down.host}/archway/multi:1.0" in events[0]["note"]
     assert world.archway.metric("archway_gate_releases_total", outcome="unplaced") == 1
@@ -253,7 +243,7 @@ def test_a_gated_pod_deleted_before_release_is_forgotten(world):
         assert GATE in gates(world.pod("deleted"))
         world.api.requests.clear()
         world.api.delete(world.path("deleted"))
-        wait_for(lambda: world.archway.metric("archway_gate_releases_total", outcome="deleted"),
+        wait_until(lambda: world.archway.metric("archway_gate_releases_total", outcome="deleted"),
                  10, "the deletion to be seen")
     finally:
         world.slow.delay = 0.0
@@ -269,7 +259,7 @@ def test_another_controllers_gate_is_kept(world):
         assert gates(world.pod("other-gate")) == ["example.com/quota", GATE]
     finally:
         world.slow.delay = 0.0
-    pod = wait_for(lambda: released(world, "other-gate"), 10, "the release")
+    pod = wait_until(lambda: released(world, "other-gate"), 10, "the release")
     assert gates(pod) == ["example.com/quota"]
 
 
@@ -280,12 +270,12 @@ def test_no_common_architecture_keeps_the_pod_off_every_node(world):
                          f"{world.slow.host}/archway/arm64only:1.0")
     finally:
         world.slow.delay = 0.0
-    pod = wait_for(lambda: released(world, "never"), 10, "the release")
+    pod = wait_until(lambda: released(world, "never"), 10, "the release")
     assert pod["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
         {"matchExpressions": [{"key": ARCH, "operator": "In",
                                "values": ["no-common-architecture"]}]}]
-    events = wait_for(lambda: world.events("never"), 5, "the Warning Event")
+    events = wait_until(lambda: world.events("never"), 5, "the Warning Event")
     assert [(e["type"], e["reason"]) for e in events] == [("Warning", "NoCommonArchitecture")]
     assert "amd64only:1.0 (amd64)" in events[0]["note"]
     assert "arm64only:1.0 (arm64)" in events[0]["note"]
@@ -296,7 +286,7 @@ def test_two_replicas_one_leader_and_takeover_when_it_stops(world):
     second = Archway(world.config_path, world.workdir, "second")
     world.replicas.append(second)
     world.all.append(second)
-    wait_for(second.gates_now, 30, "the second replica to see the leader")
+    wait_until(second.gates_now, 30, "the second replica to see the leader")
     holder = world.api.get(lease_path(LEASE_NS))["spec"]["holderIdentity"]
     assert first.log().count("gate controller") and ": leading" in first.log()
     assert ": leading" not in second.log()
@@ -305,7 +295,7 @@ def test_two_replicas_one_leader_and_takeover_when_it_stops(world):
         world.create_pod("replica-1", f"{world.slow.host}/archway/multi:replica-1")
     finally:
         world.slow.delay = 0.0
-    wait_for(lambda: released(world, "replica-1"), 10, "the release by the first")
+    wait_until(lambda: released(world, "replica-1"), 10, "the release by the first")
     assert f"{NS}/replica-1" in first.log() and f"{NS}/replica-1" not in second.log()
 
     seen = []   # (holder, renewTime, acquireTime) as the Lease changes, read every 50 ms
@@ -322,7 +312,7 @@ def test_two_replicas_one_leader_and_takeover_when_it_stops(world):
     first.stop()
     world.replicas.remove(first)
     try:
-        wait_for(lambda: seen[-1][0] not in ("", holder), LEASE + 5, "the takeover")
+        wait_until(lambda: seen[-1][0] not in ("", holder), LEASE + 5, "the takeover")
     finally:
         watching.set()
         watcher.join()
@@ -330,12 +320,12 @@ def test_two_replicas_one_leader_and_takeover_when_it_stops(world):
     taken = parse_time(seen[-1][2])
     assert taken - last_renewal <= LEASE, seen   # within one Lease duration
     assert ": leading" in second.log()
-    wait_for(second.gates_now, 10, "the second replica's workers to see the new leader")
+    wait_until(second.gates_now, 10, "the second replica's workers to see the new leader")
     world.slow.delay = SLOW
     try:
         world.create_pod("replica-2", f"{world.slow.host}/archway/multi:replica-2")
         assert GATE in gates(world.pod("replica-2"))
     finally:
         world.slow.delay = 0.0
-    wait_for(lambda: released(world, "replica-2"), 10, "the release by the second")
+    wait_until(lambda: released(world, "replica-2"), 10, "the release by the second")
     assert f"{NS}/replica-2" in second.log()

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.infra.apiserver import FakeApiServer
-from tests.infra.procs import REPO
+from tests.infra.procs import REPO, wait_until
 from tests.infra.registry import plain_registry
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
@@ -23,14 +23,6 @@ pytestmark = pytest.mark.slow
 ARM_TOLERATION = {"key": "kubernetes.io/arch", "operator": "Equal", "value": "arm64",
                   "effect": "NoSchedule"}
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
-
-
-def wait_until(predicate, timeout=10.0):
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
 
 
 def validate(pod):

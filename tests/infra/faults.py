@@ -217,10 +217,3 @@ class ScriptedServer:
         self.httpd.server_close()
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.01)
-    return True

@@ -77,6 +77,18 @@ class Server:
         self.stop()
 
 
+def wait_until(condition, timeout=10.0, what="the condition"):
+    """condition()'s first true value, asked every 20 ms; AssertionError after `timeout` s."""
+    end = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.02)
+
+
 def poll(fn, done, timeout=25.0, interval=0.2):
     """fn() again and again until done(its value) or `timeout`; the last value either way."""
     end = time.monotonic() + timeout
