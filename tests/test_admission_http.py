@@ -23,6 +23,7 @@ import yaml
 
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.fileserver import FileServer
+from tests.infra.httpd import BackgroundHTTPServer
 from tests.infra.procs import REPO, SHARED_TESTDATA, Server, free_port
 from tests.infra.proxy import DelayProxy
 from tests.infra.registry import RegistryServer
@@ -62,15 +63,12 @@ class _Canned:
 
             do_HEAD = do_GET
 
-        self.port = free_port()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        self._server = BackgroundHTTPServer(Handler)
+        self.port = self._server.port
         self.host = f"127.0.0.1:{self.port}"
 
     def stop(self):
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._server.stop()
 
 
 class _Garbage:

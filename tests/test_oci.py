@@ -52,6 +52,7 @@ from archway.registry.oci import (
 )
 from archway.registry.platforms import Platform
 from archway.registry.reference import parse_reference
+from tests.infra.httpd import BackgroundHTTPServer
 from tests.infra.procs import SHARED_TESTDATA
 from tests.infra.registry import (
     OCI_MANIFEST,
@@ -128,19 +129,15 @@ class StandIn:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                         daemon=True).start()
+        self._server = BackgroundHTTPServer(Handler)
+        self.port = self._server.port
 
     @property
     def host(self):
         return f"127.0.0.1:{self.port}"
 
     def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._server.stop()
 
 
 class Listener:

@@ -29,6 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
 
+from .httpd import BackgroundHTTPServer
 from .kubevalidation import invalid_status, validate_event_create, validate_pod_update
 from .procs import free_port
 
@@ -190,12 +191,9 @@ class FakeApiServer:
         self._rv = 100
         self._lock = threading.Condition()
         self._stopping = False
-        self.port = free_port()
+        self._server = BackgroundHTTPServer(self._handler_class(), server_class=_QuietServer)
+        self.port = self._server.port
         self.url = f"http://127.0.0.1:{self.port}"
-        self._httpd = _QuietServer(("127.0.0.1", self.port), self._handler_class())
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-        self._thread.start()
 
     # --- what tests call -------------------------------------------------------------------
     def put(self, path: str, obj: dict) -> dict:
@@ -249,8 +247,7 @@ class FakeApiServer:
         with self._lock:
             self._stopping = True
             self._lock.notify_all()
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._server.stop()
 
     # --- store -----------------------------------------------------------------------------
     def _store(self, path: str, obj: dict, event_type: str) -> dict:

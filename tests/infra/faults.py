@@ -16,7 +16,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from .httpd import BackgroundHTTPServer
 
 
 class _Recording:
@@ -194,15 +196,8 @@ class ScriptedServer:
 
             do_GET = do_POST = do_HEAD = do_PUT = _handle
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        if tls is not None:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(tls.chain_path, tls.key_path)
-            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
-        self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                         daemon=True).start()
+        self._server = BackgroundHTTPServer(Handler, tls=tls)
+        self.port = self._server.port
 
     @property
     def host(self) -> str:
@@ -213,7 +208,6 @@ class ScriptedServer:
         return f"{self.scheme}://{self.host}"
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._server.stop()
 
 

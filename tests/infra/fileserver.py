@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from .httpd import BackgroundHTTPServer
 from .procs import free_port
 from .tls import CertificateAuthority
 
@@ -42,18 +43,11 @@ class _HttpsServer:
 
     def __init__(self, ca: CertificateAuthority, name: str):
         self.ca_path = ca.cert_path  # what a client trusts to reach it
-        self.port = free_port()
         self.requests: list[Served] = []
         self._lock = threading.Lock()
-        pair = ca.issue(f"{name}-{self.port}", ["127.0.0.1", "localhost"])
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(pair.chain_path, pair.key_path)
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
-        self._httpd.daemon_threads = True
-        self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-        self._thread.start()
+        pair = ca.issue(f"{name}-{uuid.uuid4().hex[:8]}", ["127.0.0.1", "localhost"])
+        self._server = BackgroundHTTPServer(self._handler(), tls=pair)
+        self.port = self._server.port
 
     @property
     def host(self) -> str:
@@ -79,8 +73,7 @@ class _HttpsServer:
             self.requests.append(entry)
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._server.stop()
 
     def _handler(self):
         server = self

@@ -24,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
+from .httpd import BackgroundHTTPServer
 from .procs import Server, free_port, require_binary
 
 # Traffic on devices the default query excludes: if it leaked in, every ordering would break.
@@ -52,10 +53,8 @@ class ExpositionServer:
 
     def _serve(self) -> None:
         self.scrapes = 0
-        self.port = free_port()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        self._server = BackgroundHTTPServer(self._handler())
+        self.port = self._server.port
 
     def exposition(self) -> bytes:
         raise NotImplementedError
@@ -78,8 +77,7 @@ class ExpositionServer:
         return Handler
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._server.stop()
 
 
 class FakeNode(ExpositionServer):

@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
+from .httpd import BackgroundHTTPServer
 from .procs import Server, free_port, require_binary
 from .tls import CertificateAuthority, IssuedCert, self_signed, session_ca, test_ca
 
@@ -111,20 +112,9 @@ class TokenServer:
         self.signing = self_signed(directory, "token-signing", key_kind="rsa")
         self.requests: list[TokenRequest] = []
         self._lock = threading.Lock()
-        self.port = free_port()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
-        self._httpd.daemon_threads = True
-        self.scheme = "http"
-        if tls is not None:
-            import ssl
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.minimum_version = ssl.TLSVersion.TLSv1_2
-            context.load_cert_chain(tls.chain_path, tls.key_path)
-            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
-            self.scheme = "https"
-        self._thread = threading.Thread(target=self._httpd.serve_forever,
-                                        kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
+        self.scheme = "http" if tls is None else "https"
+        self._server = BackgroundHTTPServer(self._handler(), tls=tls)
+        self.port = self._server.port
 
     @property
     def host(self) -> str:
@@ -159,8 +149,7 @@ class TokenServer:
         return signing_input.decode() + "." + _b64url(signature)
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._server.stop()
 
     # -- request handling
     def _authenticate(self, authorization: str | None, params: dict) -> tuple[str | None, bool]:
