@@ -43,9 +43,25 @@ class KubeApi:
         if len(data) > max_bytes:
             raise ApiError(0, "TooLarge", f"{method} {path}: answer larger than {max_bytes} bytes")
         try:
-            return json.loads(data)
+            answer = json.loads(data)
         except ValueError:
             raise ApiError(0, "NotJSON", f"{method} {path}: the answer is not JSON") from None
+        if not isinstance(answer, dict):   # every answer of the API is an object
+            raise ApiError(0, "NotJSON", f"{method} {path}: the answer is not a JSON object")
+        return answer
+
+    def pages(self, path: str, page_size: int, *, timeout: float | None = None) -> Iterator[dict]:
+        """The pages of a list, `page_size` objects each (limit/continue), each page at most
+        MAX_LIST_BYTES; the last one's metadata has the list's resourceVersion."""
+        token = None
+        while True:
+            query = {**({"continue": token} if token else {}), "limit": str(page_size)}
+            page = self.request("GET", path, query=query, timeout=timeout,
+                                max_bytes=MAX_LIST_BYTES)
+            yield page
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
 
     def watch(self, path: str, query: dict, *, timeout_seconds: int) -> "WatchStream":
         """A watch from `query`'s resourceVersion, open until the server ends it (after

@@ -10,7 +10,7 @@ every list page and watch event is bounded in size and every read in time.
 import logging
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from archway.background import ProcessThread
@@ -125,20 +125,17 @@ class ListWatch:
                 self._stop.wait(backoff * random.uniform(0.8, 1.2))
 
     def _list(self, api: KubeApi) -> str:
+        if self.page_size:
+            pages: Iterable[dict] = api.pages(self.path, self.page_size)
+        else:  # resourceVersion "0": served from the API server's watch cache, not etcd
+            pages = [api.request("GET", self.path, query={"resourceVersion": "0"},
+                                 max_bytes=MAX_LIST_BYTES)]
         items: list = []
-        token = None
-        while True:
-            if self.page_size:
-                query = {**({"continue": token} if token else {}), "limit": str(self.page_size)}
-            else:  # resourceVersion "0": served from the API server's watch cache, not etcd
-                query = {"resourceVersion": "0"}
-            data = api.request("GET", self.path, query=query, max_bytes=MAX_LIST_BYTES)
-            items.extend(slim for slim in map(self._slim, data.get("items") or [])
+        meta: dict = {}
+        for page in pages:
+            items.extend(slim for slim in map(self._slim, page.get("items") or [])
                          if slim is not None)
-            meta = data.get("metadata") or {}
-            token = meta.get("continue")
-            if not self.page_size or not token:
-                break
+            meta = page.get("metadata") or {}
         if self._stop.is_set():
             return ""
         self._on_list(items)

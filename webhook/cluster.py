@@ -7,7 +7,7 @@ never arrives as one giant answer. An API error is an ArchwayError naming the ca
 from collections.abc import Iterator
 
 from archway.errors import ArchwayError
-from archway.kubeapi import MAX_LIST_BYTES, MAX_OBJECT_BYTES, ApiError, KubeApi
+from archway.kubeapi import ApiError, KubeApi
 
 REQUEST_TIMEOUT_SECONDS = 30.0
 PAGE_SIZE = 500
@@ -66,21 +66,14 @@ class ClusterReader:
             yield {**item, "kind": kind}
 
     def _pages(self, what: str, path: str) -> Iterator[dict]:
-        token = None
-        while True:
-            page = self._get(what, path, {"limit": str(PAGE_SIZE), **({"continue": token} if token else {})},
-                             max_bytes=MAX_LIST_BYTES)
-            yield from page.get("items") or ()
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return
-
-    def _get(self, what: str, path: str, query: dict | None = None, *,
-             max_bytes: int = MAX_OBJECT_BYTES) -> dict:
         try:
-            data = self.api.request("GET", path, query=query, max_bytes=max_bytes)
+            for page in self.api.pages(path, PAGE_SIZE):
+                yield from page.get("items") or ()
+        except ApiError as e:
+            raise ArchwayError(f"Kubernetes API: {what}: {e}") from None
+
+    def _get(self, what: str, path: str) -> dict:
+        try:
+            return self.api.request("GET", path)
         except ApiError as e:   # "404 NotFound: pods "x" not found", or why it is unreachable
             raise ArchwayError(f"Kubernetes API: {what}: {e}") from None
-        if not isinstance(data, dict):
-            raise ArchwayError(f"Kubernetes API: {what}: unexpected answer")
-        return data

@@ -30,23 +30,16 @@ def register(subparsers) -> None:
 
 def release_all(api) -> tuple[int, int]:
     """(released, failed): every gated pod of the cluster (`api`: a KubeApi), paged."""
-    from archway.kubeapi import MAX_LIST_BYTES
-
     from .gate import is_gated
     released = failed = 0
-    token = ""
-    while True:
-        query = {"limit": "500", **({"continue": token} if token else {})}
-        page = api.request("GET", "/api/v1/pods", query=query, timeout=60, max_bytes=MAX_LIST_BYTES)
+    for page in api.pages("/api/v1/pods", 500, timeout=60):
         for pod in page.get("items") or []:
             if is_gated(pod):
                 if _release(api, pod):
                     released += 1
                 else:
                     failed += 1
-        token = (page.get("metadata") or {}).get("continue") or ""
-        if not token:
-            return released, failed
+    return released, failed
 
 
 def _release(api, pod: dict) -> bool:
