@@ -44,7 +44,7 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
         from .prewarm import Prewarmer
         # Started by `archway serve` as each worker boots (archway.serve), never by a test app.
         app.extensions["archway.prewarm"] = Prewarmer(
-            lambda: ClusterReader(pull_secrets.api.api_client), state.resolver, pull_secrets,
+            lambda: ClusterReader(pull_secrets.api.client), state.resolver, pull_secrets,
             per_second=prewarm.requests_per_second,
             exclude_namespaces=config.admission.exclude_namespaces)
     state.readiness_facts["kubernetes_api"] = lambda: pull_secrets.source
@@ -88,7 +88,7 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
 
 def _gate_support(config, pull_secrets):
     """(Lease observer, Event sink) when a Kubernetes API is configured, else (None, None)."""
-    api_client = getattr(getattr(pull_secrets, "api", None), "api_client", None)
+    api_client = getattr(getattr(pull_secrets, "api", None), "client", None)
     if api_client is None:
         return None, None
     from archway.kubeapi import KubeApi

@@ -12,7 +12,6 @@ ServiceAccount admission plugin copy them in), so this leaks nothing.
 """
 import base64
 import binascii
-import json
 import logging
 import os
 import time
@@ -20,10 +19,10 @@ from dataclasses import dataclass
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from archway.errors import ArchwayError, ConfigError
+from archway.kubeapi import ApiError, KubeApi
 from archway.podview import PodView
 from archway.registry.cache import TTLCache
 from archway.registry.credentials import MAX_CONFIG_BYTES, Keyring
@@ -54,7 +53,7 @@ class _Unavailable:
 class PullSecrets:
     def __init__(self, api_client, *, cache_seconds: float = 60.0, source: str = "none",
                  clock=time.monotonic):
-        self.api = k8s.CoreV1Api(api_client) if api_client is not None else None
+        self.api = KubeApi(api_client) if api_client is not None else None
         self.source = source                  # for the start-up log: where the API was found
         self.cache_seconds = cache_seconds
         self._clock = clock
@@ -99,8 +98,8 @@ class PullSecrets:
             return cached
         value: tuple[str, ...] | _Unavailable
         try:
-            assert self.api is not None  # credentials_for reads nothing without an API
-            account = self._read(self.api.read_namespaced_service_account, name, namespace, deadline)
+            account = self._read(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}",
+                                 deadline)
             value = tuple(_secret_names(account.get("imagePullSecrets")))
             ttl = self.cache_seconds
         except _ReadFailed as e:
@@ -121,8 +120,7 @@ class PullSecrets:
         ttl = self.cache_seconds
         value: Keyring | _Unavailable
         try:
-            assert self.api is not None  # credentials_for reads nothing without an API
-            value = _keyring_of(self._read(self.api.read_namespaced_secret, name, namespace,
+            value = _keyring_of(self._read(f"/api/v1/namespaces/{namespace}/secrets/{name}",
                                            deadline), where)
         except _ReadFailed as e:
             value, ttl = _Unavailable(f"{where}: {e}"), e.ttl
@@ -133,30 +131,24 @@ class PullSecrets:
             self._cache.put(key, value, ttl)
         return value
 
-    def _read(self, method, name: str, namespace: str, deadline: float) -> dict:
+    def _read(self, path: str, deadline: float) -> dict:
         remaining = deadline - self._clock()
         if remaining < _MIN_CALL_TIMEOUT:
             raise _ReadFailed("not read: the admission deadline passed", ttl=0)
+        assert self.api is not None  # credentials_for reads nothing without an API
         try:
-            response = method(name, namespace, _request_timeout=remaining, _preload_content=False)
-            body = response.read(_MAX_OBJECT_BYTES + 1)
-        except ApiException as e:
-            raise _ReadFailed(_status_words(e.status), status=e.status,
-                              ttl=_MISSING_TTL if e.status == 404 else _UNREACHABLE_TTL) from None
-        except Exception as e:  # urllib3 raises a zoo of transport errors; all mean "unreachable"
-            log.warning("Kubernetes API read of %s/%s failed: %s", namespace, name,
-                        type(e).__name__)
+            return self.api.request("GET", path, timeout=remaining, max_bytes=_MAX_OBJECT_BYTES)
+        except ApiError as e:
+            if e.status:
+                raise _ReadFailed(_status_words(e.status), status=e.status,
+                                  ttl=_MISSING_TTL if e.status == 404 else _UNREACHABLE_TTL) from None
+            if e.reason == "TooLarge":
+                raise _ReadFailed("object too large", ttl=_UNREACHABLE_TTL) from None
+            if e.reason == "NotJSON":
+                raise _ReadFailed("Kubernetes API sent something that is not a JSON object",
+                                  ttl=_UNREACHABLE_TTL) from None
+            log.warning("Kubernetes API read of %s failed: %s", path, e)
             raise _ReadFailed("Kubernetes API unreachable or too slow", ttl=_UNREACHABLE_TTL) from None
-        if len(body) > _MAX_OBJECT_BYTES:
-            raise _ReadFailed("object too large", ttl=_UNREACHABLE_TTL)
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            raise _ReadFailed("Kubernetes API sent something that is not JSON",
-                              ttl=_UNREACHABLE_TTL) from None
-        if not isinstance(obj, dict):
-            raise _ReadFailed("Kubernetes API sent an unexpected object", ttl=_UNREACHABLE_TTL)
-        return obj
 
 
 class _ReadFailed(Exception):
