@@ -25,7 +25,7 @@ from archway.webhook.gate import (
     plan_release,
 )
 from archway.webhook.lease import LeaderElector, LeaseObserver, lease_path
-from archway.webhook.placement import ARCH_LABEL, Policy
+from archway.webhook.placement import ARCH_LABEL, Policy, decide
 from archway.webhook.pullsecrets import build_api_client
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.clock import ManualClock
@@ -137,10 +137,16 @@ def test_validation_allows_what_kep_3838_allows_only_while_gated():
 
 # --- the webhook's gate -----------------------------------------------------------------------
 
+def unplaced(view, policy):
+    """The patch of the admission's decision while no image is known: what gate_patch takes."""
+    return decide(view, {}, policy).patch
+
+
 def test_gate_patch_appends_the_gate_keeps_others_and_sets_the_scheduler_now():
     created = pod("reg/amd:1", gates=("other.example/quota",), scheduler="")
     del created["metadata"]["labels"]
-    patch = gate_patch(PodView.of(created), Policy(scheduler_name="archway-scheduler"))
+    view = PodView.of(created)
+    patch = gate_patch(view, unplaced(view, Policy(scheduler_name="archway-scheduler")))
     gated = jsonpatch.apply_patch(created, list(patch))
     assert gated["spec"]["schedulingGates"] == [{"name": "other.example/quota"}, {"name": GATE}]
     assert gated["metadata"]["labels"] == {GATED_LABEL: "true"}
@@ -148,13 +154,15 @@ def test_gate_patch_appends_the_gate_keeps_others_and_sets_the_scheduler_now():
     assert "nodeSelector" not in gated["spec"] and "affinity" not in gated["spec"]
     for version in SCHEMA_VERSIONS:
         kubernetes_validate.validate(gated, version, strict=True)
-    assert gate_patch(PodView.of(gated), Policy()) == ()   # a reinvocation adds nothing
+    regated = PodView.of(gated)
+    assert gate_patch(regated, unplaced(regated, Policy())) == ()   # a reinvocation adds nothing
 
 
 def test_gate_patch_adds_to_existing_labels():
     created = pod("reg/amd:1", gates=(), labels={"app": "web"})
     del created["metadata"]["labels"][GATED_LABEL]
-    gated = jsonpatch.apply_patch(created, list(gate_patch(PodView.of(created), Policy())))
+    view = PodView.of(created)
+    gated = jsonpatch.apply_patch(created, list(gate_patch(view, unplaced(view, Policy()))))
     assert gated["metadata"]["labels"] == {"app": "web", GATED_LABEL: "true"}
     assert gated["spec"]["schedulingGates"] == [{"name": GATE}]
 
@@ -370,6 +378,29 @@ def test_a_miss_is_gated_only_while_a_leader_is_fresh(api):
     assert [(e["type"], e["reason"], e["regarding"]["kind"], e["regarding"]["name"])
             for e in events] == [("Warning", "AdmittedUnplaced", "ReplicaSet", "web")]
     assert "reg/down:1" in events[0]["note"] and server.rejections == []
+
+
+class EnforcingShop:
+    """A namespace cache in which the namespace shop is labelled archway.dev/mode=enforce."""
+    def __init__(self):
+        from archway.webhook.namespaces import NamespaceFacts
+        self.items = {"shop": NamespaceFacts("shop", mode="enforce")}
+
+    def wait_synced(self, timeout):
+        return True
+
+
+def test_a_gated_pod_gets_the_scheduler_its_namespaces_policy_asks_for():
+    """The config says audit, the pod's namespace enforce: the pod is gated and gets archway's
+    scheduler at creation, the only time it can (it was gated without one, for good)."""
+    from tests.test_service import Resolver, Secrets, service
+    answer = service(Resolver({"reg/down:1": DOWN}), Secrets(), unresolved="gate",
+                     gating=Leader(True), namespaces=EnforcingShop(),
+                     policy=Policy(scheduler_name="archway-scheduler", mode="audit"),
+                     ).review(owned_review("reg/down:1"))
+    assert answer.body["response"]["auditAnnotations"]["outcome"] == "gated"
+    assert {"op": "add", "path": "/spec/schedulerName", "value": "archway-scheduler"} in \
+        decoded_patch(answer)
 
 
 def test_admit_mode_tells_the_owner_and_deny_mode_denies(api):

@@ -36,14 +36,14 @@ NO_ARCHITECTURE = "no-common-architecture"
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
-def gate_patch(pod: PodView, policy: Policy) -> tuple[dict, ...]:
-    """JSON patch ops that gate `pod` at admission. The schedulerName the policy asks for is
-    set now: it may not change once the pod exists. Empty when archway's gate is there already
-    (a reinvocation)."""
+def gate_patch(pod: PodView, unplaced: tuple[dict, ...]) -> tuple[dict, ...]:
+    """JSON patch ops that gate `pod` at admission. `unplaced`: the patch of the admission's
+    decision, made before the images were known; of it only the schedulerName is set now (it
+    may not change once the pod exists; the placement comes with the release). Empty when
+    archway's gate is there already (a reinvocation)."""
     if GATE in pod.scheduling_gates:
         return ()
-    unplaced = decide(pod, {}, replace(policy, fail_closed=False))  # nothing known: no placement
-    ops = [op for op in unplaced.patch if op["path"] == "/spec/schedulerName"]
+    ops = [op for op in unplaced if op["path"] == "/spec/schedulerName"]
     gates = [{"name": name} for name in pod.scheduling_gates] + [{"name": GATE}]
     ops.append({"op": "add", "path": "/spec/schedulingGates", "value": gates})
     if pod.labels:

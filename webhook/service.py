@@ -220,7 +220,7 @@ class AdmissionService:
         assert pod is not None
         if self.unresolved == "gate":
             if self.gating is not None and self.gating.leader_fresh():
-                return replace(decision, patch=gate_patch(pod, self.policy), outcome="gated",
+                return replace(decision, patch=gate_patch(pod, decision.patch), outcome="gated",
                                reason="gated until its images are read", warnings=(
                                    ("the pod waits (SchedulingGated) for archway to read its "
                                     f"images, at most {self.gate_max_seconds:g} s"),
