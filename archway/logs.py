@@ -8,7 +8,6 @@ from typing import Any
 
 # Attributes every LogRecord has; whatever else a record carries came from `extra=`.
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class JsonFormatter(logging.Formatter):
@@ -31,11 +30,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def logging_dict(log_format: str, level: int) -> dict:
-    """A logging.config.dictConfig for the root logger and gunicorn's, in `log_format`
-    (text or json). Given to gunicorn as logconfig_dict, it replaces gunicorn's own formats."""
-    formatter = {"()": f"{__name__}.JsonFormatter"} if log_format == "json" else \
-        {"format": TEXT_FORMAT}
+def logging_dict(level: int) -> dict:
+    """A logging.config.dictConfig putting the root logger and gunicorn's in JSON lines. Given
+    to gunicorn as logconfig_dict, it replaces gunicorn's own formats (text lines are
+    archway.logsafe's, set up by the CLI)."""
+    formatter = {"()": f"{__name__}.JsonFormatter"}
     handler = {"class": "logging.StreamHandler", "formatter": "archway",
                "stream": "ext://sys.stderr"}
     return {

@@ -56,9 +56,9 @@ def serve(config, bind: str | None = None) -> int:
                           f"another port than the serving address {bind}")
     if config.server.log_format == "json":   # before anything logs (the certificate below)
         from archway.logs import logging_dict
-        logging.config.dictConfig(logging_dict("json", logging.getLogger().level))
+        logging.config.dictConfig(logging_dict(logging.getLogger().level))
     tls = tls_files(config, host)
-    _preflight(config, tls)
+    has_api = _preflight(config, tls)
 
     metrics_dir = _fresh_metrics_dir()
     # prometheus_client reads this variable in each worker; it cannot be handed over otherwise.
@@ -73,7 +73,9 @@ def serve(config, bind: str | None = None) -> int:
     try:
         _announce(config, bind, host, port, tls)
         try:
-            _Gunicorn(config, _options(config, bind, tls), lookups_dir=lookups_dir).run()
+            _Gunicorn(config, _options(config, bind, tls, gate_controller=has_api and
+                                       config.server.product in ("all", "webhook")),
+                      lookups_dir=lookups_dir).run()
         except SystemExit as e:  # gunicorn's arbiter exits through sys.exit
             if os.getpid() != master:
                 raise
@@ -121,8 +123,9 @@ def tls_files(config, host: str):
     return files.cert_path, files.key_path, files.ca_path
 
 
-def _preflight(config, tls) -> None:
+def _preflight(config, tls) -> bool:
     """Fail at start-up, with the config's words, on what every worker would otherwise die of.
+    Returns whether a Kubernetes API is configured.
 
     Nothing is built here that workers would inherit: the resolver (its CA bundle file, pools,
     threads) is made in each worker after the fork.
@@ -152,13 +155,7 @@ def _preflight(config, tls) -> None:
                           "remove the gate from a pod. Use admit or deny, or configure the API.")
     for warning in deprecations(config):
         logging.getLogger("archway.server").warning(warning)   # text or JSON, as every line
-
-
-def runs_gate_controller(config) -> bool:
-    """The gate controller runs beside the webhook whenever a Kubernetes API is configured."""
-    from archway.webhook.pullsecrets import build_api_client
-    return config.server.product in ("all", "webhook") and \
-        build_api_client(config.kubernetes)[0] is not None
+    return api_client is not None
 
 
 def _fresh_metrics_dir() -> str:
@@ -194,7 +191,9 @@ def _announce(config, bind, host, port, tls) -> None:
               f"{base}/mutate", flush=True)
 
 
-def _options(config, bind: str, tls) -> dict:
+def _options(config, bind: str, tls, gate_controller: bool = False) -> dict:
+    """gunicorn's settings; `gate_controller`: run it beside the webhook (the webhook is served
+    and a Kubernetes API is configured)."""
     from . import metrics
     from .worker import MAX_CONNECTIONS, GuardedThreadWorker
 
@@ -204,7 +203,7 @@ def _options(config, bind: str, tls) -> dict:
     controller: list = []  # the gate controller's process, started once the server is up
 
     def when_ready(_arbiter):
-        if runs_gate_controller(config):
+        if gate_controller:
             from archway.webhook.gatecontroller import start_process
             controller.append(start_process(config))
 
@@ -243,7 +242,7 @@ def _options(config, bind: str, tls) -> dict:
     }
     if config.server.log_format == "json":
         from archway.logs import logging_dict
-        options["logconfig_dict"] = logging_dict("json", logging.getLogger().level)
+        options["logconfig_dict"] = logging_dict(logging.getLogger().level)
     if tls:
         from archway.certs.tls import gunicorn_ssl_context
         options.update(certfile=tls[0], keyfile=tls[1],

@@ -91,12 +91,10 @@ def pod_bandwidth(pod: Mapping) -> float | None:
 
 
 class Herd:
-    """Placements since the last sample, keyed by pod. `version` changes with every change, so
-    readers can cache what they derive from it."""
+    """Placements since the last sample, keyed by pod."""
 
     def __init__(self, wall: Callable[[], float] = time.time):
         self.wall = wall
-        self.version = 0
         self.running: dict[str, int] = {}    # node -> running pods (pod watch only)
         self._placed: dict[str, Placement] = {}
         self._lock = threading.Lock()
@@ -122,12 +120,10 @@ class Herd:
         if len(placed) > MAX_PLACEMENTS:
             for key in list(placed)[:len(placed) - MAX_PLACEMENTS]:
                 del placed[key]
-        self.version += 1
 
     def forget(self, key: str) -> None:
         with self._lock:
-            if self._placed.pop(key, None) is not None:
-                self.version += 1
+            self._placed.pop(key, None)
 
     def since(self, sampled_at: float, exclude: str | None = None) -> list[Placement]:
         """The placements after `sampled_at` (but `exclude`'s: a pod scored again, after a
@@ -137,8 +133,6 @@ class Herd:
             old = [k for k, p in self._placed.items() if p.at <= sampled_at]
             for key in old:
                 del self._placed[key]
-            if old:
-                self.version += 1
             return [p for p in self._placed.values() if p.pod != exclude]
 
     def placement(self, key: str) -> Placement | None:
@@ -185,9 +179,7 @@ class PodWatch(ListWatch):
     def _on_event(self, kind: str, obj: dict) -> None:
         key, node = _running_on(obj)
         if key is None:
-            key = pod_key(obj)
-            if key is None:
-                return
+            return
         before = self._nodes.get(key)
         if kind == "DELETED" or node is None:
             if before is not None:

@@ -374,7 +374,6 @@ def register_extender(app: Flask, config, resolver, *, extender: Extender | None
     app.extensions["archway.extender"] = extender
 
     def read_args():
-        request.max_content_length = MAX_BODY_BYTES
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
             raise RequestEntityTooLarge()
         body = read_body(request.environ, MAX_BODY_BYTES + 1,

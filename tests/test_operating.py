@@ -63,7 +63,7 @@ def test_json_formatter_writes_one_object_per_line_with_the_extra_fields():
     except ValueError:
         record.exc_info = sys.exc_info()
     assert "ValueError: boom" in json.loads(JsonFormatter().format(record))["exception"]
-    config = logging_dict("json", logging.INFO)
+    config = logging_dict(logging.INFO)
     assert config["loggers"]["gunicorn.error"]["propagate"] is False
     assert config["formatters"]["archway"] == {"()": "archway.logs.JsonFormatter"}
 
