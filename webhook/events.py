@@ -76,7 +76,6 @@ class EventSink:
                  wall=time.time):
         self.api = api
         self.instance = instance
-        self.dropped = 0
         self._wall = wall
         self._queue: queue.Queue = queue.Queue(max_queued)
         self._runner = ProcessThread(self._run, "archway-events")
@@ -95,7 +94,7 @@ class EventSink:
         try:
             self._queue.put_nowait(body)
         except queue.Full:
-            self.dropped += 1
+            pass   # a full queue of Events still to send: this one is not worth blocking for
 
     def flush(self, timeout: float) -> None:
         """Wait until every queued Event was sent (tests, a graceful stop)."""

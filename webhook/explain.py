@@ -50,10 +50,7 @@ class Explanation:
 
 def explain_workload(workload: Workload, results: dict, policy: Policy, *, nodes=None,
                      annotations=None, events=()) -> Explanation:
-    try:
-        pod = PodView.of(workload.pod)
-    except PodShapeError as e:
-        raise ArchwayError(f"{workload.display_name} ({workload.origin}): {e}") from None
+    pod = _view(workload)
     mine = {image: results.get(image) for image in pod.images}
     return Explanation(workload, mine, decide(pod, mine, policy, nodes=nodes), annotations,
                        tuple(events))

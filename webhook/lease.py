@@ -12,11 +12,11 @@ the gate? It re-reads the Lease in the background, so admission never waits on t
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 from datetime import UTC, datetime
 
+from archway.background import ProcessThread
 from archway.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger("archway.lease")
@@ -149,11 +149,10 @@ class LeaseObserver:
         self._holder = ""
         self._version: str | None = None
         self._fresh_until = 0.0
-        self._lock = threading.Lock()
-        self._started_pid: int | None = None
+        self._runner = ProcessThread(self._loop, "archway-lease-observer")
 
     def leader_fresh(self) -> bool:
-        self._ensure_started()
+        self._runner.start_once()
         return bool(self._holder) and self._clock() < self._fresh_until
 
     def refresh(self) -> None:
@@ -176,18 +175,9 @@ class LeaseObserver:
         self._version = version
         self._holder = spec.get("holderIdentity") or ""
 
-    def _ensure_started(self) -> None:
-        if self._started_pid == os.getpid():
-            return
-        with self._lock:
-            if self._started_pid == os.getpid():
-                return
-            self._started_pid = os.getpid()
-            threading.Thread(target=self._loop, name="archway-lease-observer", daemon=True).start()
-
     def start(self) -> None:
         """Start reading in the background (in the process that serves: threads do not fork)."""
-        self._ensure_started()
+        self._runner.start_once()
 
     def _loop(self) -> None:
         while True:
