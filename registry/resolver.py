@@ -210,11 +210,7 @@ class Resolver:
 
     def _miss(self, ref: ImageReference, keyring: Keyring, key: tuple) -> Answer:
         """Look an image up that has no usable answer in the cache."""
-        def fetch() -> tuple[Answer, float]:
-            answer = self._fetch(ref, keyring)
-            return answer, self._keep(ref, answer)
-
-        answer, keep = self._shared_or_local(key, fetch)
+        answer, keep = self._ask(key, ref, keyring)
         if keep > 0:
             self._remember(key, ref, answer, keep)
         return answer
@@ -234,12 +230,7 @@ class Resolver:
     def _revalidate(self, key: tuple, ref: ImageReference, keyring: Keyring, entry: Entry) -> Answer:
         old = entry.answer
         assert isinstance(old, ImageInfo)
-
-        def fetch() -> tuple[Answer, float]:
-            answer = self._fetch(ref, keyring, known=old)
-            return answer, self._keep(ref, answer)
-
-        answer, keep = self._shared_or_local(key, fetch)
+        answer, keep = self._ask(key, ref, keyring, known=old)
         if isinstance(answer, Failure):
             # Stale-if-error: the last good answer stands; the next check waits a little.
             _count_revalidation(classify_error(answer.error).label)
@@ -254,11 +245,25 @@ class Resolver:
         self._remember(key, ref, answer, keep)
         return answer
 
-    def _fetch(self, ref: ImageReference, keyring: Keyring,
-               known: ImageInfo | None = None) -> Answer:
-        """Ask the registry, honouring and recording its rate limits. With `known`, a tag's
-        digest is checked first (HEAD) and the known answer reused when it has not moved."""
+    def _ask(self, key: tuple, ref: ImageReference, keyring: Keyring,
+             known: ImageInfo | None = None) -> tuple[Answer, float]:
+        """The registry's answer and how long to keep it, asked once for all workers when they
+        share lookups; waiting for another worker's lookup and asking share one fetch budget."""
         deadline = time.monotonic() + self.fetch_timeout
+
+        def fetch() -> tuple[Answer, float]:
+            answer = self._fetch(ref, keyring, deadline, known)
+            return answer, self._keep(ref, answer)
+
+        if self._shared is None:
+            return fetch()
+        return self._shared.run(key, fetch, deadline)
+
+    def _fetch(self, ref: ImageReference, keyring: Keyring, deadline: float,
+               known: ImageInfo | None = None) -> Answer:
+        """Ask the registry by `deadline`, honouring and recording its rate limits. With
+        `known`, a tag's digest is checked first (HEAD) and the known answer reused when it has
+        not moved."""
         try:
             self._backoff.check(ref.host)
             info = None
@@ -290,11 +295,6 @@ class Resolver:
             if by_digest is not None and isinstance(by_digest.answer, ImageInfo):
                 return by_digest.answer
         return None
-
-    def _shared_or_local(self, key: tuple, fetch) -> tuple[Answer, float]:
-        if self._shared is None:
-            return fetch()
-        return self._shared.run(key, fetch, time.monotonic() + self.fetch_timeout)
 
     def _lookup(self, ref: ImageReference, keyring: Keyring, deadline: float) -> ImageInfo:
         if ref.scheme in ("docker", "oras"):
