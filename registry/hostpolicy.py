@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass
 
 from archway.errors import DeadlineExceeded, HostRefused
-from archway.hostport import split_host_port
+from archway.hostport import join_host_port, split_host_port
 
 from .dns import LOOKUPS, LookupTimeout, NameLookups
 
@@ -70,10 +70,6 @@ def canonical_address(host: str) -> IPAddress | None:
     return ip
 
 
-def _bracketed(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
 @dataclass(frozen=True)
 class HostPatterns:
     """allow_hosts / deny_hosts entries: fnmatch patterns on `host` or `host:port`, addresses
@@ -113,8 +109,9 @@ class HostPatterns:
     def matches(self, host: str, port: int | None) -> bool:
         """Whether `host`, as written or as the address it spells, matches."""
         canonical = canonical_address(host)
-        spellings = {_bracketed(host)} | ({_bracketed(str(canonical))} if canonical else set())
-        names = spellings | ({f"{n}:{port}" for n in spellings} if port else set())
+        spellings = {host} | ({str(canonical)} if canonical else set())
+        names = {join_host_port(n, None) for n in spellings} | (
+            {join_host_port(n, port) for n in spellings} if port else set())
         if any(n == p or fnmatch.fnmatchcase(n, p) for n in names for p in self.globs):
             return True
         return canonical is not None and self.covers(canonical, port)

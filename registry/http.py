@@ -283,14 +283,11 @@ def _authority(url: str) -> str:
 def _safe_url(url: str) -> str:
     """A URL fit for a message: no user:password, no query (it can carry a token)."""
     parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
     try:
-        port = f":{parts.port}" if parts.port else ""
+        port = parts.port or None
     except ValueError:
-        port = ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"[:300]
+        port = None
+    return f"{parts.scheme}://{join_host_port(parts.hostname or '', port)}{parts.path}"[:300]
 
 
 # --- the deadline on the socket ------------------------------------------------------------------

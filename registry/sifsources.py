@@ -11,7 +11,6 @@
 
 The oras:// flavour is in registry/oci.py (it needs registry auth); it uses the same parser.
 """
-import json
 import re
 from urllib.parse import quote, urlsplit
 
@@ -26,7 +25,7 @@ from archway.errors import (
     SIFError,
 )
 
-from .http import HttpClient, rate_limited
+from .http import HttpClient, parse_json, rate_limited
 from .model import ImageInfo
 from .platforms import normalize
 from .reference import ImageReference, redact_url, without_userinfo
@@ -194,10 +193,7 @@ def _library_get(http: HttpClient, url: str, headers: dict, deadline, ref) -> di
     """GET a library API object and return its `data`; `{"error": ...}` bodies become typed errors."""
     netloc = urlsplit(url).netloc
     response = http.get(url, headers=headers, deadline=deadline, max_bytes=MAX_LIBRARY_JSON)
-    try:
-        body = json.loads(response.body)
-    except (ValueError, RecursionError):
-        body = None
+    body = parse_json(response.body)
     if response.status == 429:
         raise rate_limited(response, f"{ref}: library {netloc} answered 429", host=netloc,
                            repository=ref.repository, status=429)
