@@ -25,6 +25,7 @@ from archway.extender.traffic import (
     TrafficScale,
     load_score,
     node_loads,
+    scores_of,
 )
 from archway.extender.wire import (
     MalformedExtenderArgs,
@@ -165,9 +166,7 @@ class ScoreBook:
         self.scale = TrafficScale.of(snapshot.traffic.values())
         self.loads = node_loads(snapshot.traffic, snapshot.capacity, names, match=match,
                                 node_addresses=addresses)
-        loads, scale = self.loads, self.scale
-        self.scores = {n: load_score(loads[n], scale) if n in loads else NEUTRAL_SCORE
-                       for n in names}
+        self.scores = scores_of(self.loads, self.scale, names)
         self.entries = {n: host_priority_entry(n, score) for n, score in self.scores.items()}
 
     def adjusted(self, placements, running, default: float) -> dict[str, tuple[int, str]]:

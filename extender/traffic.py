@@ -227,18 +227,20 @@ def node_loads(traffic: dict[str, float], capacity: dict[str, float], node_names
             for node, key in match_by_name(traffic, node_names).items()}
 
 
+def scores_of(loads: dict[str, NodeLoad], scale: TrafficScale, names) -> dict[str, int]:
+    """THE decision: a score 0..10 per node; lower utilisation (or traffic, without capacity)
+    scores higher, a node without traffic data gets NEUTRAL_SCORE. The extender's ScoreBook
+    keeps these per snapshot."""
+    return {n: load_score(loads[n], scale) if n in loads else NEUTRAL_SCORE for n in names}
+
+
 def node_scores(traffic: dict[str, float], node_names, *, capacity: dict[str, float] | None = None,
-                match: str = "name", node_addresses=None,
-                added: dict[str, float] | None = None) -> list[int]:
-    """THE decision: a score 0..10 per node, in the order given; lower utilisation (or traffic,
-    without capacity) scores higher, a node without traffic data gets NEUTRAL_SCORE. `added`:
-    bytes/s placed on nodes since the sample (herd control)."""
+                match: str = "name", node_addresses=None) -> list[int]:
+    """scores_of for one sample, in the order of `node_names`."""
     names = list(node_names)
-    scale = TrafficScale.of(traffic.values())
     loads = node_loads(traffic, capacity or {}, names, match=match, node_addresses=node_addresses)
-    added = added or {}
-    return [load_score(loads[n], scale, added.get(n, 0.0)) if n in loads else NEUTRAL_SCORE
-            for n in names]
+    scores = scores_of(loads, TrafficScale.of(traffic.values()), names)
+    return [scores[n] for n in names]
 
 
 # --- the poller ---------------------------------------------------------------------------------
