@@ -19,7 +19,8 @@ import time
 from .lab import Lab
 from .report import load_average, machine, markdown, summary, table
 
-# Cheap first; the extender last, since its Prometheus scrapes 5,000 series while it runs.
+# Cheap first; the extender late, since its Prometheus scrapes 5,000 series while it runs, and
+# the real control plane last.
 SECTIONS = {           # name -> module of bench/ whose run(lab) returns its figures
     "policy": "policy",
     "registry": "registry_costs",
@@ -32,6 +33,7 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "memory": "memory",
     "gate": "gate",
     "extender": "extender",
+    "kube": "kube",
 }
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

@@ -73,6 +73,7 @@ class BootstrapSpec:
     renew_before_days: int = 30
     cluster_domain: str = "cluster.local"
     allow_missing_webhook_config: bool = False   # the pre-install run comes before it exists
+    extra_hosts: tuple[str, ...] = ()      # names the webhook is also called by (an external URL's)
 
     def __post_init__(self):
         if self.days <= 0 or self.renew_before_days <= 0:
@@ -89,7 +90,8 @@ class BootstrapSpec:
 
     @property
     def hosts(self) -> list[str]:
-        return service_dns_names(self.service, self.namespace, self.cluster_domain)
+        return list(dict.fromkeys(service_dns_names(self.service, self.namespace,
+                                                    self.cluster_domain) + list(self.extra_hosts)))
 
     @property
     def renew_before(self) -> dt.timedelta:

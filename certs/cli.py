@@ -57,6 +57,8 @@ def register(subparsers) -> None:
     boot.add_argument("--ca-days", type=_positive_int, default=3650)
     boot.add_argument("--renew-before-days", type=_positive_int, default=30)
     boot.add_argument("--cluster-domain", default="cluster.local")
+    boot.add_argument("--host", action="append", default=[], metavar="NAME_OR_IP",
+                      help="an extra SAN (repeatable), e.g. the host of an external webhook URL")
     boot.add_argument("--kubeconfig", metavar="FILE",
                       help="default: in-cluster credentials, else $KUBECONFIG / ~/.kube/config")
     boot.set_defaults(func=_bootstrap)
@@ -96,7 +98,8 @@ def _bootstrap(args) -> int:
                          days=args.days, ca_days=args.ca_days,
                          renew_before_days=args.renew_before_days,
                          cluster_domain=args.cluster_domain,
-                         allow_missing_webhook_config=args.allow_missing_webhook_config)
+                         allow_missing_webhook_config=args.allow_missing_webhook_config,
+                         extra_hosts=tuple(args.host))
     api_client = api_client_from_environment(args.kubeconfig)
     try:
         result = run_bootstrap(spec, api_client)

@@ -20,6 +20,9 @@ because on a first install nothing else exists yet when the pre-install Job runs
 - --ca-days={{ int .root.Values.tls.bootstrap.caDays }}
 - --renew-before-days={{ int .root.Values.tls.bootstrap.renewBeforeDays }}
 - --cluster-domain={{ .root.Values.clusterDomain }}
+{{- with .root.Values.webhook.url }}
+- --host={{ (urlParse .).hostname }}
+{{- end }}
 {{- if .allowMissing }}
 - --allow-missing-webhook-config
 {{- end }}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# A real Kubernetes control plane on this machine with archway installed by its Helm chart:
+#
+#   bash scripts/cluster.sh up [--archway-config FILE] [--values FILE]   (last line: export KUBECONFIG=...)
+#   bash scripts/cluster.sh status
+#   bash scripts/cluster.sh down
+#
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl are built from the Go
+# module proxy once (scripts/k8s-build.sh, cached in ~/.cache/archway/k8s/<version>/); Nodes of
+# several architectures (2 amd64, 2 arm64, 1 ppc64le) are API objects, no kubelet runs. The chart
+# is installed with `helm install --no-hooks`, its hooks' commands run here as their
+# ServiceAccounts, and `archway serve` (webhook, extender) and the second kube-scheduler run here
+# as the chart's ServiceAccounts. FILE: a YAML fragment of archway's configuration deep-merged
+# over the chart's (e.g. registry.insecure_hosts). State and logs: ~/.local/state/archway/cluster
+# ($ARCHWAY_CLUSTER_DIR). Details: docs/real-control-plane.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = up ] && [ "${ARCHWAY_SKIP_SETUP:-}" != 1 ]; then
+  bash scripts/setup.sh --test >&2     # the virtualenv with archway, helm (skips what is there)
+fi
+exec .venv/bin/python -m tests.infra.cluster "$@"

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Builds a real Kubernetes control plane from the Go module proxy and prints the folder that holds
+# it: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl, cached under
+# ~/.cache/archway/k8s/<version>/ (a second run builds nothing).
+#   scripts/k8s-build.sh            the pinned version below
+#   ARCHWAY_K8S_VERSION=v1.36.3 ARCHWAY_ETCD_VERSION=v3.6.16 scripts/k8s-build.sh
+# `go install k8s.io/kubernetes/cmd/...@v` refuses the module (its go.mod replaces every staging
+# module by a folder), so a wrapper module requires it and replaces each staging module by its
+# published v0.<minor>.<patch> instead; etcd's server gets the same treatment. Notes and measured
+# costs: docs/real-control-plane.md.
+set -euo pipefail
+K8S=${ARCHWAY_K8S_VERSION:-v1.37.2}
+ETCD=${ARCHWAY_ETCD_VERSION:-v3.7.3}
+CACHE=${ARCHWAY_K8S_CACHE:-$HOME/.cache/archway/k8s}
+out="$CACHE/$K8S"
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+
+complete() { for b in "${binaries[@]}"; do [ -x "$out/$b" ] || return 1; done; }
+if complete; then echo "$out"; exit 0; fi
+
+say() { echo "k8s-build: $*" >&2; }
+command -v go >/dev/null || { say "no go on PATH (need Go >= the go line of k8s.io/kubernetes $K8S)"; exit 1; }
+export GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=-mod=mod CGO_ENABLED=0
+mkdir -p "$CACHE"
+work=$(mktemp -d "$CACHE/.build-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+log="$CACHE/build-$K8S.log"
+: >"$log"
+step() {  # step NAME CMD...: runs CMD in the wrapper folder, its output into the build log
+  say "$1 (log: $log)"
+  if ! (cd "$work/$mod" && "${@:2}") >>"$log" 2>&1; then
+    say "FAILED: $1 — last lines of $log:"; tail -n 25 "$log" >&2; exit 1
+  fi
+}
+
+# --- kube-apiserver, kube-controller-manager, kube-scheduler, kubectl -------------------------
+mod=k8s; mkdir -p "$work/$mod"
+upstream=$(go mod download -json "k8s.io/kubernetes@$K8S" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
+[ -n "$upstream" ] || { say "the module proxy does not serve k8s.io/kubernetes@$K8S"; exit 1; }
+minor_patch=${K8S#v1.}                       # 37.2
+staging_version="v0.$minor_patch"
+{
+  echo "module archway.local/k8s"
+  grep -E '^(go|godebug) ' "$upstream"
+  echo "require k8s.io/kubernetes $K8S"
+  echo "replace ("
+  sed -n 's|^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/.*|\t\1 => \1 '"$staging_version"'|p' "$upstream"
+  echo ")"
+} >"$work/$mod/go.mod"
+cat >"$work/$mod/tools.go" <<'EOF'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+EOF
+# The version stamp hack/lib/version.sh writes: without it /version says v0.0.0-master, helm's
+# kubeVersion checks fail and feature-gate defaults follow the wrong release.
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  ldflags+=" -X $pkg.gitVersion=$K8S -X $pkg.gitMajor=1 -X $pkg.gitMinor=${minor_patch%%.*}"
+  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+done
+step "resolving k8s.io/kubernetes $K8S and its staging modules ($staging_version)" go mod tidy -e
+step "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl" \
+  go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$ldflags" -o "$work/bin/" \
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+
+# --- etcd ------------------------------------------------------------------------------------
+mod=etcd; mkdir -p "$work/$mod"
+etcd_mod=$(go mod download -json "go.etcd.io/etcd/server/v3@$ETCD" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
+[ -n "$etcd_mod" ] || { say "the module proxy does not serve go.etcd.io/etcd/server/v3@$ETCD"; exit 1; }
+{
+  echo "module archway.local/etcd"
+  grep -E '^go ' "$etcd_mod"
+  echo "require go.etcd.io/etcd/server/v3 $ETCD"
+  echo "replace ("
+  # ../api, ../client/pkg, ...: the sibling modules, published at the same version
+  sed -n 's|^[[:space:]]*\(go\.etcd\.io/etcd/[a-z0-9/]*\) => \.\./.*|\t\1 => \1 '"$ETCD"'|p' "$etcd_mod"
+  echo ")"
+} >"$work/$mod/go.mod"
+cat >"$work/$mod/main.go" <<'EOF'
+// etcd's own main: server/main.go calls etcdmain.Main the same way.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+EOF
+step "resolving go.etcd.io/etcd/server/v3 $ETCD" go mod tidy -e
+step "building etcd" go build -trimpath -ldflags "-s -w" -o "$work/bin/etcd" .
+
+mkdir -p "$out"
+for b in "${binaries[@]}"; do mv "$work/bin/$b" "$out/$b"; done
+say "built ${binaries[*]} into $out"
+echo "$out"

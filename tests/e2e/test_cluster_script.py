@@ -1,0 +1,90 @@
+"""`scripts/cluster.sh` as an operator (or an acceptance test) uses it: up with a config fragment,
+a workload placed through it, status, down; and a failed up that says where it failed and
+leaves nothing running."""
+import os
+import subprocess
+
+import yaml
+
+from tests.infra.kube import Kube
+from tests.infra.procs import REPO
+
+from .workloads import arches_of, create_deployment, deployment, wait_bound
+
+SCRIPT = os.path.join(REPO, "scripts", "cluster.sh")
+
+
+def cluster_sh(state_dir, *args, timeout=300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ARCHWAY_CLUSTER_DIR=str(state_dir), ARCHWAY_SKIP_SETUP="1")
+    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def running_under(path) -> list[str]:
+    """Command lines of the processes that name `path` (what an `up` there started)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                line = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                zombie = f.read().split(b") ", 1)[1][:1] == b"Z"
+        except OSError:
+            continue
+        if str(path) in line and not zombie and int(pid) != os.getpid():
+            found.append(line)
+    return found
+
+
+def test_up_places_a_workload_then_down_stops_everything(tmp_path, images):
+    state = tmp_path / "cluster"
+    fragment = tmp_path / "archway.yaml"
+    fragment.write_text(yaml.safe_dump({"registry": {"insecure_hosts": [images.registry.host]}}))
+    up = cluster_sh(state, "up", "--archway-config", str(fragment))
+    try:
+        assert up.returncode == 0, up.stderr[-3000:]
+        last = up.stdout.strip().splitlines()[-1]
+        assert last == f"export KUBECONFIG={state}/admin.kubeconfig", up.stdout
+        with open(state / "admin.kubeconfig") as f:
+            config = yaml.safe_load(f)
+        kube = Kube(config["clusters"][0]["cluster"]["server"], config["users"][0]["user"]["token"],
+                    config["clusters"][0]["cluster"]["certificate-authority"])
+        nodes = {n["metadata"]["name"]: n["metadata"]["labels"]["kubernetes.io/arch"]
+                 for n in kube.items("/api/v1/nodes")}
+        assert sorted(nodes.values()) == ["amd64", "amd64", "arm64", "arm64", "ppc64le"]
+        assert all(n["status"]["allocatable"]["pods"] == "110" for n in kube.items("/api/v1/nodes"))
+        assert kube.get("/version")["gitVersion"].startswith("v1.")
+
+        kube.create("/api/v1/namespaces", {"metadata": {"name": "shop"}})
+        kube.wait_for(lambda: kube.get("/api/v1/namespaces/shop/serviceaccounts/default"), timeout=30)
+        create_deployment(kube, "shop", deployment("web", [images.ref("e2e/arm64")], replicas=4))
+        assert arches_of(kube, wait_bound(kube, "shop", "web", 4)) == {"arm64"}
+
+        status = cluster_sh(state, "status")
+        assert status.returncode == 0, status.stdout
+        for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                     "archway-webhook", "archway-extender", "archway-scheduler"):
+            assert f"{name} " in status.stdout and "STOPPED" not in status.stdout
+        assert running_under(state)
+    finally:
+        down = cluster_sh(state, "down")
+    assert down.returncode == 0, down.stderr
+    assert not state.exists()
+    assert running_under(state) == []
+    assert cluster_sh(state, "status").returncode == 3
+
+
+def test_a_failed_up_names_the_step_and_the_log_and_leaves_nothing_running(tmp_path):
+    state = tmp_path / "cluster"
+    fragment = tmp_path / "archway.yaml"
+    fragment.write_text(yaml.safe_dump({"admission": {"gate_max_secnds": 5}}))   # a typo
+    up = cluster_sh(state, "up", "--archway-config", str(fragment))
+    assert up.returncode == 1
+    assert "up failed at: archway" in up.stderr
+    assert "archway serve (archway-webhook) exited at start" in up.stderr
+    assert "gate_max_secnds" in up.stderr           # the log's last lines say why
+    assert "export KUBECONFIG" not in up.stdout
+    assert not state.exists()
+    kept = tmp_path / "cluster-failed-logs"
+    assert (kept / "archway-webhook.log").exists() and (kept / "kube-apiserver.log").exists()
+    assert running_under(state) == []

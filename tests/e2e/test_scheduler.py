@@ -1,0 +1,95 @@
+"""archway's second scheduler: the real kube-scheduler with the chart's KubeSchedulerConfiguration
+calls the extender (running as the chart's scheduler ServiceAccount), which filters nodes by
+architecture and scores them by link utilisation read from a real Prometheus."""
+import re
+import time
+
+import pytest
+
+from tests.infra.kube import pod_path
+from tests.infra.prometheus import FakeNodeExporters, PrometheusServer
+
+from .workloads import arches_of, create_pod, pod, wait_bound
+
+QUIET, BUSY = 1e4, 1e9          # bytes/s
+LINK = 1.25e9                   # 10 Gb/s links
+
+
+@pytest.fixture(scope="module")
+def traffic(archway, control_plane, tmp_path_factory):
+    """Prometheus scraping one exporter per Node (nodename = the Node's name), and the extender
+    restarted to read it with a short window; put back afterwards."""
+    names = [name for name, _ in control_plane.nodes]
+    exporters = FakeNodeExporters({name: QUIET for name in names}, {name: LINK for name in names})
+    prometheus = PrometheusServer(tmp_path_factory.mktemp("prometheus"), exporters)
+    try:
+        prometheus.wait_for("count(node_uname_info)", at_least=1,
+                            check=lambda r: float(r[0]["value"][1]) == len(names))
+        archway.restart_extender({"prometheus": {
+            "url": prometheus.url, "window": "3s", "refresh_seconds": 1,
+            "stale_after_seconds": 30}})
+        yield exporters, prometheus
+    finally:
+        archway.restart_extender()
+        prometheus.stop()
+        exporters.stop()
+
+
+def busy_only(exporters, prometheus, busy: str) -> None:
+    """`busy` carries BUSY bytes/s, every other node QUIET; returns once Prometheus says so over
+    the whole window and the extender had time to read it (it refreshes every second)."""
+    for name in exporters.nodes:
+        exporters.set_rate(name, BUSY if name == busy else QUIET)
+    query = ('sum by (nodename) (rate(node_network_receive_bytes_total{device="eth0"}[3s]) '
+             '* on(instance) group_left(nodename) node_uname_info)')
+
+    def settled(result):
+        rates = {r["metric"]["nodename"]: float(r["value"][1]) for r in result}
+        return len(rates) == len(exporters.nodes) and all(
+            (rate > BUSY / 4) if name == busy else (rate < BUSY / 100) for name, rate in rates.items())
+    prometheus.wait_for(query, at_least=len(exporters.nodes), check=settled, timeout=20)
+    time.sleep(2.5)
+
+
+def test_the_second_scheduler_binds_to_the_quieter_node_of_the_right_architecture(
+        archway, kube, namespace, images, traffic):
+    exporters, prometheus = traffic
+    image = images.ref("e2e/amd64")
+    chosen = []
+    for round_, busy in enumerate(("amd64-1", "amd64-2", "amd64-1")):
+        busy_only(exporters, prometheus, busy)
+        name = f"round-{round_}"
+
+        def placed(name=name):
+            create_pod(kube, namespace, pod(name, [image], schedulerName=archway.scheduler_name))
+            return wait_bound(kube, namespace, name, 1)[0]
+        bound = placed()
+        chosen.append(bound["spec"]["nodeName"])
+        assert arches_of(kube, [bound]) == {"amd64"}
+        assert bound["spec"]["nodeName"] != busy, (busy, bound["spec"]["nodeName"])
+    assert chosen == ["amd64-2", "amd64-1", "amd64-2"]
+    calls = re.findall(r'archway_extender_requests_total\{outcome="ok",verb="(\w+)"\} (\d+)',
+                       archway.extender.get("/metrics").text)
+    assert {verb for verb, count in calls if int(count) >= 3} >= {"filter", "prioritize"}, calls
+
+
+def test_the_second_scheduler_never_binds_to_a_node_of_another_architecture(
+        archway, kube, namespace, images, traffic):
+    exporters, prometheus = traffic
+    # Every amd64 node busy, the other nodes idle: traffic must not pull the pod off its arch.
+    for name in exporters.nodes:
+        exporters.set_rate(name, BUSY if name.startswith("amd64") else QUIET)
+    for i in range(4):
+        create_pod(kube, namespace, pod(f"p{i}", [images.ref("e2e/amd64")],
+                                        schedulerName=archway.scheduler_name))
+    for i in range(4):
+        bound = wait_bound(kube, namespace, f"p{i}", 1)[0]
+        assert arches_of(kube, [bound]) == {"amd64"}
+        assert bound["spec"]["schedulerName"] == archway.scheduler_name
+    # The default scheduler never touched them: the Scheduled events come from archway's.
+    events = kube.items(f"/api/v1/namespaces/{namespace}/events",
+                        fieldSelector="reason=Scheduled")
+    assert events and {e.get("reportingComponent") or e["source"].get("component")
+                       for e in events} == {archway.scheduler_name}
+    assert kube.get(pod_path(namespace, "p0"))["metadata"]["annotations"][
+        "archway.dev/architectures"] == "amd64"

@@ -1,0 +1,431 @@
+"""A real Kubernetes control plane on 127.0.0.1, built from source (scripts/k8s-build.sh): etcd,
+kube-apiserver, kube-controller-manager and the default kube-scheduler. No kubelet: Nodes are API
+objects, pods are bound by the scheduler and never run. The way envtest and Kubernetes' own
+integration tests do it, plus what archway needs of a cluster: RBAC, ServiceAccount tokens, the
+workload controllers and garbage collection. Recipe and pitfalls: docs/real-control-plane.md.
+
+    plane = ControlPlane(state_dir, bin_dir).start()     # ~10 s on 2 cores
+    plane.kube.create(...)                               # admin (system:masters), see kube.py
+    plane.stop()
+
+Every process runs in a session of its own and is recorded in state_dir/processes.json, so a
+ControlPlane started by one process (scripts/cluster.sh up) is stopped by another (down).
+"""
+import datetime
+import json
+import os
+import secrets
+import signal
+import subprocess
+import time
+import warnings
+from dataclasses import dataclass
+
+import requests
+import urllib3
+import yaml
+from cryptography.hazmat.primitives import serialization
+
+from .kube import Kube, KubeError
+from .procs import REPO, free_port
+from .tls import CertificateAuthority, new_key
+
+K8S_BUILD = os.path.join(REPO, "scripts", "k8s-build.sh")
+SERVICE_CIDR = "10.0.0.0/24"
+
+# What archway's workflows need: workloads and their pods, owners and garbage collection, the
+# namespace lifecycle, ServiceAccounts with tokens, the root CA ConfigMap, PodDisruptionBudgets
+# (the Eviction API reads their status). No node lifecycle controller: with no kubelet
+# heartbeats it would taint every node not-ready.
+CONTROLLERS = ("deployment-controller", "replicaset-controller", "statefulset-controller",
+               "daemonset-controller", "job-controller", "cronjob-controller",
+               "disruption-controller", "garbage-collector-controller", "namespace-controller",
+               "serviceaccount-controller", "serviceaccount-token-controller",
+               "root-ca-certificate-publisher-controller", "clusterrole-aggregation-controller")
+
+# (name, arch): the cluster's Nodes.
+DEFAULT_NODES = (("amd64-1", "amd64"), ("amd64-2", "amd64"), ("arm64-1", "arm64"),
+                 ("arm64-2", "arm64"), ("ppc64le-1", "ppc64le"))
+
+
+class ControlPlaneError(RuntimeError):
+    """A step that failed: which one, and the log that says why."""
+
+
+def build_binaries() -> str:
+    """The folder holding etcd, kube-apiserver, ... (built once per version, then cached)."""
+    done = subprocess.run(["bash", K8S_BUILD], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ControlPlaneError(f"scripts/k8s-build.sh failed:\n{done.stderr[-3000:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+@dataclass
+class Process:
+    name: str
+    pid: int
+    log: str
+
+
+def _clean_env() -> dict:
+    # A proxy from the environment would carry the apiserver's calls to the webhook elsewhere.
+    return {k: v for k, v in os.environ.items() if k.lower() not in
+            ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "kubeconfig")}
+
+
+def start_process(name: str, args: list[str], state_dir: str, env: dict | None = None) -> Process:
+    log = os.path.join(state_dir, "logs", f"{name}.log")
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env or _clean_env(), start_new_session=True, cwd=state_dir)
+    return Process(name, proc.pid, log)
+
+
+def stop_process(process: Process, timeout: float = 10.0) -> None:
+    """SIGTERM to the process's session, SIGKILL after `timeout`; reaps it when it is a child."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not _alive(process.pid):
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _alive(process.pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)   # reap our own children
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass                                       # not our child: ask the kernel
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat", "rb") as f:     # a zombie of another parent is gone too
+        return f.read().split(b") ", 1)[1][:1] != b"Z"
+
+
+def _healthz(port: int) -> bool:
+    # The components' secure ports serve a certificate they made for themselves at start.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+        return requests.get(f"https://127.0.0.1:{port}/healthz", verify=False, timeout=2).text == "ok"
+
+
+def tail(path: str, lines: int = 30) -> str:
+    try:
+        with open(path, "rb") as f:
+            return b"\n".join(f.read().splitlines()[-lines:]).decode("utf-8", "replace")
+    except OSError:
+        return "(no log)"
+
+
+def kubeconfig(path: str, server: str, ca_path: str, token: str, user: str = "admin") -> str:
+    doc = {"apiVersion": "v1", "kind": "Config", "current-context": "archway",
+           "clusters": [{"name": "archway", "cluster": {"server": server,
+                                                        "certificate-authority": ca_path}}],
+           "users": [{"name": user, "user": {"token": token}}],
+           "contexts": [{"name": "archway", "context": {"cluster": "archway", "user": user}}]}
+    with open(path, "w") as f:
+        yaml.safe_dump(doc, f)
+    os.chmod(path, 0o600)
+    return path
+
+
+class ControlPlane:
+    def __init__(self, state_dir: str, bin_dir: str | None = None, *, nodes=DEFAULT_NODES):
+        self.state_dir = os.path.abspath(state_dir)
+        self.bin_dir = bin_dir
+        self.nodes = nodes
+        self.processes: dict[str, Process] = {}
+        self.ports: dict[str, int] = {}
+        self.kube: Kube | None = None
+
+    # --- files ---------------------------------------------------------------------------
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.state_dir, *parts)
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    @property
+    def ca_path(self) -> str:
+        return self.path("pki", "ca.crt")
+
+    @property
+    def admin_kubeconfig(self) -> str:
+        return self.path("admin.kubeconfig")
+
+    def binary(self, name: str) -> str:
+        assert self.bin_dir
+        return os.path.join(self.bin_dir, name)
+
+    def _pki(self) -> dict[str, str]:
+        """A CA, the apiserver's serving pair, the ServiceAccount signing key and static tokens
+        for the admin and the two components (their bootstrap RBAC roles bind these users)."""
+        pki = self.path("pki")
+        ca = CertificateAuthority(pki, name="ca", days=365)
+        os.replace(ca.cert_path, self.ca_path)
+        serving = ca.issue("apiserver", hosts=("127.0.0.1", "localhost", "10.0.0.1", "kubernetes",
+                                              "kubernetes.default", "kubernetes.default.svc"),
+                           days=365)
+        # The front proxy's CA and client: the aggregation layer and every component's delegated
+        # authentication read them from kube-system/extension-apiserver-authentication.
+        front = CertificateAuthority(pki, name="front-proxy-ca", days=365)
+        proxy_client = front.issue("front-proxy-client", hosts=(), client=True, days=365)
+        sa_key = new_key("rsa")
+        with open(self.path("pki", "sa.key"), "wb") as f:
+            f.write(sa_key.private_bytes(serialization.Encoding.PEM,
+                                         serialization.PrivateFormat.TraditionalOpenSSL,
+                                         serialization.NoEncryption()))
+        with open(self.path("pki", "sa.pub"), "wb") as f:
+            f.write(sa_key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+        tokens = {user: secrets.token_hex(24) for user in
+                  ("admin", "system:kube-controller-manager", "system:kube-scheduler")}
+        with open(self.path("pki", "tokens.csv"), "w") as f:
+            f.write(f'{tokens["admin"]},admin,uid-admin,"system:masters"\n')
+            for user in ("system:kube-controller-manager", "system:kube-scheduler"):
+                f.write(f"{tokens[user]},{user},uid-{user.split(':')[1]}\n")
+        os.chmod(self.path("pki", "tokens.csv"), 0o600)
+        return {"cert": serving.cert_path, "key": serving.key_path, "front_ca": front.cert_path,
+                "proxy_cert": proxy_client.cert_path, "proxy_key": proxy_client.key_path, **tokens}
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def start(self) -> "ControlPlane":
+        os.makedirs(self.state_dir, exist_ok=True)
+        try:
+            self.bin_dir = self.bin_dir or build_binaries()
+            files = self._step("certificates and tokens", self._pki)
+            self.ports = {name: free_port() for name in
+                          ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")}
+            self._step("etcd", self._start_etcd)
+            self._step("kube-apiserver", self._start_apiserver, files)
+            kubeconfig(self.admin_kubeconfig, self.server, self.ca_path, files["admin"])
+            self.kube = Kube(self.server, files["admin"], self.ca_path)
+            self._step("kube-controller-manager", self._start_controller_manager,
+                       files["system:kube-controller-manager"])
+            self._step("kube-scheduler", self._start_scheduler, files["system:kube-scheduler"])
+            self._step("nodes", self._create_nodes)
+            self._step("the default ServiceAccount", self._wait_default_service_account)
+            self.save()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _step(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except ControlPlaneError:
+            raise
+        except Exception as e:
+            raise ControlPlaneError(f"{what}: {type(e).__name__}: {e}") from e
+
+    def _launch(self, name: str, args: list[str], ready, timeout: float) -> None:
+        process = start_process(name, args, self.state_dir)
+        self.processes[name] = process
+        self.save()
+        end = time.monotonic() + timeout
+        while True:
+            if not _alive(process.pid):
+                raise ControlPlaneError(f"{name} exited at start; its log {process.log} ends:\n"
+                                        f"{tail(process.log)}")
+            try:
+                if ready():
+                    return
+            except (requests.RequestException, KubeError, OSError):
+                pass
+            if time.monotonic() > end:
+                raise ControlPlaneError(f"{name} was not ready after {timeout:g} s; its log "
+                                        f"{process.log} ends:\n{tail(process.log)}")
+            time.sleep(0.2)
+
+    def _start_etcd(self) -> None:
+        client = f"http://127.0.0.1:{self.ports['etcd']}"
+        peer = f"http://127.0.0.1:{self.ports['etcd-peer']}"
+        self._launch("etcd", [
+            self.binary("etcd"), "--name=archway", f"--data-dir={self.path('etcd')}",
+            f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=archway={peer}", "--unsafe-no-fsync=true",
+            "--listen-metrics-urls=", "--log-level=warn",
+        ], lambda: requests.get(f"{client}/health", timeout=1).json().get("health") == "true", 30)
+
+    def _start_apiserver(self, files: dict) -> None:
+        admin = files["admin"]
+        self._launch("kube-apiserver", [
+            self.binary("kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.ports['apiserver']}",
+            # A loopback advertise address is refused by the default endpoint reconciler.
+            "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+            f"--tls-cert-file={files['cert']}", f"--tls-private-key-file={files['key']}",
+            f"--client-ca-file={self.ca_path}", f"--token-auth-file={self.path('pki', 'tokens.csv')}",
+            "--authorization-mode=RBAC", "--anonymous-auth=false",
+            f"--requestheader-client-ca-file={files['front_ca']}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={files['proxy_cert']}",
+            f"--proxy-client-key-file={files['proxy_key']}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={self.path('pki', 'sa.pub')}",
+            f"--service-account-signing-key-file={self.path('pki', 'sa.key')}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
+            # It puts node.kubernetes.io/not-ready:NoSchedule on every new Node, and only a
+            # kubelet would take it off.
+            "--disable-admission-plugins=TaintNodesByCondition",
+            "--profiling=false", "--v=1",
+        ], lambda: requests.get(f"{self.server}/readyz", verify=self.ca_path, timeout=2,
+                                headers={"Authorization": f"Bearer {admin}"}).text == "ok", 90)
+
+    def _start_controller_manager(self, token: str) -> None:
+        config = kubeconfig(self.path("controller-manager.kubeconfig"), self.server, self.ca_path,
+                            token, "system:kube-controller-manager")
+        port = self.ports["controller-manager"]
+        self._launch("kube-controller-manager", [
+            self.binary("kube-controller-manager"), f"--kubeconfig={config}",
+            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={port}",
+            f"--controllers={','.join(CONTROLLERS)}",
+            # Each controller acts as its own ServiceAccount, under its bootstrap role.
+            "--use-service-account-credentials=true",
+            f"--root-ca-file={self.ca_path}",
+            f"--service-account-private-key-file={self.path('pki', 'sa.key')}",
+            f"--cert-dir={self.path('controller-manager-certs')}", "--v=1",
+        ], lambda: _healthz(port), 60)
+
+    def _start_scheduler(self, token: str) -> None:
+        self.start_scheduler("kube-scheduler", token, {"leaderElection": {"leaderElect": False}},
+                             port=self.ports["scheduler"])
+
+    def start_scheduler(self, name: str, token: str, config: dict, *, port: int | None = None,
+                        user: str = "system:kube-scheduler") -> Process:
+        """A kube-scheduler with `config` (a KubeSchedulerConfiguration, whose
+        clientConnection.kubeconfig is set here to `token`'s identity)."""
+        port = port or free_port()
+        self.ports[name] = port
+        client = kubeconfig(self.path(f"{name}.kubeconfig"), self.server, self.ca_path, token, user)
+        config = dict(config, apiVersion="kubescheduler.config.k8s.io/v1",
+                      kind="KubeSchedulerConfiguration")
+        config["clientConnection"] = dict(config.get("clientConnection") or {}, kubeconfig=client)
+        path = self.path(f"{name}.config.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(config, f)
+        self._launch(name, [
+            self.binary("kube-scheduler"), f"--config={path}", "--bind-address=127.0.0.1",
+            f"--secure-port={port}", f"--cert-dir={self.path(name + '-certs')}", "--v=1",
+            # Its secure port authenticates and authorizes through the API, as in a pod.
+            f"--authentication-kubeconfig={client}", f"--authorization-kubeconfig={client}",
+        ], lambda: _healthz(port), 60)
+        self.save()
+        return self.processes[name]
+
+    def stop_scheduler(self, name: str) -> None:
+        stop_process(self.processes.pop(name))
+        self.save()
+
+    def restart_scheduler(self, name: str, client_connection: dict | None = None) -> Process:
+        """The scheduler `name` (stopped or not) started again with its own configuration and
+        identity; `client_connection` changes its client settings (qps, burst)."""
+        if name in self.processes:
+            self.stop_scheduler(name)
+        with open(self.path(f"{name}.config.yaml")) as f:
+            config = yaml.safe_load(f)
+        with open(self.path(f"{name}.kubeconfig")) as f:
+            (user,) = yaml.safe_load(f)["users"]
+        config["clientConnection"].update(client_connection or {})
+        return self.start_scheduler(name, user["user"]["token"], config, port=self.ports[name],
+                                    user=user["name"])
+
+    def _create_nodes(self) -> None:
+        for i, (name, arch) in enumerate(self.nodes):
+            self.add_node(name, arch, address=f"10.244.0.{i + 1}")
+
+    def add_node(self, name: str, arch: str, *, address: str, pods: int = 110,
+                 labels: dict | None = None) -> dict:
+        """A Ready Node as a kubelet would register it (allocatable incl. pods)."""
+        assert self.kube is not None
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        resources = {"cpu": "16", "memory": "64Gi", "pods": str(pods), "ephemeral-storage": "100Gi"}
+        status = {
+            "capacity": resources, "allocatable": resources,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "a Node object of archway's test control plane (no kubelet)",
+                            "lastHeartbeatTime": now, "lastTransitionTime": now}],
+            "addresses": [{"type": "InternalIP", "address": address},
+                          {"type": "Hostname", "address": name}],
+            "nodeInfo": {"architecture": arch, "operatingSystem": "linux",
+                         "kubeletVersion": "v0.0.0-none", "containerRuntimeVersion": "none://",
+                         "kernelVersion": "", "osImage": "", "machineID": "", "systemUUID": "",
+                         "bootID": "", "kubeProxyVersion": ""}}
+        node = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/arch": arch,
+                                                       "kubernetes.io/os": "linux",
+                                                       "kubernetes.io/hostname": name,
+                                                       **(labels or {})}},
+                "status": status}
+        stored = self.kube.create("/api/v1/nodes", node)
+        if not stored.get("status", {}).get("allocatable"):
+            stored = self.kube.patch(f"/api/v1/nodes/{name}/status", {"status": status})
+        return stored
+
+    def _wait_default_service_account(self) -> None:
+        assert self.kube is not None
+        self.kube.wait_for(lambda: self.kube.get("/api/v1/namespaces/default/serviceaccounts/default"),
+                           timeout=60, what="the default ServiceAccount")
+
+    def new_namespace(self, name: str, labels: dict | None = None) -> str:
+        """A namespace whose `default` ServiceAccount exists (pods need it)."""
+        assert self.kube is not None
+        self.kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                "metadata": {"name": name,
+                                                             "labels": labels or {}}})
+        self.kube.wait_for(
+            lambda: self.kube.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+            timeout=30, what=f"the default ServiceAccount of {name}")
+        return name
+
+    # --- state ---------------------------------------------------------------------------
+    def save(self) -> None:
+        state = {"bin_dir": self.bin_dir, "ports": self.ports,
+                 "processes": [vars(p) for p in self.processes.values()],
+                 "token": self.kube.token if self.kube else None}
+        with open(self.path("processes.json"), "w") as f:
+            json.dump(state, f, indent=1)
+
+    @classmethod
+    def load(cls, state_dir: str) -> "ControlPlane":
+        plane = cls(state_dir)
+        with open(plane.path("processes.json")) as f:
+            state = json.load(f)
+        plane.bin_dir = state["bin_dir"]
+        plane.ports = state["ports"]
+        plane.processes = {p["name"]: Process(**p) for p in state["processes"]}
+        if state.get("token"):
+            plane.kube = Kube(plane.server, state["token"], plane.ca_path)
+        return plane
+
+    def running(self) -> dict[str, bool]:
+        return {name: _alive(p.pid) for name, p in self.processes.items()}
+
+    def stop(self) -> None:
+        """Stop every process, the last started first."""
+        for process in reversed(list(self.processes.values())):
+            stop_process(process)
+        self.processes.clear()
+        if os.path.isdir(self.state_dir):
+            self.save()
+
