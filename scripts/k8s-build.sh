@@ -81,8 +81,14 @@ etcd_mod=$(go mod download -json "go.etcd.io/etcd/server/v3@$ETCD" | sed -n 's/^
   grep -E '^go ' "$etcd_mod"
   echo "require go.etcd.io/etcd/server/v3 $ETCD"
   echo "replace ("
-  # ../api, ../client/pkg, ...: the sibling modules, published at the same version
-  sed -n 's|^[[:space:]]*\(go\.etcd\.io/etcd/[a-z0-9/]*\) => \.\./.*|\t\1 => \1 '"$ETCD"'|p' "$etcd_mod"
+  # ../api, ../client/pkg, ...: the sibling modules, published at the same version; etcd 3.5's
+  # client/v2 module numbers it v2.3<minor, 2 digits>.<patch> (v3.5.35 -> v2.305.35).
+  etcd_v2=$(echo "$ETCD" | awk -F'[v.]' '{printf "v2.3%02d.%s", $3, $4}')
+  sed -n 's|^[[:space:]]*\(go\.etcd\.io/etcd/[a-z0-9/]*\) => \.\./.*|\1|p' "$etcd_mod" |
+    while read -r module; do
+      case "$module" in */v2) printf '\t%s => %s %s\n' "$module" "$module" "$etcd_v2" ;;
+                        *) printf '\t%s => %s %s\n' "$module" "$module" "$ETCD" ;; esac
+    done
   echo ")"
 } >"$work/$mod/go.mod"
 cat >"$work/$mod/main.go" <<'EOF'

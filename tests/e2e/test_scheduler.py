@@ -2,11 +2,12 @@
 calls the extender (running as the chart's scheduler ServiceAccount), which filters nodes by
 architecture and scores them by link utilisation read from a real Prometheus."""
 import re
-import time
 
 import pytest
+import requests
 
 from tests.infra.kube import pod_path
+from tests.infra.procs import wait_until
 from tests.infra.prometheus import FakeNodeExporters, PrometheusServer
 
 from .workloads import arches_of, create_pod, pod, wait_bound
@@ -48,7 +49,19 @@ def busy_only(exporters, prometheus, busy: str) -> None:
         return len(rates) == len(exporters.nodes) and all(
             (rate > BUSY / 4) if name == busy else (rate < BUSY / 100) for name, rate in rates.items())
     prometheus.wait_for(query, at_least=len(exporters.nodes), check=settled, timeout=20)
-    time.sleep(2.5)
+
+
+def extender_sees(archway, busy: str) -> None:
+    """Wait until the extender's own prioritize ranks `busy` below every other amd64 node."""
+    def ranked():
+        args = {"Pod": {"metadata": {"name": "probe", "namespace": "default",
+                                     "annotations": {"archway.dev/architectures": "amd64"}},
+                        "spec": {"containers": [{"name": "c", "image": "x"}]}},
+                "NodeNames": ["amd64-1", "amd64-2"]}
+        scores = {s["Host"]: s["Score"] for s in requests.post(
+            archway.extender.url + "/scheduler/prioritize", json=args, timeout=5).json()}
+        return all(scores[busy] < score for host, score in scores.items() if host != busy)
+    wait_until(ranked, timeout=20, what=f"the extender to rank {busy} lowest")
 
 
 def test_the_second_scheduler_binds_to_the_quieter_node_of_the_right_architecture(
@@ -58,6 +71,7 @@ def test_the_second_scheduler_binds_to_the_quieter_node_of_the_right_architectur
     chosen = []
     for round_, busy in enumerate(("amd64-1", "amd64-2", "amd64-1")):
         busy_only(exporters, prometheus, busy)
+        extender_sees(archway, busy)
         name = f"round-{round_}"
 
         def placed(name=name):

@@ -445,10 +445,25 @@ def _up(args) -> int:
     print(f"cluster.sh: archway webhook {install.webhook.url} (log {install.webhook.process.log}),"
           f" extender {install.extender.url}, second scheduler '{install.scheduler_name}'",
           file=sys.stderr)
+    print(f"cluster.sh: kubectl: {_kubectl_on_path(plane.binary('kubectl'))}", file=sys.stderr)
     print(f"cluster.sh: state and logs in {state_dir}; stop with: bash scripts/cluster.sh down",
           file=sys.stderr)
     print(f"export KUBECONFIG={plane.admin_kubeconfig}")
     return 0
+
+
+def _kubectl_on_path(built: str) -> str:
+    """Where `kubectl` is: the one on PATH, else the one built with the control plane, linked
+    into /usr/local/bin when that is writable (never over another kubectl)."""
+    found = shutil.which("kubectl")
+    if found:
+        return found
+    link = "/usr/local/bin/kubectl"
+    try:
+        os.symlink(built, link)
+        return f"{link} -> {built}"
+    except OSError:
+        return f"{built} (put its folder on PATH)"
 
 
 def _down(args) -> int:
