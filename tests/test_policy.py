@@ -294,6 +294,43 @@ def test_explain_exits_1_when_a_workload_cannot_run_or_an_image_cannot_be_read(c
     assert text.returncode == 1 and "CANNOT RUN" in text.stdout
 
 
+def test_explain_exits_1_when_a_workloads_own_arch_pin_excludes_its_images(config_file, images,
+                                                                          tmp_path):
+    """The CI pre-flight's reason to exist: a workload pinned (nodeSelector or required node
+    affinity) to an arch its images lack never starts, whatever archway's config says."""
+    pinned = deployment("pinned", images["amd"])
+    pinned["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/arch": "arm64"}
+    agent = {"apiVersion": "apps/v1", "kind": "DaemonSet",
+             "metadata": {"name": "agent", "namespace": "kube-system"},
+             "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {
+                 "metadata": {"labels": {"app": "agent"}},
+                 "spec": {**pod_spec(images["multi"]), "affinity": {"nodeAffinity": {
+                     "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                         {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In",
+                                                "values": ["s390x", "ppc64le"]}]}]}}}}}}}
+    wide = deployment("wide", images["multi"])   # pinned to one of its images' archs: fine
+    wide["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/arch": "arm64"}
+    path = tmp_path / "pinned.yaml"
+    path.write_text(manifests(pinned, agent, wide))
+    result = archway("explain", "--json", "-f", str(path), "--config", config_file)
+    assert result.returncode == 1, result.stderr
+    pinned_row, agent_row, wide_row = json.loads(result.stdout)
+    assert not pinned_row["can_run"] and not agent_row["can_run"] and wide_row["can_run"]
+    assert pinned_row["cannot_run"] == ("the pod's own kubernetes.io/arch constraint (arm64) "
+                                        "excludes every architecture its images support (amd64)")
+    assert "(ppc64le, s390x)" in agent_row["cannot_run"]
+    assert wide_row["cannot_run"] is None
+    text = archway("explain", "-f", str(path), "--config", config_file)
+    assert text.returncode == 1
+    assert "CANNOT RUN: the pod's own kubernetes.io/arch constraint (arm64) excludes" in text.stdout
+    # audit mode changes what archway does to pods, not whether they can run
+    audit = tmp_path / "audit.yaml"
+    audit.write_text(yaml.safe_dump({**yaml.safe_load(open(config_file)),
+                                     "admission": {"mode": "audit"}}))
+    result = archway("explain", "--json", "-f", str(path), "--config", str(audit))
+    assert result.returncode == 1 and not json.loads(result.stdout)[0]["can_run"]
+
+
 @pytest.mark.parametrize("args, stdin, words", [
     ([], None, "either -f FILE|- or pod/NAME"),
     (["-f", "-", "pod/x"], "", "either -f FILE|- or pod/NAME"),

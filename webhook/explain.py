@@ -3,8 +3,9 @@
 For every workload in the manifests (or one live pod), the images with their architectures and
 the patch archway would apply under the current config, preferred terms and tolerations
 included: the pre-flight check a CI job runs on `helm template | archway explain -f -`.
-Exit 0 when every workload can run somewhere, 1 when one has no common architecture or an
-image could not be read, 2 on usage errors.
+Exit 0 when every workload can run somewhere, 1 when one cannot (no common architecture, or
+its own kubernetes.io/arch pin excludes its images' architectures) or an image could not be
+read, 2 on usage errors.
 
 The decision is `placement.decide`, the webhook's own; this module only gathers its inputs and
 prints its answer. Nothing heavy is imported before the command runs (see archway/metrics.py).
@@ -43,9 +44,19 @@ class Explanation:
 
     @property
     def can_run(self) -> bool:
-        """Some architecture runs every image, and every image could be read."""
-        return (self.decision.allowed and self.decision.architectures != frozenset()
-                and not self.unreadable)
+        """Some architecture runs every image and the pod's own arch pin allows it, and every
+        image could be read."""
+        return not self.cannot_run and not self.unreadable
+
+    @property
+    def cannot_run(self) -> str:
+        """Why no node of any architecture can run the workload ("" when one can, or unknown)."""
+        d = self.decision
+        if not d.allowed:
+            return d.message
+        if d.architectures == frozenset():
+            return "the images share no CPU architecture"
+        return d.conflict
 
 
 def explain_workload(workload: Workload, results: dict, policy: Policy, *, nodes=None,
@@ -103,7 +114,8 @@ def to_json(explanation: Explanation) -> dict:
         "kind": w.kind, "namespace": w.namespace, "name": w.name, "origin": w.origin,
         "images": [image_json(i, r) for i, r in explanation.results.items()],
         "architectures": sorted(d.architectures) if d.architectures is not None else None,
-        "can_run": explanation.can_run, "allowed": d.allowed, "outcome": d.outcome,
+        "can_run": explanation.can_run, "cannot_run": explanation.cannot_run or None,
+        "allowed": d.allowed, "outcome": d.outcome,
         "would": d.would or None, "reason": d.reason, "message": d.message or None,
         "warnings": list(d.warnings), "patch": list(d.patch),
     }
@@ -128,10 +140,8 @@ def to_text(explanation: Explanation) -> str:
                          f"  ({row['source']}, {row['digest'] or 'no digest'})")
     if not explanation.results:
         lines.append("  no images")
-    if not d.allowed:
-        lines.append(f"  CANNOT RUN: {d.message}")
-    elif d.architectures == frozenset():
-        lines.append("  CANNOT RUN: the images share no CPU architecture")
+    if explanation.cannot_run:
+        lines.append(f"  CANNOT RUN: {explanation.cannot_run}")
     elif d.architectures is None:
         lines.append("  runs on: unknown (no image told its architectures)")
     else:
@@ -175,8 +185,9 @@ def register(subparsers) -> None:
                     "or JSON, Lists opened), or for one live pod (pod/NAME -n NAMESPACE, through "
                     "the kubeconfig), print the images with their architectures and the patch "
                     "archway would apply under the current config. Exit 0 when every workload "
-                    "can run somewhere, 1 when one has no common architecture or an image could "
-                    "not be read, 2 on usage errors.")
+                    "can run somewhere, 1 when one cannot (no common architecture, or its own "
+                    "kubernetes.io/arch pin excludes its images' architectures) or an image "
+                    "could not be read, 2 on usage errors.")
     parser.add_argument("target", nargs="?", metavar="pod/NAME",
                         help="a live pod, read through the kubeconfig")
     parser.add_argument("-f", "--filename", metavar="FILE", help="manifests to explain; - for stdin")
