@@ -56,11 +56,17 @@ def test_an_image_that_cannot_be_resolved_exits_1_and_says_why(plain_registry, c
 
 
 def test_text_output_reads_well_and_refused_hosts_are_explained(plain_registry, config_file):
-    plain_registry.push_image("cli/text", "v1", "linux/arm64")
+    digest = plain_registry.push_image("cli/text", "v1", "linux/arm64")
     result = archway("--config", config_file, "inspect", plain_registry.ref("cli/text", "v1"),
                      "169.254.169.254/latest/meta:1")
     assert result.returncode == 1
     assert "architectures: arm64" in result.stdout
+    # the digest as a reference to paste into a manifest: name@sha256:...
+    assert f"  digest:        {plain_registry.host}/cli/text@{digest}\n" in result.stdout
+    as_json = json.loads(archway("--config", config_file, "inspect", "--json",
+                                 plain_registry.ref("cli/text", "v1")).stdout)
+    assert as_json[0]["digest"] == digest
+    assert as_json[0]["pinned"] == f"{plain_registry.host}/cli/text@{digest}"
     assert "link-local or metadata address" in result.stdout
 
 
