@@ -7,7 +7,8 @@ import sys
 import pytest
 import yaml
 
-from tests.infra.procs import REPO, SHARED_TESTDATA
+from tests.infra import sifbuild
+from tests.infra.procs import REPO
 from tests.infra.registry import plain_registry
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
@@ -28,11 +29,11 @@ def config_file(plain_registry, tmp_path_factory):
     return str(path)
 
 
-def test_json_lists_platforms_digest_and_source(plain_registry, config_file):
+def test_json_lists_platforms_digest_and_source(plain_registry, config_file, tmp_path):
     index = plain_registry.push_index("cli/multi", "v1", ["linux/amd64", "linux/arm/v7"],
                                       kind="docker", attestations=True)
     plain_registry.push_image("cli/single", "v1", "linux/s390x")
-    sif = os.path.join(SHARED_TESTDATA, "sif", "busybox_ppc64le.sif")
+    sif = sifbuild.siftool_image(str(tmp_path), "tool.sif", "ppc64le")
     images = [plain_registry.ref("cli/multi", "v1"), plain_registry.ref("cli/single", "v1"), sif]
     result = archway("inspect", "--json", "--config", config_file, *images)
     assert result.returncode == 0, result.stderr
