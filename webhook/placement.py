@@ -176,6 +176,20 @@ def pod_arch_constraint(pod: PodView) -> ArchSet | None:
 
 # --- the decision ----------------------------------------------------------------------------
 
+# What an image that could not be read means for the pod, said after "could not inspect X (why); ":
+# admitted as is, it does not restrict placement; gated (admission.unresolved: gate), the gate
+# controller reads it again and places the pod.
+UNREAD_ADMITTED = "it does not restrict placement"
+UNREAD_GATED = "archway reads it again and places the pod before it is scheduled"
+
+
+def gated_warnings(warnings: tuple[str, ...]) -> tuple[str, ...]:
+    """The warnings of a decision whose pod is gated: an unread image is read again."""
+    return tuple(w.removesuffix(UNREAD_ADMITTED) + UNREAD_GATED
+                 if w.startswith("could not inspect ") and w.endswith(UNREAD_ADMITTED) else w
+                 for w in warnings)
+
+
 def told_architectures(results: dict) -> dict[str, frozenset[str]]:
     """image -> its architectures, for the images whose result names some: a failure or an
     image that records no architecture says nothing about where the pod can run."""
@@ -215,7 +229,7 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
         else:
             failed.append(image)
             warnings.append(f"could not inspect {_short(image)} ({classify_error(result).words}); "
-                            "it does not restrict placement")
+                            + UNREAD_ADMITTED)
 
     if failed and policy.fail_closed:
         listed = "; ".join(f"{display_image(image)}: {classify_error(results.get(image)).words}"
