@@ -1415,3 +1415,50 @@ def test_webhook_down_alert_fires_only_when_a_scrape_says_so(helm_env, tmp_path,
     result = subprocess.run([require_binary("promtool"), "test", "rules", "tests.yaml"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- the image a plain install runs, and the chart README's quickstart --------------------------
+
+def quickstart() -> str:
+    with open(os.path.join(CHART, "README.md")) as f:
+        text = f.read()
+    section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_default_image_tag_is_the_release_tag(render):
+    """Releases tag the commit and the image vX.Y.Z (scripts/release.sh); the chart's default
+    tag must be that one, not the bare appVersion nothing pushes."""
+    with open(os.path.join(CHART, "Chart.yaml")) as f:
+        app_version = yaml.safe_load(f)["appVersion"]
+    images = {c["image"] for spec in archway_pod_specs(render("default")).values()
+              for c in spec["containers"]}
+    assert images == {f"ghcr.io/archway/archway:v{app_version}"}
+
+
+def test_the_quickstart_installs_the_image_its_first_step_pushes(helm_env):
+    """Step 1 pushes $REPO:v<appVersion> (release.sh image: tests/test_image.py runs it against a
+    real registry); step 2's `helm install` must run exactly that image in every archway pod.
+    The install itself runs against a real control plane elsewhere."""
+    steps = quickstart()
+    assert 'bash scripts/release.sh image "$REPO"' in steps
+    install = re.search(r"^helm install (.*?)(?<!\\)$", steps.replace("\\\n", " "), re.M).group(1)
+    args = [a.replace('"$REPO"', "registry.example.com/platform/archway")
+            for a in install.split()]
+    release_name, chart = args[:2]
+    assert chart == "charts/archway"
+    args = [a for a in args[2:] if a not in ("--wait", "--create-namespace")]
+    args = [a for i, a in enumerate(args) if not (a == "--timeout" or args[i - 1] == "--timeout")]
+    out = helm(helm_env, "template", release_name, os.path.join(REPO, chart), *args).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    with open(os.path.join(CHART, "Chart.yaml")) as f:
+        app_version = yaml.safe_load(f)["appVersion"]
+    images = set()
+    for doc in docs:
+        spec = (doc.get("spec") or {}).get("template") or ((doc.get("spec") or {}).get(
+            "jobTemplate") or {}).get("spec", {}).get("template")
+        images |= {c["image"] for c in (spec or {}).get("spec", {}).get("containers", [])}
+    assert images == {f"registry.example.com/platform/archway:v{app_version}"}
+    # step 3's names are the ones the chart gives for that release name
+    deployment = re.search(r"rollout status deployment/(\S+)", steps).group(1)
+    assert deployment in {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"}

@@ -74,12 +74,13 @@ app.kubernetes.io/component: {{ index . 1 }}
 
 {{/* Images ------------------------------------------------------------------------------ */}}
 {{/* repository@digest when image.digest is set (pins the exact index pushed, whatever the tag
-     now points to), else repository:tag (default: the chart's appVersion). */}}
+     now points to), else repository:tag. The default tag is the release's: "v" + appVersion,
+     as scripts/release.sh tags the commit and the image (v0.1.0). */}}
 {{- define "archway.image" -}}
 {{- if .Values.image.digest -}}
 {{ .Values.image.repository }}@{{ .Values.image.digest }}
 {{- else -}}
-{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{ .Values.image.repository }}:{{ default (printf "v%s" .Chart.AppVersion) .Values.image.tag }}
 {{- end -}}
 {{- end -}}
 
