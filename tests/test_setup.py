@@ -26,7 +26,7 @@ import sys
 import pytest
 import requests
 
-from tests.infra.debian import CACHE, Chroot, rootfs_tarball
+from tests.infra.debian import CACHE, Chroot, copy_checkout, rootfs_tarball
 from tests.infra.procs import REPO, free_port, require_binary, wait_for_port
 
 pytestmark = [pytest.mark.slow,
@@ -119,18 +119,6 @@ def test_the_readme_commands_on_a_fresh_debian_12(tmp_path):
         chroot.remove()
 
 
-def checkout_copy(tmp_path) -> str:
-    copy = str(tmp_path / "archway")
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
-    for name in filter(None, (n.decode() for n in listed)):
-        if os.path.isfile(os.path.join(REPO, name)):
-            os.makedirs(os.path.dirname(os.path.join(copy, name)), exist_ok=True)
-            with open(os.path.join(REPO, name), "rb") as src, open(os.path.join(copy, name), "wb") as dst:
-                dst.write(src.read())
-    return copy
-
-
 def setup(copy, tmp_path, **env):
     """setup.sh with a clean HOME and, first on PATH, another python3 (a throwaway environment
     without pip: nothing can be installed into it by mistake)."""
@@ -153,7 +141,8 @@ def made_by(venv: str) -> str:
 def test_setup_prefers_debians_python_and_takes_any_python_3_11(tmp_path):
     if not os.path.exists("/usr/lib/python3.11/EXTERNALLY-MANAGED"):
         pytest.skip("not a Debian 12 machine: no externally managed /usr/bin/python3")
-    copy = checkout_copy(tmp_path)
+    copy = str(tmp_path / "archway")
+    copy_checkout(copy)
     # Debian's own, whatever python3 comes first on PATH
     result = setup(copy, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -47,6 +47,19 @@ def rootfs_tarball(packages: list[str]) -> str:
     return tarball
 
 
+def copy_checkout(directory: str) -> None:
+    """The repository's files as they are now (tracked and new ones; not .venv, .git) into
+    `directory`."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+    for name in filter(None, (n.decode() for n in listed)):
+        source = os.path.join(REPO, name)
+        if os.path.isfile(source):
+            target = os.path.join(directory, name)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy2(source, target)
+
+
 class Chroot:
     """An unpacked rootfs; `run` and `start` enter it as root with a clean environment."""
 
@@ -61,16 +74,7 @@ class Chroot:
         return os.path.join(self.root, inside.lstrip("/"))
 
     def copy_checkout(self, inside: str) -> None:
-        """The repository's files as they are now (tracked and new ones; not .venv, .git)."""
-        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                                 "--exclude-standard"], cwd=REPO, capture_output=True,
-                                check=True).stdout.split(b"\0")
-        for name in filter(None, (n.decode() for n in listed)):
-            source = os.path.join(REPO, name)
-            if os.path.isfile(source):
-                target = os.path.join(self.path(inside), name)
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                shutil.copy2(source, target)
+        copy_checkout(self.path(inside))
 
     def _command(self, script: str, env: dict, binds) -> list[str]:
         """`binds`: (host directory, directory inside) pairs, bind-mounted for this command."""
