@@ -33,7 +33,7 @@ EXAMPLES = {
     "serve": ("archway serve",
               "archway serve --config archway.yaml --bind 0.0.0.0:8443 --product webhook"),
     "scheduler-config": ("archway scheduler-config > scheduler-config.yaml",
-                         "archway scheduler-config --extender-url https://archway.archway.svc:443/scheduler "
+                         "archway scheduler-config --extender-url https://archway-extender.example:8444/scheduler "
                          "--ca-file ca.crt"),
     "certs": ("archway certs generate --service archway --namespace archway --out ./tls",),
     "certs generate": ("archway certs generate --service archway --namespace archway --out ./tls",
