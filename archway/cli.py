@@ -1,4 +1,5 @@
-"""The `archway` command: inspect, serve, scheduler-config, certs."""
+"""The `archway` command: inspect, explain, report, serve, scheduler-config, certs, gate,
+completion."""
 import argparse
 import atexit
 import importlib
@@ -13,7 +14,57 @@ from archway.errors import ArchwayError
 # Each module adds its own subcommands through `register(subparsers)`.
 _COMMAND_MODULES = ("archway.registry.inspect", "archway.serve", "archway.extender.schedconfig",
                     "archway.certs.cli", "archway.webhook.explain", "archway.webhook.report",
-                    "archway.webhook.gatecli")
+                    "archway.webhook.gatecli", "archway.completion")
+
+# What `--help` of each command shows under "examples:" (tests/test_cli.py parses every line
+# that starts with `archway`, so an example cannot drift from the options).
+EXAMPLES = {
+    "": ("archway inspect nginx ghcr.io/org/app:v1",
+         "helm template ./mychart | archway explain -f -",
+         "archway --config archway.yaml serve",
+         "source <(archway completion bash)"),
+    "inspect": ("archway inspect nginx ghcr.io/org/app:v1 oras://registry.example/sif/tool:1.0 ./tool.sif",
+                "archway inspect --json --timeout 10 quay.io/prometheus/node-exporter"),
+    "explain": ("helm template ./mychart | archway explain -f -",
+                "archway explain -f k8s/ --json",
+                "archway explain pod/web-5d8-x1 -n shop"),
+    "report": ("archway report --target-arch arm64",
+               "archway report -n shop --json"),
+    "serve": ("archway serve",
+              "archway serve --config archway.yaml --bind 0.0.0.0:8443 --product webhook"),
+    "scheduler-config": ("archway scheduler-config > scheduler-config.yaml",
+                         "archway scheduler-config --extender-url https://archway-extender.example:8444/scheduler "
+                         "--ca-file ca.crt"),
+    "certs": ("archway certs generate --service archway --namespace archway --out ./tls",),
+    "certs generate": ("archway certs generate --service archway --namespace archway --out ./tls",
+                       "archway certs generate --service archway --namespace archway --out ./tls "
+                       "--host 10.0.0.5 --days 90"),
+    "certs bootstrap": ("archway certs bootstrap --service archway --namespace archway "
+                        "--secret archway-tls --webhook-config archway",),
+    "gate": ("archway gate release-all",),
+    "gate release-all": ("archway gate release-all",
+                         "archway gate release-all --config archway.yaml -v"),
+    "completion": ("source <(archway completion bash)",
+                   'archway completion zsh > "${fpath[1]}/_archway"'),
+}
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Descriptions are wrapped; text written with line breaks (the examples) is kept as is."""
+
+    def _fill_text(self, text, width, indent):
+        if "\n" in text:
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
+
+
+def subcommands(parser: argparse.ArgumentParser, path: str = ""):
+    """(path, parser) of every command under `parser`: "inspect", "certs", "certs generate"..."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield f"{path} {name}".strip(), sub
+                yield from subcommands(sub, f"{path} {name}".strip())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,10 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
-    for subparser in subparsers.choices.values():
-        # `archway inspect --config f.yaml` reads as naturally as `archway --config f.yaml inspect`.
+    for path, subparser in [("", parser), *subcommands(parser)]:
+        subparser.formatter_class = _HelpFormatter
+        subparser.epilog = "examples:\n" + "\n".join("  " + line for line in EXAMPLES[path])
+        if subparser is parser:
+            continue
+        # `archway inspect --config f.yaml -v` reads as naturally as `archway --config f.yaml -v
+        # inspect`, at every level (`archway certs generate --config f.yaml`). SUPPRESS: an
+        # option not given after the command leaves the one given before it in place.
         subparser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
-                               help=argparse.SUPPRESS)
+                               help="YAML config file (also accepted before the command)")
+        subparser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                               help="log debug details (also accepted before the command)")
     return parser
 
 

@@ -13,4 +13,6 @@ if [ "${BENCH_SKIP_SETUP:-}" != 1 ]; then
   # infrastructure they reuse.
   bash scripts/setup.sh --test
 fi
-exec python3 -m bench "$@"
+. scripts/venv.sh
+export PATH="$ARCHWAY_VENV/bin:$PATH"
+exec "$ARCHWAY_VENV/bin/python" -m bench "$@"

@@ -39,6 +39,21 @@ def normalized(image: str) -> str | None:
         return None
 
 
+def pinned(image: str, digest: str | None) -> str | None:
+    """`name@digest`, the reference that always names the bytes that were read
+    (`nginx` + sha256:... -> `docker.io/library/nginx@sha256:...`): what to put in a manifest.
+    None without a digest, or where a digest is no reference (https:// files, library://)."""
+    if not digest or ":" not in digest:
+        return None
+    try:
+        reference = parse_reference(image)
+    except ArchwayError:
+        return None
+    if reference.url or reference.scheme == "library":
+        return None
+    return str(dataclasses.replace(reference, tag=None, digest=digest))
+
+
 def looks_like_path(image: str) -> bool:
     """A local SIF file rather than a reference: an explicit path, or a *.sif name."""
     return "://" not in image and (image.startswith(("/", "./", "../", "~/"))
@@ -112,9 +127,11 @@ def _reference(image: str, row) -> str | None:
 
 def _to_json(image: str, row) -> dict:
     if isinstance(row, ImageInfo):
-        return {**row.to_json(), "reference": _reference(image, row)}
+        return {**row.to_json(), "reference": _reference(image, row),
+                "pinned": pinned(image, row.digest)}
     return {"image": image, "reference": _reference(image, row), "architectures": [],
-            "platforms": [], "digest": None, "source": None, "note": None, "error": str(row)}
+            "platforms": [], "digest": None, "source": None, "note": None, "error": str(row),
+            "pinned": None}
 
 
 def _to_text(image: str, row) -> str:
@@ -128,5 +145,6 @@ def _to_text(image: str, row) -> str:
         lines.append(f"  platforms:     {' '.join(sorted(str(p) for p in row.platforms))}")
     if row.note:
         lines.append(f"  note:          {row.note}")
-    lines += [f"  digest:        {row.digest or '-'}", f"  source:        {row.source}", ""]
+    lines += [f"  digest:        {pinned(image, row.digest) or row.digest or '-'}",
+              f"  source:        {row.source}", ""]
     return "\n".join(lines)

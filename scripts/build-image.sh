@@ -48,7 +48,7 @@ for p in "${wanted[@]}"; do
 done
 
 sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-bash scripts/apt-install.sh buildah mmdebstrap qemu-user-static binfmt-support arch-test
+bash scripts/apt-install.sh buildah mmdebstrap qemu-user-static binfmt-support arch-test >&2
 
 # Foreign architectures run their package scripts (mmdebstrap) under qemu through binfmt_misc.
 for arch in "${arches[@]}"; do

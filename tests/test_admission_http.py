@@ -21,10 +21,11 @@ import pytest
 import requests
 import yaml
 
+from tests.infra import sifbuild
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.fileserver import FileServer
 from tests.infra.httpd import BackgroundHTTPServer
-from tests.infra.procs import REPO, SHARED_TESTDATA, Server, free_port
+from tests.infra.procs import REPO, Server, free_port
 from tests.infra.proxy import DelayProxy
 from tests.infra.registry import RegistryServer
 from tests.infra.tls import session_ca
@@ -33,7 +34,6 @@ from tests.infra.tls import session_ca
 pytestmark = pytest.mark.slow
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "admission")
-SIF_DIR = os.path.join(SHARED_TESTDATA, "sif")
 DEADLINE = 1.5            # admission.deadline_seconds of the server under test
 ARCH = "kubernetes.io/arch"
 RESPONSE_KEYS = {"uid", "allowed", "patchType", "patch", "warnings", "status", "auditAnnotations"}
@@ -108,7 +108,9 @@ def world(tmp_path_factory):
         registry.push_index("archway/multi", "1.0", ["linux/amd64", "linux/arm64", "linux/arm/v7"])
         registry.push_image("archway/amd64only", "1.0", "linux/amd64")
         registry.push_image("archway/arm64only", "1.0", "linux/arm64")
-        with open(os.path.join(SIF_DIR, "busybox_arm64.sif"), "rb") as f:
+        # SIF images siftool builds (the fixtures name them busybox, like the real ones)
+        sifs = sifbuild.generated_corpus(str(tmp_path_factory.mktemp("sif")))
+        with open(sifs["siftool-arm64.sif"], "rb") as f:
             registry.push_sif("archway/sif-busybox", "arm64", f.read())
 
         auth_registry = RegistryServer(tmp_path_factory.mktemp("auth-registry"), ca=ca,
@@ -117,7 +119,7 @@ def world(tmp_path_factory):
         auth_registry.push_image("archway/private", "1.0", "linux/s390x")
 
         files = FileServer(ca, {"/images/busybox_ppc64le.sif":
-                                os.path.join(SIF_DIR, "busybox_ppc64le.sif")})
+                                sifs["siftool-ppc64le-aligned.sif"]})
         stack.append(files)
 
         api = FakeApiServer()

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import kubernetes_validate
 import pytest
@@ -1055,6 +1056,8 @@ def test_every_value_set_to_null_renders_or_names_itself(helm_env, tmp_path):
         paths = _value_paths(yaml.safe_load(f))
     required = [p for p in paths if _schema_requires(p)]
     nullable = [p for p in paths if p not in required]
+    # a map emptied as a whole (resources) takes its keys with it
+    nullable = [p for p in nullable if not any(p.startswith(q + ".") for q in nullable)]
     assert len(required) > 60 and len(nullable) > 50
     values: dict = {"scheduler": {"enabled": True}, "networkPolicy": {"enabled": True},
                     "metrics": {t: {"enabled": True} for t in
@@ -1163,3 +1166,299 @@ def test_pre_warming_off_drops_the_workload_list_rules(render):
         return any("deployments" in rule["resources"] for rule in reader["rules"])
 
     assert lists_workloads("default") and not lists_workloads("no-prewarm")
+
+
+# --- a newcomer's install: long release names, emptied maps, labels, probes, notes, alerts -------
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# Kubernetes' limits on metadata.name by kind: a Service is a DNS-1035 label; a Job's name goes
+# into its pods' job-name label (63); a CronJob adds 11 characters to name its Jobs (52).
+NAME_LIMITS = {"Service": 63, "Job": 63, "CronJob": 52, "Deployment": 63}
+# The longest release name `helm install` accepts, with and without the chart name in it (the
+# full name is then the release name alone).
+LONG_RELEASES = ("r" * 53, "team-platform-archway-" + "x" * 31)
+
+
+def labels_of(doc) -> list[dict]:
+    """Every label map of a rendered object: its own, its selectors', its pod templates'."""
+    found = [doc["metadata"].get("labels") or {}]
+    spec = doc.get("spec") or {}
+    found.append((spec.get("selector") or {}).get("matchLabels") or {})
+    for template in (spec.get("template"), ((spec.get("jobTemplate") or {}).get("spec") or {})
+                     .get("template")):
+        if template:
+            found.append((template.get("metadata") or {}).get("labels") or {})
+    return found
+
+
+def name_problems(docs) -> list[str]:
+    problems = []
+    for doc in docs:
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        limit = NAME_LIMITS.get(kind, 253)
+        pattern = DNS_LABEL if limit <= 63 else DNS_SUBDOMAIN
+        if len(name) > limit or not pattern.match(name):
+            problems.append(f"{kind} {name} ({len(name)} > {limit} or not a DNS name)")
+        for labels in labels_of(doc):
+            for key, value in labels.items():
+                if len(str(value)) > 63 or not LABEL_VALUE.match(str(value)):
+                    problems.append(f"{kind} {name}: label {key}={value}")
+    return problems
+
+
+@pytest.mark.parametrize("release", LONG_RELEASES)
+def test_every_name_fits_for_the_longest_release_name(helm_env, release):
+    """With every value set of CASES, so that every template renders at least once."""
+    assert len(release) == 53
+    sources, problems = set(), []
+    for case, args in CASES.items():
+        out = helm(helm_env, "template", release, CHART, "-n", NS, *args).stdout
+        sources |= set(re.findall(r"^# Source: archway/(templates/\S+)$", out, re.M))
+        problems += [f"{case}: {p}" for p in name_problems(d for d in yaml.safe_load_all(out) if d)]
+    templates = {os.path.relpath(os.path.join(root, f), CHART)
+                 for root, _, files in os.walk(os.path.join(CHART, "templates"))
+                 for f in files if f.endswith(".yaml")}
+    assert sources == templates
+    assert not problems, "\n".join(sorted(set(problems)))
+
+
+def test_the_name_check_is_really_strict():
+    """Control: the check above refuses what the chart rendered before (a 66-character CronJob)."""
+    cronjob = {"kind": "CronJob", "metadata": {"name": "r" * 53 + "-certgen-renew"}, "spec": {}}
+    job = {"kind": "Job", "metadata": {"name": "x", "labels": {"a": "y" * 64}}, "spec": {}}
+    assert len(name_problems([cronjob, job])) == 2
+
+
+@pytest.mark.parametrize("path", ["webhook.resources", "scheduler.resources",
+                                  "scheduler.extender.resources", "tls.bootstrap.resources",
+                                  "metrics.prometheusRule.alertLabels", "podSecurityContext",
+                                  "securityContext"])
+def test_an_emptied_map_renders_as_empty(helm_env, path):
+    """What the chart README promises for every map given as null (`--set key=null`)."""
+    result = helm(helm_env, "template", RELEASE, CHART, "-n", NS, "--set", f"{path}=null",
+                  "--set", "scheduler.enabled=true", "--set", "metrics.prometheusRule.enabled=true",
+                  check=False)
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.33.0", strict=True) if doc["kind"] != "PrometheusRule" \
+            else check_custom_resource(doc)
+    specs = archway_pod_specs(docs)
+    leaf = path.rpartition(".")[2]
+    if leaf == "alertLabels":
+        rules = [r for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+        assert rules and all("labels" not in r for r in rules)
+    elif leaf == "podSecurityContext":
+        assert all("securityContext" not in spec for spec in specs.values())
+    elif leaf == "securityContext":
+        assert all("securityContext" not in c for s in specs.values() for c in s["containers"])
+    else:
+        deployment = {"webhook.resources": f"{RELEASE}-archway", "scheduler.resources":
+                      f"{RELEASE}-archway-scheduler"}.get(path)
+        emptied = [c for kind_name, s in specs.items() for c in s["containers"]
+                   if "resources" not in c]
+        assert emptied, path
+        if deployment:
+            names = {"webhook.resources": "webhook", "scheduler.resources": "kube-scheduler"}
+            assert "resources" not in container(one(docs, "Deployment", deployment), names[path])
+
+
+def test_kubernetes_maps_passed_as_written_may_be_emptied():
+    """Every resources, labels, annotations and security context map of values.yaml is optional in
+    the schema, so `--set key=null` empties it instead of failing with `missing property`."""
+    with open(os.path.join(CHART, "values.yaml")) as f:
+        paths = _value_paths(yaml.safe_load(f))
+    passthrough = [p for p in paths if re.search(
+        r"(^|\.)(resources|[a-zA-Z]*[lL]abels|[a-zA-Z]*[aA]nnotations|[a-zA-Z]*[sS]ecurityContext"
+        r"|nodeSelector|tolerations|affinity|extraEnv|extraVolumes|extraVolumeMounts)$", p)]
+    assert len(passthrough) > 25
+    assert [p for p in passthrough if _schema_requires(p)] == []
+
+
+def test_common_labels_reach_every_object_and_pod_template(helm_env):
+    args = ["--set", "commonLabels.team=platform", "--set", "commonLabels.cost-center=c42",
+            "--set", "webhook.podLabels.team=webhook-team",
+            "--set", "commonLabels.app\\.kubernetes\\.io/component=overridden"]
+    for case in ("monitoring", "default", "production"):
+        out = helm(helm_env, "template", RELEASE, CHART, "-n", NS, *CASES[case], *args).stdout
+        docs = [d for d in yaml.safe_load_all(out) if d]
+        for doc in docs:
+            assert doc["metadata"]["labels"]["cost-center"] == "c42", doc["metadata"]["name"]
+        specs = 0
+        for doc in docs:
+            *_, template = labels_of(doc)
+            if doc["kind"] not in ("Deployment", "Job", "CronJob"):
+                continue
+            specs += 1
+            assert template["cost-center"] == "c42", doc["metadata"]["name"]
+            # the selector labels and archway's skip label are never overridden
+            assert template["app.kubernetes.io/component"] != "overridden"
+            assert template["archway.dev/skip"] == "true"
+            owned = doc["metadata"]["name"] == f"{RELEASE}-archway" and doc["kind"] == "Deployment"
+            assert template["team"] == ("webhook-team" if owned else "platform")
+        assert specs >= 2
+
+
+def test_every_object_names_its_component(render):
+    for case in ("monitoring", "production", "default"):
+        for doc in render(case):
+            assert doc["metadata"]["labels"].get("app.kubernetes.io/component"), \
+                f"{doc['kind']} {doc['metadata']['name']}"
+    config = one(render("default"), "ConfigMap", f"{RELEASE}-archway-config")
+    assert config["metadata"]["labels"]["app.kubernetes.io/component"] == "config"
+
+
+def test_the_extender_sidecar_is_ready_only_when_its_server_is(render, tmp_path, tmp_path_factory):
+    """The sidecar's probes, run as the kubelet runs them (python3 -c in the container) against
+    a real `archway serve` with the config the chart renders."""
+    from tests.infra.procs import Server, free_port
+    from tests.infra.tls import session_ca
+    docs = render("scheduler-on")
+    sidecar = container(one(docs, "Deployment", f"{RELEASE}-archway-scheduler"), "extender")
+    config = archway_configs(docs)["extender.yaml"]
+    port = free_port()
+
+    def probe(kind):
+        command = list(sidecar[kind]["exec"]["command"])
+        assert command[:2] == ["python3", "-c"]
+        command[2] = command[2].replace(":8444/", f":{port}/")
+        return subprocess.run([sys.executable, *command[1:]], capture_output=True,
+                              timeout=30).returncode
+
+    def serve(extra):
+        config["server"] = {**config["server"], "bind": f"127.0.0.1:{port}",
+                            "state_dir": str(tmp_path / "state"), "workers": 1}
+        config["registry"] = {**(config.get("registry") or {}), **extra}
+        path = tmp_path / "extender.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return Server([sys.executable, "-m", "archway.cli", "--config", str(path), "serve"],
+                      port=port, log_path=str(tmp_path / "serve.log"), cwd=str(tmp_path),
+                      ready_timeout=60)
+
+    assert sidecar["readinessProbe"]["exec"]["command"][2].endswith("/readyz', timeout=3).status != 200)")
+    assert probe("readinessProbe") != 0 and probe("livenessProbe") != 0     # nothing listening
+    with serve({}):
+        assert probe("readinessProbe") == 0 and probe("livenessProbe") == 0
+    ca = tmp_path / "registry-ca.crt"
+    with open(session_ca(tmp_path_factory).cert_path, "rb") as f:
+        ca.write_bytes(f.read())
+    with serve({"ca_file": str(ca)}):
+        assert probe("readinessProbe") == 0
+        ca.unlink()             # its registry CA gone: alive, but not ready
+        assert probe("livenessProbe") == 0 and probe("readinessProbe") != 0
+
+
+def notes(helm_env, tmp_path, *args) -> str:
+    """NOTES.txt as `helm install` prints it: helm template does not render it, so a copy of
+    the chart renders it through `tpl` into a ConfigMap (helm install --dry-run needs a cluster)."""
+    import shutil
+    chart = tmp_path / "chart"
+    if not chart.exists():
+        shutil.copytree(CHART, chart)
+        shutil.copy(chart / "templates" / "NOTES.txt", chart / "notes-under-test.txt")
+        (chart / "templates" / "zz-notes-under-test.yaml").write_text(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: |\n"
+            '{{ tpl (.Files.Get "notes-under-test.txt") . | indent 4 }}\n')
+    out = helm(helm_env, "template", RELEASE, str(chart), "-n", NS, "--show-only",
+               "templates/zz-notes-under-test.yaml", *args).stdout
+    return yaml.safe_load(out)["data"]["notes"]
+
+
+def test_notes_say_what_gate_mode_means(helm_env, tmp_path):
+    text = notes(helm_env, tmp_path)
+    assert "config.admission.unresolved=gate" in text and "SchedulingGated" in text
+    assert "after 120 s (gate_max_seconds) it is released\n   anyway, unplaced" in text
+    assert "kubectl get pods -A -l archway.dev/gated=true" in text
+    assert f"kubectl -n {NS} exec deploy/{RELEASE}-archway -- archway gate release-all" in text
+    fallback = notes(helm_env, tmp_path, "--set", "config.placement.fallback_architectures={amd64}",
+                     "--set", "config.admission.gate_max_seconds=300")
+    assert "after 300 s" in fallback and "on amd64 (placement.fallback_architectures)" in fallback
+    admit = notes(helm_env, tmp_path, "--set", "config.admission.unresolved=admit")
+    assert "admit mode: it is admitted unplaced" in admit and "SchedulingGated" not in admit
+    deny = notes(helm_env, tmp_path, "--set", "config.admission.unresolved=deny")
+    assert "deny mode: it is refused" in deny
+    long_name = notes(helm_env, tmp_path, "--set", "fullnameOverride=" + "n" * 63)
+    assert "CronJob\n    " + "n" * 38 + "-certgen-renew" in long_name
+
+
+@pytest.mark.parametrize("service_monitor", [True, False])
+def test_webhook_down_alert_fires_only_when_a_scrape_says_so(helm_env, tmp_path, service_monitor):
+    """promtool's rule unit tests: with the chart's ServiceMonitor no successful scrape at all is
+    the outage (absent); without it, nothing may be scraping, and an unscraped webhook must not
+    alert forever; scraped targets all down alert either way."""
+    out = helm(helm_env, "template", RELEASE, CHART, "-n", NS,
+               "--set", "metrics.prometheusRule.enabled=true",
+               "--set", f"metrics.serviceMonitor.enabled={str(service_monitor).lower()}").stdout
+    rule = one([d for d in yaml.safe_load_all(out) if d], "PrometheusRule")
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    alert = next(r for g in rule["spec"]["groups"] for r in g["rules"]
+                 if r.get("alert") == "ArchwayWebhookDown")
+    fired = [{"exp_labels": alert["labels"], "exp_annotations": alert["annotations"]}]
+
+    def up(pod, values):
+        return {"series": f'up{{job="{RELEASE}-archway",namespace="{NS}",pod="{pod}"}}',
+                "values": values}
+
+    def case(name, series, at, expected):
+        return {"name": name, "interval": "1m", "input_series": series, "alert_rule_test": [
+            {"eval_time": at, "alertname": "ArchwayWebhookDown", "exp_alerts": expected}]}
+
+    tests = [case("nothing scrapes the webhook", [], "2h", fired if service_monitor else []),
+             case("every webhook pod is down", [up("a", "0x30"), up("b", "0x30")], "10m", fired),
+             case("one webhook pod is up", [up("a", "0x30"), up("b", "1x30")], "10m", []),
+             case("the pods went away after a scrape", [up("a", "1 1 1 stale")], "20m",
+                  fired if service_monitor else [])]
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(
+        {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}))
+    result = subprocess.run([require_binary("promtool"), "test", "rules", "tests.yaml"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- the image a plain install runs, and the chart README's quickstart --------------------------
+
+def quickstart() -> str:
+    with open(os.path.join(CHART, "README.md")) as f:
+        text = f.read()
+    section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_default_image_tag_is_the_release_tag(render):
+    """Releases tag the commit and the image vX.Y.Z (scripts/release.sh); the chart's default
+    tag must be that one, not the bare appVersion nothing pushes."""
+    with open(os.path.join(CHART, "Chart.yaml")) as f:
+        app_version = yaml.safe_load(f)["appVersion"]
+    images = {c["image"] for spec in archway_pod_specs(render("default")).values()
+              for c in spec["containers"]}
+    assert images == {f"ghcr.io/archway/archway:v{app_version}"}
+
+
+def test_the_quickstart_installs_the_image_its_first_step_pushes(helm_env):
+    """Step 1 pushes $REPO:v<appVersion> (release.sh image: tests/test_image.py runs it against a
+    real registry); step 2's `helm install` must run exactly that image in every archway pod.
+    The install itself runs against a real control plane elsewhere."""
+    steps = quickstart()
+    assert 'bash scripts/release.sh image "$REPO"' in steps
+    install = re.search(r"^helm install (.*?)(?<!\\)$", steps.replace("\\\n", " "), re.M).group(1)
+    args = [a.replace('"$REPO"', "registry.example.com/platform/archway")
+            for a in install.split()]
+    release_name, chart = args[:2]
+    assert chart == "charts/archway"
+    args = [a for a in args[2:] if a not in ("--wait", "--create-namespace")]
+    args = [a for i, a in enumerate(args) if not (a == "--timeout" or args[i - 1] == "--timeout")]
+    out = helm(helm_env, "template", release_name, os.path.join(REPO, chart), *args).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    with open(os.path.join(CHART, "Chart.yaml")) as f:
+        app_version = yaml.safe_load(f)["appVersion"]
+    images = set()
+    for doc in docs:
+        spec = (doc.get("spec") or {}).get("template") or ((doc.get("spec") or {}).get(
+            "jobTemplate") or {}).get("spec", {}).get("template")
+        images |= {c["image"] for c in (spec or {}).get("spec", {}).get("containers", [])}
+    assert images == {f"registry.example.com/platform/archway:v{app_version}"}
+    # step 3's names are the ones the chart gives for that release name
+    deployment = re.search(r"rollout status deployment/(\S+)", steps).group(1)
+    assert deployment in {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"}

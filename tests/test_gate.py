@@ -368,10 +368,15 @@ def test_a_miss_is_gated_only_while_a_leader_is_fresh(api):
     assert {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]} in \
         decoded_patch(gated)
     assert "SchedulingGated" in response["warnings"][0]
+    # gated, the unread image will restrict placement: the warning says so, not the opposite
+    assert response["warnings"][1:] == [
+        "could not inspect reg/down:1 (registry unreachable); archway reads it again and "
+        "places the pod before it is scheduled"]
     alone = admission("gate", Leader(False), sink).review(owned_review("reg/down:1"))
     response = alone.body["response"]
     assert response["auditAnnotations"]["outcome"] == "fail_open"
     assert "no archway gate controller is running" in response["warnings"][0]
+    assert response["warnings"][1].endswith("; it does not restrict placement")
     sink.flush(5)
     events = [o for p, o in server.objects.items() if "/events/" in p]
     # only the unplaced pod told its ReplicaSet (a gated pod is not unplaced)

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 
 import pytest
 import requests
@@ -32,14 +33,24 @@ NATIVE_PROBES = ("/usr/bin/python3", "/opt/archway/lib/yaml/_yaml.cpython-311-{m
 MAX_PUSHED_BYTES = 120_000_000
 
 
+def release_version() -> str:
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["project"]["version"]
+
+
 @pytest.fixture(scope="module")
 def pushed(plain_registry):
-    ref = plain_registry.ref("archway/archway", "test")
+    """The chart README's quickstart, step 1, against the real registry: `scripts/release.sh
+    image REPO` builds with build-image.sh, pushes REPO:v<version> and reads it back."""
+    repository = f"{plain_registry.host}/archway/archway"
     result = subprocess.run(
-        ["bash", "scripts/build-image.sh", "--push", ref, "--platforms", ",".join(PLATFORMS),
+        ["bash", "scripts/release.sh", "image", repository, "--platforms", ",".join(PLATFORMS),
          "--insecure-registry"], cwd=REPO, capture_output=True, text=True, timeout=3600,
         check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    ref = f"{repository}:v{release_version()}"
+    assert f"pushed {ref}@sha256:" in result.stderr
+    assert f"release.sh: {ref} has amd64 and arm64" in result.stderr
     return ref
 
 
@@ -97,7 +108,7 @@ def test_the_image_is_small_no_compiler_no_pip_cache_no_tests(image, pushed, pla
                    "/wheels", "/opt/archway/lib/pip", "/usr/lib/python3/dist-packages/pip",
                    "/opt/archway/lib/tests", "/opt/archway/lib/archway/tests"):
         assert not os.path.lexists(image.path(absent)), absent
-    index = plain_registry.get_manifest("archway/archway", "test").json()
+    index = plain_registry.get_manifest("archway/archway", pushed.rpartition(":")[2]).json()
     (entry,) = [m for m in index["manifests"] if m["platform"]["architecture"] == image.architecture]
     manifest = plain_registry.get_manifest("archway/archway", entry["digest"]).json()
     pushed_bytes = sum(layer["size"] for layer in manifest["layers"])

@@ -7,7 +7,8 @@ import sys
 import pytest
 import yaml
 
-from tests.infra.procs import REPO, SHARED_TESTDATA
+from tests.infra import sifbuild
+from tests.infra.procs import REPO
 from tests.infra.registry import plain_registry
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
@@ -28,11 +29,11 @@ def config_file(plain_registry, tmp_path_factory):
     return str(path)
 
 
-def test_json_lists_platforms_digest_and_source(plain_registry, config_file):
+def test_json_lists_platforms_digest_and_source(plain_registry, config_file, tmp_path):
     index = plain_registry.push_index("cli/multi", "v1", ["linux/amd64", "linux/arm/v7"],
                                       kind="docker", attestations=True)
     plain_registry.push_image("cli/single", "v1", "linux/s390x")
-    sif = os.path.join(SHARED_TESTDATA, "sif", "busybox_ppc64le.sif")
+    sif = sifbuild.siftool_image(str(tmp_path), "tool.sif", "ppc64le")
     images = [plain_registry.ref("cli/multi", "v1"), plain_registry.ref("cli/single", "v1"), sif]
     result = archway("inspect", "--json", "--config", config_file, *images)
     assert result.returncode == 0, result.stderr
@@ -56,11 +57,17 @@ def test_an_image_that_cannot_be_resolved_exits_1_and_says_why(plain_registry, c
 
 
 def test_text_output_reads_well_and_refused_hosts_are_explained(plain_registry, config_file):
-    plain_registry.push_image("cli/text", "v1", "linux/arm64")
+    digest = plain_registry.push_image("cli/text", "v1", "linux/arm64")
     result = archway("--config", config_file, "inspect", plain_registry.ref("cli/text", "v1"),
                      "169.254.169.254/latest/meta:1")
     assert result.returncode == 1
     assert "architectures: arm64" in result.stdout
+    # the digest as a reference to paste into a manifest: name@sha256:...
+    assert f"  digest:        {plain_registry.host}/cli/text@{digest}\n" in result.stdout
+    as_json = json.loads(archway("--config", config_file, "inspect", "--json",
+                                 plain_registry.ref("cli/text", "v1")).stdout)
+    assert as_json[0]["digest"] == digest
+    assert as_json[0]["pinned"] == f"{plain_registry.host}/cli/text@{digest}"
     assert "link-local or metadata address" in result.stdout
 
 

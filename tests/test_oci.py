@@ -7,7 +7,6 @@ fault injection: oversized manifests, 5xx, garbage, silence, lying digests.
 import base64
 import ipaddress
 import json
-import os
 import socket
 import threading
 import time
@@ -52,8 +51,8 @@ from archway.registry.oci import (
 )
 from archway.registry.platforms import Platform
 from archway.registry.reference import parse_reference
+from tests.infra import sifbuild
 from tests.infra.httpd import BackgroundHTTPServer
-from tests.infra.procs import SHARED_TESTDATA
 from tests.infra.registry import (
     OCI_MANIFEST,
     RegistryServer,
@@ -67,9 +66,6 @@ from tests.infra.registry import (
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow
-
-SIF_DIR = os.path.join(SHARED_TESTDATA, "sif")
-
 
 def linux(*names):
     out = set()
@@ -537,12 +533,17 @@ def test_no_password_to_a_plain_http_realm_unless_insecure(tmp_path):
 
 # -- oras SIF artifacts --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,arch", [("busybox_amd64.sif", "amd64"), ("busybox_arm64.sif", "arm64"),
-                                       ("busybox_ppc64le.sif", "ppc64le")])
-def test_oras_sif_is_read_with_one_range_request(plain, plain_client, name, arch):
-    with open(os.path.join(SIF_DIR, name), "rb") as f:
+@pytest.fixture(scope="module")
+def sif_files(tmp_path_factory):
+    return sifbuild.generated_corpus(str(tmp_path_factory.mktemp("oci-sif")))
+
+
+@pytest.mark.parametrize("name,arch", [("siftool-amd64.sif", "amd64"), ("siftool-arm64.sif", "arm64"),
+                                       ("siftool-ppc64le-aligned.sif", "ppc64le")])
+def test_oras_sif_is_read_with_one_range_request(plain, plain_client, sif_files, name, arch):
+    with open(sif_files[name], "rb") as f:
         data = f.read()
-    repo = "sif/" + name.split(".")[0].replace("_", "-")
+    repo = "sif/" + name.split(".")[0]
     digest = plain.push_sif(repo, "latest", data)
     resolve(plain_client, plain.ref("team/multi", "v1"))
     mark = plain.mark()
@@ -559,12 +560,12 @@ def test_oras_reference_to_an_index_takes_its_platforms(plain, plain_client):
     assert info.platforms == linux("amd64", "arm64", "arm/v7", "ppc64le", "s390x")
 
 
-def test_oras_sif_with_unknown_arch_and_corrupt_header(plain, plain_client):
-    with open(os.path.join(SIF_DIR, "empty.sif"), "rb") as f:
+def test_oras_sif_with_unknown_arch_and_corrupt_header(plain, plain_client, sif_files):
+    with open(sif_files["siftool-empty.sif"], "rb") as f:
         plain.push_sif("sif/empty", "latest", f.read())
     info = resolve(plain_client, plain.ref("sif/empty", "latest", scheme="oras"))
     assert info.platforms == frozenset() and info.note
-    with open(os.path.join(SIF_DIR, "busybox_arm64.sif"), "rb") as f:
+    with open(sif_files["siftool-arm64.sif"], "rb") as f:
         head = bytearray(f.read(65536))
     head[88:96] = (10 ** 9).to_bytes(8, "little")     # descriptors total: absurd
     plain.push_sif("sif/corrupt", "latest", bytes(head))

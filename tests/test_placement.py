@@ -246,6 +246,13 @@ def test_conflicting_own_constraint_warns_or_denies():
     denied = decide(pod, RESULTS, Policy(deny_on_conflict=True))
     assert not denied.allowed and denied.patch == () and denied.outcome == "denied"
     assert "arm64" in denied.message and "amd64" in denied.message
+    # admitted, denied or audited: the decision says why the pod can never run
+    audited = decide(pod, RESULTS, Policy(mode="audit"))
+    assert d.conflict == denied.conflict == audited.conflict == (
+        "the pod's own kubernetes.io/arch constraint (arm64) excludes every architecture its "
+        "images support (amd64)")
+    fine = make_pod("reg/amdarm:1", node_selector={ARCH_LABEL: "arm64"})
+    assert decide(fine, RESULTS, Policy()).conflict == ""
 
 
 def test_own_constraint_wider_than_s_warns():

@@ -275,6 +275,9 @@ def test_explain_manifests_that_can_run(config_file, images, tmp_path):
     text = archway("explain", "-f", "-", "--config", config_file, stdin=path.read_text())
     assert text.returncode == 0
     assert "Deployment shop/web" in text.stdout and "runs on: amd64, arm64" in text.stdout
+    multi = web["images"][0]
+    assert multi["pinned"] == images["multi"].rsplit(":", 1)[0] + "@" + multi["digest"]
+    assert f"(oci-index, {multi['pinned']})" in text.stdout
     assert "archway would apply this JSON patch:" in text.stdout
 
 
@@ -292,6 +295,61 @@ def test_explain_exits_1_when_a_workload_cannot_run_or_an_image_cannot_be_read(c
     assert missing["images"][0]["error"] and missing["architectures"] is None
     text = archway("explain", "-f", str(path), "--config", config_file)
     assert text.returncode == 1 and "CANNOT RUN" in text.stdout
+
+
+def test_explain_a_directory_reads_every_manifest_under_it(config_file, images, tmp_path):
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "web.yaml").write_text(manifests(deployment("web", images["multi"])))
+    (tmp_path / "jobs.json").write_text(json.dumps(cronjob("nightly", images["amd"])))
+    (tmp_path / "tool.yml").write_text(manifests(bare_pod("tool", images["arm"])))
+    (tmp_path / "README.md").write_text("not a manifest")
+    result = archway("explain", "--json", "-f", str(tmp_path), "--config", config_file)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [(r["name"], r["origin"]) for r in rows] == [
+        ("web", f"{tmp_path / 'base' / 'web.yaml'}, document 1"),
+        ("nightly", f"{tmp_path / 'jobs.json'}, document 1"),
+        ("tool", f"{tmp_path / 'tool.yml'}, document 1")]
+    (tmp_path / "mixed.yaml").write_text(manifests(cronjob("mixed", images["amd"], images["arm"])))
+    result = archway("explain", "-f", str(tmp_path), "--config", config_file)
+    assert result.returncode == 1 and "CronJob mixed" in result.stdout
+
+
+def test_explain_exits_1_when_a_workloads_own_arch_pin_excludes_its_images(config_file, images,
+                                                                          tmp_path):
+    """The CI pre-flight's reason to exist: a workload pinned (nodeSelector or required node
+    affinity) to an arch its images lack never starts, whatever archway's config says."""
+    pinned = deployment("pinned", images["amd"])
+    pinned["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/arch": "arm64"}
+    agent = {"apiVersion": "apps/v1", "kind": "DaemonSet",
+             "metadata": {"name": "agent", "namespace": "kube-system"},
+             "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {
+                 "metadata": {"labels": {"app": "agent"}},
+                 "spec": {**pod_spec(images["multi"]), "affinity": {"nodeAffinity": {
+                     "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                         {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In",
+                                                "values": ["s390x", "ppc64le"]}]}]}}}}}}}
+    wide = deployment("wide", images["multi"])   # pinned to one of its images' archs: fine
+    wide["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/arch": "arm64"}
+    path = tmp_path / "pinned.yaml"
+    path.write_text(manifests(pinned, agent, wide))
+    result = archway("explain", "--json", "-f", str(path), "--config", config_file)
+    assert result.returncode == 1, result.stderr
+    pinned_row, agent_row, wide_row = json.loads(result.stdout)
+    assert not pinned_row["can_run"] and not agent_row["can_run"] and wide_row["can_run"]
+    assert pinned_row["cannot_run"] == ("the pod's own kubernetes.io/arch constraint (arm64) "
+                                        "excludes every architecture its images support (amd64)")
+    assert "(ppc64le, s390x)" in agent_row["cannot_run"]
+    assert wide_row["cannot_run"] is None
+    text = archway("explain", "-f", str(path), "--config", config_file)
+    assert text.returncode == 1
+    assert "CANNOT RUN: the pod's own kubernetes.io/arch constraint (arm64) excludes" in text.stdout
+    # audit mode changes what archway does to pods, not whether they can run
+    audit = tmp_path / "audit.yaml"
+    audit.write_text(yaml.safe_dump({**yaml.safe_load(open(config_file)),
+                                     "admission": {"mode": "audit"}}))
+    result = archway("explain", "--json", "-f", str(path), "--config", str(audit))
+    assert result.returncode == 1 and not json.loads(result.stdout)[0]["can_run"]
 
 
 @pytest.mark.parametrize("args, stdin, words", [

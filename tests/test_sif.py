@@ -1,9 +1,11 @@
-"""The SIF parser against real SIF files (other projects' builds, Debian's siftool) and against
-headers built to lie (hypothesis)."""
+"""The SIF parser against real SIF files (other projects' builds when the third-party corpus is
+there, Debian's siftool and the project's writer always) and against headers built to lie
+(hypothesis)."""
 import hashlib
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -12,13 +14,13 @@ from hypothesis import strategies as st
 from archway.errors import SIFError
 from archway.registry import sif
 from archway.registry.sif import BlockReader, file_reader, read_sif_platforms
-from tests.infra import sifbuild
-from tests.infra.procs import SHARED_TESTDATA, require_binary
+from tests.infra import sifbuild, sifcorpus
+from tests.infra.procs import require_binary
 
-SIF_DIR = os.path.join(SHARED_TESTDATA, "sif")
 HEADER_AND_DEFAULT_TABLE = 128 + 48 * 585  # 28208: all a non-OCI default-layout image costs
 
 README_EXPECTED, README_ERRORS = sifbuild.SHARED_SIF_EXPECTED, sifbuild.SHARED_SIF_ERRORS
+GENERATED = sifbuild.GENERATED
 
 
 class Recorder:
@@ -52,22 +54,32 @@ def names(result):
 
 
 def shared(name):
-    with open(os.path.join(SIF_DIR, name), "rb") as f:
+    return sifcorpus.read(name)
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> dict[str, str]:
+    """name -> path of the generated stand-ins of the corpus (sifbuild.GENERATED)."""
+    return sifbuild.generated_corpus(str(tmp_path_factory.mktemp("generated-sif")))
+
+
+def made(generated, name) -> bytes:
+    with open(generated[name], "rb") as f:
         return f.read()
 
 
 # ---------------------------------------------------------------------------------------------
-# The real files
+# The real files of the third-party corpus (skipped, with one line, when it is absent)
 
 
 def test_every_shared_file_is_covered():
-    on_disk = {n for n in os.listdir(SIF_DIR) if n != "README.md"}
+    on_disk = {n for n in os.listdir(os.path.dirname(sifcorpus.path("README.md"))) if n != "README.md"}
     assert on_disk == set(README_EXPECTED) | set(README_ERRORS)
 
 
 @pytest.mark.parametrize("name", sorted(README_EXPECTED))
 def test_shared_file_gives_the_readme_architecture(name):
-    result = read_sif_platforms(file_reader(os.path.join(SIF_DIR, name)))
+    result = read_sif_platforms(file_reader(sifcorpus.path(name)))
     assert names(result) == README_EXPECTED[name]
     if not result.platforms:
         assert "no architecture" in result.note
@@ -76,7 +88,7 @@ def test_shared_file_gives_the_readme_architecture(name):
 @pytest.mark.parametrize("name", sorted(README_ERRORS))
 def test_shared_oci_root_index_without_blobs_is_a_clear_error(name):
     with pytest.raises(SIFError, match=README_ERRORS[name]):
-        read_sif_platforms(file_reader(os.path.join(SIF_DIR, name)))
+        read_sif_platforms(file_reader(sifcorpus.path(name)))
 
 
 @pytest.mark.parametrize("name,source", [
@@ -87,11 +99,11 @@ def test_shared_oci_root_index_without_blobs_is_a_clear_error(name):
     ("legacy-squashfs.v4.img", "pre-sif"),
 ])
 def test_source_says_where_the_answer_came_from(name, source):
-    assert read_sif_platforms(file_reader(os.path.join(SIF_DIR, name))).source == source
+    assert read_sif_platforms(file_reader(sifcorpus.path(name))).source == source
 
 
 def test_legacy_squashfs_note():
-    result = read_sif_platforms(file_reader(os.path.join(SIF_DIR, "legacy-squashfs.v4.img")))
+    result = read_sif_platforms(file_reader(sifcorpus.path("legacy-squashfs.v4.img")))
     assert result.note.startswith("pre-SIF image: no architecture recorded")
 
 
@@ -137,11 +149,136 @@ def test_block_reader_small_file_is_one_fetch_even_for_late_reads():
     assert reader(len(data) + 10, 5) == b""
 
 
+# ---------------------------------------------------------------------------------------------
+# The generated stand-ins: every shape of the corpus, made here (siftool, the writer)
+
+
+def test_every_corpus_file_has_a_generated_stand_in():
+    stood_for = {name for shape in GENERATED.values() for name in shape.stands_for}
+    assert stood_for == set(README_EXPECTED) | set(README_ERRORS)
+    for shape in GENERATED.values():
+        for name in shape.stands_for:
+            if shape.platforms is None:
+                assert name in README_ERRORS
+            else:   # the same kind of answer as the file it stands for (unknown, or some arch)
+                assert bool(shape.platforms) == bool(README_EXPECTED[name])
+
+
+@pytest.mark.parametrize("name", sorted(GENERATED))
+def test_generated_file_gives_its_answer(generated, name):
+    shape, data = GENERATED[name], made(generated, name)
+    for reader in (file_reader(generated[name]), BlockReader(lambda o, n: data[o:o + n])):
+        if shape.platforms is None:
+            with pytest.raises(SIFError, match=shape.error):
+                read_sif_platforms(reader)
+            continue
+        result = read_sif_platforms(reader)
+        assert (names(result), result.source) == (set(shape.platforms), shape.source)
+        if not result.platforms:
+            assert "no architecture" in result.note
+
+
+@pytest.mark.parametrize("name", ["siftool-amd64.sif", "siftool-ppc64le-aligned.sif",
+                                  "siftool-two-groups.sif", "siftool-empty.sif",
+                                  "siftool-one-group-signed.sif"])
+def test_generated_default_layout_reads_only_header_and_table(generated, name):
+    _, recorder = parse(made(generated, name))
+    assert recorder.calls == [(0, 128), (4096, 48 * 585)]
+    assert recorder.requested == HEADER_AND_DEFAULT_TABLE
+
+
+@pytest.mark.parametrize("name, documents", [("single.oci.sif", 3),
+                                             ("index-past-first-block.oci.sif", 1)])
+def test_generated_oci_sif_reads_only_the_json_it_needs(generated, name, documents):
+    """Header, table, then whole JSON documents only: root index -> manifest -> config for one
+    image; the root index alone when it names every platform."""
+    data = made(generated, name)
+    _, recorder = parse(data)
+    (_, head), (table_at, table), *blobs = recorder.calls
+    assert (head, table_at, table % 585) == (128, 4096, 0)
+    assert len(blobs) == documents
+    assert all(isinstance(json.loads(data[o:o + n]), dict) for o, n in blobs)
+    assert recorder.requested == 128 + table + sum(n for _, n in blobs)
+
+
+def test_generated_block_reader_costs_one_fetch_for_default_layout(generated):
+    data = made(generated, "siftool-ppc64le-aligned.sif")
+    fetches = []
+    reader = BlockReader(lambda o, n: fetches.append((o, n)) or data[o:o + n])
+    assert names(read_sif_platforms(reader)) == {"linux/ppc64le"}
+    assert fetches == [(0, 32768)] and (reader.fetches, reader.bytes_fetched) == (1, 32768)
+
+
+def test_generated_block_reader_fetches_only_the_missing_tail(generated):
+    data = made(generated, "index-past-first-block.oci.sif")   # the index is the last object
+    index = len(data) - data.rindex(b'{"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index')
+    fetches = []
+    reader = BlockReader(lambda o, n: fetches.append((o, n)) or data[o:o + n])
+    assert len(read_sif_platforms(reader).platforms) == 9
+    assert fetches == [(0, 32768), (len(data) - index, index)] and len(data) - index > 32768
+
+
+def test_generated_block_reader_fetches_the_rest_of_an_object_across_the_block(generated):
+    data = made(generated, "root-index-without-blobs.sif")     # index at 32176..past 32768
+    fetches = []
+    with pytest.raises(SIFError, match="missing blob"):
+        read_sif_platforms(BlockReader(lambda o, n: fetches.append((o, n)) or data[o:o + n]))
+    assert fetches == [(0, 32768), (32768, len(data) - 32768)]
+
+
+def test_generated_block_reader_small_file_is_one_fetch_even_for_late_reads(generated):
+    data = made(generated, "single.oci.sif")
+    assert len(data) < 32768
+    reader = BlockReader(lambda o, n: data[o:o + n])
+    assert names(read_sif_platforms(reader)) == {"linux/arm64"}
+    assert reader.fetches == 1 and reader.bytes_fetched == len(data)
+    assert reader(len(data) + 10, 5) == b""
+
+
+def reader_lines(path: str) -> set[int]:
+    """The lines of registry/sif.py run while reading `path` through a file reader and through
+    a BlockReader (what https:// and oras:// use)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    lines: set[int] = set()
+
+    def trace(frame, event, arg):
+        if frame.f_code.co_filename != sif.__file__:
+            return None
+        if event == "line":
+            lines.add(frame.f_lineno)
+        return trace
+
+    for reader in (file_reader(path), BlockReader(lambda o, n: data[o:o + n])):
+        previous = sys.gettrace()
+        sys.settrace(trace)
+        try:
+            read_sif_platforms(reader)
+        except SIFError:
+            pass
+        finally:
+            sys.settrace(previous)
+    return lines
+
+
+def test_generated_files_run_every_reader_line_the_corpus_runs(generated):
+    """Coverage without the corpus: every line of the reader some corpus file runs, some
+    generated file runs too (a new corpus file with a new path fails here until one is made)."""
+    corpus = set().union(*(reader_lines(sifcorpus.path(name))
+                           for name in [*README_EXPECTED, *README_ERRORS]))
+    made_here = set().union(*(reader_lines(path) for path in generated.values()))
+    with open(sif.__file__) as f:
+        source = f.read().splitlines()
+    missing = [f"{line}: {source[line - 1].strip()}" for line in sorted(corpus - made_here)]
+    assert not missing, "only the corpus runs:\n" + "\n".join(missing)
+    assert len(corpus) > 100
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 80000), st.integers(0, 40000)), max_size=8),
        st.integers(1, 70000))
-def test_block_reader_returns_what_slicing_returns(reads, first_block):
-    data = shared("docker-manifest-list.oci.sif")
+def test_block_reader_returns_what_slicing_returns(generated, reads, first_block):
+    data = made(generated, "index-past-first-block.oci.sif")
     reader = BlockReader(lambda o, n: data[o:o + n], first_block=first_block)
     for offset, length in reads:
         assert reader(offset, length) == data[offset:offset + length]
@@ -458,8 +595,8 @@ MAX_REQUEST = 128 + sif.MAX_DESCRIPTORS * 585 + sif.MAX_JSON_TOTAL + 1082 + 64
 PROPERTY = settings(max_examples=200, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
-SAMPLES = ["busybox_amd64.sif", "two-groups.sif", "docker-manifest.oci.sif",
-           "docker-manifest-list.oci.sif", "one-object-generic-json.sif"]
+SAMPLES = ["siftool-amd64.sif", "siftool-two-groups.sif", "single.oci.sif",
+           "index-past-first-block.oci.sif", "siftool-generic-json.sif"]
 
 
 def _prefix_needed(data):
@@ -468,14 +605,14 @@ def _prefix_needed(data):
     return recorder.furthest
 
 
-_SAMPLE_DATA = {}
-
-
-def sample(name):
-    if name not in _SAMPLE_DATA:
-        data = shared(name)[:80000]
-        _SAMPLE_DATA[name] = (data, _prefix_needed(data))
-    return _SAMPLE_DATA[name]
+@pytest.fixture(scope="module")
+def samples(generated) -> dict[str, tuple[bytes, int]]:
+    """name -> (its first 80000 bytes, how many of them the reader needs)."""
+    out = {}
+    for name in SAMPLES:
+        data = made(generated, name)[:80000]
+        out[name] = (data, _prefix_needed(data))
+    return out
 
 
 def parse_safely(data):
@@ -493,8 +630,8 @@ def parse_safely(data):
 
 @PROPERTY
 @given(st.sampled_from(SAMPLES), st.data())
-def test_truncated_image_raises_sif_error(name, data):
-    image, needed = sample(name)
+def test_truncated_image_raises_sif_error(samples, name, data):
+    image, needed = samples[name]
     cut = data.draw(st.integers(0, needed - 1), label="cut")
     with pytest.raises(SIFError):
         read_sif_platforms(Recorder(image[:cut]))
@@ -502,16 +639,16 @@ def test_truncated_image_raises_sif_error(name, data):
 
 @PROPERTY
 @given(st.sampled_from(SAMPLES), st.data())
-def test_truncation_after_what_is_needed_changes_nothing(name, data):
-    image, needed = sample(name)
+def test_truncation_after_what_is_needed_changes_nothing(samples, name, data):
+    image, needed = samples[name]
     cut = data.draw(st.integers(needed, len(image)), label="cut")
     assert read_sif_platforms(Recorder(image[:cut])) == read_sif_platforms(Recorder(image))
 
 
 @PROPERTY
 @given(st.sampled_from(SAMPLES), st.data())
-def test_corrupted_image_gives_sif_error_or_an_answer(name, data):
-    image, needed = sample(name)
+def test_corrupted_image_gives_sif_error_or_an_answer(samples, name, data):
+    image, needed = samples[name]
     image = bytearray(image)
     changes = data.draw(st.lists(st.tuples(st.integers(0, needed - 1), st.integers(0, 255)),
                                  min_size=1, max_size=12), label="changes")
@@ -523,8 +660,8 @@ def test_corrupted_image_gives_sif_error_or_an_answer(name, data):
 
 @PROPERTY
 @given(st.sampled_from(SAMPLES), st.integers(32, 127), st.binary(min_size=1, max_size=96))
-def test_corrupted_header_fields(name, start, junk):
-    image, _ = sample(name)
+def test_corrupted_header_fields(samples, name, start, junk):
+    image, _ = samples[name]
     image = bytearray(image)
     junk = junk[:128 - start]
     image[start:start + len(junk)] = junk

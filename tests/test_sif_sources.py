@@ -17,9 +17,8 @@ from archway.registry.http import HttpClient
 from archway.registry.reference import parse_reference
 from archway.registry.resolver import Resolver
 from archway.registry.sifsources import resolve_https, resolve_library
-from tests.infra import sifbuild
+from tests.infra import sifbuild, sifcorpus
 from tests.infra.fileserver import FileServer, LibraryServer, _parse_range
-from tests.infra.procs import SHARED_TESTDATA
 from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
 from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED
 from tests.infra.tls import session_ca
@@ -27,11 +26,12 @@ from tests.infra.tls import session_ca
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow
 
-SIF_DIR = os.path.join(SHARED_TESTDATA, "sif")
 TOKEN = "lib-token-3f9a"
 DEFAULT_LAYOUT = ["busybox_amd64.sif", "busybox_arm64.sif", "busybox_ppc64le.sif", "one-group.sif",
                   "one-group-signed-pgp.sif", "two-groups.sif", "empty.sif",
                   "empty-launch-script.sif", "one-object-generic-json.sif"]
+GENERATED_DEFAULT_LAYOUT = [name for name in sorted(sifbuild.GENERATED)
+                            if name.startswith("siftool-")]
 
 
 @pytest.fixture(scope="module")
@@ -41,18 +41,29 @@ def ca(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def files(ca, tmp_path_factory):
+    """An HTTPS file server with the generated SIF files (/generated/...), siftool builds
+    (/built/...), a 48 MiB image and a truncated one."""
     workdir = str(tmp_path_factory.mktemp("sif-https"))
-    served = {f"/sif/{name}": os.path.join(SIF_DIR, name)
-              for name in list(README_EXPECTED) + list(README_ERRORS)}
+    served = {f"/generated/{name}": path
+              for name, path in sifbuild.generated_corpus(workdir).items()}
     for arch in ("amd64", "arm64", "ppc64le", "s390x", "riscv64", "386"):
         served[f"/built/{arch}.sif"] = sifbuild.siftool_image(workdir, f"{arch}.sif", arch)
-    with open(os.path.join(SIF_DIR, "busybox_amd64.sif"), "rb") as f:
-        busybox = f.read()
-    served["/big.sif"] = busybox + b"\0" * (48 * 1024 * 1024)   # 48 MiB: what a real image weighs
-    served["/truncated.sif"] = busybox[:20000]
+    with open(served["/built/amd64.sif"], "rb") as f:
+        amd64 = f.read()
+    served["/big.sif"] = amd64 + b"\0" * (48 * 1024 * 1024)   # 48 MiB: what a real image weighs
+    served["/truncated.sif"] = amd64[:20000]
     server = FileServer(ca, served)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def corpus(files):
+    """The third-party corpus served too, under /sif/, when it is there (each test that reads
+    it calls sifcorpus.require() first)."""
+    for name in list(README_EXPECTED) + list(README_ERRORS) if sifcorpus.present() else ():
+        files.files[f"/sif/{name}"] = sifcorpus.path(name)
+    return files
 
 
 @pytest.fixture
@@ -70,7 +81,9 @@ def https(files, path, http):
 
 
 @pytest.mark.parametrize("name", sorted(README_EXPECTED))
-def test_shared_files_over_https(files, http, name):
+def test_shared_files_over_https(corpus, http, name):
+    sifcorpus.require()
+    files = corpus
     info = https(files, f"/sif/{name}", http)
     assert {str(p) for p in info.platforms} == README_EXPECTED[name]
     assert info.source == "sif-https" and info.digest is None
@@ -78,31 +91,81 @@ def test_shared_files_over_https(files, http, name):
 
 
 @pytest.mark.parametrize("name", DEFAULT_LAYOUT)
-def test_default_layout_costs_one_32k_range_request(files, http, name):
+def test_default_layout_costs_one_32k_range_request(corpus, http, name):
+    sifcorpus.require()
+    files = corpus
     https(files, f"/sif/{name}", http)
-    size = os.path.getsize(os.path.join(SIF_DIR, name))
+    size = os.path.getsize(sifcorpus.path(name))
     assert [(r.status, r.range) for r in files.requests] == [(206, "bytes=0-32767")]
     assert files.bytes_sent() == min(32768, size) <= 64 * 1024
     assert http.stats.requests == 1 and http.stats.bytes_read == files.bytes_sent()
 
 
-def test_oci_sif_over_https_reads_the_index_past_the_first_block(files, http):
+def test_oci_sif_over_https_reads_the_index_past_the_first_block(corpus, http):
+    sifcorpus.require()
+    files = corpus
     info = https(files, "/sif/docker-manifest-list.oci.sif", http)
     assert len(info.platforms) == 9
     assert [r.range for r in files.requests] == ["bytes=0-32767", "bytes=67866-69934"]
     assert files.bytes_sent() == 32768 + 2069
 
 
-def test_small_oci_sif_is_one_request(files, http):
+def test_small_oci_sif_is_one_request(corpus, http):
+    sifcorpus.require()
+    files = corpus
     info = https(files, "/sif/docker-manifest.oci.sif", http)
     assert {str(p) for p in info.platforms} == {"linux/arm64"}
     assert len(files.requests) == 1 and files.bytes_sent() == 11968
 
 
-def test_root_index_without_blobs_over_https(files, http):
+def test_root_index_without_blobs_over_https(corpus, http):
+    sifcorpus.require()
     with pytest.raises(SIFError, match=r"https://127\.0\.0\.1:\d+/sif/one-object-oci-root-index"
                                        r"\.sif: OCI-SIF image is missing blob"):
-        https(files, "/sif/one-object-oci-root-index.sif", http)
+        https(corpus, "/sif/one-object-oci-root-index.sif", http)
+
+
+# --- the generated stand-ins of the corpus: the same requests without it ----------------------
+
+@pytest.mark.parametrize("name", sorted(sifbuild.GENERATED))
+def test_generated_files_over_https(files, http, name):
+    shape = sifbuild.GENERATED[name]
+    if shape.platforms is None:
+        with pytest.raises(SIFError, match=rf"https://127\.0\.0\.1:\d+/generated/{name}: "
+                                           rf"OCI-SIF image is {shape.error}"):
+            https(files, f"/generated/{name}", http)
+        return
+    info = https(files, f"/generated/{name}", http)
+    assert {str(p) for p in info.platforms} == set(shape.platforms)
+    assert info.source == "sif-https" and info.digest is None
+    assert all(r.range and r.range.startswith("bytes=") and r.status == 206 for r in files.requests)
+
+
+@pytest.mark.parametrize("name", GENERATED_DEFAULT_LAYOUT)
+def test_generated_default_layout_costs_one_32k_range_request(files, http, name):
+    https(files, f"/generated/{name}", http)
+    size = os.path.getsize(files.files[f"/generated/{name}"])
+    assert [(r.status, r.range) for r in files.requests] == [(206, "bytes=0-32767")]
+    assert files.bytes_sent() == min(32768, size)
+    assert http.stats.requests == 1 and http.stats.bytes_read == files.bytes_sent()
+
+
+def test_generated_oci_sif_reads_the_index_past_the_first_block(files, http):
+    path = files.files["/generated/index-past-first-block.oci.sif"]
+    size = os.path.getsize(path)
+    info = https(files, "/generated/index-past-first-block.oci.sif", http)
+    assert len(info.platforms) == 9
+    first, second = [r.range for r in files.requests]
+    start = int(second.split("=")[1].split("-")[0])
+    assert first == "bytes=0-32767" and start > 32768 and second == f"bytes={start}-{size - 1}"
+    assert files.bytes_sent() == 32768 + size - start
+
+
+def test_generated_small_oci_sif_is_one_request(files, http):
+    size = os.path.getsize(files.files["/generated/single.oci.sif"])
+    info = https(files, "/generated/single.oci.sif", http)
+    assert {str(p) for p in info.platforms} == {"linux/arm64"}
+    assert len(files.requests) == 1 and files.bytes_sent() == size < 32768
 
 
 @pytest.mark.parametrize("arch", ["amd64", "arm64", "ppc64le", "s390x", "riscv64", "386"])
@@ -132,7 +195,7 @@ def test_missing_file_is_not_found(files, http):
 def test_plain_http_refused_unless_insecure(files, http):
     files.clear()
     with pytest.raises(HostRefused, match="insecure_hosts"):
-        resolve_https(parse_reference(f"http://{files.host}/sif/empty.sif"), http, None)
+        resolve_https(parse_reference(f"http://{files.host}/generated/siftool-empty.sif"), http, None)
     assert files.requests == [] and http.stats.requests == 0
 
 
@@ -159,20 +222,20 @@ def test_server_that_ignores_range_is_refused_without_reading_the_file(ignoring_
 
 
 def test_small_file_from_a_server_that_ignores_range_still_works(ignoring_range, http):
-    info = https(ignoring_range, "/sif/image-defaults.oci.sif", http)
+    info = https(ignoring_range, "/generated/single.oci.sif", http)
     assert {str(p) for p in info.platforms} == {"linux/arm64"}
     assert [r.status for r in ignoring_range.requests] == [200]
 
 
 def test_https_through_the_resolver(files, ca):
     resolver = Resolver(RegistrySettings(ca_file=ca.cert_path))
-    info = resolver.resolve(files.url("/sif/busybox_arm64.sif"))
+    info = resolver.resolve(files.url("/generated/siftool-arm64.sif"))
     assert info.architectures == {"arm64"} and info.source == "sif-https"
 
 
 def test_untrusted_certificate_is_a_transport_error(files):
     with pytest.raises(RegistryError, match="TLS error"):
-        https(files, "/sif/empty.sif", HttpClient(RegistrySettings()))
+        https(files, "/generated/siftool-empty.sif", HttpClient(RegistrySettings()))
 
 
 @pytest.mark.parametrize("header,size,window", [

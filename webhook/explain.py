@@ -1,15 +1,17 @@
-"""`archway explain -f FILE|-` and `archway explain pod/NAME -n NS`: what archway would do.
+"""`archway explain -f FILE|DIR|-` and `archway explain pod/NAME -n NS`: what archway would do.
 
-For every workload in the manifests (or one live pod), the images with their architectures and
-the patch archway would apply under the current config, preferred terms and tolerations
-included: the pre-flight check a CI job runs on `helm template | archway explain -f -`.
-Exit 0 when every workload can run somewhere, 1 when one has no common architecture or an
-image could not be read, 2 on usage errors.
+For every workload in the manifests (a file, every manifest under a directory, or stdin) or one
+live pod, the images with their architectures and the patch archway would apply under the
+current config, preferred terms and tolerations included: the pre-flight check a CI job runs on `helm template | archway explain -f -`.
+Exit 0 when every workload can run somewhere, 1 when one cannot (no common architecture, or
+its own kubernetes.io/arch pin excludes its images' architectures) or an image could not be
+read, 2 on usage errors.
 
 The decision is `placement.decide`, the webhook's own; this module only gathers its inputs and
 prints its answer. Nothing heavy is imported before the command runs (see archway/metrics.py).
 """
 import json
+import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -43,9 +45,19 @@ class Explanation:
 
     @property
     def can_run(self) -> bool:
-        """Some architecture runs every image, and every image could be read."""
-        return (self.decision.allowed and self.decision.architectures != frozenset()
-                and not self.unreadable)
+        """Some architecture runs every image and the pod's own arch pin allows it, and every
+        image could be read."""
+        return not self.cannot_run and not self.unreadable
+
+    @property
+    def cannot_run(self) -> str:
+        """Why no node of any architecture can run the workload ("" when one can, or unknown)."""
+        d = self.decision
+        if not d.allowed:
+            return d.message
+        if d.architectures == frozenset():
+            return "the images share no CPU architecture"
+        return d.conflict
 
 
 def explain_workload(workload: Workload, results: dict, policy: Policy, *, nodes=None,
@@ -64,36 +76,67 @@ def load_manifests(text: str, origin: str) -> list:
         raise ArchwayError(f"{origin} is not valid YAML or JSON: {e}") from None
 
 
-def read_source(path: str) -> tuple[str, str]:
-    """(text, origin) of -f PATH or -f - (stdin), bounded in size."""
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def manifest_files(directory: str) -> list[str]:
+    """Every *.yaml, *.yml and *.json under `directory`, sorted by path; hidden files and
+    directories (.git) skipped."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found += [os.path.join(root, name) for name in files
+                  if name.endswith(MANIFEST_SUFFIXES) and not name.startswith(".")]
+    return sorted(found)
+
+
+def read_sources(path: str) -> list[tuple[str, str]]:
+    """(text, origin) of each manifest file of -f PATH: a file, a directory (every manifest
+    under it) or - (stdin); all of them together bounded in size."""
+    if path != "-" and os.path.isdir(path):
+        files = manifest_files(path)
+        if not files:
+            raise ArchwayError(f"no *.yaml, *.yml or *.json file under {path}")
+    else:
+        files = [path]
+    sources, size = [], 0
+    for file in files:
+        text, origin = read_source(file, MAX_MANIFEST_BYTES - size)
+        size += len(text)
+        sources.append((text, origin))
+    return sources
+
+
+def read_source(path: str, limit: int = MAX_MANIFEST_BYTES) -> tuple[str, str]:
+    """(text, origin) of one file or - (stdin), at most `limit` characters."""
     if path == "-":
-        text, origin = sys.stdin.read(MAX_MANIFEST_BYTES + 1), "stdin"
+        text, origin = sys.stdin.read(limit + 1), "stdin"
     else:
         try:
             with open(path, encoding="utf-8") as f:
-                text = f.read(MAX_MANIFEST_BYTES + 1)
+                text = f.read(limit + 1)
         except FileNotFoundError:
             raise ArchwayError(f"no such file: {path}") from None
         except (OSError, UnicodeDecodeError) as e:
             raise ArchwayError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
         origin = path
-    if len(text) > MAX_MANIFEST_BYTES:
-        raise ArchwayError(f"{origin} is larger than {MAX_MANIFEST_BYTES} bytes")
+    if len(text) > limit:
+        raise ArchwayError(f"{origin} makes the manifests larger than {MAX_MANIFEST_BYTES} bytes")
     return text, origin
 
 
 # --- output ------------------------------------------------------------------------------------
 
 def image_json(image: str, result) -> dict:
-    from archway.registry.inspect import normalized
+    from archway.registry.inspect import normalized, pinned
     from archway.registry.model import ImageInfo
     reference = normalized(image)
     row = {"image": display_image(image),
            "reference": display_image(reference) if reference else None}
     if isinstance(result, ImageInfo):
         return {**row, "architectures": sorted(result.architectures), "digest": result.digest,
-                "source": result.source, "error": None}
-    return {**row, "architectures": [], "digest": None, "source": None,
+                "pinned": pinned(image, result.digest), "source": result.source, "error": None}
+    return {**row, "architectures": [], "digest": None, "pinned": None, "source": None,
             "error": str(result) if result is not None else "no answer"}
 
 
@@ -103,7 +146,8 @@ def to_json(explanation: Explanation) -> dict:
         "kind": w.kind, "namespace": w.namespace, "name": w.name, "origin": w.origin,
         "images": [image_json(i, r) for i, r in explanation.results.items()],
         "architectures": sorted(d.architectures) if d.architectures is not None else None,
-        "can_run": explanation.can_run, "allowed": d.allowed, "outcome": d.outcome,
+        "can_run": explanation.can_run, "cannot_run": explanation.cannot_run or None,
+        "allowed": d.allowed, "outcome": d.outcome,
         "would": d.would or None, "reason": d.reason, "message": d.message or None,
         "warnings": list(d.warnings), "patch": list(d.patch),
     }
@@ -125,13 +169,11 @@ def to_text(explanation: Explanation) -> str:
             lines.append(f"    error: {row['error']}")
         else:
             lines.append(f"    architectures: {' '.join(row['architectures']) or 'unknown'}"
-                         f"  ({row['source']}, {row['digest'] or 'no digest'})")
+                         f"  ({row['source']}, {row['pinned'] or row['digest'] or 'no digest'})")
     if not explanation.results:
         lines.append("  no images")
-    if not d.allowed:
-        lines.append(f"  CANNOT RUN: {d.message}")
-    elif d.architectures == frozenset():
-        lines.append("  CANNOT RUN: the images share no CPU architecture")
+    if explanation.cannot_run:
+        lines.append(f"  CANNOT RUN: {explanation.cannot_run}")
     elif d.architectures is None:
         lines.append("  runs on: unknown (no image told its architectures)")
     else:
@@ -171,15 +213,19 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "explain", help="show what archway would do with workloads in manifests or a live pod",
         description="For every Pod, Deployment, StatefulSet, DaemonSet, ReplicaSet, Job and "
-                    "CronJob in the manifests (-f FILE, or -f - for stdin; multi-document YAML "
-                    "or JSON, Lists opened), or for one live pod (pod/NAME -n NAMESPACE, through "
+                    "CronJob in the manifests (-f FILE, -f DIR for every *.yaml, *.yml and "
+                    "*.json under it, or -f - for stdin; multi-document YAML or JSON, Lists "
+                    "opened), or for one live pod (pod/NAME -n NAMESPACE, through "
                     "the kubeconfig), print the images with their architectures and the patch "
                     "archway would apply under the current config. Exit 0 when every workload "
-                    "can run somewhere, 1 when one has no common architecture or an image could "
-                    "not be read, 2 on usage errors.")
+                    "can run somewhere, 1 when one cannot (no common architecture, or its own "
+                    "kubernetes.io/arch pin excludes its images' architectures) or an image "
+                    "could not be read, 2 on usage errors.")
     parser.add_argument("target", nargs="?", metavar="pod/NAME",
                         help="a live pod, read through the kubeconfig")
-    parser.add_argument("-f", "--filename", metavar="FILE", help="manifests to explain; - for stdin")
+    parser.add_argument("-f", "--filename", metavar="FILE",
+                        help="manifests to explain: a file, a directory (every *.yaml, *.yml "
+                             "and *.json under it) or - for stdin")
     parser.add_argument("-n", "--namespace", default="default",
                         help="namespace of pod/NAME (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print a JSON list")
@@ -207,10 +253,11 @@ def run(args) -> int:
 
 def explain_manifests(path: str, config, policy: Policy, timeout: float) -> list[Explanation]:
     from archway.registry.resolver import Resolver
-    text, origin = read_source(path)
-    workloads = list(workloads_in(load_manifests(text, origin), origin))
+    workloads = [workload for text, origin in read_sources(path)
+                 for workload in workloads_in(load_manifests(text, origin), origin)]
     if not workloads:
-        print(f"archway explain: no Pod or workload in {origin}", file=sys.stderr)
+        print(f"archway explain: no Pod or workload in {'stdin' if path == '-' else path}",
+              file=sys.stderr)
         return []
     pods = [_view(w) for w in workloads]
     images = [image for pod in pods for image in pod.images]

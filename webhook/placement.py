@@ -77,6 +77,7 @@ class Decision:
     reason: str = ""                         # one phrase for the log line
     would: str = ""                          # audited: the outcome enforce mode would have had
     unschedulable: str = ""                  # why no current node can run the pod ("": fine/unknown)
+    conflict: str = ""                       # why the pod's own arch pin excludes its images ("": none)
 
 
 # --- the pod's own arch constraint ------------------------------------------------------
@@ -175,6 +176,20 @@ def pod_arch_constraint(pod: PodView) -> ArchSet | None:
 
 # --- the decision ----------------------------------------------------------------------------
 
+# What an image that could not be read means for the pod, said after "could not inspect X (why); ":
+# admitted as is, it does not restrict placement; gated (admission.unresolved: gate), the gate
+# controller reads it again and places the pod.
+UNREAD_ADMITTED = "it does not restrict placement"
+UNREAD_GATED = "archway reads it again and places the pod before it is scheduled"
+
+
+def gated_warnings(warnings: tuple[str, ...]) -> tuple[str, ...]:
+    """The warnings of a decision whose pod is gated: an unread image is read again."""
+    return tuple(w.removesuffix(UNREAD_ADMITTED) + UNREAD_GATED
+                 if w.startswith("could not inspect ") and w.endswith(UNREAD_ADMITTED) else w
+                 for w in warnings)
+
+
 def told_architectures(results: dict) -> dict[str, frozenset[str]]:
     """image -> its architectures, for the images whose result names some: a failure or an
     image that records no architecture says nothing about where the pod can run."""
@@ -214,7 +229,7 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
         else:
             failed.append(image)
             warnings.append(f"could not inspect {_short(image)} ({classify_error(result).words}); "
-                            "it does not restrict placement")
+                            + UNREAD_ADMITTED)
 
     if failed and policy.fail_closed:
         listed = "; ".join(f"{display_image(image)}: {classify_error(results.get(image)).words}"
@@ -228,7 +243,7 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
     mutated = pod.patchable_copy()
     spec = mutated.get("spec", {})
     reason = "no image told its architectures" if images else "pod has no images"
-    unschedulable = ""
+    unschedulable = conflict = ""
 
     if archs is not None and not archs:
         message = "the pod's images share no CPU architecture: " + "; ".join(
@@ -246,10 +261,10 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
             reason = "pod already constrains kubernetes.io/arch"
             allowed = existing.within(archs)
             if not allowed:
-                message = (f"the pod's own kubernetes.io/arch constraint ({existing.describe()}) "
-                           f"excludes every architecture its images support ({_join(archs)})")
+                conflict = (f"the pod's own kubernetes.io/arch constraint ({existing.describe()}) "
+                            f"excludes every architecture its images support ({_join(archs)})")
                 if policy.deny_on_conflict:
-                    return _deny(message, warnings, archs)
+                    return _deny(conflict, warnings, archs, conflict=conflict)
                 warnings.insert(0, f"the pod's arch constraint ({existing.describe()}) "
                                    f"excludes its images' architectures ({_join(archs)})")
             elif existing.exceeds(archs):
@@ -279,7 +294,8 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
     else:
         outcome = "mutated" if patch else "unchanged"
     return Decision(allowed=True, patch=patch, warnings=tuple(warnings), architectures=archs,
-                    outcome=outcome, reason=reason, unschedulable=unschedulable)
+                    outcome=outcome, reason=reason, unschedulable=unschedulable,
+                    conflict=conflict)
 
 
 def _audited(pod: PodView, results: dict, decision: Decision) -> Decision:
@@ -296,7 +312,7 @@ def _audited(pod: PodView, results: dict, decision: Decision) -> Decision:
     return Decision(allowed=True, patch=patch, warnings=(said, *decision.warnings),
                     architectures=decision.architectures, outcome="audited",
                     reason=f"audit: {decision.reason}", would=decision.outcome,
-                    unschedulable=decision.unschedulable)
+                    unschedulable=decision.unschedulable, conflict=decision.conflict)
 
 
 _WOULD = {"mutated": "placed it", "unchanged": "left it unchanged",
@@ -472,10 +488,11 @@ def _same_requirement(requirement: Requirement, archs: frozenset[str]) -> bool:
             and frozenset(requirement.values) == archs)
 
 
-def _deny(message: str, warnings: list[str], archs, *, unschedulable: str = "") -> Decision:
+def _deny(message: str, warnings: list[str], archs, *, unschedulable: str = "",
+          conflict: str = "") -> Decision:
     return Decision(allowed=False, message=message, warnings=tuple(warnings),
                     architectures=archs, outcome="denied", reason="denied",
-                    unschedulable=unschedulable)
+                    unschedulable=unschedulable, conflict=conflict)
 
 
 # --- wording -------------------------------------------------------------------------------------

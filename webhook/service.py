@@ -33,7 +33,7 @@ from .admission import (
 from .events import REASON_UNSCHEDULABLE, owner_reference, pod_or_owner
 from .gate import gate_patch
 from .namespaces import NamespaceFacts, namespace_policy
-from .placement import Decision, Policy, decide
+from .placement import Decision, Policy, decide, gated_warnings
 
 log = logging.getLogger("archway.admission")
 
@@ -224,7 +224,7 @@ class AdmissionService:
                                reason="gated until its images are read", warnings=(
                                    ("the pod waits (SchedulingGated) for archway to read its "
                                     f"images, at most {self.gate_max_seconds:g} s"),
-                               ) + decision.warnings)
+                               ) + gated_warnings(decision.warnings))
             decision = replace(decision, warnings=(
                 "no archway gate controller is running: admitted without waiting",
             ) + decision.warnings)

@@ -25,6 +25,15 @@
 {{- define "archway.certgenName" -}}{{ include "archway.fullname" . | trunc 52 | trimSuffix "-" }}-certgen{{- end -}}
 {{- define "archway.schedulerFullname" -}}{{ include "archway.fullname" . | trunc 53 | trimSuffix "-" }}-scheduler{{- end -}}
 {{- define "archway.certificateName" -}}{{ include "archway.fullname" . | trunc 55 | trimSuffix "-" }}-serving{{- end -}}
+{{/* "<full name><suffix>" within `limit` characters (default 63, a DNS label; 52 for a CronJob,
+     whose Jobs add 11): the full name is cut, never the suffix that says what the object is.
+     Call with (list $ "-certgen-renew" 52). */}}
+{{- define "archway.suffixedName" -}}
+{{- $suffix := index . 1 -}}
+{{- $limit := 63 -}}
+{{- if gt (len .) 2 }}{{ $limit = index . 2 }}{{ end -}}
+{{- include "archway.fullname" (index . 0) | trunc (sub $limit (len $suffix) | int) | trimSuffix "-" -}}{{ $suffix }}
+{{- end -}}
 {{- define "archway.leaseName" -}}{{ default .Values.scheduler.name .Values.scheduler.leaseName }}{{- end -}}
 
 {{/* Labels ------------------------------------------------------------------------------ */}}
@@ -47,6 +56,17 @@ app.kubernetes.io/instance: {{ $root.Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
+{{/* Labels of a pod template: what archway relies on (the component's selector labels, and
+     the skip label: archway never admits its own pods), then the component's podLabels, then
+     commonLabels; an earlier one is never overridden by a later one. Call with
+     (list $ "component" podLabels). */}}
+{{- define "archway.podLabels" -}}
+{{- $root := index . 0 -}}
+{{- $own := include "archway.selectorLabels" (list $root (index . 1)) | fromYaml -}}
+{{- $_ := set $own $root.Values.webhook.skipLabel "true" -}}
+{{- toYaml (merge $own (default dict (index . 2)) (default dict $root.Values.commonLabels)) -}}
+{{- end -}}
+
 {{- define "archway.componentLabels" -}}
 {{ include "archway.labels" (index . 0) }}
 app.kubernetes.io/component: {{ index . 1 }}
@@ -54,12 +74,13 @@ app.kubernetes.io/component: {{ index . 1 }}
 
 {{/* Images ------------------------------------------------------------------------------ */}}
 {{/* repository@digest when image.digest is set (pins the exact index pushed, whatever the tag
-     now points to), else repository:tag (default: the chart's appVersion). */}}
+     now points to), else repository:tag. The default tag is the release's: "v" + appVersion,
+     as scripts/release.sh tags the commit and the image (v0.1.0). */}}
 {{- define "archway.image" -}}
 {{- if .Values.image.digest -}}
 {{ .Values.image.repository }}@{{ .Values.image.digest }}
 {{- else -}}
-{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{ .Values.image.repository }}:{{ default (printf "v%s" .Chart.AppVersion) .Values.image.tag }}
 {{- end -}}
 {{- end -}}
 

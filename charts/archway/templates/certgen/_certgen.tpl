@@ -43,18 +43,24 @@ priorityClassName: {{ . }}
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- with .root.Values.podSecurityContext }}
 securityContext:
-  {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 containers:
   - name: certgen
     image: {{ include "archway.image" .root }}
     imagePullPolicy: {{ .root.Values.image.pullPolicy }}
     args:
       {{- include "archway.certgen.args" . | nindent 6 }}
+    {{- with .root.Values.tls.bootstrap.resources }}
     resources:
-      {{- toYaml .root.Values.tls.bootstrap.resources | nindent 6 }}
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with .root.Values.securityContext }}
     securityContext:
-      {{- toYaml .root.Values.securityContext | nindent 6 }}
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
 {{- end -}}
 
 {{/* Least-privilege RBAC of a certgen ServiceAccount. Call with (dict "root" $ "name" NAME "hook" BOOL). */}}

@@ -1,0 +1,116 @@
+"""The operator's documents say what the code does: advice that works under the chart's defaults,
+every admission outcome and alert listed where an operator looks for it, every config key named
+in the chart's values, and what an https:// SIF server must support."""
+import os
+import re
+
+import pytest
+import yaml
+
+from archway.config import documented_keys
+from tests.infra.procs import REPO
+
+CHART = os.path.join(REPO, "charts", "archway")
+RUNBOOKS = os.path.join(REPO, "docs", "runbooks")
+
+
+def read(*path: str) -> str:
+    with open(os.path.join(REPO, *path)) as f:
+        return f.read()
+
+
+def operator_documents() -> dict[str, str]:
+    paths = ["README.md", os.path.join("charts", "archway", "README.md"),
+             os.path.join("charts", "archway", "values.yaml")]
+    for root, _, files in os.walk(os.path.join(REPO, "docs")):
+        paths += [os.path.relpath(os.path.join(root, f), REPO) for f in files if f.endswith(".md")]
+    return {path: read(path) for path in paths}
+
+
+def test_no_document_advises_the_key_the_chart_overrides():
+    """`admission.fail_closed: true` only counts while `unresolved` is `admit`; the chart sets
+    `unresolved: gate`, so the advice must be `unresolved: deny`."""
+    advising = [path for path, text in operator_documents().items()
+                if re.search(r"fail_closed:? *`?true", text)]
+    assert advising == []
+    assert "`config.admission.unresolved: deny`" in read("docs", "runbooks", "ArchwayHighFailOpenRate.md")
+    assert "`admission.unresolved: deny` | denied" in read("docs", "placement.md")
+    values = yaml.safe_load(read("charts", "archway", "values.yaml"))
+    assert values["config"]["admission"]["unresolved"] == "gate"
+
+
+# Every value of archway_admissions_total{outcome}: Decision.outcome (webhook/placement.py), the
+# service's gated and error (webhook/service.py).
+ADMISSION_OUTCOMES = ("mutated", "unchanged", "denied", "fail_open", "gated", "audited", "error")
+
+
+def test_metrics_reference_names_every_admission_outcome():
+    row = next(line for line in read("docs", "metrics.md").splitlines()
+               if line.startswith("| `archway_admissions_total` |"))
+    assert [o for o in ADMISSION_OUTCOMES if f"`{o}`" not in row] == []
+    source = read("webhook", "placement.py") + read("webhook", "service.py")
+    found = set(re.findall(r'outcome(?:=| = |, )"(\w+)"', source)) | set(
+        re.findall(r'admission_finished\("(\w+)"', source)) | set(
+        re.findall(r'outcome = "(\w+)" if', source)) | set(re.findall(r'else "(\w+)"\n', source))
+    found |= set(re.findall(r'_internal_error\(\), "(\w+)"', source))
+    assert found <= set(ADMISSION_OUTCOMES), found - set(ADMISSION_OUTCOMES)
+
+
+def chart_alerts() -> set[str]:
+    return set(re.findall(r"- alert: (\w+)", read("charts", "archway", "templates", "monitoring",
+                                                  "prometheusrule.yaml")))
+
+
+def test_runbook_index_and_chart_readme_list_every_alert():
+    alerts = chart_alerts()
+    assert "ArchwayPodsGatedTooLong" in alerts and len(alerts) == 5
+    pages = {f[:-3] for f in os.listdir(RUNBOOKS) if f.endswith(".md") and f != "README.md"}
+    assert pages == alerts
+    index = read("docs", "runbooks", "README.md")
+    chart_readme = read("charts", "archway", "README.md")
+    for alert in sorted(alerts):
+        assert f"| `{alert}` | [{alert}.md]({alert}.md) |" in index, alert
+        assert f"`{alert}`" in chart_readme, alert
+
+
+# Keys the chart writes itself (never through `config:`), and deprecated ones.
+NOT_FOR_VALUES = {"placement.scheduler_name", "admission.fail_closed"}
+
+
+def config_section_text(values_text: str) -> dict[str, str]:
+    """config.<section> -> the comment above it and everything indented under it."""
+    lines = values_text.split("\nconfig:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    sections: dict[str, str] = {}
+    comment: list[str] = []
+    current = None
+    for line in lines:
+        match = re.match(r"^  (\w+):", line)
+        if line.startswith("  #"):
+            comment.append(line)
+        elif match:
+            current = match.group(1)
+            sections[current] = "\n".join(comment) + "\n" + line
+            comment = []
+        elif current and line.startswith("    "):
+            sections[current] += "\n" + line
+    return sections
+
+
+@pytest.mark.parametrize("section", ["registry", "sif", "admission", "placement", "kubernetes",
+                                     "prometheus", "extender"])
+def test_values_comment_names_every_config_key(section):
+    """What the chart passes through as `config.<section>` is named where an operator reads it."""
+    text = config_section_text(read("charts", "archway", "values.yaml"))[section]
+    keys = [k.split(".", 1)[1] for k in documented_keys()
+            if k.startswith(section + ".") and k not in NOT_FOR_VALUES]
+    missing = [k for k in keys if not all(re.search(rf"\b{part}\b", text) for part in k.split("."))]
+    assert missing == []
+
+
+def test_https_sif_servers_must_support_range_says_so_before_the_error_does():
+    configuration = read("docs", "configuration.md")
+    sif_section = configuration.split("\n## sif\n", 1)[1].split("\n## ", 1)[0]
+    assert "must support HTTP Range requests" in sif_section
+    assert "ignored the Range request" in sif_section       # the error an operator would see
+    assert "Range" in config_section_text(read("charts", "archway", "values.yaml"))["registry"]
+    assert "so its server must support\nRange" in read("README.md")
