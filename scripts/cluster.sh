@@ -15,7 +15,8 @@
 # ($ARCHWAY_CLUSTER_DIR). Details: docs/real-control-plane.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/venv.sh
 if [ "${1:-}" = up ] && [ "${ARCHWAY_SKIP_SETUP:-}" != 1 ]; then
-  bash scripts/setup.sh --test >&2     # the virtualenv with archway, helm (skips what is there)
+  bash scripts/setup.sh --test >&2     # the virtualenv, helm, the control plane (cached)
 fi
-exec .venv/bin/python -m tests.infra.cluster "$@"
+exec "$ARCHWAY_VENV/bin/python" -m tests.infra.cluster "$@"

@@ -19,6 +19,8 @@ complete() { for b in "${binaries[@]}"; do [ -x "$out/$b" ] || return 1; done; }
 if complete; then echo "$out"; exit 0; fi
 
 say() { echo "k8s-build: $*" >&2; }
+# The machines' Go lives in /usr/local/go, which a non-login shell may not have on PATH.
+command -v go >/dev/null || PATH="$PATH:/usr/local/go/bin"
 command -v go >/dev/null || { say "no go on PATH (need Go >= the go line of k8s.io/kubernetes $K8S)"; exit 1; }
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=-mod=mod CGO_ENABLED=0
 mkdir -p "$CACHE"

@@ -28,6 +28,7 @@ install_what_the_tests_start() {
   apt_install openssl wrk zsh                          # certificates, load, shell completion
   apt_install buildah mmdebstrap qemu-user-static binfmt-support arch-test   # the image
   $sudo bash scripts/install-helm.sh "$ARCHWAY_VENV/bin/python"             # helm v3
+  bash scripts/k8s-build.sh >/dev/null     # etcd, kube-apiserver, ... from source (cached)
 }
 # ===============================================================================================
 
