@@ -19,9 +19,6 @@ complete() { for b in "${binaries[@]}"; do [ -x "$out/$b" ] || return 1; done; }
 if complete; then echo "$out"; exit 0; fi
 
 say() { echo "k8s-build: $*" >&2; }
-# The machines' Go lives in /usr/local/go, which a non-login shell may not have on PATH.
-command -v go >/dev/null || PATH="$PATH:/usr/local/go/bin"
-command -v go >/dev/null || { say "no go on PATH (need Go >= the go line of k8s.io/kubernetes $K8S)"; exit 1; }
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=-mod=mod CGO_ENABLED=0
 mkdir -p "$CACHE"
 work=$(mktemp -d "$CACHE/.build-XXXXXX")
@@ -37,8 +34,13 @@ step() {  # step NAME CMD...: runs CMD in the wrapper folder, its output into th
 
 # --- kube-apiserver, kube-controller-manager, kube-scheduler, kubectl -------------------------
 mod=k8s; mkdir -p "$work/$mod"
-upstream=$(go mod download -json "k8s.io/kubernetes@$K8S" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
+# Any go reads the module's go.mod; the build needs one at least as new as its `go` line.
+any_go=$(command -v go || echo /usr/local/go/bin/go)
+[ -x "$any_go" ] || any_go=$(bash "$(dirname "$0")/go-toolchain.sh" 1.21)
+upstream=$("$any_go" mod download -json "k8s.io/kubernetes@$K8S" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
 [ -n "$upstream" ] || { say "the module proxy does not serve k8s.io/kubernetes@$K8S"; exit 1; }
+go=$(bash "$(dirname "$0")/go-toolchain.sh" "$(sed -n 's/^go //p' "$upstream")")
+PATH="$(dirname "$go"):$PATH"
 minor_patch=${K8S#v1.}                       # 37.2
 staging_version="v0.$minor_patch"
 {

@@ -142,11 +142,12 @@ class ChartInstall:
         return self
 
     def uninstall(self) -> None:
-        """What `helm uninstall` does with its hooks: pre-delete hooks (the gate release), the
-        release's objects, then the processes that ran its pods."""
+        """What `helm uninstall` does with its hooks: pre-delete hooks (the gate release), then
+        the release's objects. helm deletes the Deployments before the RBAC; their pods' grace
+        period races the RBAC's deletion, and here the processes stop first."""
         self.run_hooks("pre-delete")
-        self.helm("uninstall", self.release, "--no-hooks")
         self.stop_processes()
+        self.helm("uninstall", self.release, "--no-hooks")
 
     def stop_processes(self) -> None:
         for archway in [*self.replicas, self.webhook, self.extender]:
