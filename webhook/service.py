@@ -62,8 +62,9 @@ class FactsCache(Protocol):
 
 
 class Gating(Protocol):
-    """admission.unresolved: gate -- is a gate controller alive to remove the gate?"""
-    def leader_fresh(self) -> bool: ...
+    """admission.unresolved: gate -- is a gate controller alive to remove the gate? `deadline`:
+    the answer may wait until then for a fresh look (webhook/lease.py)."""
+    def leader_fresh(self, deadline: float | None = None) -> bool: ...
 
 
 class EventRecorder(Protocol):
@@ -156,7 +157,7 @@ class AdmissionService:
             decision = decide(pod, resolution.results, policy, nodes=self.known_nodes())
             outcome = decision.outcome
             if outcome == "fail_open":
-                decision = self._unresolved(request, decision)
+                decision = self._unresolved(request, decision, start + self.deadline_seconds)
                 outcome = decision.outcome
         except Exception:  # a bug must not turn into a 500: the apiserver would apply failurePolicy
             log.exception("admission %s uid=%s failed", request.display_name, request.uid)
@@ -213,13 +214,16 @@ class AdmissionService:
                                              revalidate=pod.always_pulled, limit=self.max_images)
         return Resolution(results, tuple(credentials.warnings))
 
-    def _unresolved(self, request: AdmissionRequest, decision: Decision) -> Decision:
+    def _unresolved(self, request: AdmissionRequest, decision: Decision, deadline: float
+                    ) -> Decision:
         """An image was not resolved in time: gate the pod when a gate controller is alive to
         release it, else admit it unplaced and tell its owner with a Warning Event."""
         pod = request.pod
         assert pod is not None
         if self.unresolved == "gate":
-            if self.gating is not None and self.gating.leader_fresh():
+            # The Lease's deadline is time.monotonic()'s, the service's clock may be a test's.
+            wait_until = time.monotonic() + max(0.0, deadline - self.clock())
+            if self.gating is not None and self.gating.leader_fresh(wait_until):
                 return replace(decision, patch=gate_patch(pod, decision.patch), outcome="gated",
                                reason="gated until its images are read", warnings=(
                                    ("the pod waits (SchedulingGated) for archway to read its "
