@@ -62,6 +62,12 @@ def serve(config, bind: str | None = None) -> int:
         logging.config.dictConfig(logging_dict(logging.getLogger().level))
     tls = tls_files(config, host)
     has_api = _preflight(config, tls)
+    # Before "serving" is said: an address already served fails here, naming it.
+    from .addresses import ensure_free
+    ensure_free(bind, host, port)
+    if config.server.metrics_bind:
+        ensure_free(config.server.metrics_bind, *split_bind(config.server.metrics_bind),
+                    what="server.metrics_bind")
 
     metrics_dir = _fresh_metrics_dir()
     # prometheus_client reads this variable in each worker; it cannot be handed over otherwise.
