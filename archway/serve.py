@@ -170,7 +170,9 @@ def _preflight(config, tls) -> bool:
     hosts_dir = config.registry.hosts_dir
     if hosts_dir and not os.path.isdir(os.path.expanduser(hosts_dir)):
         raise ConfigError(f"registry.hosts_dir {hosts_dir} is not a directory")
-    api_client, _ = build_api_client(config.kubernetes)  # ConfigError on a bad kubeconfig
+    api_client, source = build_api_client(config.kubernetes)  # ConfigError on a bad kubeconfig
+    if api_client is None and source not in ("none", "disabled"):
+        logging.getLogger("archway.server").warning("serving without a Kubernetes API: %s", source)
     if config.admission.unresolved == "gate" and api_client is None \
             and config.server.product in ("all", "webhook"):
         raise ConfigError("admission.unresolved is gate, but no Kubernetes API is configured "

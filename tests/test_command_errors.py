@@ -97,3 +97,69 @@ def test_the_metrics_address_is_checked_too(tmp_path):
         assert f"server.metrics_bind 127.0.0.1:{port} is already in use" in one_line_error(done)
     finally:
         holder.close()
+
+
+# --- item 8: one line, a documented exit status --------------------------------------------------
+
+@pytest.fixture
+def closed_api(tmp_path):
+    """A kubeconfig naming an API server whose port refuses connections."""
+    api = FakeApiServer()
+    path = api.kubeconfig(str(tmp_path))
+    api.stop()
+    return path, api.url
+
+
+def clean_env(tmp_path, **variables) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "ARCHWAY_CONFIG")}
+    return dict(env, HOME=str(tmp_path), **variables)   # no ~/.kube/config of the machine
+
+
+def test_release_all_with_an_unreachable_api(tmp_path, closed_api):
+    kubeconfig, url = closed_api
+    done = archway("gate", "release-all", env=clean_env(tmp_path, KUBECONFIG=kubeconfig))
+    assert one_line_error(done) == (f"archway: cannot list the pods: Kubernetes API {url} "
+                                    f"unreachable: Connection refused")
+
+
+def test_certs_bootstrap_with_an_unreachable_api(tmp_path, closed_api):
+    kubeconfig, url = closed_api
+    done = archway("certs", "bootstrap", "--service", "archway", "--namespace", "archway",
+                   "--secret", "archway-tls", "--kubeconfig", kubeconfig,
+                   env=clean_env(tmp_path))
+    assert one_line_error(done) == f"archway: Kubernetes API {url} unreachable: Connection refused"
+    assert "Retrying" not in done.stderr
+
+
+def test_report_with_a_malformed_kubeconfig(tmp_path):
+    broken = tmp_path / "kubeconfig"
+    broken.write_text("clusters: [unclosed\n")
+    done = archway("report", env=clean_env(tmp_path, KUBECONFIG=str(broken)))
+    line = one_line_error(done)
+    assert line.startswith(f"archway: no Kubernetes API: kubeconfig {broken} is not usable: "
+                           f"while parsing a flow sequence"), line
+    config = tmp_path / "archway.yaml"
+    config.write_text(f"kubernetes: {{kubeconfig: {broken}}}\n")
+    done = archway("report", config=config, env=clean_env(tmp_path))
+    assert one_line_error(done).startswith(f"archway: kubeconfig {broken} is not usable: ")
+
+
+def test_report_with_kubeconfig_naming_a_file_that_does_not_exist(tmp_path):
+    done = archway("report", env=clean_env(tmp_path, KUBECONFIG="/nonexistent"))
+    assert one_line_error(done) == (
+        "archway: no Kubernetes API: KUBECONFIG names /nonexistent, which does not exist")
+
+
+def test_inspect_into_a_closed_pipe_exits_141_quietly(tmp_path):
+    """`archway inspect ... | head -1`: the reader is gone before archway writes."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    images = [f"127.0.0.1:{free_port()}/app/{n}:1" for n in "abc"]
+    try:
+        done = subprocess.run([sys.executable, "-m", "archway.cli", "inspect", "--timeout", "5",
+                               *images], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              timeout=60, cwd=REPO, env=clean_env(tmp_path), check=False)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
