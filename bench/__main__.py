@@ -31,6 +31,7 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "slowclients": "slowclients",
     "memory": "memory",
     "gate": "gate",
+    "bodies": "bodies",
     "extender": "extender",
 }
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
