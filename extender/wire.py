@@ -71,7 +71,7 @@ class ExtenderArgs:
         copies of itself on its way out, 450 MB in a worker)."""
         source, spans = self._source, self._spans
         text = isinstance(source, str)
-        view = source if text else memoryview(source)
+        view = source if isinstance(source, str) else memoryview(source)
         comma, opening, closing = (",", '"items":[', "]") if text else (b",", b'"items":[', b"]")
         parts: list = []
         for member in self._list_members:
@@ -169,7 +169,7 @@ class _Parser:
         pod = found.get("pod")
         if not isinstance(pod, dict):
             raise MalformedExtenderArgs("ExtenderArgs.Pod is missing or not an object")
-        names = found.get("nodenames")
+        names = cast("list[str] | None", found.get("nodenames"))   # _node_names made it
         node_list = found.get("nodes")
         if node_list is None and names is None:
             raise MalformedExtenderArgs("ExtenderArgs has neither Nodes nor NodeNames")
