@@ -12,7 +12,14 @@ import time
 from dataclasses import dataclass
 from urllib.parse import SplitResult, urlencode, urlsplit
 
-from archway.errors import ArchwayError, AuthError, RegistryError, ResponseTooLarge, classify_error
+from archway.errors import (
+    ArchwayError,
+    AuthError,
+    CredentialsRequired,
+    RegistryError,
+    ResponseTooLarge,
+    classify_error,
+)
 from archway.hostport import host_of
 
 from .credentials import Credential, Keyring
@@ -244,11 +251,13 @@ class RegistryAuth:
             raise RegistryError(f"{where} answered more than {MAX_TOKEN_RESPONSE_BYTES} bytes",
                                 host=ref.api_host, repository=ref.repository) from None
         if response.status in (401, 403):
-            detail = ("the credentials for this host were rejected" if headers or form
+            sent = bool(headers or form)
+            detail = ("the credentials for this host were rejected" if sent
                       else "no pull secret matched this host and anonymous access was refused")
-            raise AuthError(f"{response.status} from {ref.api_host} for {ref.repository}: {detail} "
-                            f"(by its token service {parts.netloc})",
-                            host=ref.api_host, repository=ref.repository, status=response.status)
+            refused = AuthError if sent else CredentialsRequired
+            raise refused(f"{response.status} from {ref.api_host} for {ref.repository}: {detail} "
+                          f"(by its token service {parts.netloc})",
+                          host=ref.api_host, repository=ref.repository, status=response.status)
         if response.status == 429:
             raise rate_limited(response, where, host=ref.api_host, repository=ref.repository,
                                status=429)
