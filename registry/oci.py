@@ -225,6 +225,7 @@ class RegistryClient:
             if fresh.header is None or fresh.header == authz.header:
                 raise self._unauthorized(ref, fresh, keyring, challenge)
             authz = fresh
+        self.auth.accepted(ref, authz)   # not a 401: its challenge serves the host up front
         if response.status not in ok:
             raise status_error(response, ref, what, authz)
         return response
