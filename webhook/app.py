@@ -103,26 +103,30 @@ def _leader_fact(gating) -> str:
 
 
 def _gate_readiness(gating, controller_status: str | None, startup: float):
-    """/readyz's check while a worker starts: not ready until the Lease was read once, nor,
-    when this server runs a controller that is up, until some controller leads or `startup`
-    seconds passed. Once ready, never again for this reason: readiness gates the admissions
-    themselves, and a webhook without endpoints would hold up the cluster's pods; a Lease that
-    cannot be read (the API unreachable) ends the wait too, after `startup` at most."""
+    """/readyz's check while a worker starts, for at most `startup` seconds: not ready until the
+    Lease was read once, nor, when this server runs a controller that is up, until some
+    controller leads. Then never again for this reason, whatever the Lease or the API do:
+    readiness gates the admissions themselves, and a webhook without endpoints would hold up the
+    cluster's pods."""
     from .supervisor import read_status
     booted = time.monotonic()
     settled = False
+
+    def local_controller_up() -> bool:
+        if controller_status is None:
+            return False
+        status = read_status(controller_status)
+        return status is None or status.get("state") == "running"   # None: not written yet
 
     def check() -> str | None:
         nonlocal settled
         if settled:
             return None
-        if not gating.has_read:
+        starting = time.monotonic() - booted < startup
+        if starting and not gating.has_read:
             return "reading the gate controller's Lease"
-        if not gating.leader_fresh() and time.monotonic() - booted < startup:
-            status = read_status(controller_status)
-            if controller_status is not None and (status is None or status.get("state") == "running"):
-                return (f"waiting for a gate controller to take the Lease (at most "
-                        f"{startup:g} s after start)")
+        if starting and not gating.leader_fresh() and local_controller_up():
+            return f"waiting for a gate controller to take the Lease (at most {startup:g} s)"
         settled = True
         return None
 
