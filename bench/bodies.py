@@ -9,7 +9,7 @@ them all). Measured: the worker's VmHWM (peak resident memory) from /proc, after
 import json
 import time
 
-from archway.extender.wire import MAX_CANDIDATE_NODES, MAX_NODE_NAME_LENGTH
+from archway.extender.wire import MAX_CANDIDATE_NODES
 
 from .cluster import extender_pod
 from .lab import Lab
@@ -17,6 +17,7 @@ from .report import Figure, failed_figure
 from .servers import GunicornServer
 
 TARGET_MB = 512
+LONGEST_NAME = 253   # a Node's name is a DNS subdomain
 MB = 1024 * 1024
 CAP = 64 * MB
 
@@ -66,7 +67,7 @@ def _bodies(pod: dict):
         Nodes=None, NodeNames=[f"n{i:08d}" for i in range(CAP // 12 - 1000)])
     yield "tiny Nodes", "filter", encoded(NodeNames=None, Nodes={"items": [
         {"metadata": {"name": f"n{i:08d}"}} for i in range(CAP // 34 - 1000)]})
-    longest = encoded(Nodes=None, NodeNames=[f"n{i:08d}".ljust(MAX_NODE_NAME_LENGTH, "x")
+    longest = encoded(Nodes=None, NodeNames=[f"n{i:08d}".ljust(LONGEST_NAME, "x")
                                              for i in range(MAX_CANDIDATE_NODES)])
     yield "65,536 longest NodeNames", "filter", longest
     yield "65,536 longest NodeNames", "prioritize", longest

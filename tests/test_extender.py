@@ -538,7 +538,8 @@ def test_a_worker_stays_under_512_mb_with_bodies_at_the_cap_in_both_shapes(tmp_p
     """64 MiB of short NodeNames took a worker to 0.9 GB, of tiny Nodes to 1.2 GB (issue 21,
     item 7): past MAX_CANDIDATE_NODES they are a 413 at once; up to it, in both shapes, and
     for 60 MB of full Nodes whose reply echoes them all, the worker stays under 512 MB."""
-    from archway.extender.wire import MAX_CANDIDATE_NODES, MAX_NODE_NAME_LENGTH
+    from archway.extender.wire import MAX_CANDIDATE_NODES
+    longest_name = 253   # a Node's name is a DNS subdomain
     port = free_port()
     config = tmp_path / "archway.json"
     config.write_text(json.dumps({"server": {"tls": False, "workers": 1, "threads": 4,
@@ -566,7 +567,7 @@ def test_a_worker_stays_under_512_mb_with_bodies_at_the_cap_in_both_shapes(tmp_p
             assert f"lists more than {MAX_CANDIDATE_NODES} nodes" in r.json()["error"]
         del short, tiny
         longest = _body(pod, Nodes=None, NodeNames=[
-            f"n{i:08d}".ljust(MAX_NODE_NAME_LENGTH, "x") for i in range(MAX_CANDIDATE_NODES)])
+            f"n{i:08d}".ljust(longest_name, "x") for i in range(MAX_CANDIDATE_NODES)])
         for verb in ("filter", "prioritize"):
             r = session.post(f"{url}/{verb}", data=longest, timeout=60)
             assert r.status_code == 200 and len(r.content) > len(longest) * 0.9, verb
