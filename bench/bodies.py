@@ -1,4 +1,4 @@
-"""Figure 18: peak memory of one extender worker fed bodies at the 64 MiB cap, in both shapes.
+"""Figure 21: peak memory of one extender worker fed bodies at the 64 MiB cap, in both shapes.
 
 `archway serve --product extender` (1 worker, plain HTTP, as the chart's sidecar) gets, in turn:
 64 MiB of short NodeNames (5.6 million names) and 64 MiB of tiny Node objects (2 million), both
@@ -23,7 +23,7 @@ CAP = 64 * MB
 
 
 def run(lab: Lab) -> list[Figure]:
-    number, name = "18", "extender worker peak RSS, bodies at the 64 MiB cap, both shapes"
+    number, name = "21", "extender worker peak RSS, bodies at the 64 MiB cap, both shapes"
     target = f"< {TARGET_MB} MB"
     server = None
     try:
