@@ -39,10 +39,15 @@ def products_of(choice: str) -> tuple[str, ...]:
 class ServerState:
     """What the routes of one worker share."""
 
-    def __init__(self, config, resolver, node_cache=None):
+    def __init__(self, config, resolver, node_cache=None, controller_status: str | None = None):
         self.config = config
         self.resolver = resolver
         self.node_cache = node_cache   # one list + watch of Nodes for both products
+        # The gate controller's status file (archway.webhook.supervisor); None: not run here.
+        self.controller_status = controller_status
+        # name -> callable returning None when fine, else why the process needs a restart
+        # (/healthz fails: the kubelet restarts the pod); products may add.
+        self.health_checks: dict[str, Callable[[], str | None]] = {}
         # name -> callable returning None when fine, else what is wrong; products may add.
         self.readiness_checks: dict[str, Callable[[], str | None]] = {}
         # (method, path) -> handler(environ) -> (status, JSON bytes): answered ahead of Flask.
@@ -53,9 +58,10 @@ class ServerState:
 
 
 def create_app(config, *, product: str | None = None, resolver=None, pull_secrets=None,
-               lookups_dir: str | None = None) -> Flask:
+               lookups_dir: str | None = None, controller_status: str | None = None) -> Flask:
     """The app serving `product` (default: server.product). `lookups_dir`: where this server's
-    workers share image lookups (archway.registry.sharedlookups); None: not shared."""
+    workers share image lookups (archway.registry.sharedlookups); None: not shared.
+    `controller_status`: the status file of the gate controller this server runs, if any."""
     products = products_of(product or config.server.product)
     app = Flask("archway", static_folder=None)
     # One byte over the limit: a chunked body (no Content-Length) is read up to max + 1 bytes,
@@ -68,7 +74,7 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
     node_cache = None
     if config.extender.node_cache and config.kubernetes.enabled != "off":
         node_cache = NodeCache(lambda: build_api_client(config.kubernetes)[0])
-    state = ServerState(config, resolver, node_cache)
+    state = ServerState(config, resolver, node_cache, controller_status)
     metrics.started(__version__)
     app.extensions["archway"] = state
     state.readiness_checks["registry.ca_file"] = lambda: _unreadable(config.registry.ca_file)
@@ -153,18 +159,14 @@ def _client_fault(e: BaseException) -> tuple[int, str] | None:
 def _register_common(app: Flask, state: ServerState) -> None:
     @app.get("/healthz")
     def healthz():
+        problems = _problems(state.health_checks)
+        if problems:
+            return jsonify(status="failing", problems=problems), 503
         return jsonify(status="ok")
 
     @app.get("/readyz")
     def readyz():
-        problems = {}
-        for name, check in state.readiness_checks.items():
-            try:
-                problem = check()
-            except Exception as e:  # a broken check means not ready, never a 500
-                problem = f"check failed: {type(e).__name__}"
-            if problem:
-                problems[name] = problem
+        problems = _problems(state.readiness_checks)
         if problems:
             return jsonify(ready=False, problems=problems), 503
         return jsonify(ready=True, **{name: fact() for name, fact in state.readiness_facts.items()})
@@ -204,6 +206,18 @@ def _register_common(app: Flask, state: ServerState) -> None:
     def internal_error(e: Exception):
         log.exception("unhandled error on %s %s", request.method, request.path)
         return jsonify(error=_INTERNAL_ERROR), 500
+
+
+def _problems(checks: dict) -> dict[str, str]:
+    problems = {}
+    for name, check in checks.items():
+        try:
+            problem = check()
+        except Exception as e:  # a broken check is a problem, never a 500
+            problem = f"check failed: {type(e).__name__}"
+        if problem:
+            problems[name] = problem
+    return problems
 
 
 def _served_routes(app: Flask) -> str:

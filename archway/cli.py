@@ -11,6 +11,12 @@ import threading
 from archway import __version__, logsafe
 from archway.errors import ArchwayError
 
+# Exit statuses every command shares (README): 0 done, 1 done but something failed (an image
+# not resolved, a workload not listed), and these.
+EXIT_ERROR = 2           # one line on stderr, "archway: <cause>": config, API, address...
+EXIT_INTERRUPTED = 130   # Ctrl-C
+EXIT_BROKEN_PIPE = 141   # the reader of stdout went away (128 + SIGPIPE, as a shell reports)
+
 # Each module adds its own subcommands through `register(subparsers)`.
 _COMMAND_MODULES = ("archway.registry.inspect", "archway.serve", "archway.extender.schedconfig",
                     "archway.certs.cli", "archway.webhook.explain", "archway.webhook.report",
@@ -113,12 +119,19 @@ def _run(argv) -> int:
     logsafe.configure(logging.DEBUG if args.verbose else logging.INFO,
                       "%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()   # a reader that went away shows here, not at interpreter exit
+        return status
     except ArchwayError as e:
         print(f"archway: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `archway inspect ... | head -1`: the reader has what it wanted. What is still
+        # buffered goes nowhere instead of failing again at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

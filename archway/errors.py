@@ -28,6 +28,11 @@ class AuthError(RegistryError):
     """401/403: missing or wrong credentials."""
 
 
+class CredentialsRequired(AuthError):
+    """401/403 to a request that carried no credential: the registry wants one that none of the
+    pod's pull secrets (nor the node's) provide for it. Nothing was refused."""
+
+
 class NotFound(RegistryError):
     """The manifest, blob or library image does not exist."""
 
@@ -42,6 +47,11 @@ class UnsupportedImage(RegistryError):
 
 class TransportError(RegistryError):
     """Connection refused, reset, TLS failure or a read that timed out."""
+
+
+class ProxyFailed(TransportError):
+    """The egress proxy (registry.proxy, HTTPS_PROXY...) could not be reached, or would not
+    carry the request to the registry: the registry itself was never asked."""
 
 
 class RateLimited(RegistryError):
@@ -92,11 +102,13 @@ _ERROR_CLASSES = (  # most specific first: the classes form a hierarchy
     (DeadlineExceeded, ErrorClass("deadline_exceeded", "timed out")),
     (Overloaded, ErrorClass("overloaded", "archway is resolving too many images at once")),
     (CredentialProviderError, ErrorClass("credential_provider_error", "credential provider failed")),
+    (CredentialsRequired, ErrorClass("auth_error", "credentials required; none sent")),
     (AuthError, ErrorClass("auth_error", "registry refused the credentials")),
     (NotFound, ErrorClass("not_found", "not found")),
     (RateLimited, ErrorClass("rate_limited", "registry rate limit (HTTP 429)")),
     (ResponseTooLarge, ErrorClass("response_too_large", "registry response too large")),
     (UnsupportedImage, ErrorClass("unsupported_image", "unsupported image format")),
+    (ProxyFailed, ErrorClass("proxy_error", "egress proxy failed")),
     (TransportError, ErrorClass("transport_error", "registry unreachable")),
     (HostRefused, ErrorClass("host_refused", "host not allowed by archway's config")),
     (InvalidReference, ErrorClass("invalid_reference", "invalid image reference")),

@@ -84,8 +84,8 @@ class KubeApi:
         except ApiException as e:
             raise ApiError(int(e.status or 0), "Unreachable", str(e.reason)[:200]) from None
         except Exception as e:
-            raise ApiError(0, "Unreachable",
-                           f"Kubernetes API unreachable: {type(e).__name__}") from None
+            host = getattr(getattr(self.client, "configuration", None), "host", "")
+            raise ApiError(0, "Unreachable", unreachable(host, e)) from None
         if 200 <= response.status < 300:
             return response
         try:
@@ -95,6 +95,25 @@ class KubeApi:
         finally:
             response.release_conn()
         raise _api_error(response.status, response.reason, data)
+
+
+def unreachable(host: str, error: BaseException) -> str:
+    """'Kubernetes API https://10.0.0.1:443 unreachable: Connection refused': the words of the
+    innermost cause of a failed connection (urllib3 wraps it in one or two errors), no secret:
+    neither the request nor its headers are in them."""
+    seen = error
+    while isinstance(getattr(seen, "reason", None), BaseException):   # MaxRetryError
+        seen = seen.reason   # type: ignore[attr-defined]
+    cause: BaseException | None = seen
+    for _ in range(8):   # the chain of causes, bounded
+        if cause is None or (isinstance(cause, OSError) and cause.strerror):
+            break
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, OSError) and cause.strerror:
+        why = cause.strerror
+    else:   # "HTTPSConnection(host='h', port=1): Failed to ..." -> "Failed to ..."
+        why = str(seen).split("): ", 1)[-1] or type(seen).__name__
+    return f"Kubernetes API {host + ' ' if host else ''}unreachable: {why[:200]}"
 
 
 def _api_error(status: int, reason: str, body: bytes) -> ApiError:

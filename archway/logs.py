@@ -23,11 +23,11 @@ class JsonFormatter(logging.Formatter):
         }
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_") and key not in entry:
-                entry[key] = value if isinstance(value, (str, int, float, bool)) or value is None \
-                    else str(value)
+                entry[key] = value if isinstance(value, (str, int, float, bool, list, dict)) \
+                    or value is None else str(value)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
+        return json.dumps(entry, ensure_ascii=False, default=str)
 
 
 def logging_dict(level: int) -> dict:

@@ -110,6 +110,9 @@ GATE_RELEASES = Counter(
     "Gated pods released, by outcome: placed, fallback (placement.fallback_architectures), "
     "unplaced (admission.gate_max_seconds passed), no_common_arch (kept off every node), "
     "deleted (deleted while gated)", ["outcome"])
+GATE_CONTROLLER_RESTARTS = Counter(
+    "archway_gate_controller_restarts_total",
+    "Times archway serve started its gate controller process again after it died")
 
 # --- registry and cache -------------------------------------------------------------------------
 CACHE_LOOKUPS = Counter(

@@ -8,13 +8,16 @@ import logging
 import logging.config
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import replace
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
 
 from archway.errors import ConfigError
 from archway.hostport import join_host_port, split_host_port
+from archway.webhook.supervisor import STATUS_FILE
 
 from .config import deprecations, load_config
 
@@ -59,6 +62,12 @@ def serve(config, bind: str | None = None) -> int:
         logging.config.dictConfig(logging_dict(logging.getLogger().level))
     tls = tls_files(config, host)
     has_api = _preflight(config, tls)
+    # Before "serving" is said: an address already served fails here, naming it.
+    from .addresses import ensure_free
+    ensure_free(bind, host, port)
+    if config.server.metrics_bind:
+        ensure_free(config.server.metrics_bind, *split_bind(config.server.metrics_bind),
+                    what="server.metrics_bind")
 
     metrics_dir = _fresh_metrics_dir()
     # prometheus_client reads this variable in each worker; it cannot be handed over otherwise.
@@ -70,12 +79,14 @@ def serve(config, bind: str | None = None) -> int:
     # Only the master may clean up, or the first worker to exit deletes the directory that the
     # others are still writing to.
     master = os.getpid()
+    controller = None
+    if has_api and config.server.product in ("all", "webhook"):
+        controller = _controller_supervisor(config, os.path.join(metrics_dir, STATUS_FILE))
     try:
         _announce(config, bind, host, port, tls)
         try:
-            _Gunicorn(config, _options(config, bind, tls, gate_controller=has_api and
-                                       config.server.product in ("all", "webhook")),
-                      lookups_dir=lookups_dir).run()
+            _Gunicorn(config, _options(config, bind, tls, controller), lookups_dir=lookups_dir,
+                      controller=controller).run()
         except SystemExit as e:  # gunicorn's arbiter exits through sys.exit
             if os.getpid() != master:
                 raise
@@ -84,6 +95,18 @@ def serve(config, bind: str | None = None) -> int:
     finally:
         if os.getpid() == master:
             shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _controller_supervisor(config, status_path: str):
+    """The gate controller beside the webhook (a Kubernetes API is configured), kept running
+    by the master (archway.webhook.supervisor)."""
+    from archway.webhook.supervisor import Supervisor, start_process
+
+    def dead(pid: int) -> None:
+        from . import metrics
+        metrics.mark_process_dead(pid)
+
+    return Supervisor(lambda: start_process(config), status_path, on_exit=dead)
 
 
 def split_bind(bind: str) -> tuple[str, int]:
@@ -147,7 +170,9 @@ def _preflight(config, tls) -> bool:
     hosts_dir = config.registry.hosts_dir
     if hosts_dir and not os.path.isdir(os.path.expanduser(hosts_dir)):
         raise ConfigError(f"registry.hosts_dir {hosts_dir} is not a directory")
-    api_client, _ = build_api_client(config.kubernetes)  # ConfigError on a bad kubeconfig
+    api_client, source = build_api_client(config.kubernetes)  # ConfigError on a bad kubeconfig
+    if api_client is None and source not in ("none", "disabled"):
+        logging.getLogger("archway.server").warning("serving without a Kubernetes API: %s", source)
     if config.admission.unresolved == "gate" and api_client is None \
             and config.server.product in ("all", "webhook"):
         raise ConfigError("admission.unresolved is gate, but no Kubernetes API is configured "
@@ -191,27 +216,18 @@ def _announce(config, bind, host, port, tls) -> None:
               f"{base}/mutate", flush=True)
 
 
-def _options(config, bind: str, tls, gate_controller: bool = False) -> dict:
-    """gunicorn's settings; `gate_controller`: run it beside the webhook (the webhook is served
-    and a Kubernetes API is configured)."""
+def _options(config, bind: str, tls, controller=None) -> dict:
+    """gunicorn's settings; `controller`: the gate controller's Supervisor, stopped with the
+    server (the master's loop starts and restarts it: _Arbiter)."""
     from . import metrics
     from .worker import MAX_CONNECTIONS, GuardedThreadWorker
 
     def child_exit(_arbiter, worker):
         metrics.mark_process_dead(worker.pid)
 
-    controller: list = []  # the gate controller's process, started once the server is up
-
-    def when_ready(_arbiter):
-        if gate_controller:
-            from archway.webhook.gatecontroller import start_process
-            controller.append(start_process(config))
-
     def on_exit(_arbiter):
-        from archway.webhook.gatecontroller import stop_process
-        for process in controller:
-            stop_process(process)
-            metrics.mark_process_dead(process.pid)
+        if controller is not None:
+            controller.stop()
 
     options = {
         "bind": [bind] + ([config.server.metrics_bind] if config.server.metrics_bind else []),
@@ -237,7 +253,6 @@ def _options(config, bind: str, tls, gate_controller: bool = False) -> dict:
         "preload_app": False,          # the app (and its resolver) is built in each worker
         "control_socket_disable": True,
         "child_exit": child_exit,
-        "when_ready": when_ready,
         "on_exit": on_exit,
     }
     if config.server.log_format == "json":
@@ -250,14 +265,39 @@ def _options(config, bind: str, tls, gate_controller: bool = False) -> dict:
     return options
 
 
+class _Arbiter(Arbiter):
+    """gunicorn's master, also looking after the gate controller process at every turn of its
+    loop (at least once a second, and at once when a child exits)."""
+    app: "_Gunicorn"
+
+    def manage_workers(self):
+        super().manage_workers()
+        if self.app.controller is not None:
+            self.app.controller.tick()
+
+    def reap_workers(self):
+        if self.app.controller is not None:
+            self.app.controller.reap()   # before waitpid(-1) takes its exit status
+        super().reap_workers()
+
+
 class _Gunicorn(BaseApplication):
     """gunicorn configured from Python: no config file, no command line of its own."""
 
-    def __init__(self, config, options: dict, *, lookups_dir: str | None = None):
+    def __init__(self, config, options: dict, *, lookups_dir: str | None = None,
+                 controller=None):
         self.archway_config = config
         self.options = options
         self.lookups_dir = lookups_dir
+        self.controller = controller
         super().__init__()
+
+    def run(self):
+        try:
+            _Arbiter(self).run()
+        except RuntimeError as e:   # as BaseApplication.run
+            print(f"\nError: {e}\n", file=sys.stderr, flush=True)
+            sys.exit(1)
 
     def load_config(self):
         for key, value in self.options.items():
@@ -268,7 +308,9 @@ class _Gunicorn(BaseApplication):
     def load(self):
         # Runs in each worker after the fork (preload_app is off): the app is the worker's own.
         from archway.app import create_app
-        app = create_app(self.archway_config, lookups_dir=self.lookups_dir)
+        app = create_app(self.archway_config, lookups_dir=self.lookups_dir,
+                         controller_status=(self.controller.status_path
+                                            if self.controller is not None else None))
         # Listed while the worker boots, not on the scheduler's first filter call, which has
         # only extender.deadline_seconds to wait for it.
         node_cache = app.extensions["archway"].node_cache

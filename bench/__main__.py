@@ -32,6 +32,7 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "slowclients": "slowclients",
     "memory": "memory",
     "gate": "gate",
+    "bodies": "bodies",
     "extender": "extender",
     "kube": "kube",
 }

@@ -6,10 +6,10 @@ Everything is archway's own serving code (archway.cli -> archway.serve -> archwa
 only difference is that the gunicorn application class adds `POST /bench/fill` to the app each
 worker builds. That route resolves many image names through the worker's own resolver
 (`Resolver.resolve_many`: cache keys, digest aliases, TTLs, single-flight as for any pod) and its
-registry client's parsing (`RegistryClient.resolve`), replacing only the network: the manifest
-of one real image is fetched from the registry once, and every name is answered with a copy of
-it that carries the name as an annotation (so each image has its own body and digest, as
-distinct images do).
+registry client's parsing (`RegistryClient.resolve`, the client its access layer calls), replacing
+only the network: the manifest of one real image is fetched from the registry once, and every
+name is answered with a copy of it that carries the name as an annotation (so each image has its
+own body and digest, as distinct images do).
 
     {"template": "host/repo:tag",  # a real multi-platform image on the registry
      "images": [image, ...],       # names to resolve from the replayed answer
@@ -68,14 +68,15 @@ def _fill(resolver):
     if real.status != 200:
         return jsonify(error=f"template manifest: HTTP {real.status}"), 502
     images, per_pod, failed = spec["images"], int(spec["per_pod"]), 0
-    network_client = resolver.oci
-    resolver.oci = oci.RegistryClient(_ReplayedRegistry(real), resolver.settings)
+    # The client the resolver's access layer calls (registry/access.py): replaced for the fill.
+    network_client = resolver.access.client
+    resolver.access.client = oci.RegistryClient(_ReplayedRegistry(real), resolver.settings)
     try:
         for i in range(0, len(images), per_pod):
             results = resolver.resolve_many(images[i:i + per_pod], timeout=30)
             failed += sum(1 for r in results.values() if not hasattr(r, "architectures"))
     finally:
-        resolver.oci = network_client
+        resolver.access.client = network_client
     return jsonify(filled=len(images) - failed, failed=failed, cache_entries=resolver.cache_size)
 
 

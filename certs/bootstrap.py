@@ -215,6 +215,9 @@ def run_bootstrap(spec: BootstrapSpec, api_client, now: dt.datetime | None = Non
                   attempts: int = 3) -> BootstrapResult:
     """Bring the Secrets and the caBundle in line; retried when a concurrent writer wins a race."""
     from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    from archway.kubeapi import unreachable
 
     for attempt in range(attempts):
         try:
@@ -223,6 +226,8 @@ def run_bootstrap(spec: BootstrapSpec, api_client, now: dt.datetime | None = Non
             if e.status != 409 or attempt == attempts - 1:
                 raise BootstrapError(_api_message(e)) from None
             log.info("another writer changed an object meanwhile; starting over")
+        except (HTTPError, OSError) as e:   # refused, timed out, TLS: nothing was written
+            raise BootstrapError(unreachable(api_client.configuration.host, e)) from None
     raise AssertionError("unreachable")
 
 
@@ -398,15 +403,22 @@ class _Kube:
 
 def api_client_from_environment(kubeconfig: str | None = None):
     """In-cluster credentials when running in a pod, else the kubeconfig (given or default)."""
+    import yaml
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
+    configuration = client.Configuration()
+    # No urllib3 retries (a warning line each): a failure is one line, and the Job that runs
+    # this is retried as a whole (backoffLimit).
+    configuration.retries = False
     try:
         if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config()
-            return client.ApiClient()
-        return config.new_client_from_config(config_file=kubeconfig)
-    except (ConfigException, OSError) as e:
-        raise BootstrapError(f"no Kubernetes credentials: {e}") from None
+            config.load_incluster_config(client_configuration=configuration)
+        else:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        return client.ApiClient(configuration)
+    except (ConfigException, OSError, ValueError, TypeError, KeyError, yaml.YAMLError) as e:
+        raise BootstrapError(f"no Kubernetes credentials: {' '.join(str(e).split())[:300]}"
+                             ) from None
 
 
 def in_cluster_namespace() -> str | None:

@@ -29,6 +29,7 @@ from archway.extender.traffic import (
 )
 from archway.extender.wire import (
     MalformedExtenderArgs,
+    TooManyNodes,
     filter_result_json,
     host_priority_entry,
     host_priority_list_json,
@@ -379,7 +380,10 @@ def register_extender(app: Flask, config, resolver, *, extender: Extender | None
                          time.monotonic() + BODY_DEADLINE_SECONDS)
         if len(body) > MAX_BODY_BYTES:   # a chunked body without a length
             raise RequestEntityTooLarge()
-        return parse_extender_args(body)
+        try:
+            return parse_extender_args(body)
+        except TooManyNodes as e:
+            raise RequestEntityTooLarge(str(e)) from None
 
     def filter_view():
         started, arrived = time.perf_counter(), time.monotonic()

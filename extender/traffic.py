@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -28,6 +29,7 @@ log = logging.getLogger("archway.traffic")
 MAX_SCORE = 10          # extenderv1.MaxExtenderPriority
 NEUTRAL_SCORE = 5       # no data: neither favour nor avoid the node
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+LARGEST = sys.float_info.max   # every traffic and capacity figure is finite, at most this
 # The label that tells the two halves of the one query apart.
 SERIES_LABEL = "archway_series"
 # How often a process that does not poll looks for a newer snapshot and a vacant poller's lock.
@@ -99,7 +101,8 @@ def parse_vector(payload, node_label: str, kind=None):
         if not isinstance(key, str) or not key or not math.isfinite(value) or value < 0:
             continue
         key = key.lower()
-        traffic[key] = traffic.get(key, 0.0) + value
+        # Finite values can add up to inf (two of 1e308): the largest float stands for it.
+        traffic[key] = min(traffic.get(key, 0.0) + value, LARGEST)
     return maps if kind is not None else traffic
 
 
@@ -206,7 +209,7 @@ class NodeLoad:
 def load_score(load: NodeLoad, scale: TrafficScale, added: float = 0.0) -> int:
     """A node's score: from its utilisation when its capacity is known, else (no speed data)
     from its absolute traffic ranked among every node of the query (TrafficScale)."""
-    traffic = load.traffic + added
+    traffic = min(load.traffic + added, LARGEST)
     if load.capacity:
         return utilisation_score(traffic / load.capacity)
     return scale.score(traffic)

@@ -37,6 +37,16 @@ class MalformedExtenderArgs(ValueError):
     """The body is not an ExtenderArgs document; the message says what is wrong."""
 
 
+class TooManyNodes(ValueError):
+    """More candidate nodes than any cluster has (answered 413): parsing stops there."""
+
+
+# Candidate nodes an ExtenderArgs may list, in either shape: more than any cluster has nodes
+# (GKE's largest: 65,000). Without it a 64 MiB body of short names held 5 million strings
+# (0.9 GB in a worker, issue 21).
+MAX_CANDIDATE_NODES = 65_536
+
+
 @dataclass
 class ExtenderArgs:
     pod: dict
@@ -54,16 +64,28 @@ class ExtenderArgs:
             return self.node_names
         return [node.name for node in self.nodes or ()]
 
-    def node_list_json(self, keep: list[int]) -> str | bytes:
-        """The NodeList as sent, with only the items at positions `keep` (input order kept)."""
+    def node_list_parts(self, keep: list[int]) -> list:
+        """The NodeList as sent, with only the items at positions `keep` (input order kept), as
+        pieces to join once: views into the body, never copies of it (a 60 MB reply was six
+        copies of itself on its way out, 450 MB in a worker)."""
         source, spans = self._source, self._spans
-        if isinstance(source, str):
-            items = ",".join([source[spans[i][0]:spans[i][1]] for i in keep])
-            parts = [m if m is not None else '"items":[' + items + "]" for m in self._list_members]
-            return "{" + ",".join(parts) + "}"
-        raw = b",".join([source[spans[i][0]:spans[i][1]] for i in keep])
-        raw_parts = [m if m is not None else b'"items":[' + raw + b"]" for m in self._list_members]
-        return b"{" + b",".join(raw_parts) + b"}"
+        text = isinstance(source, str)
+        view = source if isinstance(source, str) else memoryview(source)
+        comma, opening, closing = (",", '"items":[', "]") if text else (b",", b'"items":[', b"]")
+        parts: list = []
+        for member in self._list_members:
+            if parts:
+                parts.append(comma)
+            if member is not None:
+                parts.append(member)
+                continue
+            parts.append(opening)
+            for n, i in enumerate(keep):
+                if n:
+                    parts.append(comma)
+                parts.append(view[spans[i][0]:spans[i][1]])
+            parts.append(closing)
+        return parts
 
 
 def parse_extender_args(body: bytes) -> ExtenderArgs:
@@ -83,7 +105,7 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
         raise MalformedExtenderArgs(f"body is not valid JSON: expected a value at offset {e.value}") from None
     except RecursionError:
         raise MalformedExtenderArgs("body nests too deeply") from None
-    except MalformedExtenderArgs:
+    except (MalformedExtenderArgs, TooManyNodes):
         raise
     except ValueError as e:  # an integer over 4,300 digits (Python's int parsing limit)
         raise MalformedExtenderArgs(f"body holds a value archway cannot read: {e}") from None
@@ -132,6 +154,8 @@ class _Parser:
             name = key.lower()  # Go's encoding/json matches field names case-insensitively
             if name == "nodes":
                 value, end = self._node_list(at)
+            elif name == "nodenames":
+                value, end = self._node_names(at)
             else:
                 value, end = _scan_value(self.text, at)
             found[name] = value  # a repeated name: the last one wins, as in Go
@@ -144,10 +168,7 @@ class _Parser:
         pod = found.get("pod")
         if not isinstance(pod, dict):
             raise MalformedExtenderArgs("ExtenderArgs.Pod is missing or not an object")
-        names = found.get("nodenames")
-        if names is not None and (not isinstance(names, list)
-                                  or not all(isinstance(n, str) and n for n in names)):
-            raise MalformedExtenderArgs("ExtenderArgs.NodeNames must be a list of node names")
+        names = cast("list[str] | None", found.get("nodenames"))   # _node_names made it
         node_list = found.get("nodes")
         if node_list is None and names is None:
             raise MalformedExtenderArgs("ExtenderArgs has neither Nodes nor NodeNames")
@@ -157,6 +178,47 @@ class _Parser:
         # With both present the scheduler is not nodeCacheCapable: Nodes is what it reads back.
         return ExtenderArgs(pod=pod, nodes=items, node_names=None, _source=self.source,
                             _spans=spans, _list_members=members)
+
+    def _node_names(self, at: int) -> tuple[list[str] | None, int]:
+        """NodeNames (or null): a list of node names, at most MAX_CANDIDATE_NODES of them."""
+        text = self.text
+        if text.startswith("null", at):
+            return None, at + 4
+        wrong = MalformedExtenderArgs("ExtenderArgs.NodeNames must be a list of node names")
+        if text[at:at + 1] != "[":
+            raise wrong
+        if text.count(",", at) < MAX_CANDIDATE_NODES:
+            # Fewer commas in the rest of the body than the limit: whatever is there makes fewer
+            # objects than that, so the C scanner reads it at once.
+            value, end = _scan_value(text, at)
+            if not (isinstance(value, list) and all(isinstance(n, str) and n for n in value)):
+                raise wrong
+            return value, end
+        # Near or past the limit: one by one, counting, so that millions are never made.
+        names: list[str] = []
+        idx = self._skip(at + 1)
+        if text[idx:idx + 1] == "]":
+            return names, idx + 1
+        while True:
+            if text[idx:idx + 1] != '"':
+                if text[idx:idx + 1] in ("]", ""):   # a trailing comma
+                    raise MalformedExtenderArgs(f"body is not valid JSON: expected a value at "
+                                                f"offset {idx}")
+                raise wrong
+            name, idx = _scan_string(text, idx + 1)
+            if not name:
+                raise wrong
+            if len(names) == MAX_CANDIDATE_NODES:
+                raise TooManyNodes(f"ExtenderArgs.NodeNames lists more than "
+                                   f"{MAX_CANDIDATE_NODES} nodes")
+            names.append(name)
+            idx = self._skip(idx)
+            char = text[idx:idx + 1]
+            if char == "]":
+                return names, idx + 1
+            if char != ",":
+                raise MalformedExtenderArgs(f"expected ',' or ']' in NodeNames at offset {idx}")
+            idx = self._skip(idx + 1)
 
     def _node_list(self, at: int):
         """Parse a v1 NodeList (or null), remembering each item's span in the body."""
@@ -190,6 +252,9 @@ class _Parser:
         if text[idx:idx + 1] == "]":
             return items, spans, idx + 1
         while True:
+            if len(items) == MAX_CANDIDATE_NODES:
+                raise TooManyNodes(f"ExtenderArgs.Nodes lists more than {MAX_CANDIDATE_NODES} "
+                                   f"nodes")
             item, end = _scan_value(text, idx)
             if not isinstance(item, dict):
                 raise MalformedExtenderArgs(f"Nodes.items[{len(items)}] is not an object")
@@ -215,10 +280,10 @@ def filter_result_json(args: ExtenderArgs, keep: list[int], failed: dict[str, st
     if args.nodes is None:
         names = args.node_names or []
         return ('{"Nodes":null,"NodeNames":' + _compact([names[i] for i in keep]) + tail).encode()
-    node_list = args.node_list_json(keep)
-    if isinstance(node_list, bytes):
-        return b'{"Nodes":' + node_list + b',"NodeNames":null' + tail.encode()
-    return ('{"Nodes":' + node_list + ',"NodeNames":null' + tail).encode()
+    parts = args.node_list_parts(keep)
+    if isinstance(args._source, str):
+        return "".join(['{"Nodes":{', *parts, '},"NodeNames":null', tail]).encode()
+    return b"".join([b'{"Nodes":{', *parts, b'},"NodeNames":null', tail.encode()])
 
 
 def host_priority_entry(name: str, score: int) -> str:

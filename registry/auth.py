@@ -3,8 +3,14 @@
 Flow (distribution token spec): a request answered 401 carries a challenge. `Basic` -> send the
 host's credential. `Bearer realm=...,service=...,scope=...` -> get a token from the realm
 (anonymously, or with the credential that belongs to the realm's host) and retry. Tokens are
-cached until shortly before `expires_in`, and the challenge of each registry host is remembered
-so later requests get their token up front instead of paying a 401 round trip.
+cached per (realm, service, scope, credential) until shortly before `expires_in`.
+
+A host's challenge is remembered, so that later repositories get their token up front instead of
+paying a 401 round trip, only once a token from it was accepted by the registry (any answer but
+401), and for CHALLENGE_SECONDS after that. A challenge one repository's 401 names is used for
+that repository alone until then: a realm that hangs, answers 10 MB or refuses cannot become the
+host's, and a remembered realm that fails up front costs the lookup only its anonymous first
+request, whose 401 names the repository's own challenge (issue 21).
 """
 import re
 import threading
@@ -12,7 +18,15 @@ import time
 from dataclasses import dataclass
 from urllib.parse import SplitResult, urlencode, urlsplit
 
-from archway.errors import ArchwayError, AuthError, RegistryError, ResponseTooLarge, classify_error
+from archway.errors import (
+    ArchwayError,
+    AuthError,
+    CredentialsRequired,
+    DeadlineExceeded,
+    RegistryError,
+    ResponseTooLarge,
+    classify_error,
+)
 from archway.hostport import host_of
 
 from .credentials import Credential, Keyring
@@ -20,6 +34,8 @@ from .http import HttpClient, parse_json, rate_limited
 from .reference import DOCKER_HUB, ImageReference
 
 MAX_TOKEN_RESPONSE_BYTES = 64 * 1024
+CHALLENGE_SECONDS = 600          # a host's challenge, since its last accepted token
+MAX_REMEMBERED_HOSTS = 10_000
 DEFAULT_EXPIRES_IN = 60          # seconds, per the token spec when the answer names none
 MAX_EXPIRES_IN = 24 * 3600       # a lying server cannot pin a token in the cache for years
 # Docker Hub serves tokens from another host than its registry; its credentials belong there too.
@@ -128,6 +144,7 @@ def cache_until(now: float, lifetime: float) -> float:
 class Authorization:
     header: str | None          # the Authorization header value, None = anonymous
     credential: Credential | None   # the credential the header was built from, if any
+    challenge: Challenge | None = None   # the challenge it answers, if any
 
 
 class RegistryAuth:
@@ -138,18 +155,38 @@ class RegistryAuth:
         self.clock = clock
         self._lock = threading.Lock()
         self._tokens: dict[tuple, tuple[str, float]] = {}  # key -> (token, usable until)
-        self._challenges: dict[str, Challenge] = {}        # registry netloc -> its challenge
+        # registry netloc -> (a challenge whose token it accepted, remembered until)
+        self._challenges: dict[str, tuple[Challenge, float]] = {}
         self._fetching: dict[tuple, threading.Lock] = {}   # key -> lock held while fetching
         self.token_requests = 0
 
     # -- used by the registry client
     def authorization(self, ref: ImageReference, keyring: Keyring, deadline) -> Authorization:
-        """The header to send up front: from the host's remembered challenge, else anonymous."""
+        """The header to send up front: from the host's remembered challenge, else anonymous
+        (also when that challenge's realm fails now: the registry's 401 will say what to do)."""
         with self._lock:
-            challenge = self._challenges.get(ref.api_host)
-        if challenge is None:
+            remembered = self._challenges.get(ref.api_host)
+        if remembered is None or remembered[1] <= self.clock():
             return Authorization(None, None)
-        return self._for_challenge(challenge, ref, keyring, deadline, scope=None)
+        try:
+            return self._for_challenge(remembered[0], ref, keyring, deadline, scope=None)
+        except DeadlineExceeded:
+            raise
+        except ArchwayError:
+            return Authorization(None, None)
+
+    def accepted(self, ref: ImageReference, authz: Authorization) -> None:
+        """The registry answered a request carrying `authz` with something else than 401: its
+        challenge is the host's, for later repositories."""
+        if authz.challenge is None or authz.header is None:
+            return
+        with self._lock:
+            if len(self._challenges) >= MAX_REMEMBERED_HOSTS and ref.api_host not in self._challenges:
+                now = self.clock()
+                self._challenges = {h: c for h, c in self._challenges.items() if c[1] > now}
+                if len(self._challenges) >= MAX_REMEMBERED_HOSTS:
+                    return
+            self._challenges[ref.api_host] = (authz.challenge, self.clock() + CHALLENGE_SECONDS)
 
     def answer_challenge(self, ref: ImageReference, header: str, keyring: Keyring, deadline,
                          rejected: Authorization | None = None) -> Authorization:
@@ -159,8 +196,6 @@ class RegistryAuth:
             raise AuthError(f"401 from {ref.api_host} for {ref.repository}: the registry asked for "
                             f"an authentication scheme archway does not speak ({header[:100]!r})",
                             host=ref.api_host, repository=ref.repository, status=401)
-        with self._lock:
-            self._challenges[ref.api_host] = challenge
         if rejected is not None and rejected.header:
             self._forget(rejected.header)
         return self._for_challenge(challenge, ref, keyring, deadline,
@@ -172,14 +207,14 @@ class RegistryAuth:
             credential = keyring.lookup(ref.host)
             if credential is None or not (credential.username or credential.password):
                 return Authorization(None, None)
-            return Authorization(credential.basic_header(), credential)
+            return Authorization(credential.basic_header(), credential, challenge)
         scope = scope or f"repository:{ref.repository}:pull"
         realm = realm_parts(challenge.realm, ref)
         credential = credential_for_realm(keyring, ref, realm.netloc)
         if credential is not None and not self._may_send_secret(realm):
             credential = None  # never a password over plain HTTP to a host not marked insecure
         token = self._token(challenge, scope, credential, ref, deadline)
-        return Authorization("Bearer " + token, credential)
+        return Authorization("Bearer " + token, credential, challenge)
 
     def _may_send_secret(self, realm: SplitResult) -> bool:
         return realm.scheme == "https" or self.http.is_insecure(realm.netloc)
@@ -193,7 +228,12 @@ class RegistryAuth:
         # One fetch per key at a time: concurrent lookups of one repository share the token.
         with self._lock:
             key_lock = self._fetching.setdefault(key, threading.Lock())
-        with key_lock:
+        # Wait for another lookup's fetch of the same token no longer than this one may take.
+        wait = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not key_lock.acquire(timeout=wait):
+            raise DeadlineExceeded(f"deadline passed waiting for a token from "
+                                   f"{realm_parts(challenge.realm, ref).netloc}")
+        try:
             token = self._cached(key)
             if token is not None:
                 return token
@@ -214,6 +254,8 @@ class RegistryAuth:
             finally:
                 with self._lock:
                     self._fetching.pop(key, None)
+        finally:
+            key_lock.release()
         return token
 
     def _cached(self, key) -> str | None:
@@ -244,11 +286,13 @@ class RegistryAuth:
             raise RegistryError(f"{where} answered more than {MAX_TOKEN_RESPONSE_BYTES} bytes",
                                 host=ref.api_host, repository=ref.repository) from None
         if response.status in (401, 403):
-            detail = ("the credentials for this host were rejected" if headers or form
+            sent = bool(headers or form)
+            detail = ("the credentials for this host were rejected" if sent
                       else "no pull secret matched this host and anonymous access was refused")
-            raise AuthError(f"{response.status} from {ref.api_host} for {ref.repository}: {detail} "
-                            f"(by its token service {parts.netloc})",
-                            host=ref.api_host, repository=ref.repository, status=response.status)
+            refused = AuthError if sent else CredentialsRequired
+            raise refused(f"{response.status} from {ref.api_host} for {ref.repository}: {detail} "
+                          f"(by its token service {parts.netloc})",
+                          host=ref.api_host, repository=ref.repository, status=response.status)
         if response.status == 429:
             raise rate_limited(response, where, host=ref.api_host, repository=ref.repository,
                                status=429)

@@ -41,6 +41,7 @@ from archway.errors import (
     ConfigError,
     DeadlineExceeded,
     HostRefused,
+    ProxyFailed,
     RateLimited,
     ResponseTooLarge,
     TransportError,
@@ -187,11 +188,12 @@ class HttpClient:
         timeout = self._timeout(deadline, netloc)
         with self._lock:
             self.stats.requests += 1
+        proxies = self.proxies.for_url(url)
         try:
             with _sockets_end_at(deadline), self.session.request(
                     method, url, headers=headers, data=data, timeout=timeout, stream=True,
                     allow_redirects=False, verify=self.verify_for(netloc),
-                    proxies=self.proxies.for_url(url)) as r:
+                    proxies=proxies) as r:
                 declared = r.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > max_bytes and r.status_code < 300:
                     raise ResponseTooLarge(
@@ -203,7 +205,8 @@ class HttpClient:
         except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
             if time.monotonic() >= deadline:   # the watchdog cut it, or a read timed out at it
                 raise DeadlineExceeded(f"deadline passed waiting for {netloc}") from None
-            raise _transport_error(e, netloc, timeout[1]) from None
+            raise _transport_error(e, netloc, timeout[1], next(iter(proxies.values()), None)
+                                   ) from None
         except ValueError as e:   # e.g. requests parsing a malformed Location for its own use
             raise TransportError(f"{netloc} answered something archway cannot use: "
                                  f"{str(e)[:100]}", host=netloc) from None
@@ -231,7 +234,10 @@ class HttpClient:
         return (limit, limit)
 
 
-def _transport_error(error: Exception, netloc: str, read_timeout: float) -> TransportError:
+def _transport_error(error: Exception, netloc: str, read_timeout: float,
+                     proxy: str | None = None) -> TransportError:
+    if proxy is not None and isinstance(error, requests.exceptions.ProxyError):
+        return _proxy_failed(error, netloc, proxy)
     if isinstance(error, requests.exceptions.SSLError):
         return TransportError(f"TLS error talking to {netloc}: {_reason(error)} (set "
                               f"registry.ca_file, or list the host in registry.insecure_hosts)",
@@ -239,6 +245,21 @@ def _transport_error(error: Exception, netloc: str, read_timeout: float) -> Tran
     if isinstance(error, requests.exceptions.Timeout):
         return TransportError(f"{netloc} did not answer within {read_timeout:.1f} s", host=netloc)
     return TransportError(f"cannot reach {netloc}: {_reason(error)}", host=netloc)
+
+
+def _proxy_failed(error: Exception, netloc: str, proxy: str) -> ProxyFailed:
+    """Said of the proxy, not of the registry it was asked to reach."""
+    shown = _safe_url(proxy)
+    cause = error.args[0] if error.args else error
+    cause = getattr(cause, "reason", None) or cause      # MaxRetryError -> urllib3's ProxyError
+    inner = cause.args[1] if isinstance(cause, urllib3.exceptions.ProxyError) \
+        and len(cause.args) > 1 else cause
+    if str(inner).startswith("Tunnel connection failed: "):   # the proxy answered CONNECT
+        answer = str(inner).split(": ", 1)[1][:100]
+        return ProxyFailed(f"the egress proxy {shown} could not reach {netloc}: {answer}",
+                           host=netloc)
+    return ProxyFailed(f"cannot reach the egress proxy {shown} (for {netloc}): {_reason(error)}",
+                       host=netloc)
 
 
 # --- redirects: a pure decision ------------------------------------------------------------------

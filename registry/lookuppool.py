@@ -47,6 +47,9 @@ class LookupPool:
 
     def _wake_or_start(self) -> None:
         if self._idle:
+            # Claimed now: until it runs, the woken thread still looks idle, and counting on it
+            # again would hand a whole burst to that one thread (one lookup after another).
+            self._idle -= 1
             self._cv.notify()
         elif self._started < self.threads:
             self._started += 1
@@ -58,8 +61,7 @@ class LookupPool:
             with self._cv:
                 while not self._ready:
                     self._idle += 1
-                    self._cv.wait()
-                    self._idle -= 1
+                    self._cv.wait()   # only notify() ends it, having taken it off _idle
                 host, fn, future = self._ready.popleft()
                 self._queued -= 1
             if future.set_running_or_notify_cancel():

@@ -96,8 +96,12 @@ class Mirrors:
             name, _, port = host.rpartition(":")
             names.append(f"{name}_{port}_")
         names += [host, "_default"]
+        try:   # a directory named Registry.Example:5000 is registry.example:5000's
+            entries = {entry.lower(): entry for entry in os.listdir(self.hosts_dir)}
+        except OSError:
+            return None
         for name in names:
-            path = os.path.join(self.hosts_dir, name)
+            path = os.path.join(self.hosts_dir, entries.get(name.lower(), name))
             if os.path.isdir(path):
                 return path
         return None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from archway.config import RegistrySettings
 from archway.errors import (
     AuthError,
+    CredentialsRequired,
     InvalidReference,
     NotFound,
     RegistryError,
@@ -224,6 +225,7 @@ class RegistryClient:
             if fresh.header is None or fresh.header == authz.header:
                 raise self._unauthorized(ref, fresh, keyring, challenge)
             authz = fresh
+        self.auth.accepted(ref, authz)   # not a 401: its challenge serves the host up front
         if response.status not in ok:
             raise status_error(response, ref, what, authz)
         return response
@@ -256,16 +258,17 @@ class RegistryClient:
                       challenge: str) -> AuthError:
         where = f"401 from {ref.api_host} for {ref.repository}"
         if authz.credential is not None:
-            detail = "the credentials for this host were rejected"
-        elif keyring.lookup(ref.host) is not None:
+            return AuthError(f"{where}: the credentials for this host were rejected",
+                             host=ref.api_host, repository=ref.repository, status=401)
+        if keyring.lookup(ref.host) is not None:
             detail = ("a pull secret names this host, but its token service is on another host "
                       "and gets no password: add a credential naming the token service's host")
             if "basic" in challenge.lower():
                 detail = "the pull secret for this host has no username or password"
         else:
             detail = "no pull secret matched this host"
-        return AuthError(f"{where}: {detail}", host=ref.api_host, repository=ref.repository,
-                         status=401)
+        return CredentialsRequired(f"{where}: {detail}", host=ref.api_host,
+                                   repository=ref.repository, status=401)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -458,9 +461,11 @@ def status_error(response: Response, ref: ImageReference, what: str,
                             f"{host}{suffix}", **kw)
         return NotFound(f"{what} of {ref} not found on {host}{suffix}", **kw)
     if status == 403:
-        who = "the credentials used" if authz and authz.credential else "anonymous access"
-        return AuthError(f"403 from {host} for {repo}: {who} may not pull this repository{suffix}",
-                         **kw)
+        if authz and authz.credential:
+            return AuthError(f"403 from {host} for {repo}: the credentials used may not pull "
+                             f"this repository{suffix}", **kw)
+        return CredentialsRequired(f"403 from {host} for {repo}: anonymous access may not pull "
+                                   f"this repository{suffix}", **kw)
     if status == 429:
         return rate_limited(response, f"429 from {host} for {repo}", **kw)
     if status >= 500:

@@ -1,4 +1,7 @@
 """Parse image references the way Docker does, plus the SIF schemes (oras, library, http[s]).
+Host names come out lowercased, once, here (DNS names are case-insensitive; repository paths,
+tags and URL paths are not): back-off, cache keys, metrics, credentials and host policy all see
+one spelling of a host.
 
     nginx                       -> docker.io/library/nginx:latest
     ghcr.io/org/app@sha256:...  -> by digest
@@ -73,6 +76,14 @@ def redact_url(text: str) -> str:
     return f"{scheme}://***@{rest[:end].rpartition('@')[2]}{rest[end:]}"
 
 
+def _lowercase_host(url: str) -> str:
+    """The URL with its host (not its user:password, not its path) lowercased."""
+    scheme, _, rest = url.partition("://")
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    userinfo, at, host = rest[:end].rpartition("@")
+    return f"{scheme}://{userinfo}{at}{host.lower()}{rest[end:]}"
+
+
 def without_userinfo(netloc: str) -> str:
     """host[:port] of a URL authority, without any user:password@."""
     return netloc.rpartition("@")[2]
@@ -108,8 +119,9 @@ def _parse(text: str, default_library_host: str) -> ImageReference:
         parts = urlsplit(text)
         if not parts.hostname:
             raise InvalidReference(f"{text!r}: URL has no host")
-        return ImageReference(scheme, without_userinfo(parts.netloc), parts.path.lstrip("/"),
-                              url=text)
+        url = _lowercase_host(f"{scheme}://{rest}")
+        return ImageReference(scheme, without_userinfo(urlsplit(url).netloc),
+                              parts.path.lstrip("/"), url=url)
     raise InvalidReference(
         f"{text!r}: unsupported scheme {scheme!r} (use docker://, oras://, library://, https://)")
 
@@ -136,7 +148,8 @@ def _parse_docker(remainder: str, original: str, scheme: str) -> ImageReference:
         host, path = DOCKER_HUB, name
     if not _HOST.fullmatch(host):
         raise InvalidReference(f"{original!r}: malformed registry host {host!r}")
-    if host.lower() in _HUB_ALIASES:
+    host = host.lower()   # names are case-insensitive: one host for back-off, cache, credentials
+    if host in _HUB_ALIASES:
         host = DOCKER_HUB
     if host == DOCKER_HUB and "/" not in path:
         path = f"library/{path}"
@@ -153,7 +166,7 @@ def _parse_library(remainder: str, original: str, default_host: str) -> ImageRef
     parts = [p for p in name.split("/") if p]
     host = default_host
     if len(parts) == 4 or (len(parts) > 1 and ("." in parts[0] or ":" in parts[0])):
-        host, parts = parts[0], parts[1:]
+        host, parts = parts[0].lower(), parts[1:]
     if len(parts) == 1:
         parts = ["library", "default"] + parts
     elif len(parts) == 2:

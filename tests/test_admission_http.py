@@ -397,8 +397,8 @@ def test_private_image_without_credentials_fails_open_with_a_warning(world):
     assert response["allowed"] and "patch" not in response
     assert response["warnings"] == [  # the one the user can act on first
         "pull secret team-b/regcred: not found",
-        f"could not inspect {world.auth_registry.host}/archway/private:1.0 (registry refused the "
-        "credentials); it does not restrict placement"]
+        f"could not inspect {world.auth_registry.host}/archway/private:1.0 (credentials "
+        "required; none sent); it does not restrict placement"]
 
 
 def test_forbidden_secret_read_degrades_with_a_warning(world):

@@ -179,6 +179,46 @@ def test_a_429_backs_the_host_off_until_retry_after_and_the_cache_answers(plain_
     assert resolver.resolve(new, deadline=time.monotonic() + 10).architectures == {"amd64"}
 
 
+def test_a_429_holds_for_every_spelling_of_the_host(plain_registry, gateway):
+    """Host names are case-insensitive (issue 21, item 6): after a 429 with Retry-After 600, 40
+    spellings of the host (LOCALHOST:PORT, ...) sent 40 requests. One host: one back-off, one
+    metric label, one cache entry, one credential."""
+    import itertools
+
+    from archway.registry.credentials import Credential, Keyring
+    plain_registry.push_image("cache/cased", "v1", "linux/amd64")
+    port = gateway.host.rsplit(":", 1)[1]
+    host = f"localhost:{port}"
+    resolver = resolver_for(host, clock=ManualClock())
+    image = f"{host}/cache/cased:v1"
+    assert resolver.resolve(image).architectures == {"amd64"}
+    spellings = ["".join(letters) for letters in itertools.islice(
+        itertools.product(*((c.upper(), c) for c in "localhost")), 40)]
+    assert len(set(spellings)) == 40 and spellings[0] == "LOCALHOST"
+    before = len(gateway.requests)
+    for spelled in spellings:   # one cache entry: every spelling is answered from it
+        answer = resolver.resolve_many([f"{spelled}:{port}/cache/cased:v1"], timeout=5)
+        assert answer[f"{spelled}:{port}/cache/cased:v1"].architectures == {"amd64"}
+    assert len(gateway.requests) == before
+    gateway.mode, gateway.retry_after = "rate_limited", "600"
+    new = resolver.resolve_many([f"{host}/cache/cased:new"], timeout=5)[f"{host}/cache/cased:new"]
+    assert isinstance(new, RateLimited) and len(gateway.refused) == 1
+    for spelled in spellings:
+        answer = resolver.resolve_many([f"{spelled}:{port}/cache/cased:other"], timeout=5)
+        assert isinstance(answer[f"{spelled}:{port}/cache/cased:other"], RateLimited)
+    assert len(gateway.refused) == 1 and resolver.hosts_backed_off() == 1
+    labels = [s.labels["host"] for m in REGISTRY.collect() if m.name ==
+              "archway_registry_backoff_until_timestamp_seconds" for s in m.samples
+              if s.labels["host"].lower() == host]
+    assert labels == [host]
+    # A pull secret filed under any spelling is the image's, whatever spelling the pod uses.
+    keyring = Keyring([Credential(f"LocalHost:{port}", "user", "secret")])
+    assert [c.username for c in keyring.candidates(f"localhost:{port}/cache/cased")] == ["user"]
+    from archway.registry.access import image_name
+    from archway.registry.reference import parse_reference
+    assert image_name(parse_reference(f"LOCALHOST:{port}/cache/cased:v1")) == f"{host}/cache/cased"
+
+
 def test_without_retry_after_the_pause_grows(plain_registry, gateway):
     plain_registry.push_image("cache/grow", "v1", "linux/amd64")
     clock = ManualClock()

@@ -522,3 +522,65 @@ def test_node_facts_keep_taints_and_a_cordon():
     node["spec"]["taints"].append({"key": CORDON_TAINT[0], "effect": "NoSchedule"})
     assert node_facts(node).taints.count(CORDON_TAINT) == 1   # the controller's own, once
     assert node_facts({"metadata": {"name": "bare"}}).taints == ()
+
+
+def _peak_rss(pid: int) -> int:
+    """VmHWM: the most resident memory the process ever had."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def _body(pod, **shape) -> bytes:
+    return json.dumps({"Pod": pod, **shape}, separators=(",", ":")).encode()
+
+
+def test_a_worker_stays_under_512_mb_with_bodies_at_the_cap_in_both_shapes(tmp_path):
+    """64 MiB of short NodeNames took a worker to 0.9 GB, of tiny Nodes to 1.2 GB (issue 21,
+    item 7): past MAX_CANDIDATE_NODES they are a 413 at once; up to it, in both shapes, and
+    for 60 MB of full Nodes whose reply echoes them all, the worker stays under 512 MB."""
+    from archway.extender.wire import MAX_CANDIDATE_NODES
+    longest_name = 253   # a Node's name is a DNS subdomain
+    port = free_port()
+    config = tmp_path / "archway.json"
+    config.write_text(json.dumps({"server": {"tls": False, "workers": 1, "threads": 4,
+                                             "state_dir": str(tmp_path)},
+                                  "kubernetes": {"enabled": "off"}}))
+    with open(tmp_path / "serve.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "archway.cli", "--config", str(config),
+                                 "serve", "--product", "extender", "--bind", f"127.0.0.1:{port}"],
+                                cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        wait_for_port(port, timeout=30, proc=proc)
+        url = f"http://127.0.0.1:{port}/scheduler"
+        pod = load("filter-nodenames.json")["Pod"]
+        cap = 64 * 1024 * 1024
+        session = requests.Session()
+        session.trust_env = False
+        short = _body(pod, Nodes=None, NodeNames=[f"n{i:08d}" for i in range(cap // 12 - 1000)])
+        tiny = _body(pod, NodeNames=None, Nodes={"items": [
+            {"metadata": {"name": f"n{i:08d}"}} for i in range(cap // 34 - 1000)]})
+        assert cap * 0.95 < len(short) <= cap and cap * 0.95 < len(tiny) <= cap
+        for verb, body in (("filter", short), ("prioritize", short), ("filter", tiny)):
+            r = session.post(f"{url}/{verb}", data=body, timeout=60)
+            assert r.status_code == 413, (verb, r.status_code, r.text[:200])
+            assert f"lists more than {MAX_CANDIDATE_NODES} nodes" in r.json()["error"]
+        del short, tiny
+        longest = _body(pod, Nodes=None, NodeNames=[
+            f"n{i:08d}".ljust(longest_name, "x") for i in range(MAX_CANDIDATE_NODES)])
+        for verb in ("filter", "prioritize"):
+            r = session.post(f"{url}/{verb}", data=longest, timeout=60)
+            assert r.status_code == 200 and len(r.content) > len(longest) * 0.9, verb
+        del longest, r
+        padded = _body(pod, NodeNames=None, Nodes={"items": [
+            {"metadata": {"name": f"n{i:08d}", "annotations": {"a": "y" * 880}}}
+            for i in range(MAX_CANDIDATE_NODES)]})
+        assert len(padded) > 60e6
+        r = session.post(f"{url}/filter", data=padded, timeout=60)
+        assert r.status_code == 200 and len(r.json()["Nodes"]["items"]) == MAX_CANDIDATE_NODES
+        del padded, r
+        worker = int(open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()[0])
+        assert _peak_rss(worker) < 512 * 1024 * 1024, _peak_rss(worker) / 1e6
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(15)

@@ -322,13 +322,44 @@ def test_observer_sees_a_fresh_leader_and_its_absence(api):
     assert not clock() < observer._fresh_until
 
 
+def test_an_observer_without_a_leader_reads_again_for_a_question_asked_after_the_lease_changed(api):
+    """A worker that read the Lease before its controller took it answers an admission with a
+    read made after the question (issue 21: the first misses after a start were admitted
+    ungated for a third of a Lease duration)."""
+    import time
+    _, kube = api
+    observer = LeaseObserver(kube, "archway", duration_seconds=15)
+    assert observer.wait_first_read(5) and not observer.leader_fresh() and observer.eager
+    LeaderElector(kube, "archway", identity="a", duration_seconds=15).try_acquire_or_renew()
+    assert observer.leader_fresh(time.monotonic() + 2)
+    assert not observer.eager and observer.has_read
+
+
+def test_an_observer_is_eager_for_one_duration_only_and_never_waits_past_the_deadline(api):
+    import time
+    server, kube = api
+    clock = ManualClock()
+    observer = LeaseObserver(kube, "archway", duration_seconds=15, clock=clock)
+    assert observer.eager   # nothing read yet
+    observer.refresh()
+    assert observer.eager and observer.last_error is None
+    clock.now += 15
+    assert not observer.eager   # no leader for a duration: back to reading every third
+    started = time.monotonic()
+    assert not observer.leader_fresh(time.monotonic() + 5)   # not eager: no wait
+    assert time.monotonic() - started < 0.5
+    server.faults["/apis/coordination.k8s.io"] = 503   # the read fails, and says why
+    observer.refresh()
+    assert "unreadable: 503" in observer.last_error
+
+
 # --- the webhook's choice on a miss (the admission service, no HTTP) ---------------------------
 
 class Leader:
     def __init__(self, fresh):
         self.fresh = fresh
 
-    def leader_fresh(self):
+    def leader_fresh(self, deadline=None):
         return self.fresh
 
 

@@ -500,3 +500,98 @@ def test_inspect_shows_no_password(servers, tmp_path):
         assert result.returncode == 1
         assert "404" in result.stdout and f"http://***@{server.host}/images/app.sif" in result.stdout
         assert SECRET not in result.stdout + result.stderr
+
+
+# --- one repository's token realm cannot poison the host (issue 21, item 5) ----------------------
+
+class HostileRealmFront:
+    """A real token-auth docker-registry behind a front that answers every request for the
+    repositories in `realms` with a 401 naming that repository's own (hostile) realm, as a
+    registry serving several tenants may. The rest reaches the real registry."""
+
+    def __init__(self, registry, realms: dict[str, str]):
+        from tests.infra.gateway import RegistryGateway
+        realms_by_prefix = {f"/v2/{repo}/": realm for repo, realm in realms.items()}
+
+        class Front(RegistryGateway):
+            def _respond(self, request):
+                for prefix, realm in realms_by_prefix.items():
+                    if request.path.startswith(prefix):
+                        challenge = f'Bearer realm="{realm}",service="tenant"'
+                        return 401, {"WWW-Authenticate": challenge}, b'{"errors":[]}'
+                return super()._respond(request)
+
+        self.gateway = Front(registry.url)
+        self.host = self.gateway.host
+
+    def stop(self):
+        self.gateway.stop()
+
+
+@pytest.fixture
+def poisoned(tmp_path):
+    from tests.infra.registry import RegistryServer
+    registry = RegistryServer(tmp_path / "registry", auth="token", anonymous_pull=True)
+    for tag in ("v1", "v2", "v3", "v4"):
+        registry.push_image("team/app", tag, "linux/arm64")
+    huge = ScriptedServer(lambda request: (200, {"Content-Type": "application/json"},
+                                           b'{"token":"' + b"x" * (10 * 1024 * 1024) + b'"}'))
+    hang = BlackHole()
+    front = HostileRealmFront(registry, {"evil/big": f"http://{huge.host}/token",
+                                         "evil/hang": f"http://{hang.host}/token"})
+    yield registry, front, (huge, hang)
+    for part in (front, huge, hang, registry):
+        part.stop()
+
+
+def test_a_hostile_realm_of_one_repository_never_stops_another_on_the_same_host(poisoned):
+    """Challenges were kept per host from whichever repository last answered 401 and used up
+    front for every repository there: after a 10 MB token or a hanging realm, no lookup on the
+    host reached the registry until restart."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from archway.registry.resolver import Resolver
+    registry, front, (huge, hang) = poisoned
+    resolver = Resolver(RegistrySettings(
+        insecure_hosts=(front.host, registry.token_server.host, huge.host, hang.host),
+        timeout_seconds=2))
+
+    def resolve(image):
+        return resolver.resolve_many([f"{front.host}/{image}"], timeout=15)[f"{front.host}/{image}"]
+
+    big = resolve("evil/big:1")   # the host's very first 401 names the hostile realm
+    assert isinstance(big, RegistryError) and "more than 65536 bytes" in str(big)
+    mark = registry.mark()
+    assert resolve("team/app:v1").architectures == {"arm64"}
+    again = resolve("evil/big:2")   # again, after the host's good challenge was learnt
+    assert isinstance(again, RegistryError) and "more than 65536 bytes" in str(again)
+    assert resolve("team/app:v2").architectures == {"arm64"}
+    with ThreadPoolExecutor(1) as pool:
+        hanging = pool.submit(resolve, "evil/hang:1")
+        time.sleep(0.5)   # its token request is held by the black hole now
+        started = time.monotonic()
+        assert resolve("team/app:v3").architectures == {"arm64"}
+        assert time.monotonic() - started < 1.5
+        assert isinstance(hanging.result(timeout=20), (TransportError, DeadlineExceeded))
+    assert resolve("team/app:v4").architectures == {"arm64"}
+    reached = {e.path for e in registry.requests_since(mark) if e.status == 200}
+    assert {f"/v2/team/app/manifests/v{n}" for n in range(1, 5)} <= reached
+
+
+def test_a_hosts_challenge_expires(poisoned):
+    from archway.registry.auth import CHALLENGE_SECONDS, RegistryAuth
+    from tests.infra.clock import ManualClock
+    registry, front, _ = poisoned
+    clock = ManualClock()
+    http = HttpClient(RegistrySettings(insecure_hosts=(front.host, registry.token_server.host)))
+    client = RegistryClient(http, RegistrySettings(), auth=RegistryAuth(http, clock=clock))
+
+    def statuses(tag):
+        mark = registry.mark()
+        client.resolve(parse_reference(f"{front.host}/team/app:{tag}"), deadline=time.monotonic() + 10)
+        return [e.status for e in registry.requests_since(mark) if "/manifests/" in e.path]
+
+    assert statuses("v1") == [401, 200]   # first contact: the 401 names the challenge
+    assert statuses("v2") == [200]        # remembered: the token up front
+    clock.now += CHALLENGE_SECONDS + 1
+    assert statuses("v3") == [401, 200]   # forgotten: asked again

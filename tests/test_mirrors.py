@@ -208,13 +208,14 @@ server = "https://registry-1.docker.io"
 
 
 def test_directory_names_and_the_default(tmp_path):
-    for name in ("reg.example_5000_", "other.example", "_default"):
+    for name in ("reg.example_5000_", "Other.Example", "_default"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "hosts.toml").write_text(f'[host."https://{name.strip("_")}.mirror"]\n')
     mirrors = Mirrors(str(tmp_path))
     first = lambda image: mirrors.hosts_for(parse_reference(image))[0].netloc  # noqa: E731
     assert first("reg.example:5000/x") == "reg.example_5000.mirror"
-    assert first("other.example/x") == "other.example.mirror"
+    assert first("other.example/x") == "other.example.mirror"   # names match in any case
+    assert first("OTHER.example/x") == "other.example.mirror"
     assert first("third.example/x") == "default.mirror"
     assert Mirrors(str(tmp_path / "missing")).hosts_for(parse_reference("x.example/y")) is None
 

@@ -178,6 +178,27 @@ def test_stale_data_expires(prom):
         assert time.monotonic() - answered >= 1.5
 
 
+def _series(node: str, device: str, value: str) -> str:
+    return (f'label_replace(label_replace(vector({value}), "nodename", "{node}", "", ""), '
+            f'"device", "{device}", "", "")')
+
+
+def test_series_adding_up_to_inf_neither_fail_prioritize_nor_score_inf_over_inf(prom):
+    """Prometheus answers two series of 1e308 for one node (issue 21, item 7): their sum is inf,
+    and every prioritize answered 500 with a traceback."""
+    huge = " or ".join([_series("worker-a", "eth0", "1e308"), _series("worker-a", "eth1", "1e308"),
+                        _series("worker-b", "eth0", "1000")])
+    assert len(prom.prometheus.query(huge)) == 3
+    names = ["worker-a", "worker-b", "worker-c"]
+    with extender_client(prom.prometheus.url, query=huge, capacity_query="") as (client, _):
+        scores = poll(lambda: prioritize(client, names), lambda s: s["worker-a"] != NEUTRAL_SCORE)
+        assert scores == {"worker-a": 0, "worker-b": 10, "worker-c": NEUTRAL_SCORE}
+    # The same sum as the link capacity: utilisation max/max, the busiest score, not inf/inf = 10
+    with extender_client(prom.prometheus.url, query=huge, capacity_query=huge) as (client, _):
+        scores = poll(lambda: prioritize(client, names), lambda s: s["worker-b"] != NEUTRAL_SCORE)
+        assert scores == {"worker-a": 0, "worker-b": 0, "worker-c": NEUTRAL_SCORE}
+
+
 def _metric(name):
     return REGISTRY.get_sample_value(name) or 0.0
 

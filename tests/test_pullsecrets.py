@@ -144,6 +144,10 @@ def test_unreachable_api_degrades_to_anonymous(tmp_path):
 def test_no_api_configured(monkeypatch, tmp_path):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert build_api_client(k8s_settings()) == (
+        None, f"KUBECONFIG names {tmp_path / 'absent'}, which does not exist")
+    monkeypatch.delenv("KUBECONFIG")
     client, source = build_api_client(k8s_settings())
     assert client is None and source == "none"
     creds = PullSecrets(None, source=source).credentials_for(pod("regcred"), time.monotonic() + 1)
@@ -155,7 +159,8 @@ def test_no_api_configured(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("settings, message", [
     (k8s_settings(enabled="yes"), "kubernetes.enabled must be auto or off"),
-    (k8s_settings(kubeconfig="/nonexistent/kubeconfig"), "cannot use kubeconfig"),
+    (k8s_settings(kubeconfig="/nonexistent/kubeconfig"),
+     "kubeconfig /nonexistent/kubeconfig is not usable"),
 ])
 def test_bad_kubernetes_settings_fail_at_start(settings, message):
     with pytest.raises(ConfigError, match=message):

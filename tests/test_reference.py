@@ -212,3 +212,20 @@ def test_bracketed_ipv6_deny_pattern_matches():
 def test_malformed_bracket_netloc_is_refused_not_crashing():
     with pytest.raises(HostRefused):
         HostPolicy().check("[::1")
+
+
+@pytest.mark.parametrize("text,host,shown", [
+    ("LOCALHOST:5001/team/app:V1", "localhost:5001", "localhost:5001/team/app:V1"),
+    ("Registry.Example.COM/team/app", "registry.example.com",
+     "registry.example.com/team/app:latest"),
+    ("oras://Reg.Example/sif/tool:1.0", "reg.example", "oras://reg.example/sif/tool:1.0"),
+    ("library://Lib.Example/ent/coll/c:1", "lib.example", "library://lib.example/ent/coll/c:1"),
+    ("HTTPS://u:PassWord@Files.Example:8443/Images/X.sif", "files.example:8443",
+     "https://***@files.example:8443/Images/X.sif"),
+])
+def test_host_names_are_lowercased_once_paths_and_secrets_are_not(text, host, shown):
+    ref = parse_reference(text)
+    assert ref.host == host and str(ref) == shown
+    if ref.url:   # the password and the path keep their case: they are not names
+        assert ref.url == "https://u:PassWord@files.example:8443/Images/X.sif"
+        assert ref.repository == "Images/X.sif"

@@ -154,6 +154,31 @@ def test_the_images_of_one_pod_are_looked_up_concurrently(plain_registry):
         gateway.stop()
 
 
+def test_a_pods_images_are_looked_up_concurrently_by_a_resolver_that_has_idle_threads(
+        plain_registry):
+    """A resolver whose one lookup thread sat idle handed the whole burst to it: the pool
+    counted that thread as available for every submit, woke it once and started no other, so a
+    pod's five new images were looked up one after another (bench figure 5 at 5x, issue 21)."""
+    for i in range(16):
+        plain_registry.push_image(f"sf/idle{i}", "v1", "linux/amd64")
+    gateway = RegistryGateway(plain_registry.url)
+    try:
+        resolver = Resolver(settings_for(gateway.host))
+        first = f"{gateway.host}/sf/idle15:v1"
+        assert isinstance(resolver.resolve_many([first], timeout=10)[first], ImageInfo)
+        barrier = threading.Barrier(5, timeout=5)
+        gateway.before_forward = lambda request: (barrier.wait() if "/manifests/" in request.path
+                                                  else None)
+        for burst in range(3):   # threads idle after each burst: each one is a new case
+            barrier.reset()
+            images = [f"{gateway.host}/sf/idle{5 * burst + i}:v1" for i in range(5)]
+            results = resolver.resolve_many(images, timeout=10)
+            assert all(isinstance(r, ImageInfo) for r in results.values()), results
+            assert not barrier.broken
+    finally:
+        gateway.stop()
+
+
 def test_failures_without_credentials_are_not_served_to_pods_with_them(basic_auth_registry):
     reg = basic_auth_registry
     reg.push_image("sf/private", "v1", "linux/arm64")

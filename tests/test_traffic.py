@@ -155,6 +155,19 @@ def test_scores_are_in_range_and_monotonic(traffic):
     assert [s for _, s in by_rate] == sorted((s for _, s in by_rate), reverse=True)
 
 
+def test_series_that_overflow_when_added_score_the_busiest_not_inf_over_inf():
+    """Two series of 1e308 for one node add up to inf: every prioritize answered 500, and with
+    a capacity of inf too, inf/inf scored the node 10 (issue 21, item 7)."""
+    huge = vector(({"nodename": "a", "device": "eth0"}, "1e308"),
+                  ({"nodename": "a", "device": "eth1"}, "1e308"), ({"nodename": "b"}, "1000"))
+    traffic = parse_vector(huge, "nodename")
+    assert all(math.isfinite(v) for v in traffic.values()) and traffic["a"] > traffic["b"]
+    assert node_scores(traffic, ["a", "b", "c"]) == [0, MAX_SCORE, NEUTRAL_SCORE]
+    links = dict(traffic)   # a capacity that overflowed the same way
+    assert node_scores(traffic, ["a", "b"], capacity=links) == [0, 0]
+    assert node_scores({"a": 5.0}, ["a"], capacity={"a": 1e-320}) == [0]
+
+
 def test_scale_clamps_values_outside_the_observed_range():
     scale = TrafficScale.of([10.0, 1000.0])
     assert scale.score(0.0) == MAX_SCORE and scale.score(1e9) == 0

@@ -50,8 +50,11 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
     state.readiness_facts["kubernetes_api"] = lambda: pull_secrets.source
     if gating is not None:
         # Whether this worker would gate a pod now (admission.unresolved: gate).
-        state.readiness_facts["gate_controller"] = lambda: (
-            "leader alive" if gating.leader_fresh() else "no leader: pods are admitted unplaced")
+        state.readiness_facts["gate_controller"] = lambda: _leader_fact(gating)
+        state.readiness_checks["gate_controller"] = _gate_readiness(
+            gating, state.controller_status, startup_seconds(config))
+    if state.controller_status is not None:
+        _controller_health(state)
     max_bytes = config.server.max_body_bytes
 
     def mutate_environ(environ: dict) -> tuple[int, bytes]:
@@ -84,6 +87,61 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
     app.add_url_rule("/mutate", "mutate", mutate, methods=["POST"])
     state.fast_routes[("POST", "/mutate")] = mutate_environ
     return service
+
+
+def startup_seconds(config) -> float:
+    """How long a starting worker may wait, not ready, for a gate controller to take the Lease:
+    a Lease duration, and time for the controller's process to start on a busy machine."""
+    return max(config.admission.gate_lease_seconds, 10.0)
+
+
+def _leader_fact(gating) -> str:
+    if gating.leader_fresh():
+        return "leader alive"
+    why = f" ({gating.last_error})" if gating.last_error else ""
+    return f"no leader{why}: pods are admitted unplaced"
+
+
+def _gate_readiness(gating, controller_status: str | None, startup: float):
+    """/readyz's check while a worker starts, for at most `startup` seconds: not ready until the
+    Lease was read once, nor, when this server runs a controller that is up, until some
+    controller leads. Then never again for this reason, whatever the Lease or the API do:
+    readiness gates the admissions themselves, and a webhook without endpoints would hold up the
+    cluster's pods."""
+    from .supervisor import read_status
+    booted = time.monotonic()
+    settled = False
+
+    def local_controller_up() -> bool:
+        if controller_status is None:
+            return False
+        status = read_status(controller_status)
+        return status is None or status.get("state") == "running"   # None: not written yet
+
+    def check() -> str | None:
+        nonlocal settled
+        if settled:
+            return None
+        starting = time.monotonic() - booted < startup
+        if starting and not gating.has_read:
+            return "reading the gate controller's Lease"
+        if starting and not gating.leader_fresh() and local_controller_up():
+            return f"waiting for a gate controller to take the Lease (at most {startup:g} s)"
+        settled = True
+        return None
+
+    return check
+
+
+def _controller_health(state) -> None:
+    """The gate controller process this server runs: a fact on /readyz, a problem on /healthz
+    when nothing brings it back (archway.webhook.supervisor)."""
+    from .supervisor import process_fact, process_problem, read_status
+    path = state.controller_status
+    state.readiness_facts["gate_controller_process"] = lambda: process_fact(
+        read_status(path), time.time())
+    state.health_checks["gate_controller"] = lambda: process_problem(read_status(path),
+                                                                     time.time())
 
 
 def _gate_support(config, pull_secrets):

@@ -31,11 +31,10 @@ class ClusterReader:
 
     @classmethod
     def from_config(cls, config) -> "ClusterReader":
-        from .pullsecrets import build_api_client
-        api_client, _ = build_api_client(config.kubernetes)
+        from .pullsecrets import build_api_client, no_api_configured
+        api_client, source = build_api_client(config.kubernetes)
         if api_client is None:
-            raise ArchwayError("no Kubernetes cluster configured: set KUBECONFIG, or "
-                               "kubernetes.kubeconfig in the config file")
+            raise no_api_configured(source)
         return cls(api_client)
 
     def pod(self, namespace: str, name: str) -> dict:

@@ -7,6 +7,7 @@ gate and label (always valid for the apiserver), other controllers' gates untouc
 import logging
 
 from archway.config import load_config
+from archway.errors import ArchwayError
 
 # Imported by the CLI for every subcommand: the Kubernetes client is imported when used.
 
@@ -65,14 +66,16 @@ def _release(api, pod: dict) -> bool:
 
 
 def _release_all(args) -> int:
-    from archway.kubeapi import KubeApi
+    from archway.kubeapi import ApiError, KubeApi
 
-    from .pullsecrets import build_api_client
+    from .pullsecrets import build_api_client, no_api_configured
     config = load_config(args.config)
     api_client, source = build_api_client(config.kubernetes)
     if api_client is None:
-        print("archway: no Kubernetes API configured (kubeconfig or in-cluster)")
-        return 2
-    released, failed = release_all(KubeApi(api_client))
+        raise no_api_configured(source)
+    try:
+        released, failed = release_all(KubeApi(api_client))
+    except ApiError as e:   # the list itself failed: nothing was released
+        raise ArchwayError(f"cannot list the pods: {e}") from None
     print(f"archway: released {released} gated pod(s) ({source}); {failed} failed")
     return 1 if failed else 0

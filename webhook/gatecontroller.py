@@ -1,6 +1,7 @@
 """The gate controller: places and releases the pods the webhook gated. Runs inside `archway
-serve` (one process beside the gunicorn workers) whenever a Kubernetes API is configured; among
-the replicas only the holder of the Lease acts (lease.py).
+serve` (one process beside the gunicorn workers, restarted by supervisor.py when it dies)
+whenever a Kubernetes API is configured; among the replicas only the holder of the Lease acts
+(lease.py).
 
     lead -> sweep every pod carrying the gate (paged list) -> watch the gated ones (label)
          -> per pod: resolve its images with its pull secrets, retrying with back-off
@@ -13,10 +14,10 @@ gate, which is always valid; the chart's pre-delete hook and the README's kubect
 controller that is gone.
 """
 import logging
+import os
 import pickle
 import random
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -355,36 +356,24 @@ def run(config, stop: threading.Event | None = None) -> None:
             elector.release()
 
 
-def start_process(config) -> subprocess.Popen:
-    """The controller in a fresh process of its own: nothing inherited from gunicorn's master
-    (its threads, its signal handlers), and nothing the workers it forks later would inherit.
-    The config travels pickled on stdin (it is the server's own, already checked)."""
-    process = subprocess.Popen([sys.executable, "-m", "archway.webhook.gatecontroller"],
-                               stdin=subprocess.PIPE)
-    assert process.stdin is not None
-    process.stdin.write(pickle.dumps(config))
-    process.stdin.close()
-    return process
-
-
-def stop_process(process: subprocess.Popen | None, timeout: float = 10.0) -> None:
-    if process is None or process.poll() is not None:
-        return
-    process.terminate()   # SIGTERM: it gives the Lease up and exits
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
-
-
 def _main() -> None:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parent = os.getppid()
     config = pickle.loads(sys.stdin.buffer.read())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def orphaned() -> None:
+        # The server that started it is gone (SIGKILL leaves no time to stop it): a controller
+        # nobody supervises must not keep leading.
+        while not stop.wait(1.0):
+            if os.getppid() != parent:
+                log.warning("gate controller: archway serve (pid %d) is gone; stopping", parent)
+                stop.set()
+
+    threading.Thread(target=orphaned, name="archway-gate-parent", daemon=True).start()
     run(config, stop)
 
 

@@ -12,6 +12,7 @@ the gate? It re-reads the Lease in the background, so admission never waits on t
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from archway.kubeapi import ApiError, KubeApi
 log = logging.getLogger("archway.lease")
 
 LEASE_NAME = "archway-gate-controller"
+EAGER_SECONDS = 0.25   # how often an observer without a fresh leader reads, for a duration
 _SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -133,15 +135,23 @@ class LeaderElector:
 
 
 class LeaseObserver:
-    """Is a gate controller alive? Read in the background every third of a Lease duration.
+    """Is a gate controller alive? Read in the background.
 
     Fresh means: a holder is named, and the Lease changed less than its duration ago on this
     process's clock; the very first read trusts renewTime instead (nothing was seen change yet).
+
+    While a leader is fresh the Lease is read every third of its duration. Without one it is
+    read every EAGER_SECONDS for up to a duration (a controller starting, or taking over, is
+    seen at once), then every third again (a controller that cannot lead must not make every
+    worker poll the API fast for ever). Asked with a deadline while eager, `leader_fresh` waits
+    for a read that starts after the question: an admission right after a controller took the
+    Lease sees it, whatever this worker read before.
     """
 
     def __init__(self, api: KubeApi, namespace: str, *, duration_seconds: float,
                  clock=time.monotonic, wall=time.time):
         self.api = api
+        self.namespace = namespace
         self.path = lease_path(namespace)
         self.duration = duration_seconds
         self._clock = clock
@@ -149,19 +159,62 @@ class LeaseObserver:
         self._holder = ""
         self._version: str | None = None
         self._fresh_until = 0.0
+        self.last_error: str | None = None      # why the last read failed, None: it did not
+        self._leaderless_since: float | None = None
+        self._reads_started = 0
+        self._reads_done = 0
+        self._wanted = False                    # someone waits for a read: start it now
+        self._changed = threading.Condition()
         self._runner = ProcessThread(self._loop, "archway-lease-observer")
 
-    def leader_fresh(self) -> bool:
-        self._runner.start_once()
-        return bool(self._holder) and self._clock() < self._fresh_until
+    def leader_fresh(self, deadline: float | None = None) -> bool:
+        """Whether a controller holds a fresh Lease. `deadline` (time.monotonic()): when no
+        leader is known and the observer is eager, wait until then for a read that starts
+        after this call."""
+        if self._fresh():
+            return True
+        if deadline is None or not self.eager:
+            return False
+        self.start()
+        with self._changed:
+            wanted = self._reads_started + 1
+            self._wanted = True
+            self._changed.notify_all()
+            while self._reads_done < wanted:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._changed.wait(remaining):
+                    break
+        return self._fresh()
+
+    @property
+    def has_read(self) -> bool:
+        """Whether a first read (successful or not) is done."""
+        return self._reads_done > 0
+
+    @property
+    def eager(self) -> bool:
+        """No fresh leader, and none for less than a duration (or nothing read yet)."""
+        if self._fresh():
+            return False
+        since = self._leaderless_since
+        return since is None or self._clock() - since < self.duration
+
+    def wait_first_read(self, timeout: float) -> bool:
+        self.start()
+        with self._changed:
+            return self._changed.wait_for(lambda: self._reads_done > 0, timeout)
 
     def refresh(self) -> None:
         try:
             lease = self.api.request("GET", self.path, timeout=max(1.0, self.duration / 3))
         except ApiError as e:
             if e.status == 404:
-                self._holder = ""
+                self._holder, self.last_error = "", None
+            else:
+                self.last_error = f"Lease {self.namespace}/{LEASE_NAME} unreadable: {e}"
+            self._note_leader()
             return  # unreadable: what was known simply ages out
+        self.last_error = None
         spec = lease.get("spec") or {}
         version = (lease.get("metadata") or {}).get("resourceVersion")
         duration = float(spec.get("leaseDurationSeconds") or self.duration)
@@ -174,18 +227,35 @@ class LeaseObserver:
             self._fresh_until = now + duration
         self._version = version
         self._holder = spec.get("holderIdentity") or ""
+        self._note_leader()
 
     def start(self) -> None:
         """Start reading in the background (in the process that serves: threads do not fork)."""
         self._runner.start_once()
 
+    def _fresh(self) -> bool:
+        return bool(self._holder) and self._clock() < self._fresh_until
+
+    def _note_leader(self) -> None:
+        if self._fresh():
+            self._leaderless_since = None
+        elif self._leaderless_since is None:
+            self._leaderless_since = self._clock()
+
     def _loop(self) -> None:
         while True:
+            with self._changed:
+                self._reads_started += 1
+                self._wanted = False
             try:
                 self.refresh()
             except Exception:  # never let the observer die: a dead one says "no leader" forever
                 log.exception("Lease observer failed")
-            time.sleep(max(0.5, self.duration / 3))
+            with self._changed:
+                self._reads_done += 1
+                self._changed.notify_all()
+                interval = EAGER_SECONDS if self.eager else max(0.5, self.duration / 3)
+                self._changed.wait_for(lambda: self._wanted, interval)
 
 
 def parse_time(value) -> float | None:

@@ -17,6 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.config.config_exception import ConfigException
@@ -196,8 +197,10 @@ def _join(names) -> str:
 
 
 def build_api_client(settings) -> tuple[object | None, str]:
-    """(ApiClient or None, where it came from). An explicitly configured kubeconfig wins; then
-    the in-cluster service account; then the default kubeconfig ($KUBECONFIG, ~/.kube/config)."""
+    """(ApiClient or None, where it came from, or why there is none). An explicitly configured
+    kubeconfig wins (ConfigError when unusable); then the in-cluster service account; then the
+    default kubeconfig ($KUBECONFIG, ~/.kube/config). Without a client the second value is
+    "disabled", "none" (nothing configured) or a sentence saying what is wrong."""
     if settings.enabled == "off":
         return None, "disabled"
     if settings.enabled != "auto":
@@ -211,21 +214,35 @@ def build_api_client(settings) -> tuple[object | None, str]:
         pass
     else:
         return _api_client(configuration), "in-cluster service account"
-    default = os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0])
+    named = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+    default = os.path.expanduser(named or "~/.kube/config")
     if os.path.exists(default):
         return _from_kubeconfig(default, required=False)
+    if named:
+        return None, f"KUBECONFIG names {default}, which does not exist"
     return None, "none"
+
+
+def no_api_configured(source: str) -> ArchwayError:
+    """The error of a command that needs the API, from build_api_client's second value."""
+    if source == "none":
+        return ArchwayError("no Kubernetes API configured: set KUBECONFIG, or "
+                            "kubernetes.kubeconfig in the config file")
+    if source == "disabled":
+        return ArchwayError("no Kubernetes API: kubernetes.enabled is off in the config file")
+    return ArchwayError(f"no Kubernetes API: {source}")
 
 
 def _from_kubeconfig(path: str, *, required: bool):
     configuration = k8s.Configuration()
     try:
         k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
-    except (ConfigException, OSError, ValueError, TypeError) as e:
+    except (ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError,
+            yaml.YAMLError) as e:
+        why = f"kubeconfig {path} is not usable: {' '.join(str(e).split())[:300]}"
         if required:
-            raise ConfigError(f"cannot use kubeconfig {path}: {e}") from None
-        log.warning("ignoring kubeconfig %s: %s", path, e)
-        return None, "none"
+            raise ConfigError(why) from None
+        return None, why
     return _api_client(configuration), f"kubeconfig {path}"
 
 

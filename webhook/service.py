@@ -33,7 +33,7 @@ from .admission import (
 from .events import REASON_UNSCHEDULABLE, owner_reference, pod_or_owner
 from .gate import gate_patch
 from .namespaces import NamespaceFacts, namespace_policy
-from .placement import Decision, Policy, decide, gated_warnings
+from .placement import Decision, Policy, decide, display_image, gated_warnings
 
 log = logging.getLogger("archway.admission")
 
@@ -41,6 +41,9 @@ log = logging.getLogger("archway.admission")
 PULL_SECRETS_SHARE = 0.4
 # Kept back from the deadline to build and send the answer.
 ANSWER_MARGIN_SECONDS = 0.05
+# A log line names at most this many failed images, each error's message cut at this length.
+_LOGGED_FAILURES = 10
+_DETAIL_CHARS = 300
 # Outcomes logged even when server.log_every_admission is off.
 _WORTH_A_LINE = frozenset({"denied", "fail_open", "gated", "error"})
 
@@ -62,8 +65,9 @@ class FactsCache(Protocol):
 
 
 class Gating(Protocol):
-    """admission.unresolved: gate -- is a gate controller alive to remove the gate?"""
-    def leader_fresh(self) -> bool: ...
+    """admission.unresolved: gate -- is a gate controller alive to remove the gate? `deadline`:
+    the answer may wait until then for a fresh look (webhook/lease.py)."""
+    def leader_fresh(self, deadline: float | None = None) -> bool: ...
 
 
 class EventRecorder(Protocol):
@@ -156,7 +160,7 @@ class AdmissionService:
             decision = decide(pod, resolution.results, policy, nodes=self.known_nodes())
             outcome = decision.outcome
             if outcome == "fail_open":
-                decision = self._unresolved(request, decision)
+                decision = self._unresolved(request, decision, start + self.deadline_seconds)
                 outcome = decision.outcome
         except Exception:  # a bug must not turn into a 500: the apiserver would apply failurePolicy
             log.exception("admission %s uid=%s failed", request.display_name, request.uid)
@@ -166,7 +170,7 @@ class AdmissionService:
         metrics.admission_finished(outcome, elapsed, len(warnings))
         _count_images(pod.images, resolution.results)
         self._report(request, pod, decision)
-        self._log(request, decision, outcome, warnings, elapsed)
+        self._log(request, decision, outcome, warnings, elapsed, resolution.results)
         return Answer(200, review_response(request, decision, warnings=warnings,
                                                     audit_annotations=_audit(decision, outcome)))
 
@@ -213,13 +217,16 @@ class AdmissionService:
                                              revalidate=pod.always_pulled, limit=self.max_images)
         return Resolution(results, tuple(credentials.warnings))
 
-    def _unresolved(self, request: AdmissionRequest, decision: Decision) -> Decision:
+    def _unresolved(self, request: AdmissionRequest, decision: Decision, deadline: float
+                    ) -> Decision:
         """An image was not resolved in time: gate the pod when a gate controller is alive to
         release it, else admit it unplaced and tell its owner with a Warning Event."""
         pod = request.pod
         assert pod is not None
         if self.unresolved == "gate":
-            if self.gating is not None and self.gating.leader_fresh():
+            # The Lease's deadline is time.monotonic()'s, the service's clock may be a test's.
+            wait_until = time.monotonic() + max(0.0, deadline - self.clock())
+            if self.gating is not None and self.gating.leader_fresh(wait_until):
                 return replace(decision, patch=gate_patch(pod, decision.patch), outcome="gated",
                                reason="gated until its images are read", warnings=(
                                    ("the pod waits (SchedulingGated) for archway to read its "
@@ -246,7 +253,7 @@ class AdmissionService:
                                   "pod admitted unchanged",))
 
     def _log(self, request: AdmissionRequest, decision: Decision, outcome: str, warnings,
-             elapsed: float) -> None:
+             elapsed: float, results: dict) -> None:
         # A log line costs as much as the decision itself: by default only what needs a look.
         level = logging.INFO if self.log_every or outcome in _WORTH_A_LINE else logging.DEBUG
         if not log.isEnabledFor(level):
@@ -255,13 +262,34 @@ class AdmissionService:
         archs = ",".join(sorted(decision.architectures)) if decision.architectures else "-"
         # A denial's reason is its message: the words the pod's creator saw.
         reason = decision.message if not decision.allowed and decision.message else decision.reason
+        failed = failed_images(images, results)
+        listed = "; failed: " + ", ".join(f"{f['image']} ({f['error']}: {f['detail']})"
+                                          for f in failed[:_LOGGED_FAILURES]) if failed else ""
+        if len(failed) > _LOGGED_FAILURES:
+            listed += f", and {len(failed) - _LOGGED_FAILURES} more"
         log.log(level, "admission %s uid=%s images=%d archs=%s outcome=%s (%s) warnings=%d "
-                       "%.1f ms%s",
+                       "%.1f ms%s%s",
                 request.display_name, request.uid, len(images), archs, outcome, reason,
-                len(warnings), elapsed * 1000, " dry-run" if request.dry_run else "",
+                len(warnings), elapsed * 1000, " dry-run" if request.dry_run else "", listed,
                 extra={"pod": request.display_name, "uid": request.uid, "outcome": outcome,
                        "reason": reason, "architectures": archs,
-                       "duration_ms": round(elapsed * 1000, 1), "dry_run": request.dry_run})
+                       "duration_ms": round(elapsed * 1000, 1), "dry_run": request.dry_run,
+                       **({"failed_images": failed[:_LOGGED_FAILURES]} if failed else {})})
+
+
+def failed_images(images, results: dict) -> list[dict]:
+    """For the log: each image without an answer, the kind of failure (the words its warning
+    uses) and the error's own message (an operator's detail: URLs in it carry no password)."""
+    failed = []
+    for image in dict.fromkeys(images):
+        result = results.get(image)
+        if isinstance(result, ImageInfo):
+            continue
+        detail = " ".join(str(result).split())[:_DETAIL_CHARS] if result is not None \
+            else "no answer before the admission deadline"
+        failed.append({"image": display_image(image), "error": classify_error(result).words,
+                       "detail": detail})
+    return failed
 
 
 def _audit(decision: Decision, outcome: str) -> dict:

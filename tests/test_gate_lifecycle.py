@@ -1,0 +1,262 @@
+"""The gate controller's life beside the webhook (issue 21): gating from the first admission
+/readyz lets in, a controller that dies is started again and shows on the health endpoints, and
+it starts from any working directory. A real `archway serve` against the stand-in API server
+(the lead's real control plane harness adds end-to-end runs of the same).
+
+The pods' images name a registry port nobody listens on: every lookup fails at once, so every
+admission is a miss decided as soon as it arrives (the strictest case for the Lease's view)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import requests
+import yaml
+
+from archway.config import config_from_dict
+from archway.webhook import supervisor
+from archway.webhook.lease import lease_path
+from tests.infra.apiserver import FakeApiServer
+from tests.infra.clock import ManualClock
+from tests.infra.procs import REPO, Server, free_port, wait_until
+
+pytestmark = pytest.mark.slow
+
+LEASE = 3.0
+LEASE_NS = "archway"
+
+
+def review(image: str) -> dict:
+    name = f"p-{uuid.uuid4().hex[:8]}"
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "operation": "CREATE", "namespace": "team", "name": name,
+        "object": {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": name, "namespace": "team"},
+                   "spec": {"containers": [{"name": "c", "image": image}]}}}}
+
+
+class Archway:
+    def __init__(self, tmp_path, kubeconfig: str, *, cwd=REPO, workers=2):
+        self.port = free_port()
+        self.down_registry = f"127.0.0.1:{free_port()}"   # refuses connections
+        state = tmp_path / "state"
+        config = {"server": {"state_dir": str(state), "workers": workers, "threads": 4},
+                  "admission": {"deadline_seconds": 1.0, "unresolved": "gate",
+                                "gate_max_seconds": 60, "gate_lease_seconds": LEASE},
+                  "registry": {"insecure_hosts": [self.down_registry], "timeout_seconds": 1.0},
+                  "kubernetes": {"kubeconfig": kubeconfig, "namespace": LEASE_NS}}
+        path = tmp_path / "archway.yaml"
+        path.write_text(yaml.safe_dump(config))
+        self.log_path = str(tmp_path / "archway.log")
+        env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"))
+        self.server = Server([sys.executable, "-m", "archway.cli", "--config", str(path), "serve",
+                              "--bind", f"127.0.0.1:{self.port}"], port=self.port,
+                             log_path=self.log_path, cwd=cwd, env=env, ready_timeout=30)
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.ca = str(state / "tls" / "ca.crt")
+
+    def get(self, path: str) -> requests.Response:
+        """On a connection of its own: whichever worker the kernel picks answers."""
+        with requests.Session() as session:
+            session.trust_env = False
+            return session.get(self.url + path, verify=self.ca, timeout=10,
+                               headers={"Connection": "close"})
+
+    def admit_miss(self) -> dict:
+        with requests.Session() as session:
+            session.trust_env = False
+            answer = session.post(self.url + "/mutate", verify=self.ca, timeout=10,
+                                  json=review(f"{self.down_registry}/app/x:1"),
+                                  headers={"Connection": "close"})
+        assert answer.status_code == 200, answer.text
+        return answer.json()["response"]
+
+    def metric(self, name: str) -> float:
+        for line in self.get("/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return 0.0
+
+    def controller_pids(self) -> list[int]:
+        pids = []
+        for task in os.listdir(f"/proc/{self.server.proc.pid}/task"):
+            with open(f"/proc/{self.server.proc.pid}/task/{task}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+        return [p for p in pids if b"gatecontroller" in _cmdline(p)]
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def ready_facts(archway: Archway) -> dict | None:
+    """/readyz's facts once several answers in a row (any worker) are ready, else None."""
+    answers = [archway.get("/readyz") for _ in range(6)]
+    return answers[-1].json() if all(a.status_code == 200 for a in answers) else None
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+@pytest.fixture
+def api():
+    server = FakeApiServer()
+    yield server
+    server.stop()
+
+
+def test_every_admission_after_readyz_is_gated_from_the_first(api, tmp_path):
+    """Issue 21, item 1: /readyz answered 200 while the workers' Lease observers had not seen
+    the controller take the Lease, and the first misses were admitted ungated."""
+    archway = Archway(tmp_path, api.kubeconfig(str(tmp_path)))
+    try:
+        wait_until(lambda: archway.get("/readyz").status_code == 200, 30, "/readyz")
+        # Straight away, each on a new connection (both workers), as the apiserver would.
+        answers = [archway.admit_miss() for _ in range(8)]
+        assert [a["auditAnnotations"]["outcome"] for a in answers] == ["gated"] * 8, answers
+        assert api.get(lease_path(LEASE_NS))["spec"]["holderIdentity"]
+        facts = archway.get("/readyz").json()
+        assert facts["gate_controller"] == "leader alive"
+        assert facts["gate_controller_process"].startswith("running (pid ")
+    finally:
+        archway.stop()
+    assert "Traceback" not in archway.log()
+
+
+def test_readyz_does_not_wait_for_an_api_that_cannot_be_reached(tmp_path):
+    """The Lease unreadable: ready after the bounded start-up wait, saying why nothing is gated
+    (a webhook without endpoints would hold up every pod of the cluster)."""
+    unreachable = FakeApiServer()
+    kubeconfig = unreachable.kubeconfig(str(tmp_path))
+    unreachable.stop()   # its port now refuses connections
+    archway = Archway(tmp_path, kubeconfig)
+    try:
+        start = time.monotonic()
+        wait_until(lambda: archway.get("/readyz").status_code == 200, 30, "/readyz")
+        assert time.monotonic() - start < 15
+        # Each worker is ready on its own (a new connection reaches either): both within bounds.
+        facts = wait_until(lambda: ready_facts(archway), 15, "every worker ready")
+        assert facts["gate_controller"].startswith("no leader (Lease archway/")
+        assert "unreadable" in facts["gate_controller"]
+        answer = archway.admit_miss()
+        assert answer["allowed"] and answer["auditAnnotations"]["outcome"] == "fail_open"
+        assert "no archway gate controller is running" in " ".join(answer["warnings"])
+        assert archway.get("/healthz").status_code == 200
+    finally:
+        archway.stop()
+
+
+def test_a_killed_controller_is_started_again_counted_and_shown(api, tmp_path):
+    """Issue 21, item 2: after SIGKILL the controller stayed dead, gating off until the pod
+    restarted, and /readyz said nothing."""
+    archway = Archway(tmp_path, api.kubeconfig(str(tmp_path)))
+    try:
+        wait_until(lambda: archway.get("/readyz").status_code == 200, 30, "/readyz")
+        first, = archway.controller_pids()
+        holder = api.get(lease_path(LEASE_NS))["spec"]["holderIdentity"]
+        os.kill(first, signal.SIGKILL)
+        second, = wait_until(lambda: [p for p in archway.controller_pids() if p != first], 10,
+                             "the controller to be started again")
+        assert archway.metric("archway_gate_controller_restarts_total") == 1
+        assert f"gate controller (pid {first}) killed by SIGKILL" in archway.log()
+        process = archway.get("/readyz").json()["gate_controller_process"]
+        assert process.startswith(f"running (pid {second}") and "restarted 1 time" in process
+        assert archway.get("/healthz").json() == {"status": "ok"}
+        # The new process takes the Lease over once the dead one's has expired: gating again.
+        wait_until(lambda: api.get(lease_path(LEASE_NS))["spec"]["holderIdentity"] != holder,
+                   LEASE + 10, "the takeover")
+        wait_until(lambda: archway.admit_miss()["auditAnnotations"]["outcome"] == "gated", 10,
+                   "gating again")
+    finally:
+        archway.stop()
+    assert not [p for p in (first, second) if _cmdline(p)], "a controller outlived the server"
+
+
+def test_the_controller_starts_from_a_directory_holding_an_archway_folder(api, tmp_path,
+                                                                         monkeypatch):
+    """Issue 21, item 3: `python -m archway.webhook.gatecontroller` from a checkout imported
+    the checkout's archway/ and died (No module named 'archway.webhook'); gating was off."""
+    shadow = tmp_path / "checkout"
+    (shadow / "archway").mkdir(parents=True)
+    (shadow / "archway" / "__init__.py").write_text("raise SystemExit('the shadow was imported')\n")
+    monkeypatch.chdir(shadow)
+    config = config_from_dict({
+        "admission": {"unresolved": "gate", "gate_lease_seconds": LEASE},
+        "kubernetes": {"kubeconfig": api.kubeconfig(str(tmp_path)), "namespace": LEASE_NS}})
+    process = supervisor.start_process(config)
+    try:
+        lease = wait_until(lambda: process.poll() is None and api.get(lease_path(LEASE_NS)),
+                           20, "the controller to take the Lease")
+        assert lease["spec"]["holderIdentity"]
+    finally:
+        supervisor.stop_process(process)
+    assert process.returncode == 0
+
+
+def test_the_supervisor_backs_off_and_starts_afresh_after_a_stable_run(tmp_path):
+    clock = ManualClock()
+    status = str(tmp_path / "status.json")
+    exits = []
+    program = {"code": "import sys; sys.exit(3)"}
+
+    def start():
+        return subprocess.Popen([sys.executable, "-c", program["code"]])
+
+    keeper = supervisor.Supervisor(start, status, clock=clock, on_exit=exits.append)
+    delays = []
+    for _ in range(7):
+        keeper.tick()                                   # started
+        keeper.process.wait(10)
+        keeper.tick()                                   # seen dead
+        state = json.loads(open(status).read())
+        assert state["state"] == "restarting" and state["last_exit"] == "exited with status 3"
+        delays.append(round(state["next_start"] - state["since"]))
+        clock.now += 60
+    assert delays == [1, 2, 4, 8, 16, 30, 30] and len(exits) == 7 and keeper.restarts == 6
+    program["code"] = "import time; time.sleep(60)"
+    keeper.tick()
+    started = keeper.process
+    clock.now += supervisor.STABLE_SECONDS
+    keeper.tick()                                       # ran long enough: back-off forgotten
+    started.kill()
+    started.wait(10)
+    keeper.tick()
+    state = json.loads(open(status).read())
+    assert state["last_exit"] == "killed by SIGKILL"
+    assert round(state["next_start"] - state["since"]) == 1
+    keeper.stop()
+    assert json.loads(open(status).read())["state"] == "stopped"
+
+
+def test_what_the_health_endpoints_say_about_the_controller_process():
+    now = 10_000.0
+    running = {"state": "running", "pid": 7, "since": now - 30, "restarts": 2,
+               "last_exit": "killed by SIGKILL", "next_start": None, "heartbeat": now - 1}
+    assert supervisor.process_fact(running, now) == "running (pid 7, up 30 s, restarted 2 times)"
+    assert supervisor.process_problem(running, now) is None
+    down = dict(running, state="restarting", since=now - 20, next_start=now + 4)
+    assert supervisor.process_fact(down, now) == (
+        "not running: killed by SIGKILL; starting again in 4 s, restarted 2 times")
+    assert supervisor.process_problem(down, now) is None   # being brought back: liveness holds
+    long_down = dict(down, since=now - supervisor.DOWN_LIMIT_SECONDS - 1)
+    assert "has not been running for 91 s (killed by SIGKILL)" in supervisor.process_problem(
+        long_down, now)
+    silent = dict(running, heartbeat=now - supervisor.HEARTBEAT_LIMIT_SECONDS - 5)
+    assert "has not looked after the gate controller for 20 s" in supervisor.process_problem(
+        silent, now)
+    assert supervisor.process_problem(dict(silent, state="stopped"), now) is None
+    assert supervisor.process_fact(None, now) == "not run by this server"

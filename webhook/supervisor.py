@@ -1,0 +1,230 @@
+"""The gate controller's process, kept running by `archway serve`'s master.
+
+    start (a fresh interpreter, `-P`: no working directory can shadow the installed package)
+      -> the master looks at it every turn of its loop (at least once a second)
+      -> died: restarted after 1 s, 2 s, 4 s ... RESTART_MAX_SECONDS (back to 1 s once it has
+         run STABLE_SECONDS), each restart counted in archway_gate_controller_restarts_total
+      -> the server stops: SIGTERM (it gives the Lease up), SIGKILL after a grace
+
+What it is doing goes into a small JSON file in the server's run directory, its mtime touched at
+every turn: the workers read it for /readyz (a fact, never a reason to refuse admissions: the
+webhook answers correctly without its own controller) and /healthz (failing when nobody brings
+the controller back: the master stopped turning, or it has been down for DOWN_LIMIT_SECONDS, so
+the kubelet restarts the pod). `process_problem` and `process_fact` decide that, without I/O.
+"""
+import json
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+log = logging.getLogger("archway.gate")
+
+RESTART_MIN_SECONDS = 1.0
+RESTART_MAX_SECONDS = 30.0
+STABLE_SECONDS = 60.0         # a controller that ran this long starts the back-off afresh
+DOWN_LIMIT_SECONDS = 90.0     # down this long (several restarts failed): /healthz fails
+HEARTBEAT_LIMIT_SECONDS = 15.0  # the master has not looked for this long: /healthz fails
+STATUS_FILE = "gate-controller.json"
+
+
+def start_process(config) -> subprocess.Popen:
+    """The controller in a fresh process of its own: nothing inherited from gunicorn's master
+    (its threads, its signal handlers), and nothing the workers it forks later would inherit.
+    `-P`: the working directory is not put on sys.path, so a folder named `archway` there (a
+    checkout) cannot replace the installed package; PYTHONPATH still counts (the image sets it).
+    The config travels pickled on stdin (it is the server's own, already checked)."""
+    process = subprocess.Popen([sys.executable, "-P", "-m", "archway.webhook.gatecontroller"],
+                               stdin=subprocess.PIPE)
+    assert process.stdin is not None
+    try:
+        process.stdin.write(pickle.dumps(config))
+        process.stdin.close()
+    except OSError:   # it died at once: the supervisor sees it exit
+        pass
+    return process
+
+
+def stop_process(process: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()   # SIGTERM: it gives the Lease up and exits
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+class Supervisor:
+    """Keeps one controller process running; `tick()` is called by the master's loop."""
+
+    def __init__(self, start, status_path: str | None, *, clock=time.monotonic, wall=time.time,
+                 on_exit=None):
+        self._start = start            # () -> subprocess.Popen
+        self.status_path = status_path
+        self._clock = clock
+        self._wall = wall
+        self._on_exit = on_exit        # (pid) -> None: a dead process's metrics files
+        self.process: subprocess.Popen | None = None
+        self.restarts = 0
+        self._failures = 0             # deaths since it last ran STABLE_SECONDS
+        self._started_at = 0.0
+        self._next_start = 0.0
+        self._since = wall()           # wall time of the last change of state
+        self._last_exit: str | None = None
+        self._stopping = False
+
+    def tick(self) -> None:
+        """Start it the first time, look at it, start it again when due."""
+        if self._stopping:
+            return
+        now = self._clock()
+        if self.process is not None:
+            code = self.process.poll()
+            if code is None:
+                if self._failures and now - self._started_at >= STABLE_SECONDS:
+                    self._failures = 0
+                self._touch()
+                return
+            self._died(code, now)
+        if now >= self._next_start:
+            self._launch()
+        else:
+            self._touch()
+
+    def reap(self) -> None:
+        """Collect the controller's exit status before gunicorn's waitpid(-1) reaps every child
+        (it would be lost: Popen then reports 0)."""
+        if self.process is not None:
+            self.process.poll()
+
+    def stop(self) -> None:
+        self._stopping = True
+        process, self.process = self.process, None
+        stop_process(process)
+        if process is not None and self._on_exit is not None:
+            self._on_exit(process.pid)
+        self._write("stopped")
+
+    def _died(self, code: int, now: float) -> None:
+        assert self.process is not None
+        pid = self.process.pid
+        self.process = None
+        if self._on_exit is not None:
+            self._on_exit(pid)
+        self._last_exit = describe_exit(code)
+        delay = min(RESTART_MAX_SECONDS, RESTART_MIN_SECONDS * 2 ** self._failures)
+        self._failures += 1
+        self._next_start = now + delay
+        self._since = self._wall()
+        log.error("gate controller (pid %d) %s; starting it again in %.0f s", pid,
+                  self._last_exit, delay)
+        self._write("restarting")
+
+    def _launch(self) -> None:
+        now = self._clock()
+        restart = self._last_exit is not None
+        try:
+            self.process = self._start()
+        except OSError as e:   # no memory, no file descriptors...: tried again after a pause
+            delay = min(RESTART_MAX_SECONDS, RESTART_MIN_SECONDS * 2 ** self._failures)
+            self._failures += 1
+            self._next_start = now + delay
+            self._last_exit = f"could not be started: {e.strerror or e}"
+            log.error("gate controller %s; trying again in %.0f s", self._last_exit, delay)
+            self._write("restarting")
+            return
+        self._started_at = now
+        if restart:
+            self.restarts += 1
+            from archway import metrics
+            metrics.GATE_CONTROLLER_RESTARTS.inc()
+            log.warning("gate controller started again (pid %d, restart %d)",
+                        self.process.pid, self.restarts)
+        self._since = self._wall()
+        self._write("running")
+
+    def _write(self, state: str) -> None:
+        if self.status_path is None:
+            return
+        status = {"state": state, "pid": self.process.pid if self.process else None,
+                  "since": self._since, "restarts": self.restarts, "last_exit": self._last_exit,
+                  "next_start": (self._wall() + max(0.0, self._next_start - self._clock())
+                                 if state == "restarting" else None)}
+        temporary = f"{self.status_path}.{os.getpid()}.tmp"
+        try:
+            with open(temporary, "w", encoding="utf-8") as f:
+                json.dump(status, f)
+            os.replace(temporary, self.status_path)
+        except OSError as e:
+            log.warning("cannot write the gate controller's status %s: %s", self.status_path, e)
+
+    def _touch(self) -> None:
+        if self.status_path is not None:
+            try:
+                os.utime(self.status_path)
+            except OSError:
+                self._write("running" if self.process is not None else "restarting")
+
+
+# --- what the workers read -----------------------------------------------------------------------
+
+def read_status(path: str | None) -> dict | None:
+    """The supervisor's status with `heartbeat` (the file's mtime) added; None: this server
+    runs no controller (or its status cannot be read yet)."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            status = json.loads(f.read(4096))
+            status["heartbeat"] = os.fstat(f.fileno()).st_mtime
+    except (OSError, ValueError):
+        return None
+    return status if isinstance(status, dict) else None
+
+
+def process_fact(status: dict | None, now: float) -> str:
+    """What /readyz says about this server's controller process."""
+    if status is None:
+        return "not run by this server"
+    restarts = int(status.get("restarts") or 0)
+    again = f", restarted {restarts} time{'s' if restarts != 1 else ''}" if restarts else ""
+    state = status.get("state")
+    if state == "running":
+        return f"running (pid {status.get('pid')}, up {now - float(status['since']):.0f} s{again})"
+    if state == "restarting":
+        wait = max(0.0, float(status.get("next_start") or now) - now)
+        return (f"not running: {status.get('last_exit')}; starting again in {wait:.0f} s"
+                f"{again}")
+    return str(state)
+
+
+def process_problem(status: dict | None, now: float) -> str | None:
+    """Why /healthz fails: the controller is down and nothing brings it back."""
+    if status is None or status.get("state") == "stopped":
+        return None
+    silent = now - float(status.get("heartbeat") or now)
+    if silent > HEARTBEAT_LIMIT_SECONDS:
+        return (f"the server's master has not looked after the gate controller for "
+                f"{silent:.0f} s")
+    if status.get("state") == "restarting":
+        down = now - float(status.get("since") or now)
+        if down > DOWN_LIMIT_SECONDS:
+            return (f"the gate controller has not been running for {down:.0f} s "
+                    f"({status.get('last_exit')})")
+    return None
