@@ -253,12 +253,35 @@ class PrometheusSettings:
     match: str = choice("name", "address")  # name: short/FQDN tolerant; address: IP:port vs node
 
 
+def _fraction(value: Any, key: str) -> float:
+    """A share of a whole: above 0, at most 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError(f"{key} must be a fraction above 0 and at most 1 (0.8 is 80 %), "
+                          f"got {_shown(value)}")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class ExtenderSettings:
     deadline_seconds: float = 2.0         # well below kube-scheduler's 5 s httpTimeout
     node_cache: bool = True               # list+watch nodes for NodeNames (nodeCacheCapable) mode
     herd_control: bool = True             # count pods placed since the last traffic sample
     default_pod_bytes_per_second: float = number(1_000_000.0)  # a placed pod's traffic, unknown
+    # Link utilisation above which /scheduler/filter turns a node away (FailedNodes) unless every
+    # candidate is above it; None: no ceiling.
+    max_utilisation: float | None = checked(lambda: None, _fraction)
+
+
+@dataclass(frozen=True)
+class RemediationSettings:
+    # An exec format error on a node of arch X keeps the workload's new pods off X
+    # (annotation archway.dev/failed-architectures on the workload).
+    learn_failed_architectures: bool = True
+    evict: bool = False                   # evict the failing pods (Eviction API, PDBs respected)
+    # The gate controller's leader checks the tags of the cluster's workloads every
+    # registry.cache.tag_ttl_seconds: a tag moved to a digest lacking an architecture the old one
+    # had raises ArchitecturesDropped.
+    watch_tags: bool = True
 
 
 @dataclass(frozen=True)
@@ -271,6 +294,7 @@ class Config:
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
     extender: ExtenderSettings = field(default_factory=ExtenderSettings)
+    remediation: RemediationSettings = field(default_factory=RemediationSettings)
 
 
 def load_config(path: str | None = None) -> Config:

@@ -114,6 +114,20 @@ GATE_CONTROLLER_RESTARTS = Counter(
     "archway_gate_controller_restarts_total",
     "Times archway serve started its gate controller process again after it died")
 
+# --- the closed loop (remediation; the leading gate controller) --------------------------------
+EXEC_FORMAT_ERRORS = Counter(
+    "archway_exec_format_errors_total",
+    "Containers seen failing to start with exec format error, by the architecture of their "
+    "node (each container of a pod counted once)", ["architecture"])
+ARCHITECTURES_DROPPED = Counter(
+    "archway_image_architectures_dropped_total",
+    "Tags found naming a new digest that lacks an architecture the previous digest had, by the "
+    "architecture dropped", ["architecture"])
+REMEDIATION_EVICTIONS = Counter(
+    "archway_remediation_evictions_total",
+    "Evictions of pods failing with exec format error (remediation.evict), by outcome: evicted, "
+    "blocked (a PodDisruptionBudget refused it for now; asked again), failed", ["outcome"])
+
 # --- registry and cache -------------------------------------------------------------------------
 CACHE_LOOKUPS = Counter(
     "archway_cache_lookups_total",

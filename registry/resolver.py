@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -92,6 +93,9 @@ class Resolver:
         self.fetch_timeout = self.settings.timeout_seconds * 2
         self._shared = shared  # lookups shared with the server's other worker processes
         self._library_host = urlsplit(self.sif.library_url).netloc or "library.sylabs.io"
+        # Told (reference, old answer, new answer) when a revalidation finds a tag naming another
+        # digest: archway.webhook.remediation raises ArchitecturesDropped from it.
+        self.tag_moved: Callable[[ImageReference, ImageInfo, ImageInfo], None] | None = None
 
     @property
     def cache_size(self) -> int:
@@ -243,6 +247,11 @@ class Resolver:
             return answer
         _count_revalidation("unchanged" if answer.digest == old.digest else "changed")
         self._remember(key, ref, answer, keep)
+        if answer.digest != old.digest and self.tag_moved is not None:
+            try:
+                self.tag_moved(ref, old, answer)
+            except Exception:   # an observer's bug must not cost the answer
+                log.exception("tag_moved observer failed for %s", ref)
         return answer
 
     def _ask(self, key: tuple, ref: ImageReference, keyring: Keyring,

@@ -62,6 +62,13 @@ CASES = {
                                   '"kubernetes.io/arch", "operator": "Equal", "value": "arm64", '
                                   '"effect": "NoSchedule"}]}'],
     "no-prewarm": ["--set", "config.registry.prewarm.enabled=false"],
+    "remediation-off": ["--set", "config.registry.prewarm.enabled=false",
+                        "--set", "config.remediation.learn_failed_architectures=false",
+                        "--set", "config.remediation.watch_tags=false"],
+    "remediation-off-prewarm-on": ["--set", "config.remediation.learn_failed_architectures=false",
+                                   "--set", "config.remediation.watch_tags=false"],
+    "remediation-evict": ["--set", "config.remediation.evict=true",
+                          "--set-json", "config.extender.max_utilisation=0.8"],
     "unresolved-admit": ["--set", "config.admission.unresolved=admit",
                          "--set", "config.placement.fallback_architectures={amd64}"],
     "no-renewal-custom-config": ["--set", "tls.bootstrap.renewal.enabled=false",
@@ -209,7 +216,8 @@ def test_alert_expressions_pass_promtool(render, tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     alerts = {r["alert"]: r["expr"] for r in rule["spec"]["groups"][0]["rules"]}
     assert set(alerts) == {"ArchwayWebhookDown", "ArchwayHighFailOpenRate", "ArchwayPrometheusDataStale",
-                           "ArchwayCertificateExpiresSoon", "ArchwayPodsGatedTooLong"}
+                           "ArchwayCertificateExpiresSoon", "ArchwayPodsGatedTooLong",
+                           "ArchwayImageDroppedArchitecture"}
     # pods gated longer than half of admission.gate_max_seconds (120 by default)
     assert alerts["ArchwayPodsGatedTooLong"].endswith(") > 60")
     assert "archway_gate_oldest_seconds" in alerts["ArchwayPodsGatedTooLong"]
@@ -248,6 +256,9 @@ def test_alert_expressions_pass_promtool(render, tmp_path):
     (["--set", "config.admission.mode=off"], "mode"),
     (["--set", "config.placement.preferred_architectures.arm64=101"], "arm64"),
     (["--set", "config.placement.scheduler_name=x"], "scheduler_name"),
+    (["--set-json", "config.extender.max_utilisation=1.5"], "max_utilisation"),
+    (["--set", "config.remediation.evict=maybe"], "evict"),
+    (["--set", "config.remediation.learn=true"], "learn"),
 ])
 def test_schema_rejects_wrong_values(helm_env, values, complaint):
     result = helm(helm_env, "lint", "--strict", CHART, *values, check=False)
@@ -416,11 +427,12 @@ def test_bootstrap_mode_jobs_and_rbac(render):
                                 "verbs": ["list", "watch"]},
                                # pre-warming (config.registry.prewarm.enabled, on by default)
                                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+                               # and the workload caches (config.remediation, on by default)
                                {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets",
                                                                      "daemonsets", "replicasets"],
-                                "verbs": ["list"]},
+                                "verbs": ["list", "watch"]},
                                {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"],
-                                "verbs": ["list"]}]
+                                "verbs": ["list", "watch"]}]
 
 
 def test_cert_manager_mode(render):
@@ -1097,7 +1109,12 @@ def test_the_chart_gates_with_least_privilege_and_releases_on_uninstall(render):
     controller = one(docs, "ClusterRole", f"{RELEASE}-archway-gate-controller")
     assert controller["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "update"]},
-        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}]
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        # config.remediation.learn_failed_architectures: a failing pod's workloads read, and
+        # what was learned merged into their annotations; no update, no eviction by default
+        {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets", "daemonsets",
+                                              "replicasets"], "verbs": ["get", "patch"]},
+        {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": ["get", "patch"]}]
     lease = one(docs, "Role", f"{RELEASE}-archway-gate-lease")
     assert lease["metadata"]["namespace"] == NS
     assert lease["rules"] == [
@@ -1161,11 +1178,37 @@ def test_the_chart_schema_lets_every_config_key_through():
 
 
 def test_pre_warming_off_drops_the_workload_list_rules(render):
-    def lists_workloads(case):
+    def verbs(case, resource):
         reader = one(render(case), "ClusterRole", f"{RELEASE}-archway-pull-secret-reader")
-        return any("deployments" in rule["resources"] for rule in reader["rules"])
+        return [rule["verbs"] for rule in reader["rules"] if resource in rule["resources"]]
 
-    assert lists_workloads("default") and not lists_workloads("no-prewarm")
+    assert verbs("default", "pods") == [["list"]] and verbs("no-prewarm", "pods") == []
+    # the workload caches of config.remediation still list and watch them
+    assert verbs("no-prewarm", "deployments") == [["list", "watch"]]
+    assert verbs("remediation-off", "deployments") == []
+    assert verbs("remediation-off-prewarm-on", "deployments") == [["list"]]
+
+
+def test_remediation_rbac_follows_its_switches(render):
+    """Least privilege: patch on the workload kinds only while archway learns, get always (the
+    Events name a failing pod's workload), pods/eviction only with remediation.evict."""
+    def rules(case):
+        return one(render(case), "ClusterRole", f"{RELEASE}-archway-gate-controller")["rules"]
+
+    def verbs(case, resource):
+        return [r["verbs"] for r in rules(case) if resource in r["resources"]]
+
+    assert verbs("default", "deployments") == [["get", "patch"]]
+    assert verbs("default", "cronjobs") == [["get", "patch"]]
+    assert verbs("default", "pods/eviction") == []
+    assert verbs("remediation-evict", "pods/eviction") == [["create"]]
+    assert verbs("remediation-off", "deployments") == [["get"]]
+    assert verbs("remediation-off", "pods/eviction") == []
+    for case in ("default", "remediation-evict", "remediation-off"):
+        assert not [r for r in rules(case) if {"update", "delete", "*"} & set(r["verbs"])
+                    and r["resources"] != ["pods"]]
+    evict = config_from_dict(archway_configs(render("remediation-evict"))["webhook.yaml"])
+    assert evict.remediation.evict and evict.remediation.learn_failed_architectures
 
 
 # --- a newcomer's install: long release names, emptied maps, labels, probes, notes, alerts -------
@@ -1415,6 +1458,51 @@ def test_webhook_down_alert_fires_only_when_a_scrape_says_so(helm_env, tmp_path,
     result = subprocess.run([require_binary("promtool"), "test", "rules", "tests.yaml"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dropped_architecture_alert_fires_for_an_hour_after_a_drop(helm_env, tmp_path):
+    """promtool's rule unit tests of ArchwayImageDroppedArchitecture: a tag re-pushed without
+    arm64 (the counter goes up once) fires with the architecture at once and stops an hour later;
+    a counter that never moves (or a new process starting at 0) does not fire. Without
+    remediation.watch_tags nothing counts, and the chart leaves the alert out."""
+    def rule_of(*values):
+        out = helm(helm_env, "template", RELEASE, CHART, "-n", NS,
+                   "--set", "metrics.prometheusRule.enabled=true", *values).stdout
+        return one([d for d in yaml.safe_load_all(out) if d], "PrometheusRule")
+
+    rule = rule_of()
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    alert = next(r for g in rule["spec"]["groups"] for r in g["rules"]
+                 if r.get("alert") == "ArchwayImageDroppedArchitecture")
+    assert alert["annotations"]["runbook_url"].endswith("/ArchwayImageDroppedArchitecture.md")
+    assert os.path.exists(os.path.join(REPO, "docs", "runbooks",
+                                       "ArchwayImageDroppedArchitecture.md"))
+    series = f'archway_image_architectures_dropped_total{{job="{RELEASE}-archway",namespace="{NS}"'
+
+    def case(name, values, at, fired):
+        labels = {**alert["labels"], "architecture": "arm64"}
+        expected = [{"exp_labels": labels, "exp_annotations": {
+            **alert["annotations"],
+            "summary": "An image tag used by a workload no longer offers arm64.",
+            "description": alert["annotations"]["description"].replace(
+                "{{ $labels.architecture }}", "arm64")}}] if fired else []
+        return {"name": name, "interval": "1m", "input_series": [
+            {"series": series + ',pod="a",architecture="arm64"}', "values": values}],
+            "alert_rule_test": [{"eval_time": at, "alertname": "ArchwayImageDroppedArchitecture",
+                                 "exp_alerts": expected}]}
+
+    tests = [case("a tag dropped arm64 ten minutes ago", "0x10 1x100", "20m", True),
+             case("an hour and more after the drop", "0x10 1x100", "80m", False),
+             case("nothing dropped", "0x100", "50m", False),
+             case("a new leader's counter starts at 0", "_x10 0x100", "50m", False)]
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(
+        {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}))
+    result = subprocess.run([require_binary("promtool"), "test", "rules", "tests.yaml"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    quiet = rule_of("--set", "config.remediation.watch_tags=false")
+    assert "ArchwayImageDroppedArchitecture" not in {r.get("alert") for g in quiet["spec"]["groups"]
+                                                    for r in g["rules"]}
 
 
 # --- the image a plain install runs, and the chart README's quickstart --------------------------

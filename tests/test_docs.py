@@ -63,7 +63,8 @@ def chart_alerts() -> set[str]:
 
 def test_runbook_index_and_chart_readme_list_every_alert():
     alerts = chart_alerts()
-    assert "ArchwayPodsGatedTooLong" in alerts and len(alerts) == 5
+    assert {"ArchwayPodsGatedTooLong", "ArchwayImageDroppedArchitecture"} <= alerts
+    assert len(alerts) == 6
     pages = {f[:-3] for f in os.listdir(RUNBOOKS) if f.endswith(".md") and f != "README.md"}
     assert pages == alerts
     index = read("docs", "runbooks", "README.md")
@@ -97,7 +98,7 @@ def config_section_text(values_text: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("section", ["registry", "sif", "admission", "placement", "kubernetes",
-                                     "prometheus", "extender"])
+                                     "prometheus", "extender", "remediation"])
 def test_values_comment_names_every_config_key(section):
     """What the chart passes through as `config.<section>` is named where an operator reads it."""
     text = config_section_text(read("charts", "archway", "values.yaml"))[section]

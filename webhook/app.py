@@ -34,9 +34,14 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
     if config.kubernetes.namespace_cache and config.kubernetes.enabled != "off":
         namespaces = NamespaceCache(lambda: build_api_client(config.kubernetes)[0])
         namespaces.ensure_started()   # in this worker: the first pods need it listed
+    workloads = None
+    if config.remediation.learn_failed_architectures and config.kubernetes.enabled != "off":
+        from .workloadcache import WorkloadCache
+        workloads = WorkloadCache(lambda: build_api_client(config.kubernetes)[0])
+        workloads.ensure_started()   # in this worker, like the namespace cache
     service = AdmissionService.from_config(
         config, resolver=state.resolver, pull_secrets=pull_secrets, namespaces=namespaces,
-        nodes=state.node_cache, gating=gating, events=events)
+        nodes=state.node_cache, gating=gating, events=events, workloads=workloads)
     app.extensions["archway.webhook"] = service
     prewarm = config.registry.prewarm
     if prewarm.enabled and getattr(pull_secrets, "api", None) is not None:

@@ -47,6 +47,11 @@ class ClusterReader:
         except ArchwayError:
             return None
 
+    def workload(self, kind: str, namespace: str, name: str) -> dict:
+        prefix, plural = WORKLOAD_LISTS[kind]
+        return self._get(f"get {kind} {namespace}/{name}",
+                         f"{prefix}/namespaces/{namespace}/{plural}/{name}")
+
     def nodes(self) -> list[dict]:
         return list(self._pages("list nodes", "/api/v1/nodes"))
 

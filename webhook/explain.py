@@ -22,6 +22,7 @@ import yaml
 from archway.errors import ArchwayError
 from archway.podview import PodShapeError, PodView
 
+from .learning import ANNOTATION_FAILED, Learned
 from .placement import Decision, Policy, decide, display_image
 from .workloads import Workload, workloads_in
 
@@ -36,6 +37,7 @@ class Explanation:
     decision: Decision
     annotations: dict | None = None   # a live pod's archway.dev/* annotations
     events: tuple = ()                # a live pod's (and its controller's) archway Events
+    learned: Learned | None = None    # what the live pod's workload learned (learning.py)
 
     @property
     def unreadable(self) -> list[str]:
@@ -61,11 +63,11 @@ class Explanation:
 
 
 def explain_workload(workload: Workload, results: dict, policy: Policy, *, nodes=None,
-                     annotations=None, events=()) -> Explanation:
+                     annotations=None, events=(), learned: Learned | None = None) -> Explanation:
     pod = _view(workload)
     mine = {image: results.get(image) for image in pod.images}
-    return Explanation(workload, mine, decide(pod, mine, policy, nodes=nodes), annotations,
-                       tuple(events))
+    return Explanation(workload, mine, decide(pod, mine, policy, nodes=nodes, learned=learned),
+                       annotations, tuple(events), learned)
 
 
 def load_manifests(text: str, origin: str) -> list:
@@ -154,6 +156,12 @@ def to_json(explanation: Explanation) -> dict:
     if explanation.annotations is not None:
         data["annotations"] = explanation.annotations
         data["events"] = list(explanation.events)
+        learned = explanation.learned
+        data["learned"] = None if learned is None else {
+            "workload": learned.workload, "architectures": sorted(learned.architectures),
+            "evidence": [e.to_json() for e in learned.evidence],
+            "excluded": sorted(d.excluded), "note": d.learned or None,
+            "problem": learned.problem or None}
     return data
 
 
@@ -178,6 +186,8 @@ def to_text(explanation: Explanation) -> str:
         lines.append("  runs on: unknown (no image told its architectures)")
     else:
         lines.append(f"  runs on: {', '.join(sorted(d.architectures))}")
+    if explanation.learned is not None:
+        lines += _learned_lines(explanation.learned, d)
     if d.would:
         lines.append(f"  audit mode: enforce would have {d.would}")
     if d.patch:
@@ -195,6 +205,22 @@ def to_text(explanation: Explanation) -> str:
             lines.append(f"  event {event['type']} {event['reason']} on "
                          f"{event['object']}: {event['message']}")
     return "\n".join(lines) + "\n"
+
+
+def _learned_lines(learned: Learned, d: Decision) -> list[str]:
+    lines = [f"  learned: {learned.workload} failed with exec format error on "
+             f"{', '.join(sorted(learned.architectures))} (annotation {ANNOTATION_FAILED})"]
+    for e in learned.evidence:
+        lines.append(f"    {e.architecture}: {display_image(e.image)}"
+                     f"{'@' + e.digest if e.digest and '@' not in e.image else ''}")
+    if learned.problem:
+        lines.append(f"    {learned.problem}")
+    if d.excluded:
+        lines.append(f"  kept off: {', '.join(sorted(d.excluded))} (new pods of "
+                     f"{learned.workload} are not placed there)")
+    elif d.learned:
+        lines.append(f"  not kept off: {d.learned}")
+    return lines
 
 
 def emit(explanations: list[Explanation], as_json: bool) -> int:
@@ -287,15 +313,35 @@ def explain_live_pod(name: str, namespace: str, config, policy: Policy,
                              timeout=timeout, keyring=credentials.keyring)
     nodes = [f for f in map(node_facts, _nodes(reader)) if f is not None]
     annotations = {k: v for k, v in pod.annotations.items() if k.startswith("archway.dev/")}
+    top = live_workload(reader, pod)
+    learned = top.learned if top is not None and config.remediation.learn_failed_architectures \
+        else None
     return explain_workload(workload, results, policy, nodes=nodes or None,
-                            annotations=annotations, events=archway_events(reader, pod))
+                            annotations=annotations,
+                            events=archway_events(reader, pod, top.object_name if top else None),
+                            learned=learned)
 
 
-def archway_events(reader, pod: PodView) -> list[dict]:
-    """archway's Events about the pod or its controller (admission Events go to the controller
-    when the pod had no name yet)."""
+def live_workload(reader, pod: PodView):
+    """The pod's top workload (workloadcache.WorkloadFacts) read through the API, or None (no
+    controller, a kind archway does not know, or not readable)."""
+    from .workloadcache import pod_owner, top_workload, workload_facts
+
+    def lookup(kind: str, namespace: str, name: str):
+        try:
+            return workload_facts(kind)(reader.workload(kind, namespace, name))
+        except ArchwayError:
+            return None
+    return top_workload(pod.namespace, pod_owner(pod), lookup)
+
+
+def archway_events(reader, pod: PodView, workload: str | None = None) -> list[dict]:
+    """archway's Events about the pod, its controller or its workload (admission Events go to
+    the controller when the pod had no name yet; exec format errors also to the workload)."""
     from .events import REPORTING_CONTROLLER
     names = {pod.name} | {o.name for o in pod.owner_references if o.controller}
+    if workload:
+        names.add(workload)
     found = []
     for event in reader.events(pod.namespace):
         regarding = event.get("regarding") or {}

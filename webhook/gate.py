@@ -19,6 +19,7 @@ from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import Platform
 
+from .learning import Learned
 from .placement import (
     ARCH_LABEL,
     Decision,
@@ -75,13 +76,15 @@ def unresolved(pod: PodView, results: dict) -> list[str]:
 
 
 def plan_release(obj: dict, results: dict, policy: Policy, *, expired: bool,
-                 fallback: tuple[str, ...] = (), waited: float = 0.0) -> Release | None:
+                 fallback: tuple[str, ...] = (), waited: float = 0.0,
+                 learned: Learned | None = None) -> Release | None:
     """The release of gated pod `obj` given its images' `results`; None: keep waiting (an image
-    is unresolved and the pod has not waited admission.gate_max_seconds yet)."""
+    is unresolved and the pod has not waited admission.gate_max_seconds yet). `learned`: what
+    its workload learned from exec format errors, as at admission."""
     pod = PodView.of(obj)
     policy = replace(policy, fail_closed=False)  # a gated pod exists: it can no longer be denied
     failed = unresolved(pod, results)
-    decision = decide(pod, results, policy)
+    decision = decide(pod, results, policy, learned=learned)
     if not decision.allowed or decision.architectures == frozenset():
         # More answers cannot help: a common architecture only ever shrinks as images are added.
         return _hold(obj, pod, results, decision)
@@ -89,6 +92,8 @@ def plan_release(obj: dict, results: dict, policy: Policy, *, expired: bool,
         return None
     if not failed:
         archs = decision.architectures
+        if archs and decision.excluded:
+            archs = archs - decision.excluded
         where = f"on {_join(archs)}" if archs else "without an arch constraint (no image told one)"
         return Release(_released(obj, decision), "placed", "Normal", "Placed",
                        f"placed {where} after waiting {waited:.1f} s for its images", archs)
@@ -96,7 +101,7 @@ def plan_release(obj: dict, results: dict, policy: Policy, *, expired: bool,
                     for image in failed)
     if fallback:
         assumed = dict(results, **{image: _fallback_info(image, fallback) for image in failed})
-        with_fallback = decide(pod, assumed, policy)
+        with_fallback = decide(pod, assumed, policy, learned=learned)
         if with_fallback.allowed and with_fallback.architectures:
             archs = with_fallback.architectures
             return Release(_released(obj, with_fallback), "fallback", "Warning",

@@ -62,7 +62,8 @@ class GateController:
     def __init__(self, *, api: KubeApi, resolver, pull_secrets, policy: Policy,
                  max_seconds: float, fallback: tuple[str, ...] = (), events: EventSink | None,
                  resolve_timeout: float = 5.0, workers: int = 8, wall=time.time,
-                 clock=time.monotonic, watch_seconds: int = WATCH_SECONDS):
+                 clock=time.monotonic, watch_seconds: int = WATCH_SECONDS,
+                 workloads=None):
         self.api = api
         self.resolver = resolver
         self.pull_secrets = pull_secrets
@@ -72,6 +73,7 @@ class GateController:
         self.events = events
         self.resolve_timeout = resolve_timeout
         self.watch_seconds = watch_seconds
+        self.workloads = workloads   # learned exclusions (workloadcache.WorkloadCache) or None
         self.sweeps = 0
         self.pending: dict[str, Pending] = {}
         self._wall = wall
@@ -190,8 +192,10 @@ class GateController:
         if p.tries:
             self._wake(results)
         waited = max(0.0, self._wall() - p.created)
+        top = self.workloads.top_of(view) if self.workloads is not None else None
         release = plan_release(p.obj, results, self.policy, expired=expired,
-                               fallback=self.fallback, waited=waited)
+                               fallback=self.fallback, waited=waited,
+                               learned=top.learned if top is not None else None)
         if release is None:
             return False
         return self._update(p, release.pod, release, release.outcome, waited)
@@ -317,14 +321,19 @@ def run(config, stop: threading.Event | None = None) -> None:
     # comes back is seen at the next retry, not after registry.cache.negative_ttl_seconds.
     registry = replace(config.registry, cache=replace(config.registry.cache,
                                                       negative_ttl_seconds=NEGATIVE_TTL_SECONDS))
+    resolver = Resolver(registry, sif=config.sif)
+    pull_secrets = PullSecrets(api_client, cache_seconds=config.kubernetes.secret_cache_seconds,
+                               source=source)
+    events = EventSink(api, instance=identity)
     controller = GateController(
-        api=api, resolver=Resolver(registry, sif=config.sif),
-        pull_secrets=PullSecrets(api_client, cache_seconds=config.kubernetes.secret_cache_seconds,
-                                 source=source),
+        api=api, resolver=resolver, pull_secrets=pull_secrets,
         policy=Policy.from_config(config), max_seconds=config.admission.gate_max_seconds,
-        fallback=config.placement.fallback_architectures,
-        events=EventSink(api, instance=identity),
+        fallback=config.placement.fallback_architectures, events=events,
         resolve_timeout=config.registry.timeout_seconds)
+
+    def lead(leading: threading.Event) -> None:
+        _lead(config, api, controller, resolver, pull_secrets, events, leading)
+
     log.info("gate controller %s: candidate for Lease %s/%s (%s)", identity, namespace,
              "archway-gate-controller", source)
     leading: threading.Event | None = None
@@ -339,7 +348,7 @@ def run(config, stop: threading.Event | None = None) -> None:
                 if leading is None:
                     log.info("gate controller %s: leading", identity)
                     leading = threading.Event()
-                    leader_thread = threading.Thread(target=controller.lead, args=(leading,),
+                    leader_thread = threading.Thread(target=lead, args=(leading,),
                                                      name="archway-gate-lead", daemon=True)
                     leader_thread.start()
             elif leading is not None and now - last_renewed > elector.duration * 2 / 3:
@@ -354,6 +363,48 @@ def run(config, stop: threading.Event | None = None) -> None:
             leading.set()
             leader_thread.join(3)  # type: ignore[union-attr]
             elector.release()
+
+
+def _lead(config, api: KubeApi, controller: GateController, resolver, pull_secrets,
+          events: EventSink, stop: threading.Event) -> None:
+    """One leadership: the gate controller's work, and beside it the closed loop
+    (remediation.py) with the caches both read, built afresh for each leadership."""
+    from archway.extender.nodes import NodeCache
+
+    from .namespaces import NamespaceCache
+    from .remediation import Remediation
+    from .workloadcache import WorkloadCache
+
+    def factory():   # a client (and connection pool) of its own for each watch
+        from .pullsecrets import build_api_client
+        return build_api_client(config.kubernetes)[0]
+
+    learn = config.remediation.learn_failed_architectures
+    nodes = NodeCache(factory)
+    # The chart grants list/watch of the workloads only when something here reads them.
+    workloads = WorkloadCache(factory) if learn or config.remediation.watch_tags else None
+    namespaces = NamespaceCache(factory) if config.kubernetes.namespace_cache else None
+    caches = [c for c in (nodes, workloads, namespaces) if c is not None]
+    for cache in caches:
+        cache.ensure_started()
+    controller.workloads = workloads if learn else None
+    remediation = Remediation(
+        api=api, settings=config.remediation, policy=Policy.from_config(config), events=events,
+        nodes=nodes, workloads=workloads, namespaces=namespaces, resolver=resolver,
+        pull_secrets=pull_secrets, exclude_namespaces=config.admission.exclude_namespaces,
+        round_seconds=config.registry.cache.tag_ttl_seconds,
+        resolve_timeout=config.registry.timeout_seconds * 2)
+    loop = threading.Thread(target=remediation.lead, args=(stop, factory),
+                            name="archway-remediation", daemon=True)
+    loop.start()
+    try:
+        controller.lead(stop)
+    finally:
+        stop.set()
+        loop.join(10)
+        controller.workloads = None
+        for cache in caches:
+            cache.stop()
 
 
 def _main() -> None:

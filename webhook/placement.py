@@ -20,11 +20,15 @@ from archway.errors import classify_error
 from archway.podview import NodeSelectorTerm, PodView, Requirement, Toleration
 from archway.registry.model import ImageInfo
 
+from .learning import Learned, reset_reason
+
 ARCH_LABEL = "kubernetes.io/arch"
 # kubelet still sets the deprecated beta label; a pod selecting on it does constrain its arch.
 ARCH_KEYS = (ARCH_LABEL, "beta.kubernetes.io/arch")
 ANNOTATION_ARCHITECTURES = "archway.dev/architectures"
 ANNOTATION_IMAGES = "archway.dev/images"
+# The architectures a learned exclusion kept the pod off (webhook/learning.py).
+ANNOTATION_EXCLUDED = "archway.dev/excluded-architectures"
 DEFAULT_SCHEDULER = "default-scheduler"
 MODES = ("enforce", "audit", "off")
 
@@ -78,6 +82,8 @@ class Decision:
     would: str = ""                          # audited: the outcome enforce mode would have had
     unschedulable: str = ""                  # why no current node can run the pod ("": fine/unknown)
     conflict: str = ""                       # why the pod's own arch pin excludes its images ("": none)
+    excluded: frozenset[str] = frozenset()   # archs of S the pod was kept off (learned failures)
+    learned: str = ""                        # what the learned exclusion did, or why it did not
 
 
 # --- the pod's own arch constraint ------------------------------------------------------
@@ -203,19 +209,37 @@ def common_architectures(told: dict[str, frozenset[str]]) -> frozenset[str] | No
 
 
 def decide(pod: PodView, results: dict, policy: Policy, *,
-           nodes: Iterable[NodeLike] | None = None) -> Decision:
+           nodes: Iterable[NodeLike] | None = None, learned: Learned | None = None) -> Decision:
     """Decide how to place `pod` given `results` (image -> ImageInfo | ArchwayError).
 
     An image missing from `results` counts as unresolved (the resolver ran out of time).
     `nodes`: the cluster's nodes when known (the node cache); None: the cluster is not consulted.
+    `learned`: the exclusion its workload learned from exec format errors (learning.py): the
+    pod is kept off those architectures while its evidence holds, unless that leaves none.
     In audit mode the decision is made in full, then only its annotations are applied.
     """
-    decision = _enforce(pod, results, policy, nodes)
+    decision = _enforce(pod, results, policy, nodes, learned)
     return _audited(pod, results, decision) if policy.mode == "audit" else decision
 
 
+def _exclusion(archs: frozenset[str], learned: Learned | None, pod: PodView,
+               results: dict) -> tuple[frozenset[str], str]:
+    """(the archs of S to keep the pod off, what was done and why) for a learned exclusion."""
+    if learned is None or not learned.architectures & archs:
+        return frozenset(), ""
+    failed = _join(learned.architectures & archs)
+    reset = reset_reason(learned, pod.images, results)
+    if reset:
+        return frozenset(), f"{learned.workload} failed on {failed} before, but {reset}"
+    if archs <= learned.architectures:
+        return frozenset(), (f"{learned.workload} failed on every architecture its images claim "
+                             f"({_join(archs)}); placed as the images claim")
+    return learned.architectures & archs, (f"kept off {failed}: pods of {learned.workload} "
+                                          f"failed there with exec format error")
+
+
 def _enforce(pod: PodView, results: dict, policy: Policy,
-             nodes: Iterable[NodeLike] | None) -> Decision:
+             nodes: Iterable[NodeLike] | None, learned: Learned | None = None) -> Decision:
     images = pod.images
     known = told_architectures({image: results.get(image) for image in images})
     warnings: list[str] = []
@@ -243,7 +267,8 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
     mutated = pod.patchable_copy()
     spec = mutated.get("spec", {})
     reason = "no image told its architectures" if images else "pod has no images"
-    unschedulable = conflict = ""
+    unschedulable = conflict = learned_note = ""
+    excluded: frozenset[str] = frozenset()
 
     if archs is not None and not archs:
         message = "the pod's images share no CPU architecture: " + "; ".join(
@@ -255,35 +280,42 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
         reason = "no common architecture"
         _annotate(mutated, pod, results, archs)
     elif archs:
-        allowed = archs            # where the pod may run: S, within its own constraint
+        excluded, learned_note = _exclusion(archs, learned, pod, results)
+        placed = archs - excluded  # S without the architectures its workload failed on
+        allowed = placed           # where the pod may run: that, within its own constraint
         existing = pod_arch_constraint(pod)
         if existing is not None:
             reason = "pod already constrains kubernetes.io/arch"
-            allowed = existing.within(archs)
+            allowed = existing.within(placed)
             if not allowed:
                 conflict = (f"the pod's own kubernetes.io/arch constraint ({existing.describe()}) "
-                            f"excludes every architecture its images support ({_join(archs)})")
+                            f"excludes every architecture its images support ({_join(placed)})")
                 if policy.deny_on_conflict:
                     return _deny(conflict, warnings, archs, conflict=conflict)
                 warnings.insert(0, f"the pod's arch constraint ({existing.describe()}) "
-                                   f"excludes its images' architectures ({_join(archs)})")
-            elif existing.exceeds(archs):
+                                   f"excludes its images' architectures ({_join(placed)})")
+            elif existing.exceeds(placed):
                 warnings.insert(0, f"the pod's arch constraint also allows archs its "
-                                   f"images lack; they support only {_join(archs)}")
+                                   f"images lack; they support only {_join(placed)}")
         else:
-            reason = _constrain(mutated.setdefault("spec", spec), pod.required_terms, archs)
+            reason = _constrain(mutated.setdefault("spec", spec), pod.required_terms, placed)
         if allowed:
             spec = mutated.setdefault("spec", spec)
             _prefer(spec, pod, allowed, policy.preferred)
             added = _tolerate(spec, pod, allowed, policy.tolerations)
             if nodes is not None:
-                unschedulable = unschedulable_reason(archs, allowed, nodes, pod.tolerations + added)
+                unschedulable = unschedulable_reason(placed, allowed, nodes,
+                                                     pod.tolerations + added)
             if unschedulable:
                 if policy.deny_unschedulable:
                     return _deny(unschedulable + " (admission.deny_unschedulable is true)",
                                  warnings, archs, unschedulable=unschedulable)
                 warnings.insert(0, unschedulable + "; the pod would stay Pending")
+        if learned_note:
+            warnings.insert(0, learned_note)
         _annotate(mutated, pod, results, archs)
+        if excluded:
+            mutated["metadata"]["annotations"][ANNOTATION_EXCLUDED] = ",".join(sorted(excluded))
 
     if policy.scheduler_name and pod.scheduler_name in ("", DEFAULT_SCHEDULER):
         mutated.setdefault("spec", spec)["schedulerName"] = policy.scheduler_name
@@ -295,7 +327,7 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
         outcome = "mutated" if patch else "unchanged"
     return Decision(allowed=True, patch=patch, warnings=tuple(warnings), architectures=archs,
                     outcome=outcome, reason=reason, unschedulable=unschedulable,
-                    conflict=conflict)
+                    conflict=conflict, excluded=excluded, learned=learned_note)
 
 
 def _audited(pod: PodView, results: dict, decision: Decision) -> Decision:
@@ -312,7 +344,8 @@ def _audited(pod: PodView, results: dict, decision: Decision) -> Decision:
     return Decision(allowed=True, patch=patch, warnings=(said, *decision.warnings),
                     architectures=decision.architectures, outcome="audited",
                     reason=f"audit: {decision.reason}", would=decision.outcome,
-                    unschedulable=decision.unschedulable, conflict=decision.conflict)
+                    unschedulable=decision.unschedulable, conflict=decision.conflict,
+                    excluded=decision.excluded, learned=decision.learned)
 
 
 _WOULD = {"mutated": "placed it", "unchanged": "left it unchanged",

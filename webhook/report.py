@@ -1,6 +1,7 @@
 """`archway report [--target-arch ARCH] [--json]`: every workload in the cluster with its images'
 architectures and whether it could move to ARCH — the migration readiness table operators
-otherwise build by hand.
+otherwise build by hand — and the architectures its pods run on now, flagging those its images
+no longer offer (a tag re-pushed without one: the next reschedule there breaks).
 
 Through the kubeconfig: Deployments, StatefulSets, DaemonSets, CronJobs, and the Jobs,
 ReplicaSets and Pods no such workload controls (each workload once, at its top). Images are read
@@ -16,7 +17,7 @@ from archway.errors import ArchwayError
 from archway.podview import PodView
 
 from .placement import common_architectures, display_image, pod_arch_constraint, told_architectures
-from .workloads import Workload, is_top_level, workloads_in
+from .workloads import Workload, controller_of, is_top_level, workloads_in
 
 # The order of the table: long-lived workloads first.
 REPORTED_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "CronJob", "Job", "ReplicaSet", "Pod")
@@ -30,10 +31,14 @@ class Row:
     lacking: tuple[str, ...]                 # images without the target arch
     pinned: str                              # the pod's own arch constraint, when it excludes target
     movable: str                             # yes | no | unknown ("" without a target)
+    running: frozenset[str] = frozenset()    # the architectures of the nodes its pods run on
+    not_offered: tuple[str, ...] = ()        # of those, the ones its images no longer offer
 
 
-def assess(workload: Workload, pod: PodView, results: dict, target: str | None) -> Row:
-    """Pure: what the images of one workload say about moving it to `target`."""
+def assess(workload: Workload, pod: PodView, results: dict, target: str | None,
+           running: frozenset[str] = frozenset()) -> Row:
+    """Pure: what the images of one workload say about moving it to `target`, and which of the
+    architectures its pods run on (`running`) they no longer offer."""
     from archway.registry.model import ImageInfo
     mine = {image: results.get(image) for image in pod.images}
     told = told_architectures(mine)
@@ -53,7 +58,31 @@ def assess(workload: Workload, pod: PodView, results: dict, target: str | None) 
             movable = "unknown"
         else:
             movable = "yes"
-    return Row(workload, archs, unreadable, lacking, pinned, movable)
+    not_offered = tuple(sorted(running - archs)) if archs else ()
+    return Row(workload, archs, unreadable, lacking, pinned, movable, running, not_offered)
+
+
+WorkloadKey = tuple[str, str, str]   # (kind, namespace, name)
+
+
+def running_architectures(pods, owners: dict[WorkloadKey, tuple[str, str] | None],
+                          node_archs: dict[str, str | None]) -> dict[WorkloadKey, frozenset[str]]:
+    """Pure: workload -> the architectures of the nodes its pods are bound to. `pods`: (namespace,
+    name, controller (kind, name) or None, node); `owners`: the controller of each ReplicaSet and
+    Job, so a pod counts for its Deployment or CronJob."""
+    running: dict[WorkloadKey, set[str]] = {}
+    for namespace, name, controller, node in pods:
+        arch = node_archs.get(node)
+        if not arch:
+            continue
+        key: WorkloadKey = ("Pod", namespace, name)
+        if controller is not None:
+            key = (controller[0], namespace, controller[1])
+            parent = owners.get(key)
+            if parent is not None:
+                key = (parent[0], namespace, parent[1])
+        running.setdefault(key, set()).add(arch)
+    return {key: frozenset(archs) for key, archs in running.items()}
 
 
 def row_json(row: Row) -> dict:
@@ -64,18 +93,25 @@ def row_json(row: Row) -> dict:
             "unreadable": list(row.unreadable)}
     if row.movable:
         data.update(movable=row.movable, lacking=list(row.lacking), pinned=row.pinned or None)
+    data.update(running_architectures=sorted(row.running), not_offered=list(row.not_offered))
     return data
 
 
-def table(rows: list[Row], target: str | None) -> str:
-    header = ["NAMESPACE", "KIND", "NAME", "ARCHITECTURES"]
+def table(rows: list[Row], target: str | None, placements: bool = False) -> str:
+    """`placements`: where the pods run is known (the nodes could be read): a RUNS ON column."""
+    header = ["NAMESPACE", "KIND", "NAME", "ARCHITECTURES"] + (["RUNS ON"] if placements else [])
     if target:
         header += [f"TO {target.upper()}", "WHY NOT"]
     lines = [header]
     for row in rows:
         archs = ("unknown" if row.architectures is None
                  else ",".join(sorted(row.architectures)) or "none in common")
+        runs = ",".join(sorted(row.running)) or "-"
+        if row.not_offered:
+            runs += f" (NOT OFFERED: {','.join(row.not_offered)})"
         cells = [row.workload.namespace or "-", row.workload.kind, row.workload.name, archs]
+        if placements:
+            cells.append(runs)
         if target:
             why = ([f"{len(row.lacking)} image(s) lack {target}: {', '.join(row.lacking)}"]
                    if row.lacking else []) + ([f"pinned to {row.pinned}"] if row.pinned else []) \
@@ -122,6 +158,7 @@ def _progress(text: str) -> None:
 
 def run(args) -> int:
     from archway.config import load_config
+    from archway.extender.nodes import node_facts
     from archway.registry.platforms import normalize
     from archway.registry.resolver import Resolver
 
@@ -132,9 +169,24 @@ def run(args) -> int:
     target = normalize("linux", args.target_arch).architecture if args.target_arch else None
     reader = ClusterReader.from_config(config)
     workloads, failed = [], []
+    owners: dict[WorkloadKey, tuple[str, str] | None] = {}
+    placements: list[tuple] = []
+
+    def seen(obj: dict) -> bool:
+        """Remember who controls it and where a pod runs; True when it is reported itself."""
+        meta = obj.get("metadata") or {}
+        controller = controller_of(obj)
+        ref = (str(controller.get("kind")), str(controller.get("name"))) if controller else None
+        if obj["kind"] in ("ReplicaSet", "Job"):
+            owners[(obj["kind"], str(meta.get("namespace")), str(meta.get("name")))] = ref
+        node = (obj.get("spec") or {}).get("nodeName") if obj["kind"] == "Pod" else None
+        if node:
+            placements.append((meta.get("namespace"), meta.get("name"), ref, node))
+        return is_top_level(obj)
+
     for kind in REPORTED_KINDS:
         try:
-            found = [w for obj in reader.workloads(kind, args.namespace) if is_top_level(obj)
+            found = [w for obj in reader.workloads(kind, args.namespace) if seen(obj)
                      for w in workloads_in([obj])]
         except ArchwayError as e:
             failed.append(kind)
@@ -144,6 +196,12 @@ def run(args) -> int:
         _progress(f"{len(found)} {kind}(s)")
     if failed and len(failed) == len(REPORTED_KINDS):
         raise ArchwayError("could not list any workload (see above)")
+    try:
+        node_archs = {f.name: f.arch for f in map(node_facts, reader.nodes()) if f is not None}
+    except ArchwayError as e:
+        node_archs = {}
+        _progress(f"where pods run is not shown: {e}")
+    running = running_architectures(placements, owners, node_archs)
     pods = [PodView.of(w.pod) for w in workloads]
     resolver = Resolver(config.registry, sif=config.sif)
     secrets = PullSecrets(reader.api_client)
@@ -164,13 +222,21 @@ def run(args) -> int:
                                  keyring=credentials.keyring)
         for i in members:
             results[i] = answers
-    rows = [assess(w, pods[i], results.get(i, {}), target) for i, w in enumerate(workloads)]
+    rows = [assess(w, pods[i], results.get(i, {}), target,
+                   running.get((w.kind, w.namespace, w.name), frozenset()))
+            for i, w in enumerate(workloads)]
+    stranded = [r for r in rows if r.not_offered]
+    if stranded:
+        _progress(f"{len(stranded)} workload(s) run on an architecture their images no longer "
+                  "offer (a reschedule there will not start): " + "; ".join(
+                      f"{r.workload.namespace}/{r.workload.kind} {r.workload.name} "
+                      f"({', '.join(r.not_offered)})" for r in stranded))
     if args.json:
         json.dump({"target_arch": target, "summary": summary(rows),
                    "workloads": [row_json(r) for r in rows]}, sys.stdout, indent=2)
         print()
     else:
-        sys.stdout.write(table(rows, target))
+        sys.stdout.write(table(rows, target, placements=bool(node_archs)))
         if target:
             counts = summary(rows)
             _progress(f"{counts.get('yes', 0)} of {len(rows)} workloads could move to {target}; "

@@ -64,6 +64,13 @@ class FactsCache(Protocol):
     def wait_synced(self, timeout: float) -> bool: ...
 
 
+class Workloads(Protocol):
+    """The workload caches (workloadcache.WorkloadCache): a pod's top workload, from memory."""
+    def wait_synced(self, timeout: float) -> bool: ...
+
+    def top_of(self, pod: PodView) -> Any: ...   # -> WorkloadFacts | None
+
+
 class Gating(Protocol):
     """admission.unresolved: gate -- is a gate controller alive to remove the gate? `deadline`:
     the answer may wait until then for a fresh look (webhook/lease.py)."""
@@ -97,7 +104,8 @@ class AdmissionService:
                  clock: Callable[[], float] = time.monotonic,
                  namespaces: FactsCache | None = None, nodes: FactsCache | None = None,
                  unresolved: str = "admit", gating: Gating | None = None,
-                 events: EventRecorder | None = None, gate_max_seconds: float = 120.0):
+                 events: EventRecorder | None = None, gate_max_seconds: float = 120.0,
+                 workloads: Workloads | None = None):
         self.policy = policy
         self.resolver = resolver
         self.pull_secrets = pull_secrets
@@ -113,12 +121,14 @@ class AdmissionService:
         self.gating = gating                  # None: no Kubernetes API, nobody could release
         self.events = events           # Warning Events: unschedulable pods, fail-open owners
         self.gate_max_seconds = gate_max_seconds
+        self.workloads = workloads     # learned exclusions (remediation); None: not consulted
 
     @classmethod
     def from_config(cls, config, *, resolver: ImageResolver,
                     pull_secrets: PullCredentialSource, namespaces: FactsCache | None = None,
                     nodes: FactsCache | None = None, gating: Gating | None = None,
-                    events: EventRecorder | None = None) -> "AdmissionService":
+                    events: EventRecorder | None = None,
+                    workloads: Workloads | None = None) -> "AdmissionService":
         return cls(policy=Policy.from_config(config), resolver=resolver, pull_secrets=pull_secrets,
                    deadline_seconds=config.admission.deadline_seconds,
                    exclude_namespaces=config.admission.exclude_namespaces,
@@ -127,7 +137,7 @@ class AdmissionService:
                    max_images=config.admission.max_images_per_pod,
                    namespaces=namespaces, nodes=nodes,
                    unresolved=config.admission.unresolved, gating=gating, events=events,
-                   gate_max_seconds=config.admission.gate_max_seconds)
+                   gate_max_seconds=config.admission.gate_max_seconds, workloads=workloads)
 
     def review(self, body: bytes, *, started: float | None = None, peer: str = "-") -> Answer:
         """Answer one AdmissionReview body. `started`: clock() when the request arrived (the
@@ -157,7 +167,8 @@ class AdmissionService:
         resolution = Resolution({})
         try:
             resolution = self.resolve(pod, start)
-            decision = decide(pod, resolution.results, policy, nodes=self.known_nodes())
+            decision = decide(pod, resolution.results, policy, nodes=self.known_nodes(),
+                              learned=self.learned_for(pod, start))
             outcome = decision.outcome
             if outcome == "fail_open":
                 decision = self._unresolved(request, decision, start + self.deadline_seconds)
@@ -184,6 +195,19 @@ class AdmissionService:
             return self.policy, ()
         facts: NamespaceFacts | None = cache.items.get(namespace)
         return namespace_policy(self.policy, facts), facts.problems if facts else ()
+
+    def learned_for(self, pod: PodView, start: float):
+        """What the pod's workload learned (learning.Learned), from the workload caches: no
+        request per admission. Right after start-up their first lists may use the share of the
+        deadline the pull secrets get, never more; a pod with no controller costs nothing."""
+        cache = self.workloads
+        if cache is None or not pod.owner_references:
+            return None
+        if not cache.wait_synced(start + self.deadline_seconds * PULL_SECRETS_SHARE
+                                 - self.clock()):
+            return None
+        top = cache.top_of(pod)
+        return top.learned if top is not None else None
 
     def known_nodes(self):
         """The node cache's nodes once it has listed them; None: the cluster is not consulted

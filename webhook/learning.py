@@ -1,0 +1,198 @@
+"""What archway learns from what actually runs. Pure functions, no I/O.
+
+A container whose binaries are for another CPU fails to start with `exec format error`; the
+kubelet reports it in the pod's status when the runtime does (a StartError message, or the last
+log lines with `terminationMessagePolicy: FallbackToLogsOnError`). The leading gate controller
+(remediation.py) reads those statuses; what it learns goes onto the workload's own metadata:
+
+    archway.dev/failed-architectures: "arm64"          the architectures to keep its pods off
+    archway.dev/failed-images: [{"image": "reg/app:1", "digest": "sha256:...",
+                                 "architecture": "arm64"}]          the evidence (JSON)
+
+Admission reads both (`Learned`) and keeps the workload's new pods off those architectures while
+the evidence still holds: an evidence image that left the pod, or that now resolves to another
+digest (a re-pushed tag, a new tag), ends it (`reset_reason`). Removing the annotation ends it
+too; an annotation without evidence (written by hand) holds until it is removed.
+"""
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from archway.registry.model import ImageInfo
+
+ANNOTATION_FAILED = "archway.dev/failed-architectures"
+ANNOTATION_EVIDENCE = "archway.dev/failed-images"
+EXEC_FORMAT_ERROR = "exec format error"
+
+MAX_EVIDENCE = 16            # entries kept in archway.dev/failed-images (the newest)
+_MESSAGE_CHARS = 300
+_IMAGE_CHARS = 512
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One container that failed to start with exec format error."""
+    container: str
+    image: str               # as the pod spec names it
+    digest: str | None       # what the kubelet ran (status imageID), when it says
+    message: str
+
+
+@dataclass(frozen=True)
+class Evidence:
+    image: str
+    digest: str | None
+    architecture: str
+
+    def to_json(self) -> dict:
+        return {"image": self.image, "digest": self.digest, "architecture": self.architecture}
+
+
+@dataclass(frozen=True)
+class Learned:
+    """A workload's learned exclusion, as admission applies it."""
+    architectures: frozenset[str]
+    evidence: tuple[Evidence, ...]
+    workload: str            # "Deployment web": who failed, for warnings and Events
+    problem: str = ""        # what of the annotations could not be read
+
+
+# --- the pod's status ------------------------------------------------------------------------
+
+def _messages(status: dict) -> list[str]:
+    found = []
+    for where in ("state", "lastState"):
+        state = status.get(where)
+        if not isinstance(state, dict):
+            continue
+        for phase in (("waiting", "terminated") if where == "state" else ("terminated",)):
+            detail = state.get(phase)
+            if isinstance(detail, dict) and isinstance(detail.get("message"), str):
+                found.append(detail["message"])
+    return found
+
+
+def image_digest(image_id: object) -> str | None:
+    """The manifest digest of a container status' imageID (`reg/app@sha256:...`,
+    `docker-pullable://reg/app@sha256:...`); None for a bare image ID (`sha256:...`, the
+    config's digest on some runtimes, which names no manifest)."""
+    if not isinstance(image_id, str) or "@" not in image_id:
+        return None
+    digest = image_id.rsplit("@", 1)[1]
+    return digest if digest.startswith("sha256:") and len(digest) == 71 else None
+
+
+def exec_format_failures(pod: dict) -> tuple[Failure, ...]:
+    """The containers (init containers included) whose status says exec format error."""
+    status = pod.get("status") if isinstance(pod, dict) else None
+    if not isinstance(status, dict):
+        return ()
+    spec = _mapping(pod.get("spec"))
+    failures = []
+    for statuses_key, spec_key in (("initContainerStatuses", "initContainers"),
+                                   ("containerStatuses", "containers")):
+        statuses = status.get(statuses_key)
+        if not isinstance(statuses, list):
+            continue
+        for container in statuses:
+            if not isinstance(container, dict):
+                continue
+            message = next((m for m in _messages(container) if EXEC_FORMAT_ERROR in m.lower()),
+                           None)
+            if message is None:
+                continue
+            name = str(container.get("name") or "")
+            image = _spec_image(spec.get(spec_key), name) or str(container.get("image") or "")
+            failures.append(Failure(name, image[:_IMAGE_CHARS], image_digest(container.get("imageID")),
+                                    " ".join(message.split())[:_MESSAGE_CHARS]))
+    return tuple(failures)
+
+
+def _mapping(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _spec_image(containers: object, name: str) -> str:
+    for container in containers if isinstance(containers, list) else ():
+        if isinstance(container, dict) and container.get("name") == name:
+            image = container.get("image")
+            return image if isinstance(image, str) else ""
+    return ""
+
+
+def admitted_digests(annotations: Mapping) -> dict[str, str]:
+    """image -> digest from the pod's archway.dev/images annotation (what admission resolved)."""
+    try:
+        entries = json.loads(annotations.get("archway.dev/images") or "[]")
+    except ValueError:
+        return {}
+    return {e["image"]: e["digest"] for e in entries if isinstance(e, dict)
+            and isinstance(e.get("image"), str) and isinstance(e.get("digest"), str)}
+
+
+# --- the workload's annotations ----------------------------------------------------------------
+
+def _arch_list(text: str) -> frozenset[str]:
+    from archway.registry.platforms import normalize
+    return frozenset(normalize("linux", a).architecture for a in text.split(",") if a.strip())
+
+
+def parse_evidence(text: str | None) -> tuple[tuple[Evidence, ...], str]:
+    """(evidence, problem) of archway.dev/failed-images; problem is "" when it reads."""
+    if not text:
+        return (), ""
+    try:
+        entries = json.loads(text)
+        if not isinstance(entries, list):
+            raise ValueError("not a list")
+        return tuple(Evidence(str(e["image"]), e.get("digest") if isinstance(e.get("digest"), str)
+                              else None, str(e["architecture"]))
+                     for e in entries), ""
+    except (ValueError, KeyError, TypeError) as e:
+        return (), f"{ANNOTATION_EVIDENCE} is not archway's JSON ({e}); ignored"
+
+
+def learned_from(annotations: Mapping, workload: str) -> Learned | None:
+    """The exclusion a workload's annotations hold; None when it holds none."""
+    archs = _arch_list(str(annotations.get(ANNOTATION_FAILED) or ""))
+    if not archs:
+        return None
+    evidence, problem = parse_evidence(annotations.get(ANNOTATION_EVIDENCE))
+    return Learned(archs, evidence, workload, problem)
+
+
+def merged_annotations(annotations: Mapping, architecture: str,
+                       evidence: list[Evidence]) -> dict[str, str] | None:
+    """The two annotations with `architecture` and `evidence` merged in; None when they hold
+    both already (nothing to write)."""
+    archs = _arch_list(str(annotations.get(ANNOTATION_FAILED) or ""))
+    known, _ = parse_evidence(annotations.get(ANNOTATION_EVIDENCE))
+    new = [e for e in dict.fromkeys(evidence) if e not in known]
+    if architecture in archs and not new:
+        return None
+    kept = (list(known) + new)[-MAX_EVIDENCE:]
+    return {ANNOTATION_FAILED: ",".join(sorted(archs | {architecture})),
+            ANNOTATION_EVIDENCE: json.dumps([e.to_json() for e in kept], separators=(",", ":"))}
+
+
+# --- does it still hold? ---------------------------------------------------------------------------
+
+def reset_reason(learned: Learned, images, results: Mapping) -> str:
+    """Why the learned exclusion no longer holds for a pod with `images` resolved to `results`
+    ("" while it holds): an evidence image is no longer among the images, or now resolves to a
+    digest other than the one that failed. An image archway could not read proves nothing."""
+    present = set(images)
+    for evidence in learned.evidence:
+        if evidence.image not in present:
+            return f"{evidence.image} (which failed on {evidence.architecture}) is no longer " \
+                   f"among its images"
+        result = results.get(evidence.image)
+        if evidence.digest and isinstance(result, ImageInfo) and result.digest \
+                and result.digest != evidence.digest:
+            return (f"{evidence.image} now names {short_digest(result.digest)}, not "
+                    f"{short_digest(evidence.digest)} which failed on {evidence.architecture}")
+    return ""
+
+
+def short_digest(digest: str) -> str:
+    return digest[:19] if digest.startswith("sha256:") else digest

@@ -1,0 +1,521 @@
+"""The closed loop: what the leading gate controller learns from what actually runs, and what it
+warns about before a reschedule breaks. Runs beside the gate controller's own work, in the same
+process and leadership (gatecontroller.py).
+
+    every pod (paged list, then a watch; only failing pods are kept)
+      -> a container status says exec format error on a node of arch X (node cache)
+      -> Warning Event ExecFormatError on the pod and on its workload, the metric
+      -> enforce mode, remediation.learn_failed_architectures: X merged into the workload's
+         archway.dev/failed-architectures (its own metadata: no rollout), with the evidence
+      -> remediation.evict: the failing pod evicted (Eviction API: PodDisruptionBudgets hold)
+
+    every registry.cache.tag_ttl_seconds (remediation.watch_tags): the tags of every workload's
+    template checked at their registry (HEAD); a tag naming a digest that lacks an architecture
+    the previous one had -> Warning Event ArchitecturesDropped on each workload using it;
+    learned exclusions whose evidence no longer holds are removed (FailedArchitecturesReset).
+
+What a 10,000-pod cluster costs here: each status update is parsed once and its container
+statuses scanned (docs/benchmarks.md, figure 22); only failing pods are remembered, as a few
+facts each. The decisions are pure (learning.py, workloadcache.top_workload); this module is the
+I/O around them.
+"""
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from archway import metrics
+from archway.errors import ArchwayError
+from archway.kubeapi import ApiError, KubeApi
+from archway.listwatch import ListWatch
+from archway.registry.reference import ImageReference, parse_reference
+
+from .events import EventSink
+from .learning import (
+    ANNOTATION_EVIDENCE,
+    ANNOTATION_FAILED,
+    Evidence,
+    Failure,
+    admitted_digests,
+    exec_format_failures,
+    learned_from,
+    merged_annotations,
+    reset_reason,
+    short_digest,
+)
+from .placement import ANNOTATION_ARCHITECTURES, _join
+from .workloadcache import COLLECTIONS, WorkloadFacts, top_workload, workload_facts
+
+log = logging.getLogger("archway.remediation")
+
+PAGE_SIZE = 500
+EVICT_RETRY_MIN_SECONDS = 2.0     # a PodDisruptionBudget that refused is asked again after this,
+EVICT_RETRY_MAX_SECONDS = 30.0    # doubling up to this
+MAX_TRACKED = 10_000              # failing pods remembered at once (one of each is a few facts)
+MAX_PATCH_ATTEMPTS = 4            # a workload changed meanwhile (409): read it again and merge
+MIN_ROUND_SECONDS = 1.0
+TAG_BATCH = 64                    # tags resolved per call (the resolver's per-call limit)
+REASON_EXEC_FORMAT = "ExecFormatError"
+REASON_DROPPED = "ArchitecturesDropped"
+REASON_RESET = "FailedArchitecturesReset"
+REASON_EVICTED = "EvictedExecFormatError"
+REASON_EVICTION_BLOCKED = "EvictionBlocked"
+
+
+@dataclass(frozen=True)
+class FailingPod:
+    """What is kept of a pod whose container failed with exec format error."""
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    owner: tuple[str, str] | None
+    architectures: frozenset[str] | None     # archway.dev/architectures: what its images claim
+    digests: tuple[tuple[str, str], ...]     # image -> digest archway admitted it with
+    failures: tuple[Failure, ...]
+
+    @property
+    def reference(self) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod", "namespace": self.namespace,
+                "name": self.name, "uid": self.uid}
+
+    def evidence(self, arch: str) -> list[Evidence]:
+        admitted = dict(self.digests)
+        return [Evidence(f.image, f.digest or admitted.get(f.image), arch) for f in self.failures]
+
+
+def failing_pod(obj: dict) -> FailingPod | None:
+    """The facts of a bound pod with an exec format error; None for every other pod (almost
+    all of them: this runs on every status update of the cluster)."""
+    failures = exec_format_failures(obj)
+    meta = obj.get("metadata") or {}
+    node = (obj.get("spec") or {}).get("nodeName")
+    if not failures or not isinstance(node, str) or not node:
+        return None
+    owner = next((ref for ref in meta.get("ownerReferences") or ()
+                  if isinstance(ref, dict) and ref.get("controller")), None)
+    annotations = meta.get("annotations")
+    annotations = annotations if isinstance(annotations, dict) else {}
+    claimed = annotations.get(ANNOTATION_ARCHITECTURES)
+    return FailingPod(
+        namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""), node=node,
+        owner=(str(owner.get("kind")), str(owner.get("name"))) if owner else None,
+        architectures=frozenset(a for a in claimed.split(",") if a) if isinstance(claimed, str)
+        else None,
+        digests=tuple(sorted(admitted_digests(annotations).items())), failures=failures)
+
+
+@dataclass
+class _Tracked:
+    pod: FailingPod
+    handled: frozenset[tuple[str, str]] = frozenset()   # (container, image) reported
+    due: bool = True
+    next_look: float | None = None    # monotonic time to look again (an eviction to retry...)
+    evict_tries: int = 0
+
+
+class FailingPods(ListWatch):
+    """Every pod of the cluster, one page at a time, then a watch; only failing pods are
+    passed on (`failing_pod`)."""
+    what = "exec format error watch"
+    path = "/api/v1/pods"
+    page_size = PAGE_SIZE
+
+    def __init__(self, remediation: "Remediation", api_client_factory, watch_seconds: int):
+        super().__init__(api_client_factory, thread_name="archway-exec-format-watch",
+                         watch_timeout_seconds=watch_seconds, request_timeout_seconds=60,
+                         max_backoff_seconds=10)
+        self.remediation = remediation
+
+    def _slim(self, obj: dict):
+        return failing_pod(obj)
+
+    def _on_list(self, items: list) -> None:
+        self.remediation.found(items)
+
+    def _on_event(self, kind: str, obj: dict) -> None:
+        if kind == "DELETED":
+            self.remediation.gone(str((obj.get("metadata") or {}).get("uid") or ""))
+            return
+        failing = failing_pod(obj)
+        if failing is None:
+            self.remediation.gone(str((obj.get("metadata") or {}).get("uid") or ""))
+        else:
+            self.remediation.failing(failing)
+
+
+class Remediation:
+    def __init__(self, *, api: KubeApi, settings, policy, events: EventSink | None,
+                 nodes, workloads, namespaces=None, resolver=None, pull_secrets=None,
+                 exclude_namespaces=(), round_seconds: float = 300.0,
+                 resolve_timeout: float = 10.0, watch_seconds: int = 240,
+                 clock: Callable[[], float] = time.monotonic):
+        self.api = api
+        self.settings = settings           # config.RemediationSettings
+        self.policy = policy               # placement.Policy: its mode, per namespace below
+        self.events = events
+        self.nodes = nodes                 # name -> NodeFacts (.items)
+        self.workloads = workloads         # workloadcache.WorkloadCache; None: GETs only
+        self.namespaces = namespaces       # NamespaceCache or None
+        self.resolver = resolver
+        self.pull_secrets = pull_secrets
+        self.exclude_namespaces = frozenset(exclude_namespaces)
+        self.round_seconds = max(MIN_ROUND_SECONDS, round_seconds)
+        self.resolve_timeout = resolve_timeout
+        self.watch_seconds = watch_seconds
+        self.rounds = 0
+        self._clock = clock
+        self._lock = threading.Condition()
+        self._tracked: dict[str, _Tracked] = {}
+        self._full_logged = False
+        self._by_reference: dict[str, list[tuple[WorkloadFacts, str]]] = {}
+
+    # --- leading ---------------------------------------------------------------------------
+    def lead(self, stop: threading.Event, api_client_factory) -> None:
+        """Watch, act and check tags until `stop`."""
+        watch = FailingPods(self, api_client_factory, self.watch_seconds)
+        if self.resolver is not None:
+            self.resolver.tag_moved = self.tag_moved
+        watch.ensure_started()
+        checker = threading.Thread(target=self._rounds, args=(stop,), daemon=True,
+                                   name="archway-tag-watch")
+        checker.start()
+        try:
+            self._work_loop(stop)
+        finally:
+            watch.stop()
+            with self._lock:
+                self._tracked.clear()
+                self._lock.notify_all()
+            checker.join(5)
+            if self.resolver is not None:
+                self.resolver.tag_moved = None
+
+    def found(self, pods: list) -> None:
+        """A full list: the failing pods of the cluster now."""
+        with self._lock:
+            seen = {p.uid for p in pods}
+            for uid in [u for u in self._tracked if u not in seen]:
+                del self._tracked[uid]
+        for pod in pods:
+            self.failing(pod)
+
+    def failing(self, pod: FailingPod) -> None:
+        with self._lock:
+            tracked = self._tracked.get(pod.uid)
+            if tracked is None:
+                if len(self._tracked) >= MAX_TRACKED:
+                    if not self._full_logged:
+                        self._full_logged = True
+                        log.warning("more than %d pods fail with exec format error: the others "
+                                    "are looked at once some of these are gone", MAX_TRACKED)
+                    return
+                tracked = self._tracked[pod.uid] = _Tracked(pod)
+            tracked.pod = pod
+            if {(f.container, f.image) for f in pod.failures} - tracked.handled:
+                tracked.due = True
+                self._lock.notify_all()
+
+    def gone(self, uid: str) -> None:
+        with self._lock:
+            self._tracked.pop(uid, None)
+
+    def _work_loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            with self._lock:
+                now = self._clock()
+                due = [t for t in self._tracked.values()
+                       if t.due or (t.next_look is not None and t.next_look <= now)]
+                if not due:
+                    waits = [t.next_look - now for t in self._tracked.values()
+                             if t.next_look is not None]
+                    self._lock.wait(min([0.5] + [max(0.01, w) for w in waits]))
+                    continue
+                for t in due:
+                    t.due = False
+            for tracked in due:
+                try:
+                    self._handle(tracked)
+                except ApiError as e:
+                    log.warning("exec format error of pod %s/%s: %s", tracked.pod.namespace,
+                                tracked.pod.name, e)
+                except Exception:
+                    log.exception("exec format error of pod %s/%s", tracked.pod.namespace,
+                                  tracked.pod.name)
+
+    # --- one failing pod ---------------------------------------------------------------------
+    def mode_of(self, namespace: str) -> str:
+        """enforce | audit | off for pods of `namespace`."""
+        if namespace in self.exclude_namespaces:
+            return "off"
+        from .namespaces import namespace_policy
+        facts = self.namespaces.items.get(namespace) if self.namespaces is not None else None
+        return namespace_policy(self.policy, facts).mode
+
+    def _handle(self, tracked: _Tracked) -> None:
+        pod = tracked.pod
+        if not self.nodes.wait_synced(10.0):
+            tracked.next_look = self._clock() + EVICT_RETRY_MAX_SECONDS   # no node cache yet
+            return
+        tracked.next_look = None
+        node = self.nodes.items.get(pod.node)
+        arch = getattr(node, "arch", None)
+        mode = self.mode_of(pod.namespace)
+        new = [f for f in pod.failures if (f.container, f.image) not in tracked.handled]
+        tracked.handled |= {(f.container, f.image) for f in new}
+        if arch is None or mode == "off":
+            if arch is None and new:
+                log.warning("pod %s/%s fails with exec format error on node %s, whose "
+                            "architecture archway does not know: nothing learned", pod.namespace,
+                            pod.name, pod.node)
+            return
+        top = self.top_workload(pod)
+        learn = self.settings.learn_failed_architectures and mode == "enforce"
+        for failure in new:
+            metrics.EXEC_FORMAT_ERRORS.labels(arch).inc()
+            log.warning("pod %s/%s: container %s (image %s) failed on node %s (%s) with exec "
+                        "format error: %s", pod.namespace, pod.name, failure.container,
+                        failure.image, pod.node, arch, failure.message)
+            self._event(pod.reference, "Warning", REASON_EXEC_FORMAT, "Detect",
+                        f"container {failure.container} (image {failure.image}) failed on node "
+                        f"{pod.node} ({arch}) with exec format error: its binaries are not "
+                        f"{arch} binaries ({failure.message})")
+            if top is not None:
+                self._event(_reference(top), "Warning", REASON_EXEC_FORMAT, "Detect",
+                            f"pods of image {failure.image} fail on {arch} with exec format "
+                            f"error: {_consequence(arch, mode, learn)}")
+        if learn and top is not None and new:
+            self.learn(top, arch, pod.evidence(arch))
+        if self.settings.evict and learn and top is not None:
+            self._maybe_evict(tracked, arch, top)
+
+    def top_workload(self, pod: FailingPod) -> WorkloadFacts | None:
+        """The pod's workload, from the caches; a link they do not hold yet is read."""
+        def lookup(kind: str, namespace: str, name: str) -> WorkloadFacts | None:
+            found = self.workloads.lookup(kind, namespace, name) \
+                if self.workloads is not None else None
+            if found is not None:
+                return found
+            try:
+                obj = self.api.request("GET", workload_path(kind, namespace, name))
+            except ApiError as e:
+                if e.status == 404:
+                    return None
+                raise
+            return workload_facts(kind)(obj)
+        return top_workload(pod.namespace, pod.owner, lookup)
+
+    def learn(self, top: WorkloadFacts, arch: str, evidence: list[Evidence]) -> bool:
+        """Merge `arch` and its evidence into the workload's own annotations (never its pod
+        template: no rollout); True when something was written."""
+        path = workload_path(top.kind, top.namespace, top.object_name)
+        for _ in range(MAX_PATCH_ATTEMPTS):
+            obj = self.api.request("GET", path)
+            meta = obj.get("metadata") or {}
+            merged = merged_annotations(meta.get("annotations") or {}, arch, evidence)
+            if merged is None:
+                return False
+            try:
+                self.api.request("PATCH", path, content_type="application/merge-patch+json",
+                                 body={"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                                                    "annotations": merged}})
+            except ApiError as e:
+                if e.status == 409:
+                    continue
+                raise
+            log.warning("%s %s/%s: learned that its pods fail on %s; new pods are kept off it "
+                        "(%s=%s)", top.kind, top.namespace, top.object_name, arch,
+                        ANNOTATION_FAILED, merged[ANNOTATION_FAILED])
+            return True
+        log.warning("%s %s/%s changed %d times while archway merged %s into %s: tried again at "
+                    "the next failure", top.kind, top.namespace, top.object_name,
+                    MAX_PATCH_ATTEMPTS, arch, ANNOTATION_FAILED)
+        return False
+
+    def _maybe_evict(self, tracked: _Tracked, arch: str, top: WorkloadFacts) -> None:
+        pod = tracked.pod
+        learned = top.learned
+        failed = (learned.architectures if learned is not None else frozenset()) | {arch}
+        if pod.architectures is None or not pod.architectures - failed:
+            return   # no architecture left to recreate it on: evicting would only repeat this
+        if tracked.next_look is not None and tracked.next_look > self._clock():
+            return
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/eviction"
+        body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": pod.name, "namespace": pod.namespace},
+                # This pod, not one recreated under its name since (StatefulSets reuse names).
+                "deleteOptions": {"preconditions": {"uid": pod.uid}}}
+        try:
+            self.api.request("POST", path, body=body)
+        except ApiError as e:
+            if e.status in (404, 409):     # gone, or replaced meanwhile
+                tracked.next_look = None
+                return
+            outcome = "blocked" if e.status == 429 else "failed"
+            metrics.REMEDIATION_EVICTIONS.labels(outcome).inc()
+            delay = min(EVICT_RETRY_MAX_SECONDS, EVICT_RETRY_MIN_SECONDS * 2 ** tracked.evict_tries)
+            tracked.evict_tries += 1
+            tracked.next_look = self._clock() + delay
+            if e.status == 429:
+                self._event(pod.reference, "Warning", REASON_EVICTION_BLOCKED, "Evict",
+                            f"not evicted yet ({e.message[:300] or 'disruption budget'}): "
+                            f"archway asks again, at most every {EVICT_RETRY_MAX_SECONDS:g} s")
+            else:
+                log.warning("evicting pod %s/%s failed: %s", pod.namespace, pod.name, e)
+            return
+        tracked.next_look = None
+        metrics.REMEDIATION_EVICTIONS.labels("evicted").inc()
+        log.warning("pod %s/%s evicted: it fails on %s; %s recreates it elsewhere", pod.namespace,
+                    pod.name, arch, top.display_name)
+        self._event(pod.reference, "Normal", REASON_EVICTED, "Evict",
+                    f"evicted (remediation.evict): it fails on {arch} with exec format error; "
+                    f"{top.display_name} recreates it on {_join(pod.architectures - failed)}")
+
+    # --- tags and resets, every round --------------------------------------------------------
+    def _rounds(self, stop: threading.Event) -> None:
+        while not stop.wait(0 if self.rounds == 0 else self.round_seconds):
+            try:
+                self.review(stop)
+            except Exception:
+                log.exception("reviewing the workloads' tags failed")
+
+    def review(self, stop: threading.Event | None = None) -> None:
+        """One round: the tags of every workload checked at their registry, then the learned
+        exclusions whose evidence no longer holds removed."""
+        if self.workloads is None:
+            return
+        self.workloads.wait_synced(30.0)
+        tops = [t for t in self.workloads.tops() if self.mode_of(t.namespace) != "off"]
+        results: dict[str, object] = {}
+        if self.settings.watch_tags and self.resolver is not None:
+            results = self._check_tags(tops, stop)
+        self.rounds += 1
+        if self.settings.learn_failed_architectures:
+            for top in tops:
+                learned = top.learned
+                if learned is None or self.mode_of(top.namespace) != "enforce":
+                    continue
+                why = reset_reason(learned, top.images, results)
+                if why:
+                    self.reset(top, why, results)
+
+    def _check_tags(self, tops: list[WorkloadFacts], stop) -> dict[str, object]:
+        by_reference: dict[str, list[tuple[WorkloadFacts, str]]] = {}
+        groups: dict[tuple, tuple[WorkloadFacts, set[str]]] = {}
+        for top in tops:
+            for image in top.images:
+                key = tag_key(image)
+                if key is None:
+                    continue
+                by_reference.setdefault(key, []).append((top, image))
+                group = (top.namespace, top.service_account, top.pull_secrets)
+                groups.setdefault(group, (top, set()))[1].add(image)
+        self._by_reference = by_reference   # read by tag_moved, in the resolver's threads
+        results: dict[str, object] = {}
+        for top, images in groups.values():
+            if stop is not None and stop.is_set():
+                break
+            credentials = self.pull_secrets.credentials_for(
+                top.template_view(), time.monotonic() + self.resolve_timeout / 2)
+            ordered = sorted(images)
+            for i in range(0, len(ordered), TAG_BATCH):
+                batch = ordered[i:i + TAG_BATCH]
+                results.update(self.resolver.resolve_many(
+                    batch, keyring=credentials.keyring, timeout=self.resolve_timeout,
+                    revalidate=frozenset(batch)))
+        return results
+
+    def tag_moved(self, ref: ImageReference, old, new) -> None:
+        """The resolver found `ref` naming another digest (the resolver.tag_moved observer)."""
+        lost = old.architectures - new.architectures
+        if not lost or not new.architectures:
+            return   # nothing dropped, or the new content records no architecture: unknown
+        concerned = self._by_reference.get(str(ref), [])
+        for arch in sorted(lost):
+            metrics.ARCHITECTURES_DROPPED.labels(arch).inc()
+        log.warning("tag %s moved from %s (%s) to %s (%s): %s dropped; %d workload(s) use it",
+                    ref, short_digest(old.digest or "?"), _join(old.architectures),
+                    short_digest(new.digest or "?"), _join(new.architectures), _join(lost),
+                    len(concerned))
+        for top, image in concerned:
+            if self.mode_of(top.namespace) == "off":
+                continue
+            self._event(_reference(top), "Warning", REASON_DROPPED, "Revalidate",
+                        f"tag {image} now names {short_digest(new.digest or '?')} "
+                        f"({_join(new.architectures)}), which lacks {_join(lost)} that "
+                        f"{short_digest(old.digest or '?')} had: its pods rescheduled onto "
+                        f"{_join(lost)} nodes will not start there (archway report lists the "
+                        f"workloads running on an architecture their tag no longer offers)")
+
+    def reset(self, top: WorkloadFacts, why: str, results: dict) -> bool:
+        """Remove a learned exclusion whose evidence no longer holds (read again first: it may
+        have been learned anew meanwhile)."""
+        path = workload_path(top.kind, top.namespace, top.object_name)
+        for _ in range(MAX_PATCH_ATTEMPTS):
+            try:
+                obj = self.api.request("GET", path)
+            except ApiError as e:
+                if e.status == 404:
+                    return False
+                raise
+            meta = obj.get("metadata") or {}
+            current = workload_facts(top.kind)(obj)
+            learned = learned_from(meta.get("annotations") or {}, top.display_name)
+            if current is None or learned is None or not reset_reason(learned, current.images,
+                                                                      results):
+                return False
+            try:
+                self.api.request("PATCH", path, content_type="application/merge-patch+json",
+                                 body={"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                                                    "annotations": {ANNOTATION_FAILED: None,
+                                                                    ANNOTATION_EVIDENCE: None}}})
+            except ApiError as e:
+                if e.status == 409:
+                    continue
+                raise
+            log.info("%s %s/%s: learned exclusion of %s removed: %s", top.kind, top.namespace,
+                     top.object_name, _join(learned.architectures), why)
+            self._event(_reference(top), "Normal", REASON_RESET, "Reset",
+                        f"archway no longer keeps its pods off {_join(learned.architectures)}: "
+                        f"{why}")
+            return True
+        return False
+
+    def _event(self, regarding: dict, event_type: str, reason: str, action: str,
+               note: str) -> None:
+        if self.events is not None:
+            self.events.record(regarding, event_type, reason, action, note)
+
+
+def tag_key(image: str) -> str | None:
+    """How a tag of a registry is named in the resolver's observer (str of its reference);
+    None for what cannot move: a digest, or an image that is not a registry's (SIF URLs)."""
+    try:
+        ref = parse_reference(image)
+    except ArchwayError:
+        return None
+    if ref.digest or ref.scheme not in ("docker", "oras"):
+        return None
+    return str(ref)
+
+
+def workload_path(kind: str, namespace: str, name: str) -> str:
+    prefix, plural = COLLECTIONS[kind].rsplit("/", 1)
+    return f"{prefix}/namespaces/{namespace}/{plural}/{name}"
+
+
+def _reference(top: WorkloadFacts) -> dict:
+    group = "batch/v1" if top.kind in ("Job", "CronJob") else "apps/v1"
+    return {"apiVersion": group, "kind": top.kind, "namespace": top.namespace,
+            "name": top.object_name, "uid": top.uid}
+
+
+def _consequence(arch: str, mode: str, learn: bool) -> str:
+    if mode != "enforce":
+        return "audit mode: archway only reports it"
+    if not learn:
+        return "remediation.learn_failed_architectures is off: archway only reports it"
+    return (f"archway keeps its new pods off {arch} (annotation {ANNOTATION_FAILED}; remove it, "
+            f"or change the image, to undo)")

@@ -1,0 +1,164 @@
+"""The cluster's workloads as archway needs them, from list + watch caches (archway.watchcache):
+who controls whom (a Deployment's ReplicaSets, a CronJob's Jobs), what each learned
+(learning.py), and the images of each pod template.
+
+Admission finds a pod's workload through its ownerReferences here, never with a request of its
+own; the leading gate controller uses the same caches to learn (remediation.py) and to find the
+workloads a moved tag concerns. Only a few facts are kept per object, so a cluster of 10,000
+ReplicaSets costs a few megabytes, not the objects.
+"""
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+
+from archway.podview import PodView
+from archway.watchcache import WatchCache
+
+from .cluster import WORKLOAD_LISTS
+from .learning import Learned, learned_from
+from .workloads import TEMPLATE_PATHS
+
+# kind -> its collection (all namespaces)
+COLLECTIONS = {kind: f"{prefix}/{plural}" for kind, (prefix, plural) in WORKLOAD_LISTS.items()
+               if kind != "Pod"}
+# What a workload's owner chain may pass through on the way to the top: a ReplicaSet
+# (Deployment), a Job (CronJob). Nothing deeper exists among these kinds.
+MAX_CHAIN = 3
+
+
+@dataclass(frozen=True)
+class WorkloadFacts:
+    name: str                              # namespace/name: the cache's key
+    kind: str
+    namespace: str
+    object_name: str
+    uid: str
+    owner: tuple[str, str] | None          # its controller: (kind, name), same namespace
+    annotations: tuple[tuple[str, str], ...]  # archway.dev/* only
+    images: tuple[str, ...] = ()           # its pod template's, initContainers first
+    service_account: str = ""              # the template's, for its pull credentials
+    pull_secrets: tuple[str, ...] = ()
+
+    @property
+    def display_name(self) -> str:
+        return f"{self.kind} {self.object_name}"
+
+    @cached_property
+    def learned(self) -> Learned | None:
+        return learned_from(dict(self.annotations), self.display_name)
+
+    def template_view(self) -> PodView:
+        """A pod of its template as far as credentials and images go."""
+        return PodView.of({"metadata": {"namespace": self.namespace},
+                           "spec": {"serviceAccountName": self.service_account,
+                                    "imagePullSecrets": [{"name": n} for n in self.pull_secrets],
+                                    "containers": [{"name": f"c{i}", "image": image}
+                                                   for i, image in enumerate(self.images)]}})
+
+
+def workload_facts(kind: str) -> Callable[[dict], WorkloadFacts | None]:
+    def facts(obj: dict) -> WorkloadFacts | None:
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        if not isinstance(meta, dict) or not meta.get("name") or not meta.get("namespace"):
+            return None
+        owner = next((ref for ref in meta.get("ownerReferences") or ()
+                      if isinstance(ref, dict) and ref.get("controller")), None)
+        annotations = _mapping(meta.get("annotations"))
+        template: object = obj
+        for key in TEMPLATE_PATHS[kind]:
+            template = template.get(key) if isinstance(template, dict) else None
+        spec = _mapping(template.get("spec") if isinstance(template, dict) else None)
+        images = tuple(dict.fromkeys(
+            c["image"] for key in ("initContainers", "containers")
+            for c in _list(spec.get(key))
+            if isinstance(c, dict) and isinstance(c.get("image"), str) and c["image"]))
+        return WorkloadFacts(
+            name=f"{meta['namespace']}/{meta['name']}", kind=kind, namespace=meta["namespace"],
+            object_name=meta["name"], uid=str(meta.get("uid") or ""),
+            owner=(str(owner.get("kind")), str(owner.get("name"))) if owner else None,
+            annotations=tuple(sorted((k, v) for k, v in annotations.items()
+                                     if isinstance(k, str) and k.startswith("archway.dev/")
+                                     and isinstance(v, str))),
+            images=images,
+            service_account=str(spec.get("serviceAccountName") or spec.get("serviceAccount") or ""),
+            pull_secrets=tuple(s["name"] for s in spec.get("imagePullSecrets") or ()
+                               if isinstance(s, dict) and isinstance(s.get("name"), str)))
+    return facts
+
+
+def _mapping(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: object) -> list:
+    return value if isinstance(value, list) else []
+
+
+Lookup = Callable[[str, str, str], "WorkloadFacts | None"]   # (kind, namespace, name)
+
+
+def top_workload(namespace: str, owner: tuple[str, str] | None,
+                 lookup: Lookup) -> WorkloadFacts | None:
+    """The workload at the top of an owner chain starting at `owner` (a pod's controller):
+    a Deployment through its ReplicaSet, a CronJob through its Job, or the StatefulSet,
+    DaemonSet, Job or ReplicaSet itself. None when the chain leaves these kinds at once or a
+    link is not known (yet)."""
+    if owner is None or owner[0] not in COLLECTIONS:
+        return None
+    facts = lookup(owner[0], namespace, owner[1])
+    for _ in range(MAX_CHAIN):
+        if facts is None:
+            return None
+        if facts.owner is None or facts.owner[0] not in COLLECTIONS:
+            return facts   # the top, or controlled by a kind archway does not know (kept)
+        facts = lookup(facts.owner[0], namespace, facts.owner[1])
+    return None
+
+
+def pod_owner(pod: PodView) -> tuple[str, str] | None:
+    owner = next((o for o in pod.owner_references if o.controller), None)
+    return (owner.kind, owner.name) if owner is not None else None
+
+
+class WorkloadCache:
+    """One WatchCache per workload kind, started together."""
+
+    def __init__(self, api_client_factory, kinds: Iterable[str] = tuple(COLLECTIONS), **kwargs):
+        self.caches: dict[str, WatchCache[WorkloadFacts]] = {
+            kind: WatchCache(api_client_factory, what=f"{kind.lower()}",
+                             path=COLLECTIONS[kind], facts=workload_facts(kind), **kwargs)
+            for kind in kinds}
+
+    def ensure_started(self) -> None:
+        for cache in self.caches.values():
+            cache.ensure_started()
+
+    def wait_synced(self, timeout: float) -> bool:
+        import time
+        end = time.monotonic() + max(0.0, timeout)
+        return all([cache.wait_synced(end - time.monotonic()) for cache in self.caches.values()])
+
+    @property
+    def synced(self) -> bool:
+        return all(cache.synced for cache in self.caches.values())
+
+    def stop(self) -> None:
+        for cache in self.caches.values():
+            cache.stop()
+
+    def lookup(self, kind: str, namespace: str, name: str) -> WorkloadFacts | None:
+        cache = self.caches.get(kind)
+        return cache.items.get(f"{namespace}/{name}") if cache is not None else None
+
+    def top_of(self, pod: PodView) -> WorkloadFacts | None:
+        return top_workload(pod.namespace, pod_owner(pod), self.lookup)
+
+    def tops(self) -> Iterable[WorkloadFacts]:
+        """Every workload at the top of its chain (what carries a template that matters)."""
+        for cache in self.caches.values():
+            for facts in cache.items.values():
+                if facts.owner is None or facts.owner[0] not in self.caches:
+                    yield facts
+
+    def items(self) -> Mapping[str, Mapping[str, WorkloadFacts]]:
+        return {kind: cache.items for kind, cache in self.caches.items()}
