@@ -110,8 +110,11 @@ class EventSink:
                 self.api.request("POST", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events",
                                  body=body, timeout=5)
             except ApiError as e:
-                log.warning("could not record Event %s on %s: %s", body["reason"],
-                            body["regarding"].get("name"), e)
+                # A namespace being deleted takes no new object: the Event has nobody to tell.
+                gone = e.status == 403 and "being terminated" in e.message
+                (log.debug if gone else log.warning)(
+                    "could not record Event %s on %s: %s", body["reason"],
+                    body["regarding"].get("name"), e)
             except Exception:
                 log.exception("could not record an Event")
             finally:

@@ -22,6 +22,7 @@ class NamespaceFacts:
     mode: str | None = None                              # None: no (usable) label
     preferred: tuple[tuple[str, int], ...] | None = None  # None: no (usable) annotation
     problems: tuple[str, ...] = ()                        # what was ignored, and why
+    terminating: bool = False                             # being deleted: nothing new goes in
 
 
 def parse_preferred(text: str) -> tuple[tuple[str, int], ...]:
@@ -59,7 +60,8 @@ def namespace_facts(obj: dict) -> NamespaceFacts | None:
             preferred = parse_preferred(raw)
         except ValueError as e:
             problems.append(f"namespace annotation {ANNOTATION_PREFERRED}: {e}; ignored")
-    return NamespaceFacts(name, mode, preferred, tuple(problems))
+    return NamespaceFacts(name, mode, preferred, tuple(problems),
+                          terminating=bool(meta.get("deletionTimestamp")))
 
 
 def _mapping(value: object) -> dict:

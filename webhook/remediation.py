@@ -86,12 +86,13 @@ class FailingPod:
 
 
 def failing_pod(obj: dict) -> FailingPod | None:
-    """The facts of a bound pod with an exec format error; None for every other pod (almost
-    all of them: this runs on every status update of the cluster)."""
+    """The facts of a bound pod with an exec format error, not being deleted; None for every
+    other pod (almost all of them: this runs on every status update of the cluster)."""
     failures = exec_format_failures(obj)
     meta = obj.get("metadata") or {}
     node = (obj.get("spec") or {}).get("nodeName")
-    if not failures or not isinstance(node, str) or not node:
+    # A pod being deleted is on its way out (its namespace may be too: no Event would be taken).
+    if not failures or not isinstance(node, str) or not node or meta.get("deletionTimestamp"):
         return None
     owner = next((ref for ref in meta.get("ownerReferences") or ()
                   if isinstance(ref, dict) and ref.get("controller")), None)
@@ -247,11 +248,14 @@ class Remediation:
 
     # --- one failing pod ---------------------------------------------------------------------
     def mode_of(self, namespace: str) -> str:
-        """enforce | audit | off for pods of `namespace`."""
+        """enforce | audit | off for pods of `namespace`; off while it is being deleted (it
+        takes no new Event, and its workloads are going)."""
         if namespace in self.exclude_namespaces:
             return "off"
         from .namespaces import namespace_policy
         facts = self.namespaces.items.get(namespace) if self.namespaces is not None else None
+        if facts is not None and facts.terminating:
+            return "off"
         return namespace_policy(self.policy, facts).mode
 
     def _handle(self, tracked: _Tracked) -> None:
@@ -259,6 +263,8 @@ class Remediation:
         if not self.nodes.wait_synced(10.0):
             tracked.next_look = self._clock() + EVICT_RETRY_MAX_SECONDS   # no node cache yet
             return
+        if self.namespaces is not None:
+            self.namespaces.wait_synced(10.0)   # their mode; without it the config's
         tracked.next_look = None
         node = self.nodes.items.get(pod.node)
         arch = getattr(node, "arch", None)
