@@ -25,6 +25,7 @@ from archway.extender.traffic import (
     TrafficScale,
     load_score,
     node_loads,
+    percent,
     scores_of,
     utilisation_ceiling,
 )
@@ -303,7 +304,7 @@ class Extender:
         busy, everyone = utilisation_ceiling(loads, candidates, ceiling)
         if everyone:
             return keep, {}, (f"; every candidate's link is above extender.max_utilisation "
-                              f"({ceiling:.0%}): all pass")
+                              f"({percent(ceiling)}): all pass")
         return [i for i in keep if names[i] not in busy], busy, ""
 
     def _cached_archs(self, names: list[str], deadline: float) -> list[str | None]:

@@ -230,6 +230,11 @@ def node_loads(traffic: dict[str, float], capacity: dict[str, float], node_names
             for node, key in match_by_name(traffic, node_names).items()}
 
 
+def percent(fraction: float) -> str:
+    """0.08 -> "8%", 0.0014 -> "0.14%", 0.93456 -> "93.5%"."""
+    return f"{fraction * 100:.3g}%"
+
+
 def utilisation_ceiling(loads: dict[str, NodeLoad], names, ceiling: float
                         ) -> tuple[dict[str, str], bool]:
     """(node -> why, for the nodes of `names` whose link utilisation is above `ceiling`; whether
@@ -243,8 +248,8 @@ def utilisation_ceiling(loads: dict[str, NodeLoad], names, ceiling: float
             continue
         utilisation = load.traffic / load.capacity
         if utilisation > ceiling:
-            above[name] = (f"link utilisation {utilisation:.0%} is above "
-                           f"extender.max_utilisation ({ceiling:.0%})")
+            above[name] = (f"link utilisation {percent(utilisation)} is above "
+                           f"extender.max_utilisation ({percent(ceiling)})")
     everyone = bool(names) and len(above) == len(names)
     return ({} if everyone else above), everyone
 
