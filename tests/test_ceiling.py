@@ -10,8 +10,8 @@ import time
 import pytest
 
 from tests.infra.procs import poll
-from tests.infra.prometheus import prometheus_stack  # noqa: F401  (the fixture `prom` uses)
-from tests.test_utilisation import _fixture, extender_client, prom  # noqa: F401
+from tests.infra.prometheus import prometheus_stack
+from tests.test_utilisation import _fixture, extender_client, prom
 
 pytestmark = pytest.mark.slow
 

@@ -97,21 +97,20 @@ def row_json(row: Row) -> dict:
     return data
 
 
-def table(rows: list[Row], target: str | None, placements: bool = False) -> str:
-    """`placements`: where the pods run is known (the nodes could be read): a RUNS ON column."""
-    header = ["NAMESPACE", "KIND", "NAME", "ARCHITECTURES"] + (["RUNS ON"] if placements else [])
+def table(rows: list[Row], target: str | None, placements: bool = True) -> str:
+    """`placements`: where the pods run is known (the nodes could be read); RUNS ON says "?"
+    otherwise."""
+    header = ["NAMESPACE", "KIND", "NAME", "ARCHITECTURES", "RUNS ON"]
     if target:
         header += [f"TO {target.upper()}", "WHY NOT"]
     lines = [header]
     for row in rows:
         archs = ("unknown" if row.architectures is None
                  else ",".join(sorted(row.architectures)) or "none in common")
-        runs = ",".join(sorted(row.running)) or "-"
+        runs = ",".join(sorted(row.running)) or ("-" if placements else "?")
         if row.not_offered:
             runs += f" (NOT OFFERED: {','.join(row.not_offered)})"
-        cells = [row.workload.namespace or "-", row.workload.kind, row.workload.name, archs]
-        if placements:
-            cells.append(runs)
+        cells = [row.workload.namespace or "-", row.workload.kind, row.workload.name, archs, runs]
         if target:
             why = ([f"{len(row.lacking)} image(s) lack {target}: {', '.join(row.lacking)}"]
                    if row.lacking else []) + ([f"pinned to {row.pinned}"] if row.pinned else []) \
@@ -197,11 +196,12 @@ def run(args) -> int:
     if failed and len(failed) == len(REPORTED_KINDS):
         raise ArchwayError("could not list any workload (see above)")
     try:
-        node_archs = {f.name: f.arch for f in map(node_facts, reader.nodes()) if f is not None}
+        node_archs: dict[str, str | None] | None = {
+            f.name: f.arch for f in map(node_facts, reader.nodes()) if f is not None}
     except ArchwayError as e:
-        node_archs = {}
+        node_archs = None
         _progress(f"where pods run is not shown: {e}")
-    running = running_architectures(placements, owners, node_archs)
+    running = running_architectures(placements, owners, node_archs or {})
     pods = [PodView.of(w.pod) for w in workloads]
     resolver = Resolver(config.registry, sif=config.sif)
     secrets = PullSecrets(reader.api_client)
@@ -236,7 +236,7 @@ def run(args) -> int:
                    "workloads": [row_json(r) for r in rows]}, sys.stdout, indent=2)
         print()
     else:
-        sys.stdout.write(table(rows, target, placements=bool(node_archs)))
+        sys.stdout.write(table(rows, target, placements=node_archs is not None))
         if target:
             counts = summary(rows)
             _progress(f"{counts.get('yes', 0)} of {len(rows)} workloads could move to {target}; "
