@@ -35,6 +35,7 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "bodies": "bodies",
     "extender": "extender",
     "kube": "kube",
+    "loop": "loop",
 }
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
