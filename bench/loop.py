@@ -38,13 +38,13 @@ FAILING_EVERY = 20          # of the status updates, one in this many says exec 
 DEPLOYMENTS = 1_000
 LEARNED_EVERY = 10
 REVIEWS = 5_000
-CPU_TARGET_US = 250.0       # per status update, the watch's whole cost
+CPU_RATIO_TARGET = 1.25     # archway's watch vs one keeping nothing, CPU per status update
 RETAINED_TARGET_MB = 10.0   # RSS archway's watch holds beyond a watch keeping nothing
 ADDED_P99_TARGET_MS = 0.1
 NAMESPACES = 10
 MB = 1024 * 1024
-SPECS = (("22", f"leader's pod watch at {PODS:,} pods: CPU per status update",
-          f"<= {CPU_TARGET_US:g} us"),
+SPECS = (("22", f"leader's pod watch at {PODS:,} pods: CPU per status update, vs a watch "
+                "keeping nothing", f"<= {CPU_RATIO_TARGET:g}x"),
          ("22b", f"leader's pod watch at {PODS:,} pods: memory beyond a watch keeping nothing",
           f"<= {RETAINED_TARGET_MB:g} MB"),
          ("23", f"admission p99 with the owner lookup vs without ({DEPLOYMENTS:,} Deployments)",
@@ -119,6 +119,7 @@ class _Watcher:
                                          cwd=os.path.dirname(os.path.dirname(
                                              os.path.abspath(__file__))))
         self.synced: int | None = None
+        self.kept_bytes = 0
         self.seen = 0
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -127,7 +128,8 @@ class _Watcher:
         for line in self.process.stdout:
             word, _, number = line.partition(" ")
             if word == "synced":
-                self.synced = int(number)
+                count, size = number.split()
+                self.synced, self.kept_bytes = int(count), int(size)
             elif word == "seen":
                 self.seen = int(number)
 
@@ -195,12 +197,12 @@ def _pod_watch(plane: ControlPlane, namespaces: list[str], image: str,
         for w in watchers:
             w.stop()
     per_update = {mode: seconds / len(updates) * 1e6 for mode, seconds in used.items()}
+    ratio = per_update["archway"] / per_update["parse-only"]
     retained = (rss["archway"] - rss["parse-only"]) / MB
     return [
         Figure("22", SPECS[0][1],
-               f"{per_update['archway']:.0f} us (a watch keeping nothing: "
-               f"{per_update['parse-only']:.0f} us)", SPECS[0][2],
-               per_update["archway"] <= CPU_TARGET_US, [
+               f"{ratio:.2f}x ({per_update['archway']:.0f} vs {per_update['parse-only']:.0f} us)",
+               SPECS[0][2], ratio <= CPU_RATIO_TARGET, [
                    f"{PODS:,} pods (~{len(json.dumps(pods[0][1])) / 1024:.1f} KB each as "
                    f"created) on the real apiserver; two watch processes side by side "
                    f"(archway's FailingPods; a ListWatch of the same pages parsing and keeping "
@@ -210,13 +212,14 @@ def _pod_watch(plane: ControlPlane, namespaces: list[str], image: str,
                    f"divided by their number: {used['archway']:.2f} vs "
                    f"{used['parse-only']:.2f} s in all"]),
         Figure("22b", SPECS[1][1],
-               f"+{retained:.1f} MB (RSS {rss['archway'] / MB:.0f} vs "
-               f"{rss['parse-only'] / MB:.0f} MB; peak {peak['archway'] / MB:.0f} vs "
-               f"{peak['parse-only'] / MB:.0f} MB)", SPECS[1][2],
-               retained <= RETAINED_TARGET_MB, [
+               f"+{retained:.1f} MB (RSS {rss['archway'] / MB:.1f} vs "
+               f"{rss['parse-only'] / MB:.1f} MB; peak {peak['archway'] / MB:.0f} vs "
+               f"{peak['parse-only'] / MB:.0f} MB; kept {archway.kept_bytes / 1024:.0f} KB)",
+               SPECS[1][2], retained <= RETAINED_TARGET_MB, [
                    f"RSS of each watch process once its first list of {PODS:,} pods (pages of "
-                   f"500) was in, {FAILING_AT_LIST} of them failing with exec format error "
-                   "(archway keeps those); peak = VmHWM during the list"])]
+                   f"500) was in and the heap trimmed, {FAILING_AT_LIST} of them failing with "
+                   f"exec format error (archway keeps those: {archway.kept_bytes:,} bytes, the "
+                   "deep size of its facts); peak = VmHWM during the list"])]
 
 
 # --- figure 23 -------------------------------------------------------------------------------
