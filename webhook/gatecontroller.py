@@ -192,7 +192,11 @@ class GateController:
         if p.tries:
             self._wake(results)
         waited = max(0.0, self._wall() - p.created)
-        top = self.workloads.top_of(view) if self.workloads is not None else None
+        top = None
+        if self.workloads is not None and view.owner_references:
+            # A new leader's caches may still be listing: wait for them as admission does.
+            self.workloads.wait_synced(max(0.0, min(timeout, remaining)) * 0.4)
+            top = self.workloads.top_of(view)
         release = plan_release(p.obj, results, self.policy, expired=expired,
                                fallback=self.fallback, waited=waited,
                                learned=top.learned if top is not None else None)

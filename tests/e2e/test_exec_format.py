@@ -21,8 +21,10 @@ from .loop import (
     probe,
     replica_sets,
 )
+from .test_gate import slow_registry
+from .test_rbac import identity_of
 from .test_tools import run_archway
-from .workloads import arches_of, create_deployment, node_arch, wait_bound
+from .workloads import arches_of, create_deployment, gated, node_arch, wait_bound
 
 FAILED = "archway.dev/failed-architectures"
 EVIDENCE = "archway.dev/failed-images"
@@ -196,3 +198,45 @@ def test_with_learning_off_the_events_come_and_nothing_is_learned_or_applied(
     kube.patch(deployment_path(namespace, "app"), {"metadata": {"annotations": {FAILED: "arm64"}}})
     time.sleep(2)   # what a watch would take to see it, many times over
     assert placed_on(probe(kube, namespace, image, replica_set)) == {"amd64", "arm64"}
+
+
+def test_a_gated_pod_of_the_workload_is_released_with_the_exclusion(
+        archway, kube, namespace, images, slow_registry):
+    slow_registry.delay = 0.0
+    image = images.ref("e2e/multi", images.fresh("e2e/multi"), via="slow")
+    create_deployment(kube, namespace, preferring_arm64("app", image, replicas=1))
+    (failing,) = wait_bound(kube, namespace, "app", 1)
+    assert node_arch(kube, failing["spec"]["nodeName"]) == "arm64"
+    crash_with_exec_format_error(kube, namespace, failing)
+    kube.wait_for(lambda: learned(kube, namespace).get(FAILED), timeout=20,
+                  what="the learned annotation")
+    # archway starts again (its caches empty) while the registry is too slow for admission:
+    # the replacement is gated, and the new leader places it once the registry answers.
+    slow_registry.delay = 3.0
+    archway.restart_webhook()
+    kube.delete(pod_path(namespace, failing["metadata"]["name"]))
+    replacement = kube.wait_for(lambda: [p for p in app_pods(kube, namespace, "app")
+                                         if p["metadata"]["name"] != failing["metadata"]["name"]],
+                                timeout=30, what="the replacement pod")[0]
+    assert gated(replacement), replacement["spec"].get("schedulingGates")
+    slow_registry.delay = 0.0
+    (bound,) = replaced(kube, namespace, failing, count=1)
+    assert node_arch(kube, bound["spec"]["nodeName"]) == "amd64"
+    assert bound["metadata"]["annotations"]["archway.dev/excluded-architectures"] == "arm64"
+    assert "Placed" in [e["reason"] for e in kube.events_for(namespace, bound["metadata"]["name"])]
+
+
+def test_the_webhooks_account_may_learn_but_not_rewrite_workloads(archway, kube):
+    """What the closed loop needs of RBAC, and no more (the chart's defaults)."""
+    client, _ = identity_of(archway, kube, "webhook")
+    for verb, resource, group in (("watch", "replicasets", "apps"), ("watch", "cronjobs", "batch"),
+                                  ("get", "replicasets", "apps"), ("get", "jobs", "batch"),
+                                  ("patch", "deployments", "apps"), ("patch", "cronjobs", "batch"),
+                                  ("patch", "statefulsets", "apps")):
+        assert client.can_i(verb, resource, group=group, namespace="default"), (verb, resource)
+    for verb, resource, group in (("update", "deployments", "apps"),
+                                  ("delete", "deployments", "apps"),
+                                  ("update", "jobs", "batch"), ("create", "deployments", "apps")):
+        assert not client.can_i(verb, resource, group=group, namespace="default"), (verb, resource)
+    # Evicting is opt-in (remediation.evict), granted only then (test_remediation.py).
+    assert not client.can_i("create", "pods/eviction", namespace="default")

@@ -22,6 +22,7 @@ from .loop import (
     probe,
     replica_sets,
 )
+from .test_rbac import identity_of
 from .test_tools import run_archway
 from .workloads import create_deployment, node_arch, wait_bound
 
@@ -42,6 +43,12 @@ def evicting(archway):
     assert archway.chart_config("webhook.yaml")["remediation"]["evict"] is True
     yield archway
     upgrade("--reset-values", "--values", archway.plane.path("values.yaml"))
+
+
+def test_with_evict_on_the_chart_grants_evictions_and_nothing_more(evicting, kube):
+    client, _ = identity_of(evicting, kube, "webhook")
+    assert client.can_i("create", "pods/eviction", namespace="default")
+    assert not client.can_i("delete", "pods", namespace="default")
 
 
 def pdb(kube, namespace: str, min_available: int) -> dict:
