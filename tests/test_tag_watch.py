@@ -3,6 +3,7 @@ a revalidation finds a tag moved (the one seam in the registry layer), and the l
 (webhook/remediation.py) turn a move that drops an architecture into ArchitecturesDropped on each
 workload using the tag, and remove learned exclusions whose evidence moved."""
 import threading
+import time
 
 import pytest
 from prometheus_client import REGISTRY
@@ -131,6 +132,28 @@ def test_each_round_checks_the_tags_and_a_dropped_architecture_raises_the_alarm(
     remediation.review()
     settle(resolver)
     assert len(events.sent) == 2 and dropped("arm64") == before + 1
+
+
+def test_a_round_paces_its_checks_per_registry_host(plain_registry):
+    """As pre-warming does (registry.prewarm.requests_per_second): a cluster's thousand tags on
+    one registry are not a thousand requests at once every round."""
+    images = []
+    for i in range(4):
+        plain_registry.push_image(f"tw/paced{i}", "1", "linux/amd64")
+        images.append(plain_registry.ref(f"tw/paced{i}", "1"))
+    resolver = resolver_for(plain_registry)
+    remediation = Remediation(api=None, settings=RemediationSettings(
+                                  learn_failed_architectures=False), policy=Policy(),
+                              events=Events(), nodes=None, resolver=resolver,
+                              workloads=Workloads(*[deployment(f"d{i}", image)
+                                                    for i, image in enumerate(images)]),
+                              pull_secrets=Secrets(), per_second=10.0)
+    remediation.review()                     # first sight: GETs
+    settle(resolver)
+    started = time.monotonic()
+    remediation.review()                     # 4 HEADs, 0.1 s apart
+    assert time.monotonic() - started >= 0.3
+    settle(resolver)
 
 
 def test_with_watch_tags_off_the_rounds_ask_no_registry(plain_registry):

@@ -397,7 +397,8 @@ def _lead(config, api: KubeApi, controller: GateController, resolver, pull_secre
         nodes=nodes, workloads=workloads, namespaces=namespaces, resolver=resolver,
         pull_secrets=pull_secrets, exclude_namespaces=config.admission.exclude_namespaces,
         round_seconds=config.registry.cache.tag_ttl_seconds,
-        resolve_timeout=config.registry.timeout_seconds * 2)
+        resolve_timeout=config.registry.timeout_seconds * 2,
+        per_second=config.registry.prewarm.requests_per_second)
     loop = threading.Thread(target=remediation.lead, args=(stop, factory),
                             name="archway-remediation", daemon=True)
     loop.start()

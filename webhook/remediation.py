@@ -55,7 +55,6 @@ EVICT_RETRY_MAX_SECONDS = 30.0    # doubling up to this
 MAX_TRACKED = 10_000              # failing pods remembered at once (one of each is a few facts)
 MAX_PATCH_ATTEMPTS = 4            # a workload changed meanwhile (409): read it again and merge
 MIN_ROUND_SECONDS = 1.0
-TAG_BATCH = 64                    # tags resolved per call (the resolver's per-call limit)
 REASON_EXEC_FORMAT = "ExecFormatError"
 REASON_DROPPED = "ArchitecturesDropped"
 REASON_RESET = "FailedArchitecturesReset"
@@ -152,7 +151,7 @@ class Remediation:
                  nodes, workloads, namespaces=None, resolver=None, pull_secrets=None,
                  exclude_namespaces=(), round_seconds: float = 300.0,
                  resolve_timeout: float = 10.0, watch_seconds: int = 240,
-                 clock: Callable[[], float] = time.monotonic):
+                 per_second: float = 5.0, clock: Callable[[], float] = time.monotonic):
         self.api = api
         self.settings = settings           # config.RemediationSettings
         self.policy = policy               # placement.Policy: its mode, per namespace below
@@ -166,6 +165,7 @@ class Remediation:
         self.round_seconds = max(MIN_ROUND_SECONDS, round_seconds)
         self.resolve_timeout = resolve_timeout
         self.watch_seconds = watch_seconds
+        self.per_second = per_second       # tag checks per registry host and second
         self.rounds = 0
         self._clock = clock
         self._lock = threading.Condition()
@@ -381,7 +381,10 @@ class Remediation:
 
     # --- tags and resets, every round --------------------------------------------------------
     def _rounds(self, stop: threading.Event) -> None:
-        while not stop.wait(0 if self.rounds == 0 else self.round_seconds):
+        began = self._clock()
+        while not stop.wait(0 if self.rounds == 0 else
+                            max(0.0, began + self.round_seconds - self._clock())):
+            began = self._clock()
             try:
                 self.review(stop)
             except Exception:
@@ -408,29 +411,43 @@ class Remediation:
                     self.reset(top, why, results)
 
     def _check_tags(self, tops: list[WorkloadFacts], stop) -> dict[str, object]:
+        """Each tag checked at its registry once (per set of credentials), paced as
+        pre-warming is: at most `per_second` checks a second per registry host. Returns what
+        the cache holds for them afterwards (a check still running leaves the answer before)."""
+        from .prewarm import _host, _Wanted, paced
         by_reference: dict[str, list[tuple[WorkloadFacts, str]]] = {}
-        groups: dict[tuple, tuple[WorkloadFacts, set[str]]] = {}
+        wanted: dict[tuple, _Wanted] = {}
         for top in tops:
+            view = None
             for image in top.images:
                 key = tag_key(image)
                 if key is None:
                     continue
                 by_reference.setdefault(key, []).append((top, image))
-                group = (top.namespace, top.service_account, top.pull_secrets)
-                groups.setdefault(group, (top, set()))[1].add(image)
+                view = view or top.template_view()
+                wanted.setdefault((image, top.namespace, top.service_account, top.pull_secrets),
+                                  _Wanted(image, view))
         self._by_reference = by_reference   # read by tag_moved, in the resolver's threads
-        results: dict[str, object] = {}
-        for top, images in groups.values():
-            if stop is not None and stop.is_set():
+        keyrings: dict[tuple, object] = {}
+
+        def keyring(pod):
+            group = (pod.namespace, pod.service_account, pod.pull_secret_names)
+            if group not in keyrings:
+                keyrings[group] = self.pull_secrets.credentials_for(
+                    pod, time.monotonic() + self.resolve_timeout / 2).keyring
+            return keyrings[group]
+        stop = stop or threading.Event()
+        begin = self._clock()
+        for offset, item in paced(list(wanted.values()), self.per_second, _host):
+            if stop.wait(max(0.0, begin + offset - self._clock())):
                 break
-            credentials = self.pull_secrets.credentials_for(
-                top.template_view(), time.monotonic() + self.resolve_timeout / 2)
-            ordered = sorted(images)
-            for i in range(0, len(ordered), TAG_BATCH):
-                batch = ordered[i:i + TAG_BATCH]
-                results.update(self.resolver.resolve_many(
-                    batch, keyring=credentials.keyring, timeout=self.resolve_timeout,
-                    revalidate=frozenset(batch)))
+            # timeout 0: the check starts and goes on; the observer hears of a move.
+            self.resolver.resolve_many([item.image], keyring=keyring(item.pod), timeout=0,
+                                       revalidate=frozenset([item.image]))
+        results: dict[str, object] = {}
+        for item in wanted.values():
+            results.update(self.resolver.resolve_many([item.image], keyring=keyring(item.pod),
+                                                      timeout=self.resolve_timeout))
         return results
 
     def tag_moved(self, ref: ImageReference, old, new) -> None:
