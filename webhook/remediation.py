@@ -113,6 +113,7 @@ class _Tracked:
     handled: frozenset[tuple[str, str]] = frozenset()   # (container, image) reported
     due: bool = True
     next_look: float | None = None    # monotonic time to look again (an eviction to retry...)
+    learned: bool = False             # its failures are merged into its workload
     evict_tries: int = 0
 
 
@@ -271,14 +272,21 @@ class Remediation:
         mode = self.mode_of(pod.namespace)
         new = [f for f in pod.failures if (f.container, f.image) not in tracked.handled]
         tracked.handled |= {(f.container, f.image) for f in new}
+        if new:
+            tracked.learned = False
         if arch is None or mode == "off":
             if arch is None and new:
                 log.warning("pod %s/%s fails with exec format error on node %s, whose "
                             "architecture archway does not know: nothing learned", pod.namespace,
                             pod.name, pod.node)
             return
-        top = self.top_workload(pod)
         learn = self.settings.learn_failed_architectures and mode == "enforce"
+        try:
+            top = self.top_workload(pod)
+        except ApiError as e:   # Events on the pod still go out; the rest is tried again
+            log.warning("pod %s/%s: its workload could not be read: %s", pod.namespace, pod.name,
+                        e)
+            top, tracked.next_look = None, self._clock() + EVICT_RETRY_MAX_SECONDS
         for failure in new:
             metrics.EXEC_FORMAT_ERRORS.labels(arch).inc()
             log.warning("pod %s/%s: container %s (image %s) failed on node %s (%s) with exec "
@@ -292,9 +300,15 @@ class Remediation:
                 self._event(_reference(top), "Warning", REASON_EXEC_FORMAT, "Detect",
                             f"pods of image {failure.image} fail on {arch} with exec format "
                             f"error: {_consequence(arch, mode, learn)}")
-        if learn and top is not None and new:
-            self.learn(top, arch, pod.evidence(arch))
-        if self.settings.evict and learn and top is not None:
+        if learn and top is not None and not tracked.learned:
+            try:
+                self.learn(top, arch, pod.evidence(arch))
+                tracked.learned = True
+            except ApiError as e:   # the apiserver is away: merged at the next look
+                log.warning("%s %s/%s: could not record what its pods taught: %s", top.kind,
+                            top.namespace, top.object_name, e)
+                tracked.next_look = self._clock() + EVICT_RETRY_MAX_SECONDS
+        if self.settings.evict and learn and top is not None and tracked.learned:
             self._maybe_evict(tracked, arch, top)
 
     def top_workload(self, pod: FailingPod) -> WorkloadFacts | None:
