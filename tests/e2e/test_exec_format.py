@@ -240,3 +240,56 @@ def test_the_webhooks_account_may_learn_but_not_rewrite_workloads(archway, kube)
         assert not client.can_i(verb, resource, group=group, namespace="default"), (verb, resource)
     # Evicting is opt-in (remediation.evict), granted only then (test_remediation.py).
     assert not client.can_i("create", "pods/eviction", namespace="default")
+
+
+def test_a_statefulset_and_a_cronjob_through_its_job_learn_on_their_own_metadata(
+        archway, kube, namespace, images):
+    image = images.ref("e2e/multi", images.fresh("e2e/multi"))
+    template = preferring_arm64("x", image, replicas=1)["spec"]["template"]
+    apps, batch = (f"/apis/apps/v1/namespaces/{namespace}",
+                   f"/apis/batch/v1/namespaces/{namespace}")
+    kube.create(f"{apps}/statefulsets", {
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "db"},
+        "spec": {"replicas": 1, "serviceName": "db", "selector": {"matchLabels": {"app": "x"}},
+                 "template": template}})
+    job_template = {"spec": {"template": {"metadata": {"labels": {"app": "nightly"}},
+                                          "spec": {**template["spec"], "restartPolicy": "Never"}}}}
+    cronjob = kube.create(f"{batch}/cronjobs", {
+        "apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "nightly"},
+        "spec": {"schedule": "0 3 * * *", "jobTemplate": job_template}})
+
+    def job_from_cronjob(name: str) -> dict:
+        """What `kubectl create job NAME --from=cronjob/nightly` sends."""
+        return kube.create(f"{batch}/jobs", {
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "ownerReferences": [{
+                "apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly",
+                "uid": cronjob["metadata"]["uid"], "controller": True}]}, **job_template})
+    job_from_cronjob("nightly-1")
+    (db,) = wait_bound(kube, namespace, "x", 1)
+    (run,) = wait_bound(kube, namespace, "nightly", 1)
+    for pod in (db, run):
+        assert node_arch(kube, pod["spec"]["nodeName"]) == "arm64"
+        crash_with_exec_format_error(kube, namespace, pod)
+
+    def annotations(path: str) -> dict:
+        return kube.get(path)["metadata"].get("annotations") or {}
+    for path in (f"{apps}/statefulsets/db", f"{batch}/cronjobs/nightly"):
+        assert kube.wait_for(lambda path=path: annotations(path).get(FAILED), timeout=20,
+                             what=f"the learned annotation on {path}") == "arm64"
+    assert FAILED not in annotations(f"{batch}/jobs/nightly-1")     # the CronJob's, not its Job's
+    assert events(kube, namespace, "ExecFormatError", "CronJob", "nightly")
+    assert events(kube, namespace, "ExecFormatError", "StatefulSet", "db")
+    # The CronJob's next run, and the StatefulSet's pod made again, go to amd64.
+    job_from_cronjob("nightly-2")
+    kube.delete(pod_path(namespace, db["metadata"]["name"]))
+    again = kube.wait_for(lambda: [p for p in app_pods(kube, namespace, "x")
+                                   if p["metadata"]["uid"] != db["metadata"]["uid"]
+                                   and p["spec"].get("nodeName")], timeout=30,
+                          what="the StatefulSet's pod made again")[0]
+    assert again["metadata"]["name"] == db["metadata"]["name"]       # the same name, a new pod
+    assert node_arch(kube, again["spec"]["nodeName"]) == "amd64"
+    second = kube.wait_for(lambda: [p for p in app_pods(kube, namespace, "nightly")
+                                    if p["metadata"]["labels"].get("job-name") == "nightly-2"
+                                    and p["spec"].get("nodeName")], timeout=30,
+                           what="the second run's pod bound")[0]
+    assert node_arch(kube, second["spec"]["nodeName"]) == "amd64"
