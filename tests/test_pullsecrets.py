@@ -1,4 +1,6 @@
-"""Pull credentials of a pod, read through the real `kubernetes` client from the stand-in apiserver."""
+"""Pull credentials of a pod, read through the real `kubernetes` client from the real apiserver
+(tests/conftest.py's control plane), its RBAC refusing what a Role does not grant; a slow API
+is the stand-in's fault to inject."""
 import base64
 import json
 import time
@@ -10,6 +12,7 @@ from archway.errors import ConfigError
 from archway.podview import PodView
 from archway.webhook.pullsecrets import PullSecrets, build_api_client
 from tests.infra.apiserver import FakeApiServer
+from tests.infra.controlplane import kubeconfig
 
 NS = "team-a"
 
@@ -49,26 +52,52 @@ def k8s_settings(**kw):
     return SimpleNamespace(**values)
 
 
+class RealApi:
+    def __init__(self, plane, kubeconfig_path: str):
+        self.plane = plane
+        self.kubeconfig_path = kubeconfig_path
+
+
 @pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    server = FakeApiServer()
+def api(control_plane, tmp_path_factory):
+    kube = control_plane.kube
+    if kube.exists(f"/api/v1/namespaces/{NS}"):
+        kube.delete(f"/api/v1/namespaces/{NS}")
+        kube.wait_for(lambda: not kube.exists(f"/api/v1/namespaces/{NS}"), timeout=60)
+    control_plane.new_namespace(NS)
     base = f"/api/v1/namespaces/{NS}"
-    server.put(f"{base}/serviceaccounts/default", account("default"))
-    server.put(f"{base}/serviceaccounts/builder", account("builder", "sa-cred", "pod-cred"))
-    server.put(f"{base}/secrets/pod-cred", docker_secret("pod-cred", "reg.example:5000", "pod-user"))
-    server.put(f"{base}/secrets/sa-cred", docker_secret("sa-cred", "other.example", "sa-user"))
-    server.put(f"{base}/secrets/legacy", docker_secret("legacy", "https://old.example/v1/",
-                                                      legacy=True))
-    server.put(f"{base}/secrets/opaque", {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                                          "data": {"password": "c2VjcmV0"},
-                                          "metadata": {"name": "opaque", "namespace": NS}})
-    server.put(f"{base}/secrets/broken", {"apiVersion": "v1", "kind": "Secret",
-                                          "type": "kubernetes.io/dockerconfigjson",
-                                          "data": {".dockerconfigjson": "bm90IGpzb24="},
-                                          "metadata": {"name": "broken", "namespace": NS}})
-    server.kubeconfig_path = server.kubeconfig(str(tmp_path_factory.mktemp("kube")))
-    yield server
-    server.stop()
+    kube.create(f"{base}/serviceaccounts", account("builder", "sa-cred", "pod-cred"))
+    kube.create(f"{base}/secrets", docker_secret("pod-cred", "reg.example:5000", "pod-user"))
+    kube.create(f"{base}/secrets", docker_secret("sa-cred", "other.example", "sa-user"))
+    kube.create(f"{base}/secrets", docker_secret("legacy", "https://old.example/v1/", legacy=True))
+    kube.create(f"{base}/secrets", {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                                    "data": {"password": "c2VjcmV0"}, "metadata": {"name": "opaque"}})
+    # JSON (the apiserver checks that much), but no docker config in it.
+    kube.create(f"{base}/secrets", {"apiVersion": "v1", "kind": "Secret",
+                                    "type": "kubernetes.io/dockerconfigjson",
+                                    "data": {".dockerconfigjson": base64.b64encode(
+                                        b'{"auths": "not a map"}').decode()},
+                                    "metadata": {"name": "broken"}})
+    yield RealApi(control_plane, control_plane.admin_kubeconfig)
+    kube.delete(f"/api/v1/namespaces/{NS}")
+
+
+def limited_reader(api, tmp_path) -> str:
+    """A kubeconfig of a ServiceAccount whose Role lets it read every secret but pod-cred."""
+    kube, base = api.plane.kube, f"/api/v1/namespaces/{NS}"
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}"
+    if not kube.exists(f"{base}/serviceaccounts/limited"):
+        kube.create(f"{base}/serviceaccounts", {"metadata": {"name": "limited"}})
+        kube.create(f"{rbac}/roles", {"metadata": {"name": "limited"}, "rules": [
+            {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
+             "resourceNames": ["sa-cred", "legacy", "opaque", "broken"]}]})
+        kube.create(f"{rbac}/rolebindings", {"metadata": {"name": "limited"}, "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "limited"},
+            "subjects": [{"kind": "ServiceAccount", "name": "limited", "namespace": NS}]})
+    token = kube.service_account_token(NS, "limited", seconds=600)
+    return kubeconfig(str(tmp_path / "limited.kubeconfig"), api.plane.server, api.plane.ca_path,
+                      token)
 
 
 def secrets_for(api, **kw):
@@ -99,33 +128,42 @@ def test_unusable_secret_degrades_with_a_warning(api, name, words):
     assert creds.keyring.lookup("reg.example:5000") is not None  # the rest is still used
 
 
-def test_forbidden_reads_degrade_with_a_warning_and_no_secret_text(api):
-    api.faults[f"/api/v1/namespaces/{NS}/secrets/pod-cred"] = 403
-    try:
-        creds = secrets_for(api).credentials_for(pod("pod-cred"), time.monotonic() + 2)
-    finally:
-        api.faults.clear()
+def test_forbidden_reads_degrade_with_a_warning_and_no_secret_text(api, tmp_path):
+    client, source = build_api_client(k8s_settings(kubeconfig=limited_reader(api, tmp_path)))
+    creds = PullSecrets(client, source=source).credentials_for(pod("pod-cred", "sa-cred"),
+                                                                time.monotonic() + 2)
     assert creds.warnings == ("pull secret team-a/pod-cred: archway may not read it "
                               "(HTTP 403; check its RBAC)",)
-    assert len(creds.keyring) == 0
+    assert creds.keyring.lookup("other.example").username == "sa-user"   # the readable one
+    assert creds.keyring.lookup("reg.example:5000") is None
 
 
 def test_reads_are_cached(api):
+    """Read once, the credentials outlive the Secret for secret_cache_seconds."""
+    kube, base = api.plane.kube, f"/api/v1/namespaces/{NS}/secrets"
+    kube.create(base, docker_secret("short-lived", "cached.example", "cached-user"))
     secrets = secrets_for(api)
-    before = api.count("GET", f"/api/v1/namespaces/{NS}/")
-    for _ in range(3):
-        secrets.credentials_for(pod("pod-cred", sa="builder"), time.monotonic() + 2)
-    assert api.count("GET", f"/api/v1/namespaces/{NS}/") - before == 3  # SA + 2 secrets, once
+    first = secrets.credentials_for(pod("short-lived"), time.monotonic() + 2)
+    kube.delete(f"{base}/short-lived")
+    kube.wait_for(lambda: not kube.exists(f"{base}/short-lived"), timeout=10)
+    again = secrets.credentials_for(pod("short-lived"), time.monotonic() + 2)
+    assert first.keyring.lookup("cached.example").username == "cached-user"
+    assert again.keyring.lookup("cached.example").username == "cached-user" and not again.warnings
+    fresh = secrets_for(api).credentials_for(pod("short-lived"), time.monotonic() + 2)
+    assert fresh.warnings == ("pull secret team-a/short-lived: not found",)
 
 
-def test_slow_api_is_bounded_by_the_deadline(api):
-    api.delay_seconds = 2.0
+def test_slow_api_is_bounded_by_the_deadline(tmp_path):
+    slow = FakeApiServer()      # the fault: an apiserver that takes 2 s to answer
+    slow.delay_seconds = 2.0
     try:
+        client, source = build_api_client(k8s_settings(kubeconfig=slow.kubeconfig(str(tmp_path))))
         start = time.monotonic()
-        creds = secrets_for(api).credentials_for(pod("pod-cred"), time.monotonic() + 0.3)
+        creds = PullSecrets(client, source=source).credentials_for(pod("pod-cred"),
+                                                                   time.monotonic() + 0.3)
         elapsed = time.monotonic() - start
     finally:
-        api.delay_seconds = 0.0
+        slow.stop()
     assert elapsed < 0.8
     assert any("unreachable or too slow" in w or "deadline" in w for w in creds.warnings)
 
