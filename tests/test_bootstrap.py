@@ -1,8 +1,8 @@
 """`archway certs bootstrap` against the real kube-apiserver (tests/conftest.py's control plane):
 the MutatingWebhookConfiguration is the one the Helm chart renders, the Secrets are what the
-webhook pods mount, and the real garbage collector removes them with it. Which objects a run
-wrote, and in which order, is read from their resourceVersions (etcd's revision of each write:
-unchanged = not written). Time moves by passing `now`; certificates are checked with the real
+webhook pods mount, and the real garbage collector removes them with it. The bootstrap runs as a
+ServiceAccount with exactly the chart's certgen rules; what it wrote, in which order, is read
+from the apiserver's audit log. Time moves by passing `now`; certificates are checked with the real
 openssl. A writer that always wins (409 forever) is the one fault left to the stand-in."""
 import base64
 import datetime as dt
@@ -53,15 +53,40 @@ def chart_webhook_config(tmp_path_factory):
     return config
 
 
+# The chart's certgen Role and ClusterRole (templates/certgen/_certgen.tpl): the bootstrap runs
+# with exactly these rights.
+CERTGEN_NAMESPACE_RULES = [
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "update"],
+     "resourceNames": [SECRET, f"{SECRET}-ca"]}]
+CERTGEN_CLUSTER_RULES = [
+    {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+     "verbs": ["get", "patch"], "resourceNames": [MWC]}]
+CERTGEN_USER = f"system:serviceaccount:{NS}:certgen"
+WRITES = ("create", "update", "patch", "delete")
+
+
 class Api:
-    """The real apiserver, as the admin, with the reads these tests make."""
+    """The real apiserver: the admin sets the scene, the bootstrap runs as the chart's certgen
+    ServiceAccount, and what it wrote is read from the apiserver's audit log."""
 
     def __init__(self, plane):
         self.plane = plane
         self.kube = plane.kube
+        self.certgen = plane.identity(NS, "certgen", cluster_rules=CERTGEN_CLUSTER_RULES,
+                                      namespace_rules={NS: CERTGEN_NAMESPACE_RULES})
+        self._mark = 0
 
     def kubeconfig(self, _directory: str) -> str:
-        return self.plane.admin_kubeconfig
+        return self.certgen
+
+    def mark(self) -> None:
+        self._mark = self.plane.audit_mark()
+
+    def writes(self) -> list[tuple[str, str]]:
+        """(verb, path) of every write the bootstrap made since mark(), in order."""
+        return [(verb, uri.split("?")[0]) for verb, uri in
+                self.plane.requests_since(self._mark, user=CERTGEN_USER) if verb in WRITES]
 
     def get(self, path: str) -> dict | None:
         try:
@@ -81,10 +106,6 @@ class Api:
         self.kube.delete(path)
         wait_until(lambda: self.get(path) is None, 30, f"{path} to be gone")
 
-    def versions(self) -> dict[str, str | None]:
-        """resourceVersion of the two Secrets and the webhook configuration (None: absent)."""
-        return {p: (self.get(p) or {}).get("metadata", {}).get("resourceVersion") for p in PATHS}
-
 
 @pytest.fixture(scope="module")
 def api_server(control_plane):
@@ -99,22 +120,16 @@ def api(api_server, chart_webhook_config):
     for path in PATHS:
         if api_server.get(path) is not None:
             api_server.delete(path)
-    api_server.create(MWC_PATH, {k: v for k, v in chart_webhook_config.items()})
+    api_server.create(MWC_PATH, chart_webhook_config)
+    api_server.mark()
     return api_server
 
 
 @pytest.fixture(scope="module")
 def client(api_server):
-    c = api_client_from_environment(api_server.plane.admin_kubeconfig)
+    c = api_client_from_environment(api_server.certgen)
     yield c
     c.close()
-
-
-def written(api, before: dict) -> list[str]:
-    """The objects written since `before` (their versions), in the order they were written."""
-    after = api.versions()
-    changed = [p for p in PATHS if after[p] != before[p]]
-    return sorted(changed, key=lambda p: int(after[p] or 0))
 
 
 SPEC = BootstrapSpec(namespace=NS, service=SERVICE, secret=SECRET, webhook_config=MWC)
@@ -146,7 +161,6 @@ def openssl_verify(tmp_path, bundle: bytes, cert: bytes, at: dt.datetime | None 
 
 def test_first_run_through_the_cli_creates_secrets_and_patches_every_webhook(api, tmp_path):
     kubeconfig = api.kubeconfig(str(tmp_path))
-    before = api.versions()
     run = subprocess.run(
         [sys.executable, "-m", "archway.cli", "certs", "bootstrap", "--kubeconfig", kubeconfig,
          "--namespace", NS, "--service", SERVICE, "--secret", SECRET, "--webhook-config", MWC],
@@ -167,10 +181,8 @@ def test_first_run_through_the_cli_creates_secrets_and_patches_every_webhook(api
     assert openssl_verify(tmp_path, data["ca.crt"], data["tls.crt"]).endswith(": OK")
     leaf = cx.load_issued(data["tls.crt"], data["tls.key"]).cert
     assert cx.hosts_of(leaf) == NAMES
-    # Both Secrets created, the configuration patched; nothing else in the namespace.
-    assert set(written(api, before)) == {CA_PATH, MWC_PATH, TLS_PATH}
-    assert sorted(s["metadata"]["name"] for s in api.kube.items(SECRETS)
-                  if s["type"] != "kubernetes.io/service-account-token") == [SECRET, f"{SECRET}-ca"]
+    # Two Secrets created, one patch; nothing else written.
+    assert sorted(api.writes()) == [("create", SECRETS), ("create", SECRETS), ("patch", MWC_PATH)]
     # Everything else in the webhook configuration is as the chart rendered it.
     webhook = api.get(MWC_PATH)["webhooks"][0]
     assert webhook["failurePolicy"] == "Ignore" and webhook["clientConfig"]["service"]["name"] == SERVICE
@@ -178,18 +190,19 @@ def test_first_run_through_the_cli_creates_secrets_and_patches_every_webhook(api
 
 def test_second_run_changes_nothing(api, client):
     first = run_bootstrap(SPEC, client)
-    before = api.versions()
+    api.mark()
     second = run_bootstrap(SPEC, client)
-    assert written(api, before) == []
+    assert api.writes() == []
     assert (second.ca, second.certificate, second.webhook_config) == ("unchanged",) * 3
     assert second.serial == first.serial
 
 
 def test_valid_certificate_left_alone_months_later(api, client):
     run_bootstrap(SPEC, client)
-    before, versions = secret_data(api, TLS_PATH), api.versions()
+    before = secret_data(api, TLS_PATH)
+    api.mark()
     result = run_bootstrap(SPEC, client, now=later(300))      # 65 days left > 30
-    assert result.certificate == "unchanged" and written(api, versions) == []
+    assert result.certificate == "unchanged" and api.writes() == []
     assert secret_data(api, TLS_PATH) == before
 
 
@@ -197,7 +210,7 @@ def test_expiring_certificate_renewed_under_the_same_ca(api, client, tmp_path):
     run_bootstrap(SPEC, client)
     before = secret_data(api, TLS_PATH)
     ca_before = secret_data(api, CA_PATH)
-    versions = api.versions()
+    api.mark()
     when = later(340)                                          # 25 days left < 30
     result = run_bootstrap(SPEC, client, now=when)
     after = secret_data(api, TLS_PATH)
@@ -206,7 +219,7 @@ def test_expiring_certificate_renewed_under_the_same_ca(api, client, tmp_path):
     assert secret_data(api, CA_PATH) == ca_before
     # The caBundle does not change: pods still serving the old leaf stay trusted meanwhile.
     assert after["ca.crt"] == before["ca.crt"] and ca_bundles(api) == [before["ca.crt"]] * 2
-    assert written(api, versions) == [TLS_PATH]
+    assert api.writes() == [("update", TLS_PATH)]
     assert openssl_verify(tmp_path, after["ca.crt"], after["tls.crt"], at=when).endswith(": OK")
     assert openssl_verify(tmp_path, after["ca.crt"], before["tls.crt"], at=when).endswith(": OK")
 
@@ -218,10 +231,10 @@ def test_wrong_ca_bundle_is_fixed_on_that_webhook_only(api, client):
     config = api.get(MWC_PATH)
     config["webhooks"][1]["clientConfig"]["caBundle"] = stranger
     api.put(MWC_PATH, config)
-    versions = api.versions()
+    api.mark()
     result = run_bootstrap(SPEC, client)
     assert (result.webhook_config, result.webhooks_patched) == ("patched", 1)
-    assert written(api, versions) == [MWC_PATH]
+    assert api.writes() == [("patch", MWC_PATH)]
     assert [w["clientConfig"]["caBundle"] for w in api.get(MWC_PATH)["webhooks"]] == [good, good]
 
 
@@ -247,7 +260,7 @@ def test_ca_rotation_trusts_both_cas_and_patches_before_serving(api, client, tmp
     renewed_at = later(3650 - 400)
     assert run_bootstrap(SPEC, client, now=renewed_at).ca == "unchanged"
     old = secret_data(api, TLS_PATH)
-    versions = api.versions()
+    api.mark()
     # ...and ten days later the CA can no longer cover a full 365-day leaf + 30 days.
     when = renewed_at + dt.timedelta(days=10)
     result = run_bootstrap(SPEC, client, now=when)
@@ -257,7 +270,7 @@ def test_ca_rotation_trusts_both_cas_and_patches_before_serving(api, client, tmp
     assert len(bundle) == 2 and bundle[1] == cx.load_cert(old["ca.crt"])
     assert ca_bundles(api) == [new["ca.crt"]] * 2
     # Order: CA Secret, then caBundle, then the serving Secret.
-    assert written(api, versions) == [CA_PATH, MWC_PATH, TLS_PATH]
+    assert api.writes() == [("update", CA_PATH), ("patch", MWC_PATH), ("update", TLS_PATH)]
     # Both the old leaf (pods not yet synced) and the new one verify against the caBundle.
     assert openssl_verify(tmp_path, new["ca.crt"], old["tls.crt"], at=when).endswith(": OK")
     assert openssl_verify(tmp_path, new["ca.crt"], new["tls.crt"], at=when).endswith(": OK")
@@ -265,9 +278,9 @@ def test_ca_rotation_trusts_both_cas_and_patches_before_serving(api, client, tmp
     assert not openssl_verify(tmp_path, old["ca.crt"], new["tls.crt"], at=when).endswith(": OK")
 
     # A run right after (e.g. post-upgrade after pre-upgrade) keeps both CAs.
-    versions = api.versions()
+    api.mark()
     run_bootstrap(SPEC, client, now=when + dt.timedelta(minutes=1))
-    assert written(api, versions) == []
+    assert api.writes() == []
     # Once the old CA has expired it leaves the bundle.
     gone = when + dt.timedelta(days=400)
     run_bootstrap(SPEC, client, now=gone)
@@ -311,9 +324,9 @@ def test_secrets_belong_to_the_webhook_configuration_so_uninstall_removes_them(
     assert (result.ca, result.certificate) == ("unchanged", "unchanged")
     assert {p: api.get(p)["data"] for p in (TLS_PATH, CA_PATH)} == data_before
 
-    versions = api.versions()                                # owned: nothing more to write
+    api.mark()                                               # owned: nothing more to write
     run_bootstrap(SPEC, client)
-    assert written(api, versions) == []
+    assert api.writes() == []
     # A renewal keeps the ownerReference (and any other owner the Secret had).
     run_bootstrap(SPEC, client, now=later(340))
     assert owners(api, TLS_PATH) == expected

@@ -81,18 +81,23 @@ def world(control_plane, plain_registry, basic_auth_registry, tmp_path, monkeypa
     kube.delete("/apis/apps/v1/namespaces/kube-system/daemonsets/prewarm-test-agent")
 
 
-def test_prewarm_reads_every_kind_in_pages_with_pull_secrets_at_its_pace(world, plain_registry,
-                                                                          basic_auth_registry):
+def test_prewarm_reads_every_kind_in_pages_with_pull_secrets_at_its_pace(
+        world, plain_registry, basic_auth_registry, control_plane):
     api_client, resolver, images, private, others = world
     assert "kube-system" in others
     prewarmer = Prewarmer(lambda: ClusterReader(api_client), resolver,
                           PullSecrets(api_client), per_second=RATE, exclude_namespaces=others)
-    mark = plain_registry.mark()
+    mark, audit = plain_registry.mark(), control_plane.audit_mark()
     started = time.monotonic()
     outcome = prewarmer.run_once()
-    # 14 Deployments read in pages of 5 (a page lost would lose images), the CronJob's private
-    # image, the StatefulSet's, and the pod's (the same image as web-0, in another namespace).
+    # 14 Deployments, the CronJob's private image, the StatefulSet's, and the pod's (the same
+    # image as web-0, in another namespace).
     assert outcome == {"images": 17, "resolved": 17, "failed": 0}
+    # Paged: the cluster's Deployments (ours, 14, and the chart's and other tests' few) in pages
+    # of 5: at least 3 list calls, each after the first continuing the one before.
+    pages = [uri for verb, uri in control_plane.requests_since(audit)
+             if verb == "list" and uri.startswith("/apis/apps/v1/deployments?")]
+    assert len(pages) >= 3 and all("continue=" in uri for uri in pages[1:]), pages
     # Paced: 15 images on one host at 20 a second take at least 14 steps of 50 ms.
     served = [e for e in plain_registry.manifest_gets(mark) if e.path.startswith("/v2/warm/")]
     assert len(served) == 15

@@ -14,7 +14,7 @@ from archway.webhook.pullsecrets import PullSecrets, build_api_client
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.controlplane import kubeconfig
 
-NS = "team-a"
+NS = "pull-secrets"
 
 
 def docker_secret(name, host, user="alice", password="pw", legacy=False):
@@ -118,9 +118,9 @@ def test_legacy_dockercfg_secret(api):
 
 
 @pytest.mark.parametrize("name, words", [
-    ("missing", "pull secret team-a/missing: not found"),
-    ("opaque", "pull secret team-a/opaque is not a usable docker config secret"),
-    ("broken", "pull secret team-a/broken is not a usable docker config secret"),
+    ("missing", "pull secret pull-secrets/missing: not found"),
+    ("opaque", "pull secret pull-secrets/opaque is not a usable docker config secret"),
+    ("broken", "pull secret pull-secrets/broken is not a usable docker config secret"),
 ])
 def test_unusable_secret_degrades_with_a_warning(api, name, words):
     creds = secrets_for(api).credentials_for(pod(name, "pod-cred"), time.monotonic() + 2)
@@ -132,25 +132,20 @@ def test_forbidden_reads_degrade_with_a_warning_and_no_secret_text(api, tmp_path
     client, source = build_api_client(k8s_settings(kubeconfig=limited_reader(api, tmp_path)))
     creds = PullSecrets(client, source=source).credentials_for(pod("pod-cred", "sa-cred"),
                                                                 time.monotonic() + 2)
-    assert creds.warnings == ("pull secret team-a/pod-cred: archway may not read it "
+    assert creds.warnings == ("pull secret pull-secrets/pod-cred: archway may not read it "
                               "(HTTP 403; check its RBAC)",)
     assert creds.keyring.lookup("other.example").username == "sa-user"   # the readable one
     assert creds.keyring.lookup("reg.example:5000") is None
 
 
 def test_reads_are_cached(api):
-    """Read once, the credentials outlive the Secret for secret_cache_seconds."""
-    kube, base = api.plane.kube, f"/api/v1/namespaces/{NS}/secrets"
-    kube.create(base, docker_secret("short-lived", "cached.example", "cached-user"))
     secrets = secrets_for(api)
-    first = secrets.credentials_for(pod("short-lived"), time.monotonic() + 2)
-    kube.delete(f"{base}/short-lived")
-    kube.wait_for(lambda: not kube.exists(f"{base}/short-lived"), timeout=10)
-    again = secrets.credentials_for(pod("short-lived"), time.monotonic() + 2)
-    assert first.keyring.lookup("cached.example").username == "cached-user"
-    assert again.keyring.lookup("cached.example").username == "cached-user" and not again.warnings
-    fresh = secrets_for(api).credentials_for(pod("short-lived"), time.monotonic() + 2)
-    assert fresh.warnings == ("pull secret team-a/short-lived: not found",)
+    mark = api.plane.audit_mark()
+    for _ in range(3):
+        secrets.credentials_for(pod("pod-cred", sa="builder"), time.monotonic() + 2)
+    reads = [uri for verb, uri in api.plane.requests_since(mark)
+             if verb == "get" and uri.startswith(f"/api/v1/namespaces/{NS}/")]
+    assert len(reads) == 3, reads     # the ServiceAccount and 2 secrets, once
 
 
 def test_slow_api_is_bounded_by_the_deadline(tmp_path):
