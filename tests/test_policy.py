@@ -60,14 +60,11 @@ def images(plain_registry):
 def apiserver(tmp_path_factory):
     """A control plane of this module's own: Nodes amd-1, and arm-1 tainted for arm64 pods."""
     from tests.infra.controlplane import ControlPlane
-    plane = ControlPlane(str(tmp_path_factory.mktemp("policy-plane")),
-                         nodes=(("amd-1", "amd64"), ("arm-1", "arm64"))).start()
-    try:
+    with ControlPlane(str(tmp_path_factory.mktemp("policy-plane")),
+                      nodes=(("amd-1", "amd64"), ("arm-1", "arm64"))) as plane:
         plane.kube.patch("/api/v1/nodes/arm-1", {"spec": {"taints": [
             {"key": "kubernetes.io/arch", "value": "arm64", "effect": "NoSchedule"}]}})
         yield plane
-    finally:
-        plane.stop()
 
 
 @pytest.fixture(scope="module")

@@ -487,6 +487,12 @@ class ControlPlane:
             plane.kube = Kube(plane.server, state["token"], plane.ca_path)
         return plane
 
+    def __enter__(self) -> "ControlPlane":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def running(self) -> dict[str, bool]:
         return {name: _alive(p.pid) for name, p in self.processes.items()}
 
