@@ -1,6 +1,8 @@
-"""Gating, pure: the webhook's gate patch and the one release update a gated pod accepts
-(KEP-3838), checked against the stand-in's ValidatePodUpdate (tests/infra/kubevalidation.py,
-itself checked here against the real server's rules), plus the Lease elector on the stand-in."""
+"""Gating: the webhook's gate patch and the one release update a gated pod accepts (KEP-3838),
+pure and checked against ValidatePodUpdate's rules (tests/infra/kubevalidation.py, fast enough
+for hypothesis; tests/e2e proves the same releases against the real apiserver); the Lease
+elector and observer, Events and release-all against a real apiserver of this module's own; the
+stand-in for the faults it cannot be made to produce (a 503, a 410 relist, 1.26's validation)."""
 import copy
 
 import jsonpatch
