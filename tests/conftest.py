@@ -17,3 +17,10 @@ def control_plane(tmp_path_factory):
         yield plane
     finally:
         plane.stop()
+
+
+def pytest_collection_modifyitems(items):
+    # A test on the real control plane is outside the fast inner loop (`-m "not slow"`).
+    for item in items:
+        if "control_plane" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

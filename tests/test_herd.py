@@ -263,6 +263,7 @@ def test_placements_stay_bounded_while_no_sample_prunes_them(monkeypatch):
     assert [p.pod for p in herd.since(0)] == ["p2", "p3", "p4"]   # the oldest went first
 
 
+@pytest.mark.slow
 def test_pod_watch_lists_in_pages_and_keeps_only_what_it_uses(tmp_path):
     """Against a real apiserver of its own (Nodes n0 and n1): the test writes what a kubelet
     would (the pods' phase, through pods/status) and reads the list pages in its audit log."""
