@@ -1439,7 +1439,7 @@ def test_the_default_image_tag_is_the_release_tag(render):
 def test_the_quickstart_installs_the_image_its_first_step_pushes(helm_env):
     """Step 1 pushes $REPO:v<appVersion> (release.sh image: tests/test_image.py runs it against a
     real registry); step 2's `helm install` must run exactly that image in every archway pod.
-    The install itself runs against a real control plane elsewhere."""
+    The install itself runs against a real control plane in tests/test_image.py."""
     steps = quickstart()
     assert 'bash scripts/release.sh image "$REPO"' in steps
     install = re.search(r"^helm install (.*?)(?<!\\)$", steps.replace("\\\n", " "), re.M).group(1)
