@@ -12,10 +12,11 @@ import os
 import sys
 
 from archway.errors import ArchwayError
+from archway.logsafe import redact_url
 
 from . import sif
 from .model import ImageInfo
-from .reference import parse_reference, redact_url
+from .reference import parse_reference
 from .resolver import Resolver
 
 

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from archway.errors import InvalidReference
 from archway.hostport import host_of
+from archway.logsafe import redact_url
 
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
@@ -64,16 +65,6 @@ class ImageReference:
         if self.digest:
             text += f"@{self.digest}"
         return text if self.scheme == "docker" else f"{self.scheme}://{text}"
-
-
-def redact_url(text: str) -> str:
-    """`text` with the user:password of a URL's authority replaced by `***`: safe to show, log
-    or put in an error (`https://u:pw@host/x.sif` -> `https://***@host/x.sif`)."""
-    scheme, sep, rest = text.partition("://")
-    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    if not sep or "@" not in rest[:end]:
-        return text
-    return f"{scheme}://***@{rest[:end].rpartition('@')[2]}{rest[end:]}"
 
 
 def _lowercase_host(url: str) -> str:

@@ -29,6 +29,7 @@ from archway.errors import (
     RateLimited,
     classify_error,
 )
+from archway.logsafe import redact_url
 
 from . import sifsources
 from .access import RegistryAccess, image_name
@@ -41,7 +42,7 @@ from .mirrors import Mirrors
 from .model import ImageInfo
 from .nodecredentials import NodeCredentials
 from .oci import RegistryClient
-from .reference import ImageReference, parse_reference, redact_url
+from .reference import ImageReference, parse_reference
 from .sharedlookups import SharedLookups
 
 log = logging.getLogger(__name__)
