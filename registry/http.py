@@ -60,7 +60,9 @@ UNBOUNDED_REQUEST_READS = 3
 # Headers that carry a credential: never sent to a host other than the one they were meant for.
 CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie")
 _CHUNK = 64 * 1024
-MAX_RETRY_AFTER = 24 * 3600   # a lying Retry-After cannot switch a host off for longer
+# A Retry-After is the registry's word, but not one that may switch a host off for a day: the one
+# cap of every wait a 429 asks for (the host's back-off, the pause of a cached answer's checks).
+MAX_RETRY_AFTER_SECONDS = 3600.0
 
 
 @dataclass
@@ -554,8 +556,9 @@ def _count_request(method: str, outcome: str) -> None:
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After value: delta-seconds or an HTTP-date (RFC 9110 10.2.3);
-    None when absent or unreadable. `now` is Unix time (the HTTP-date is wall-clock)."""
+    """Seconds to wait from a Retry-After value: delta-seconds or an HTTP-date (RFC 9110 10.2.3),
+    at most MAX_RETRY_AFTER_SECONDS; None when absent or unreadable. `now` is Unix time (the
+    HTTP-date is wall-clock)."""
     text = (value or "").strip()
     if not text:
         return None
@@ -569,7 +572,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
         if when.tzinfo is None:
             return None   # an HTTP-date is always GMT; a date without a zone is not one
         seconds = when.timestamp() - (time.time() if now is None else now)
-    return min(max(seconds, 0.0), float(MAX_RETRY_AFTER))
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
 
 
 def rate_limited(response: Response, where: str, **kw) -> RateLimited:
