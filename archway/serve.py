@@ -154,9 +154,9 @@ def _preflight(config, tls) -> bool:
     threads) is made in each worker after the fork.
     """
     from archway.registry.credentials import Keyring
-    from archway.registry.http import read_ca_file
     from archway.registry.providers import CredentialProviders
     from archway.registry.proxy import ProxyRules
+    from archway.registry.trust import read_ca_file
     from archway.webhook.pullsecrets import build_api_client
     if tls is not None:
         from archway.certs.tls import server_context
