@@ -575,7 +575,7 @@ def pods(docs):
 
 
 def test_credential_providers_get_the_kubelets_files_in_every_archway_pod(render):
-    from archway.registry.providers import parse_provider_config
+    from archway.registry.providerconfig import parse_provider_config
     docs = render("registry-access-eks")
     raw = one(docs, "ConfigMap", f"{RELEASE}-archway-config")["data"]["credential-providers.yaml"]
     (spec,) = parse_provider_config(raw.encode(), "rendered")   # archway's own strict reader
