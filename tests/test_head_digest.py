@@ -14,7 +14,8 @@ from archway.config import RegistrySettings
 from archway.errors import AuthError, NotFound, RateLimited, classify_error
 from archway.registry.credentials import Keyring
 from archway.registry.http import HttpClient, parse_retry_after
-from archway.registry.oci import ACCEPT, RegistryClient
+from archway.registry.manifests import ACCEPT
+from archway.registry.oci import RegistryClient
 from archway.registry.reference import parse_reference
 from archway.registry.resolver import Resolver
 from archway.registry.sifsources import resolve_https

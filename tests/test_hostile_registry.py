@@ -33,8 +33,9 @@ from archway.logsafe import redact_url
 from archway.registry.credentials import Keyring
 from archway.registry.hostpolicy import HostPolicy, canonical_address
 from archway.registry.http import HttpClient
+from archway.registry.manifests import MAX_PLATFORMS
 from archway.registry.model import ImageInfo
-from archway.registry.oci import MAX_PLATFORMS, RegistryClient
+from archway.registry.oci import RegistryClient
 from archway.registry.platforms import Platform
 from archway.registry.redirects import redirect_step
 from archway.registry.reference import parse_reference
