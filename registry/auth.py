@@ -31,7 +31,7 @@ from archway.hostport import host_of
 
 from .credentials import Credential, Keyring
 from .http import HttpClient, Response, parse_json, rate_limited
-from .reference import DOCKER_HUB, ImageReference
+from .imageref import DOCKER_HUB, ImageReference
 
 MAX_TOKEN_RESPONSE_BYTES = 64 * 1024
 CHALLENGE_SECONDS = 600          # a host's challenge, since its last accepted token

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from archway.errors import RegistryError, UnsupportedImage
 
 from .http import Response, parse_json
+from .imageref import ImageReference
 from .platforms import Platform, is_attestation, normalize
-from .reference import ImageReference
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"

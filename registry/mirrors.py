@@ -27,7 +27,7 @@ from urllib.parse import quote, urlsplit
 from archway.errors import ArchwayError, ConfigError
 
 from .filewatch import WatchedFile
-from .reference import DOCKER_HUB, DOCKER_HUB_API, ImageReference
+from .imageref import DOCKER_HUB, DOCKER_HUB_API, ImageReference
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,7 @@ from archway.errors import (
 from .auth import Authorization, RegistryAuth
 from .credentials import Keyring
 from .http import HttpClient, Response, parse_json, rate_limited
+from .imageref import ImageReference
 from .manifests import (
     ACCEPT,
     IMAGE_CONFIG_TYPES,
@@ -43,7 +44,6 @@ from .manifests import (
     verify_digest,
 )
 from .model import ImageInfo
-from .reference import ImageReference
 from .sif import BlockReader, read_sif_platforms
 
 MAX_CONFIG_BYTES = 8 * 1024 * 1024   # configs carry the build history: allow more than a manifest

@@ -4,7 +4,7 @@ from urllib.parse import SplitResult, urlsplit
 
 from archway.hostport import join_host_port
 
-from .reference import without_userinfo
+from .imageref import without_userinfo
 
 
 def redirect_step(url: str, target: str, status: int, method: str, has_body: bool,
