@@ -21,10 +21,10 @@ from archway.certs.selfsigned import tls_dir
 from archway.certs.x509 import CertificateError, load_cert, remaining
 from archway.extender.nodes import NodeCache
 from archway.extender.routes import register_extender
+from archway.kubeclient import build_api_client
 from archway.registry.resolver import Resolver
 from archway.registry.sharedlookups import SharedLookups
 from archway.webhook.app import register_webhook
-from archway.webhook.pullsecrets import build_api_client
 
 log = logging.getLogger("archway.server")
 

@@ -153,11 +153,11 @@ def _preflight(config, tls) -> bool:
     Nothing is built here that workers would inherit: the resolver (its CA bundle file, pools,
     threads) is made in each worker after the fork.
     """
+    from archway.kubeclient import build_api_client
     from archway.registry.credentials import Keyring
     from archway.registry.providers import CredentialProviders
     from archway.registry.proxy import ProxyRules
     from archway.registry.trust import read_ca_file
-    from archway.webhook.pullsecrets import build_api_client
     if tls is not None:
         from archway.certs.tls import server_context
         server_context(tls[0], tls[1])  # ConfigError when the pair does not load

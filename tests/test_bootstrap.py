@@ -14,10 +14,11 @@ from archway.certs import x509 as cx
 from archway.certs.bootstrap import (
     BootstrapError,
     BootstrapSpec,
-    api_client_from_environment,
     ca_bundle_patch,
     run_bootstrap,
 )
+from archway.config import KubernetesSettings
+from archway.kubeclient import build_api_client
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.procs import REPO, require_binary
 
@@ -68,7 +69,8 @@ def api(api_server, chart_webhook_config):
 
 @pytest.fixture(scope="module")
 def client(api_server, tmp_path_factory):
-    c = api_client_from_environment(api_server.kubeconfig(str(tmp_path_factory.mktemp("kube"))))
+    c, _ = build_api_client(KubernetesSettings(
+        kubeconfig=api_server.kubeconfig(str(tmp_path_factory.mktemp("kube")))))
     yield c
     c.close()
 

@@ -267,7 +267,7 @@ def cached(apiserver, tmp_path_factory):
     """A bare app whose extender keeps a node cache of the stand-in's nodes (fast re-watch)."""
     kubeconfig = apiserver.kubeconfig(str(tmp_path_factory.mktemp("kube")))
     config = config_from_dict({"kubernetes": {"kubeconfig": kubeconfig}})
-    from archway.webhook.pullsecrets import build_api_client
+    from archway.kubeclient import build_api_client
     cache = NodeCache(lambda: build_api_client(config.kubernetes)[0], watch_timeout_seconds=1,
                       max_backoff_seconds=0.5)
     app = Flask("test-extender-cache")
@@ -360,7 +360,7 @@ def test_a_refused_first_list_does_not_make_filter_calls_wait(tmp_path):
     server.put(f"/api/v1/nodes/{AMD64}", load("filter-nodes.json")["Nodes"]["items"][0])
     server.faults["/api/v1/nodes"] = 403          # e.g. RBAC without list on nodes
     config = config_from_dict({"kubernetes": {"kubeconfig": server.kubeconfig(str(tmp_path))}})
-    from archway.webhook.pullsecrets import build_api_client
+    from archway.kubeclient import build_api_client
     cache = NodeCache(lambda: build_api_client(config.kubernetes)[0], max_backoff_seconds=0.3)
     try:
         started = time.monotonic()
@@ -377,7 +377,7 @@ def test_stop_ends_a_watch_waiting_for_its_next_event(apiserver, tmp_path):
     """A watch waits up to its timeout (4 min) for the next event; stop() must not (a thread
     left in that read when the interpreter exits aborts it)."""
     config = config_from_dict({"kubernetes": {"kubeconfig": apiserver.kubeconfig(str(tmp_path))}})
-    from archway.webhook.pullsecrets import build_api_client
+    from archway.kubeclient import build_api_client
     cache = NodeCache(lambda: build_api_client(config.kubernetes)[0], watch_timeout_seconds=240)
     assert cache.wait_synced(5)
     wait_until(lambda: apiserver.count("GET", "/api/v1/nodes?resourceVersion=") >= 1
@@ -393,7 +393,7 @@ def test_a_watch_event_over_its_size_cap_is_refused_and_the_cache_lists_again(tm
     node = load("filter-nodes.json")["Nodes"]["items"][0]
     server.put(f"/api/v1/nodes/{AMD64}", node)
     config = config_from_dict({"kubernetes": {"kubeconfig": server.kubeconfig(str(tmp_path))}})
-    from archway.webhook.pullsecrets import build_api_client
+    from archway.kubeclient import build_api_client
     cache = NodeCache(lambda: build_api_client(config.kubernetes)[0], max_backoff_seconds=0.3)
     try:
         assert cache.wait_synced(5)

@@ -265,7 +265,7 @@ def test_placements_stay_bounded_while_no_sample_prunes_them(monkeypatch):
 
 def test_pod_watch_lists_in_pages_and_keeps_only_what_it_uses(tmp_path):
     from archway.config import config_from_dict
-    from archway.webhook.pullsecrets import build_api_client
+    from archway.kubeclient import build_api_client
     from tests.infra.apiserver import FakeApiServer
     api = FakeApiServer()
     try:
