@@ -16,7 +16,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
 from archway.errors import ConfigError
-from archway.hostport import join_host_port, split_host_port
+from archway.hostport import join_host_port, split_bind
 from archway.webhook.supervisor import STATUS_FILE
 
 from .config import deprecations, load_config
@@ -107,17 +107,6 @@ def _controller_supervisor(config, status_path: str):
         metrics.mark_process_dead(pid)
 
     return Supervisor(lambda: start_process(config), status_path, on_exit=dead)
-
-
-def split_bind(bind: str) -> tuple[str, int]:
-    """'127.0.0.1:8443' / '[::1]:8443' / ':8443' -> (host, port); ConfigError when malformed."""
-    try:
-        host, port = split_host_port(bind)
-    except ValueError:
-        port = None
-    if not port or "/" in bind:
-        raise ConfigError(f"bind address {bind!r} must be HOST:PORT, e.g. 127.0.0.1:8443")
-    return host or "0.0.0.0", port
 
 
 def tls_files(config, host: str):
