@@ -12,7 +12,8 @@ The core has two floors:
 - the top, which puts the rooms together into programs: cli (the `archway` command), serve
   (`archway serve` under gunicorn), app (the Flask app of one worker), worker (the gunicorn
   worker), addresses, logs, completion.
-Rooms import the ground floor and each other's public modules, never the top; nothing imports
+Rooms import the ground floor and registry/ (webhook/ and extender/ still take a few names from
+each other, until the shared vocabulary is in the ground floor), never the top; nothing imports
 in a circle (tests/test_rooms.py). CONTRIBUTING.md has the map of where each kind of change goes.
 """
 from importlib.metadata import PackageNotFoundError, version
