@@ -1462,3 +1462,16 @@ def test_the_quickstart_installs_the_image_its_first_step_pushes(helm_env):
     # step 3's names are the ones the chart gives for that release name
     deployment = re.search(r"rollout status deployment/(\S+)", steps).group(1)
     assert deployment in {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"}
+
+
+def test_every_job_of_the_chart_is_one_template():
+    """The certgen Jobs, their CronJob and the gate-release hook run one `archway` command each
+    through archway.commandJobSpec (templates/_jobs.tpl): the hook once copied certgen's pod spec
+    line by line (issue 23)."""
+    templates = os.path.join(CHART, "templates")
+    spelled_out = sorted(os.path.relpath(os.path.join(top, name), templates)
+                         for top, _, names in os.walk(templates) for name in names
+                         if re.search(r"^\s*(backoffLimit:|restartPolicy: OnFailure)",
+                                      open(os.path.join(top, name)).read(), re.M)
+                         and name != "_jobs.tpl")
+    assert spelled_out == [], "a Job's spec belongs in archway.commandJobSpec"
