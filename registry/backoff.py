@@ -1,9 +1,9 @@
 """Per-host back-off after a registry says "too many requests" (HTTP 429).
 
 A host that answered 429 gets no request until its Retry-After has passed (as read, and capped,
-by registry.http.parse_retry_after), else for an exponentially growing pause (1 s, 2 s, 4 s ... `MAX_PAUSE_SECONDS`); the next success clears
-it. Meanwhile the resolver answers from its cache and fails new images at once with the rate
-limit named. Pure arithmetic on an injected clock.
+by registry.http.parse_retry_after), else for an exponentially growing pause (1 s, 2 s, 4 s ...
+`MAX_PAUSE_SECONDS`); the next success clears it. Meanwhile the resolver answers from its cache
+and fails new images at once with the rate limit named. Pure arithmetic on an injected clock.
 """
 import threading
 from dataclasses import dataclass
