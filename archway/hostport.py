@@ -1,6 +1,6 @@
 """host[:port] text, read and written in one place: registry hosts, credential keys, host-policy
-patterns, bind addresses (server.bind, --bind). IPv6 addresses travel in brackets ([fd00::1]:5000) and come out
-without them; host names compare lowercased."""
+patterns, bind addresses (server.bind, --bind). IPv6 addresses travel in brackets
+([fd00::1]:5000) and come out without them; host names compare lowercased."""
 from urllib.parse import urlsplit
 
 from archway.errors import ConfigError
