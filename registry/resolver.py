@@ -287,8 +287,7 @@ class Resolver:
         """The answer for the digest a tag names now, when archway already has it; None when
         the manifest must be fetched (the tag moved to unknown content, or no digest on HEAD)."""
         head_digest = kind_of(ref).head_digest
-        assert head_digest is not None   # _fetch asks only kinds that address content by digest
-        digest = head_digest(self, ref, keyring, deadline)
+        digest = head_digest(self, ref, keyring, deadline) if head_digest else None
         if digest == known.digest:
             return known
         if digest is not None:
