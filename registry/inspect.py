@@ -16,7 +16,7 @@ from archway.logsafe import redact_url
 
 from . import sif
 from .model import ImageInfo
-from .reference import kind_of, parse_reference
+from .reference import KINDS, parse_reference
 from .resolver import Resolver
 
 
@@ -50,7 +50,7 @@ def pinned(image: str, digest: str | None) -> str | None:
         reference = parse_reference(image)
     except ArchwayError:
         return None
-    if kind_of(reference).head_digest is None:   # a file, a library image: no name@digest
+    if KINDS[reference.scheme].head_digest is None:   # a file, a library image: no name@digest
         return None
     return str(dataclasses.replace(reference, tag=None, digest=digest))
 

@@ -65,7 +65,8 @@ _SIF_LIBRARY = RegistryKind(library_syntax, resolve=lambda clients, ref, keys, d
                             sifsources.resolve_library(ref, clients.http, clients.sif, deadline))
 
 # The one registration of each kind, by the scheme its references start with ("scheme://";
-# a reference without one is "docker").
+# a reference without one is "docker"). A parsed reference's scheme is always one of these:
+# KINDS[ref.scheme] is its kind.
 KINDS: dict[str, RegistryKind] = {
     "docker": _OCI,
     "oras": _OCI,               # a SIF image stored in an OCI registry as an oras artifact
@@ -73,10 +74,6 @@ KINDS: dict[str, RegistryKind] = {
     "https": _SIF_URL,
     "http": _SIF_URL,
 }
-
-
-def kind_of(ref: ImageReference) -> RegistryKind:
-    return KINDS[ref.scheme]   # parse_reference made no reference of another scheme
 
 
 def parse_reference(text: str, default_library_host: str = "library.sylabs.io") -> ImageReference:
