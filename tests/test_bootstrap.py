@@ -17,10 +17,11 @@ from archway.certs import x509 as cx
 from archway.certs.bootstrap import (
     BootstrapError,
     BootstrapSpec,
-    api_client_from_environment,
     ca_bundle_patch,
     run_bootstrap,
 )
+from archway.config import KubernetesSettings
+from archway.kubeclient import build_api_client
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.kube import KubeError
 from tests.infra.procs import REPO, require_binary, wait_until
@@ -127,7 +128,7 @@ def api(api_server, chart_webhook_config):
 
 @pytest.fixture(scope="module")
 def client(api_server):
-    c = api_client_from_environment(api_server.certgen)
+    c, _ = build_api_client(KubernetesSettings(kubeconfig=api_server.certgen))
     yield c
     c.close()
 
@@ -349,7 +350,7 @@ def test_a_refusal_of_the_api_is_one_clear_line(api, tmp_path):
                                                 "certificate-authority": api.plane.ca_path}}],
         "users": [{"name": "u", "user": {"token": token}}],
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
-    refused = api_client_from_environment(str(kubeconfig))
+    refused, _ = build_api_client(KubernetesSettings(kubeconfig=str(kubeconfig)))
     try:
         with pytest.raises(BootstrapError, match="403") as error:
             run_bootstrap(SPEC, refused)
@@ -369,7 +370,7 @@ def test_a_writer_that_always_wins_is_given_up_on(tmp_path):
     stand_in = FakeApiServer()
     try:
         stand_in.faults[f"/api/v1/namespaces/{NS}/secrets"] = 409
-        client = api_client_from_environment(stand_in.kubeconfig(str(tmp_path)))
+        client, _ = build_api_client(KubernetesSettings(kubeconfig=stand_in.kubeconfig(str(tmp_path))))
         try:
             with pytest.raises(BootstrapError, match="409"):
                 run_bootstrap(SPEC, client)

@@ -273,7 +273,7 @@ def apiserver(tmp_path_factory):
 
 def node_cache_of(kubeconfig: str, **kwargs) -> NodeCache:
     config = config_from_dict({"kubernetes": {"kubeconfig": kubeconfig}})
-    from archway.webhook.pullsecrets import build_api_client
+    from archway.kubeclient import build_api_client
     return NodeCache(lambda: build_api_client(config.kubernetes)[0], **kwargs)
 
 

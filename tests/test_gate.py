@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from archway.config import KubernetesSettings
 from archway.errors import DeadlineExceeded, TransportError
 from archway.kubeapi import KubeApi
+from archway.kubeclient import build_api_client
 from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
@@ -28,7 +29,6 @@ from archway.webhook.gate import (
 )
 from archway.webhook.lease import LeaderElector, LeaseObserver, lease_path
 from archway.webhook.placement import ARCH_LABEL, Policy, decide
-from archway.webhook.pullsecrets import build_api_client
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.clock import ManualClock
 from tests.infra.kubevalidation import validate_event_create, validate_pod_update

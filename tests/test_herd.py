@@ -268,7 +268,7 @@ def test_pod_watch_lists_in_pages_and_keeps_only_what_it_uses(tmp_path):
     """Against a real apiserver of its own (Nodes n0 and n1): the test writes what a kubelet
     would (the pods' phase, through pods/status) and reads the list pages in its audit log."""
     from archway.config import config_from_dict
-    from archway.webhook.pullsecrets import build_api_client
+    from archway.kubeclient import build_api_client
     from tests.infra.controlplane import ControlPlane
     with ControlPlane(str(tmp_path / "plane"), nodes=(("n0", "amd64"), ("n1", "arm64"))) as api:
         api.new_namespace("ns")

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from archway.errors import ConfigError
+from archway.kubeclient import build_api_client
 from archway.podview import PodView
-from archway.webhook.pullsecrets import PullSecrets, build_api_client
+from archway.webhook.pullsecrets import PullSecrets
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.controlplane import kubeconfig
 
@@ -198,3 +199,44 @@ def test_no_api_configured(monkeypatch, tmp_path):
 def test_bad_kubernetes_settings_fail_at_start(settings, message):
     with pytest.raises(ConfigError, match=message):
         build_api_client(settings)
+
+
+# --- one Kubernetes client per process (issue 23) ------------------------------------------------
+
+def test_a_worker_holds_one_api_client_for_every_reader(tmp_path):
+    """Pull secrets, the Namespace cache, the Node cache and the extender's pod watch of one
+    `archway serve` worker share one ApiClient (they built three or four, with two precedences);
+    a forked process builds its own."""
+    import gc
+    import os
+
+    from kubernetes.client import ApiClient
+
+    from archway.app import create_app
+    from archway.config import config_from_dict
+    api = FakeApiServer()
+    try:
+        config = config_from_dict({"kubernetes": {"kubeconfig": api.kubeconfig(str(tmp_path))},
+                                   "server": {"tls": False}})
+        app = create_app(config, product="all")
+        state = app.extensions["archway"]
+        state.node_cache.ensure_started()
+        extender = app.extensions["archway.extender"]
+        if extender.pod_watch is not None:
+            extender.pod_watch.ensure_started()
+        try:
+            clients = {id(o) for o in gc.get_objects()
+                       if isinstance(o, ApiClient) and o.configuration.host == api.url}
+            assert len(clients) == 1
+            (shared,) = clients
+            assert id(build_api_client(config.kubernetes)[0]) == shared
+            pid = os.fork()
+            if pid == 0:   # the child: a client of its own, for the same API
+                child = build_api_client(config.kubernetes)[0]
+                os._exit(0 if id(child) != shared and child.configuration.host == api.url else 1)
+            assert os.waitpid(pid, 0)[1] == 0
+        finally:
+            extender.stop()
+            app.extensions["archway.webhook"].namespaces.stop()
+    finally:
+        api.stop()
