@@ -21,10 +21,11 @@ from archway.certs.selfsigned import tls_dir
 from archway.certs.x509 import CertificateError, load_cert, remaining
 from archway.extender.nodes import NodeCache
 from archway.extender.routes import register_extender
+from archway.hostport import split_bind
+from archway.kubeclient import build_api_client
 from archway.registry.resolver import Resolver
 from archway.registry.sharedlookups import SharedLookups
 from archway.webhook.app import register_webhook
-from archway.webhook.pullsecrets import build_api_client
 
 log = logging.getLogger("archway.server")
 
@@ -88,7 +89,6 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
     if state.fast_routes:
         app.wsgi_app = _FastRoutes(app.wsgi_app, state.fast_routes)  # type: ignore[method-assign]
     if config.server.metrics_bind:
-        from .serve import split_bind
         app.wsgi_app = _MetricsListener(  # type: ignore[method-assign]
             app.wsgi_app, split_bind(config.server.metrics_bind)[1])
     return app

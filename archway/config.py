@@ -372,45 +372,62 @@ def _build(cls: type, values: Any, path: str, origin: str) -> Any:
 
 def _coerce(kind: Any, f: dataclasses.Field, value: Any, key: str, origin: str) -> Any:
     """Check one value against its field's type, so typos fail at start-up, not at 3 am."""
-    default = f.default if f.default is not dataclasses.MISSING else None
     optional = type(None) in typing.get_args(kind)
     if value is None:
         if optional:
             return None
-        return default
+        return f.default if f.default is not dataclasses.MISSING else None
     base = next((a for a in typing.get_args(kind) if a is not type(None)), kind) if optional else kind
+    where = f"{origin}: {key}"
     if base is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{origin}: {key} must be true or false, got {_shown(value)}")
-        return value
+        return _as_bool(value, where)
     if base in (int, float):
-        minimum, inclusive = f.metadata.get("minimum", 0.0), f.metadata.get("inclusive", False)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or value < minimum or (value == minimum and not inclusive):
-            bound = f"at least {minimum:g}" if inclusive else (
-                "a positive number" if minimum == 0 else f"above {minimum:g}")
-            raise ConfigError(f"{origin}: {key} must be {bound}, got {_shown(value)}")
-        if base is int and value != int(value):
-            raise ConfigError(f"{origin}: {key} must be a whole number, got {_shown(value)}")
-        return base(value)
+        return _as_number(base, f, value, where)
     if typing.get_origin(base) is tuple:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{origin}: {key} must be a list of strings, got {_shown(value)}")
-        return tuple(value)
+        return _as_strings(value, where)
+    return _as_string(f, value, where)
+
+
+def _as_bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where} must be true or false, got {_shown(value)}")
+    return value
+
+
+def _as_number(base: type, f: dataclasses.Field, value: Any, where: str) -> int | float:
+    minimum, inclusive = f.metadata.get("minimum", 0.0), f.metadata.get("inclusive", False)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or value < minimum or (value == minimum and not inclusive):
+        bound = f"at least {minimum:g}" if inclusive else (
+            "a positive number" if minimum == 0 else f"above {minimum:g}")
+        raise ConfigError(f"{where} must be {bound}, got {_shown(value)}")
+    if base is int and value != int(value):
+        raise ConfigError(f"{where} must be a whole number, got {_shown(value)}")
+    return base(value)
+
+
+def _as_strings(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where} must be a list of strings, got {_shown(value)}")
+    return tuple(value)
+
+
+def _as_string(f: dataclasses.Field, value: Any, where: str) -> str:
+    """A string, one of the field's `choices` or matching its `pattern` when it has them."""
     choices = f.metadata.get("choices")
     if isinstance(value, bool):
         # YAML 1.1 reads an unquoted off/no/false (on/yes/true) as a boolean.
         if choices and not value and "off" in choices:
             return "off"
-        raise ConfigError(f"{origin}: {key} must be a string, got {_shown(value)}: YAML reads "
+        raise ConfigError(f"{where} must be a string, got {_shown(value)}: YAML reads "
                           f"unquoted on/off/yes/no/true/false as a boolean; quote the value")
     if not isinstance(value, str):
-        raise ConfigError(f"{origin}: {key} must be a string, got {_shown(value)}")
+        raise ConfigError(f"{where} must be a string, got {_shown(value)}")
     if choices and value not in choices:
-        raise ConfigError(f"{origin}: {key} must be one of {', '.join(choices)}, got {value!r}")
+        raise ConfigError(f"{where} must be one of {', '.join(choices)}, got {value!r}")
     pattern = f.metadata.get("pattern")
     if pattern and not re.fullmatch(pattern, value):
-        raise ConfigError(f"{origin}: {key} must be {f.metadata['example']}, got {value!r}")
+        raise ConfigError(f"{where} must be {f.metadata['example']}, got {value!r}")
     return value
 
 

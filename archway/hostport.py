@@ -1,7 +1,9 @@
 """host[:port] text, read and written in one place: registry hosts, credential keys, host-policy
-patterns, bind addresses. IPv6 addresses travel in brackets ([fd00::1]:5000) and come out
-without them; host names compare lowercased."""
+patterns, bind addresses (server.bind, --bind). IPv6 addresses travel in brackets
+([fd00::1]:5000) and come out without them; host names compare lowercased."""
 from urllib.parse import urlsplit
+
+from archway.errors import ConfigError
 
 
 def split_host_port(netloc: str) -> tuple[str, int | None]:
@@ -25,3 +27,14 @@ def join_host_port(host: str, port: int | None) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return host if port is None else f"{host}:{port}"
+
+
+def split_bind(bind: str) -> tuple[str, int]:
+    """'127.0.0.1:8443' / '[::1]:8443' / ':8443' -> (host, port); ConfigError when malformed."""
+    try:
+        host, port = split_host_port(bind)
+    except ValueError:
+        port = None
+    if not port or "/" in bind:
+        raise ConfigError(f"bind address {bind!r} must be HOST:PORT, e.g. 127.0.0.1:8443")
+    return host or "0.0.0.0", port

@@ -11,12 +11,14 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from archway.errors import ArchwayError
+
 MAX_OBJECT_BYTES = 4 * 1024 * 1024     # a pod is at most ~1.5 MiB in etcd; a list page more
 MAX_LIST_BYTES = 64 * 1024 * 1024
 MAX_WATCH_LINE_BYTES = 4 * 1024 * 1024
 
 
-class ApiError(Exception):
+class ApiError(ArchwayError):
     """The API answered an error (status, Status reason) or could not be reached (status 0)."""
 
     def __init__(self, status: int, reason: str, message: str):

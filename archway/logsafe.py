@@ -1,10 +1,12 @@
-"""Log lines that a client cannot forge: control characters in logged values are escaped.
+"""Text fit for a log line or a message: no line a client can forge, no password of a URL.
 
 Pod names, namespaces, image references, peers and error texts reach the log from requests.
 A newline in one of them would start a line of the client's choosing ("... INFO admission
 kube-system/x mutated" under archway's name). `archway serve` (and every CLI command) formats
 its log through SafeFormatter, so every value logged anywhere is escaped once, here, whatever
-module logs it; `escape` is the same rule for text built outside logging.
+module logs it; `escape` is the same rule for text built outside logging. `redact_url` is the
+one rule for the user:password a URL may carry (a SIF image URL, a proxy): every message, warning
+and log line that shows such a URL shows it through this function.
 """
 import logging
 import re
@@ -25,6 +27,18 @@ def escape(text: object) -> str:
     """`text` as one printable line: \\n, \\r, \\t and \\xNN / \\uNNNN for other controls."""
     text = str(text)
     return _CONTROL.sub(_escape_char, text) if _CONTROL.search(text) else text
+
+
+def redact_url(text: str) -> str:
+    """`text` with the user:password of a URL's authority replaced by `***`: safe to show, log
+    or put in an error (`https://u:pw@host/x.sif` -> `https://***@host/x.sif`). The authority
+    ends at the first / ? or #, and its user information at its LAST @ (a password may hold an @:
+    `https://u:p@ss@host/` -> `https://***@host/`). Text without `://` is returned as it is."""
+    scheme, sep, rest = text.partition("://")
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    if not sep or "@" not in rest[:end]:
+        return text
+    return f"{scheme}://***@{rest[:end].rpartition('@')[2]}{rest[end:]}"
 
 
 class SafeFormatter(logging.Formatter):

@@ -262,15 +262,16 @@ def _term(value: Any, where: str) -> NodeSelectorTerm:
                             _requirements(term.get("matchFields"), f"{where}.matchFields"))
 
 
-_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+# The node affinity the scheduler must honour (the "preferred" one only weighs).
+REQUIRED_NODE_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
 _PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 
 
 def _required_terms(node_affinity: dict) -> tuple[NodeSelectorTerm, ...] | None:
-    if node_affinity.get(_REQUIRED) is None:
+    if node_affinity.get(REQUIRED_NODE_AFFINITY) is None:
         return None
-    where = f"spec.affinity.nodeAffinity.{_REQUIRED}"
-    required = _mapping(node_affinity[_REQUIRED], where)
+    where = f"spec.affinity.nodeAffinity.{REQUIRED_NODE_AFFINITY}"
+    required = _mapping(node_affinity[REQUIRED_NODE_AFFINITY], where)
     return tuple(_term(t, f"{where}.nodeSelectorTerms[{i}]") for i, t in
                  enumerate(_list(required.get("nodeSelectorTerms"), f"{where}.nodeSelectorTerms")))
 

@@ -16,7 +16,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
 from archway.errors import ConfigError
-from archway.hostport import join_host_port, split_host_port
+from archway.hostport import join_host_port, split_bind
 from archway.webhook.supervisor import STATUS_FILE
 
 from .config import deprecations, load_config
@@ -109,17 +109,6 @@ def _controller_supervisor(config, status_path: str):
     return Supervisor(lambda: start_process(config), status_path, on_exit=dead)
 
 
-def split_bind(bind: str) -> tuple[str, int]:
-    """'127.0.0.1:8443' / '[::1]:8443' / ':8443' -> (host, port); ConfigError when malformed."""
-    try:
-        host, port = split_host_port(bind)
-    except ValueError:
-        port = None
-    if not port or "/" in bind:
-        raise ConfigError(f"bind address {bind!r} must be HOST:PORT, e.g. 127.0.0.1:8443")
-    return host or "0.0.0.0", port
-
-
 def tls_files(config, host: str):
     """(cert_path, key_path, path_for_curl_cacert) or None for plain HTTP."""
     server = config.server
@@ -153,11 +142,11 @@ def _preflight(config, tls) -> bool:
     Nothing is built here that workers would inherit: the resolver (its CA bundle file, pools,
     threads) is made in each worker after the fork.
     """
+    from archway.kubeclient import build_api_client
     from archway.registry.credentials import Keyring
-    from archway.registry.http import read_ca_file
     from archway.registry.providers import CredentialProviders
     from archway.registry.proxy import ProxyRules
-    from archway.webhook.pullsecrets import build_api_client
+    from archway.registry.trust import read_ca_file
     if tls is not None:
         from archway.certs.tls import server_context
         server_context(tls[0], tls[1])  # ConfigError when the pair does not load

@@ -17,6 +17,7 @@ from gunicorn.app.base import BaseApplication
 
 from archway import serve
 from archway.config import load_config
+from archway.hostport import split_bind
 
 
 def create_echo_app() -> Flask:
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
     parser.add_argument("--bind", required=True)
     args = parser.parse_args(argv)
     config = load_config(args.config)
-    host, _ = serve.split_bind(args.bind)
+    host, _ = split_bind(args.bind)
     tls = serve.tls_files(config, host)
     options = serve._options(config, args.bind, tls)
     options["proc_name"] = "archway-bench-echo"

@@ -57,7 +57,7 @@ def run(lab: Lab) -> list[Figure]:
         slow = DelayProxy(registry.port)
         parts.append(slow)
         nodes = tuple((f"node-{i:03d}", "amd64" if i % 2 else "arm64") for i in range(NODES))
-        plane = ControlPlane(lab.path("control-plane"), nodes=nodes)
+        plane = ControlPlane(lab.path("control-plane"), nodes=nodes, audit=False)
         parts.append(plane)
         plane.start()
         install = ChartInstall(plane, archway_config={

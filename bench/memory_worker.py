@@ -25,7 +25,7 @@ from flask import jsonify, request
 from requests.structures import CaseInsensitiveDict
 
 from archway import cli, serve
-from archway.registry import oci
+from archway.registry import manifests, oci
 from archway.registry.http import Response
 from archway.registry.reference import parse_reference
 
@@ -64,7 +64,7 @@ def _fill(resolver):
     template = parse_reference(spec["template"])
     real = resolver.http.get(
         f"https://{template.api_host}/v2/{template.repository}/manifests/{template.tag}",
-        headers={"Accept": oci.ACCEPT}, deadline=time.monotonic() + 10, max_bytes=4 << 20)
+        headers={"Accept": manifests.ACCEPT}, deadline=time.monotonic() + 10, max_bytes=4 << 20)
     if real.status != 200:
         return jsonify(error=f"template manifest: HTTP {real.status}"), 502
     images, per_pod, failed = spec["images"], int(spec["per_pod"]), 0

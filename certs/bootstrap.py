@@ -26,7 +26,6 @@ import base64
 import datetime as dt
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 
 from archway.errors import ArchwayError
@@ -51,7 +50,6 @@ from .x509 import (
 
 log = logging.getLogger(__name__)
 
-IN_CLUSTER_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 REQUEST_TIMEOUT_SECONDS = 10
 MAX_TRUSTED_CAS = 3
 FIELD_MANAGER = "archway-certs-bootstrap"
@@ -399,31 +397,3 @@ class _Kube:
         self.admission.patch_mutating_webhook_configuration(
             name, ops, field_manager=FIELD_MANAGER, _content_type="application/json-patch+json",
             **_RAW)
-
-
-def api_client_from_environment(kubeconfig: str | None = None):
-    """In-cluster credentials when running in a pod, else the kubeconfig (given or default)."""
-    import yaml
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
-    configuration = client.Configuration()
-    # No urllib3 retries (a warning line each): a failure is one line, and the Job that runs
-    # this is retried as a whole (backoffLimit).
-    configuration.retries = False
-    try:
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config(client_configuration=configuration)
-        else:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        return client.ApiClient(configuration)
-    except (ConfigException, OSError, ValueError, TypeError, KeyError, yaml.YAMLError) as e:
-        raise BootstrapError(f"no Kubernetes credentials: {' '.join(str(e).split())[:300]}"
-                             ) from None
-
-
-def in_cluster_namespace() -> str | None:
-    try:
-        with open(IN_CLUSTER_NAMESPACE_FILE, encoding="utf-8") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None

@@ -2,13 +2,10 @@
 import argparse
 import logging
 
-from .bootstrap import (
-    BootstrapError,
-    BootstrapSpec,
-    api_client_from_environment,
-    in_cluster_namespace,
-    run_bootstrap,
-)
+from archway.config import KubernetesSettings
+from archway.kubeclient import build_api_client, in_cluster_namespace, no_api_configured
+
+from .bootstrap import BootstrapError, BootstrapSpec, run_bootstrap
 from .generate import generate
 
 log = logging.getLogger(__name__)
@@ -100,10 +97,9 @@ def _bootstrap(args) -> int:
                          cluster_domain=args.cluster_domain,
                          allow_missing_webhook_config=args.allow_missing_webhook_config,
                          extra_hosts=tuple(args.host))
-    api_client = api_client_from_environment(args.kubeconfig)
-    try:
-        result = run_bootstrap(spec, api_client)
-    finally:
-        api_client.close()
+    api_client, source = build_api_client(KubernetesSettings(kubeconfig=args.kubeconfig))
+    if api_client is None:
+        raise no_api_configured(source, "--kubeconfig")
+    result = run_bootstrap(spec, api_client)
     print(result.summary(spec))
     return 0

@@ -16,11 +16,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from archway.errors import ArchwayError
+
 # Issue certificates a little in the past so a node whose clock runs slightly behind accepts them.
 CLOCK_SKEW = dt.timedelta(minutes=5)
 
 
-class CertificateError(ValueError):
+class CertificateError(ArchwayError, ValueError):
     """PEM data that is not a usable certificate or key."""
 
 

@@ -400,9 +400,7 @@ def _shared_dir() -> str | None:
 
 
 def _cluster_client(kubernetes_settings):
-    from archway.webhook.pullsecrets import (
-        build_api_client,  # the same client choice as pull secrets
-    )
+    from archway.kubeclient import build_api_client
     return build_api_client(kubernetes_settings)[0]
 
 

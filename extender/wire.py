@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import cast
 
+from archway.errors import ArchwayError
+
 from .nodes import NodeFacts, node_facts
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
@@ -33,11 +35,11 @@ def _after_whitespace(text: str, idx: int) -> int:
     return found.end() if found else idx
 
 
-class MalformedExtenderArgs(ValueError):
+class MalformedExtenderArgs(ArchwayError, ValueError):
     """The body is not an ExtenderArgs document; the message says what is wrong."""
 
 
-class TooManyNodes(ValueError):
+class TooManyNodes(ArchwayError, ValueError):
     """More candidate nodes than any cluster has (answered 413): parsing stops there."""
 
 

@@ -20,11 +20,11 @@ from archway.errors import (
 )
 
 from .credentials import Keyring
+from .imageref import ImageReference
 from .mirrors import Mirrors
 from .model import ImageInfo
 from .nodecredentials import NodeCredentials
 from .oci import RegistryClient
-from .reference import ImageReference
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -30,8 +30,8 @@ from archway.errors import (
 from archway.hostport import host_of
 
 from .credentials import Credential, Keyring
-from .http import HttpClient, parse_json, rate_limited
-from .reference import DOCKER_HUB, ImageReference
+from .http import HttpClient, Response, parse_json, rate_limited
+from .imageref import DOCKER_HUB, ImageReference
 
 MAX_TOKEN_RESPONSE_BYTES = 64 * 1024
 CHALLENGE_SECONDS = 600          # a host's challenge, since its last accepted token
@@ -140,6 +140,52 @@ def cache_until(now: float, lifetime: float) -> float:
     return now + lifetime - margin
 
 
+def token_request(realm: str, parts: SplitResult, service: str, scope: str,
+                  credential: Credential | None) -> tuple[str, dict, dict | None]:
+    """(URL, headers, form) of a token request to `realm`: a GET with the credential as Basic
+    auth, or for an identity token (an OAuth2 refresh token, distribution's token spec) a form
+    POST, never Basic auth."""
+    query = {k: v for k, v in (("service", service), ("scope", scope)) if v}
+    if credential is not None and credential.identity_token and not credential.password:
+        form = {**query, "grant_type": "refresh_token", "client_id": "archway",
+                "refresh_token": credential.identity_token}
+        return realm, {}, form
+    headers = {}
+    if credential is not None and (credential.username or credential.password):
+        headers["Authorization"] = credential.basic_header()
+    return realm + ("&" if parts.query else "?") + urlencode(query), headers, None
+
+
+def token_service(token_host: str, ref: ImageReference) -> str:
+    return f"token service {token_host} (for {ref.api_host}/{ref.repository})"
+
+
+def token_answer(response: Response, ref: ImageReference, token_host: str, *, sent: bool
+                 ) -> tuple[str, float]:
+    """(token, lifetime) from the answer of the token service on `token_host`; the typed error
+    of any other answer. `sent`: whether the request carried a credential."""
+    where = token_service(token_host, ref)
+    if response.status in (401, 403):
+        detail = ("the credentials for this host were rejected" if sent
+                  else "no pull secret matched this host and anonymous access was refused")
+        refused = AuthError if sent else CredentialsRequired
+        raise refused(f"{response.status} from {ref.api_host} for {ref.repository}: {detail} "
+                      f"(by its token service {token_host})",
+                      host=ref.api_host, repository=ref.repository, status=response.status)
+    if response.status == 429:
+        raise rate_limited(response, where, host=ref.api_host, repository=ref.repository,
+                           status=429)
+    if response.status != 200:
+        raise RegistryError(f"{where} answered HTTP {response.status}",
+                            host=ref.api_host, repository=ref.repository, status=response.status)
+    answer = parse_json(response.body)
+    token = (answer.get("token") or answer.get("access_token")) if isinstance(answer, dict) else None
+    if not isinstance(token, str) or not token or any(c in token for c in "\r\n"):
+        raise RegistryError(f"{where} answered without a usable token",
+                            host=ref.api_host, repository=ref.repository, status=200)
+    return token, token_lifetime(answer)
+
+
 @dataclass
 class Authorization:
     header: str | None          # the Authorization header value, None = anonymous
@@ -213,13 +259,15 @@ class RegistryAuth:
         credential = credential_for_realm(keyring, ref, realm.netloc)
         if credential is not None and not self._may_send_secret(realm):
             credential = None  # never a password over plain HTTP to a host not marked insecure
-        token = self._token(challenge, scope, credential, ref, deadline)
+        token = self._token(challenge, realm, scope, credential, ref, deadline)
         return Authorization("Bearer " + token, credential, challenge)
 
     def _may_send_secret(self, realm: SplitResult) -> bool:
         return realm.scheme == "https" or self.http.is_insecure(realm.netloc)
 
-    def _token(self, challenge: Challenge, scope: str, credential, ref, deadline) -> str:
+    def _token(self, challenge: Challenge, realm: SplitResult, scope: str, credential, ref,
+               deadline) -> str:
+        """A token for `scope` from the challenge's realm (`realm`: its parts, parsed once)."""
         service = challenge.params.get("service", "")
         key = (challenge.realm, service, scope, credential.fingerprint() if credential else "")
         token = self._cached(key)
@@ -231,15 +279,14 @@ class RegistryAuth:
         # Wait for another lookup's fetch of the same token no longer than this one may take.
         wait = -1 if deadline is None else max(0.0, deadline - time.monotonic())
         if not key_lock.acquire(timeout=wait):
-            raise DeadlineExceeded(f"deadline passed waiting for a token from "
-                                   f"{realm_parts(challenge.realm, ref).netloc}")
+            raise DeadlineExceeded(f"deadline passed waiting for a token from {realm.netloc}")
         try:
             token = self._cached(key)
             if token is not None:
                 return token
             try:
                 try:
-                    token, lifetime = self._fetch_token(challenge.realm, service, scope,
+                    token, lifetime = self._fetch_token(challenge.realm, realm, service, scope,
                                                         credential, ref, deadline)
                 except ArchwayError as e:
                     _count_token(classify_error(e).label)
@@ -263,48 +310,20 @@ class RegistryAuth:
             cached = self._tokens.get(key)
             return cached[0] if cached and cached[1] > self.clock() else None
 
-    def _fetch_token(self, realm, service, scope, credential, ref, deadline) -> tuple[str, float]:
-        parts = realm_parts(realm, ref)
-        query = {k: v for k, v in (("service", service), ("scope", scope)) if v}
-        headers, form = {}, None
-        if credential is not None and credential.identity_token and not credential.password:
-            # An identity token is an OAuth2 refresh token: exchanged by a form POST
-            # (distribution's token spec), never sent as Basic auth.
-            form = {**query, "grant_type": "refresh_token", "client_id": "archway",
-                    "refresh_token": credential.identity_token}
-        elif credential is not None and (credential.username or credential.password):
-            headers["Authorization"] = credential.basic_header()
-        url = realm if form else realm + ("&" if parts.query else "?") + urlencode(query)
+    def _fetch_token(self, realm: str, parts: SplitResult, service, scope, credential, ref,
+                     deadline) -> tuple[str, float]:
+        url, headers, form = token_request(realm, parts, service, scope, credential)
         with self._lock:
             self.token_requests += 1
-        where = f"token service {parts.netloc} (for {ref.api_host}/{ref.repository})"
         try:
             response = self.http.get(url, headers=headers, deadline=deadline, data=form,
                                      method="POST" if form else "GET",
                                      max_bytes=MAX_TOKEN_RESPONSE_BYTES)
         except ResponseTooLarge:   # said here: the manifest's own bound must not be blamed
-            raise RegistryError(f"{where} answered more than {MAX_TOKEN_RESPONSE_BYTES} bytes",
+            raise RegistryError(f"{token_service(parts.netloc, ref)} answered more than "
+                                f"{MAX_TOKEN_RESPONSE_BYTES} bytes",
                                 host=ref.api_host, repository=ref.repository) from None
-        if response.status in (401, 403):
-            sent = bool(headers or form)
-            detail = ("the credentials for this host were rejected" if sent
-                      else "no pull secret matched this host and anonymous access was refused")
-            refused = AuthError if sent else CredentialsRequired
-            raise refused(f"{response.status} from {ref.api_host} for {ref.repository}: {detail} "
-                          f"(by its token service {parts.netloc})",
-                          host=ref.api_host, repository=ref.repository, status=response.status)
-        if response.status == 429:
-            raise rate_limited(response, where, host=ref.api_host, repository=ref.repository,
-                               status=429)
-        if response.status != 200:
-            raise RegistryError(f"{where} answered HTTP {response.status}",
-                                host=ref.api_host, repository=ref.repository, status=response.status)
-        answer = parse_json(response.body)
-        token = (answer.get("token") or answer.get("access_token")) if isinstance(answer, dict) else None
-        if not isinstance(token, str) or not token or any(c in token for c in "\r\n"):
-            raise RegistryError(f"{where} answered without a usable token",
-                                host=ref.api_host, repository=ref.repository, status=200)
-        return token, token_lifetime(answer)
+        return token_answer(response, ref, parts.netloc, sent=bool(headers or form))
 
     def _forget(self, header: str) -> None:
         """Drop a token the registry just refused (revoked or expired early)."""

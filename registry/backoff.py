@@ -1,9 +1,9 @@
 """Per-host back-off after a registry says "too many requests" (HTTP 429).
 
-A host that answered 429 gets no request until its Retry-After has passed, else for an
-exponentially growing pause (1 s, 2 s, 4 s ... `MAX_PAUSE_SECONDS`); the next success clears
-it. Meanwhile the resolver answers from its cache and fails new images at once with the rate
-limit named. Pure arithmetic on an injected clock.
+A host that answered 429 gets no request until its Retry-After has passed (as read, and capped,
+by registry.http.parse_retry_after), else for an exponentially growing pause (1 s, 2 s, 4 s ...
+`MAX_PAUSE_SECONDS`); the next success clears it. Meanwhile the resolver answers from its cache
+and fails new images at once with the rate limit named. Pure arithmetic on an injected clock.
 """
 import threading
 from dataclasses import dataclass
@@ -12,8 +12,6 @@ from archway.errors import RateLimited
 
 FIRST_PAUSE_SECONDS = 1.0
 MAX_PAUSE_SECONDS = 300.0
-# A Retry-After is the registry's word, but not one that may switch a host off for a day.
-MAX_RETRY_AFTER_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -45,7 +43,7 @@ class Backoff:
         with self._lock:
             strikes = self._hosts[host].strikes + 1 if host in self._hosts else 1
             if retry_after is not None and retry_after >= 0:
-                pause = min(retry_after, MAX_RETRY_AFTER_SECONDS)
+                pause = retry_after
             else:
                 pause = min(FIRST_PAUSE_SECONDS * 2 ** (strikes - 1), MAX_PAUSE_SECONDS)
             self._hosts[host] = _State(self._clock() + pause, strikes)

@@ -12,8 +12,10 @@ import socket
 import threading
 import time
 
+from archway.errors import ArchwayError
 
-class LookupTimeout(TimeoutError):
+
+class LookupTimeout(ArchwayError, TimeoutError):
     """The name did not resolve by the caller's deadline."""
 
 

@@ -12,10 +12,11 @@ import os
 import sys
 
 from archway.errors import ArchwayError
+from archway.logsafe import redact_url
 
 from . import sif
 from .model import ImageInfo
-from .reference import parse_reference, redact_url
+from .reference import KINDS, parse_reference
 from .resolver import Resolver
 
 
@@ -49,7 +50,7 @@ def pinned(image: str, digest: str | None) -> str | None:
         reference = parse_reference(image)
     except ArchwayError:
         return None
-    if reference.url or reference.scheme == "library":
+    if KINDS[reference.scheme].head_digest is None:   # a file, a library image: no name@digest
         return None
     return str(dataclasses.replace(reference, tag=None, digest=digest))
 

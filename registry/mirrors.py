@@ -27,7 +27,7 @@ from urllib.parse import quote, urlsplit
 from archway.errors import ArchwayError, ConfigError
 
 from .filewatch import WatchedFile
-from .reference import DOCKER_HUB, DOCKER_HUB_API, ImageReference
+from .imageref import DOCKER_HUB, DOCKER_HUB_API, ImageReference
 
 log = logging.getLogger(__name__)
 
@@ -165,23 +165,8 @@ def _host(url: str, options, directory: str, path: str, *, mirror: bool) -> Regi
     where = f"{path}: [host.{url!r}]" if mirror else path
     if not isinstance(options, dict):
         raise ConfigError(f"{where} must be a table")
-    capabilities = options.get("capabilities")
-    if capabilities is None or capabilities == []:
-        capabilities = ALL_CAPABILITIES
-    elif isinstance(capabilities, list) and all(isinstance(c, str) for c in capabilities):
-        capabilities = frozenset(c.lower() for c in capabilities)
-        unknown = capabilities - ALL_CAPABILITIES
-        if unknown:
-            raise ConfigError(f"{where}: unknown capability {sorted(unknown)[0]!r} "
-                              f"(pull, resolve, push)")
-    else:
-        raise ConfigError(f"{where}: capabilities must be a list such as [\"pull\", \"resolve\"]")
-    ca = options.get("ca")
-    if isinstance(ca, str):
-        ca = [ca]
-    if ca is not None and not (isinstance(ca, list) and all(isinstance(c, str) for c in ca)):
-        raise ConfigError(f"{where}: ca must be a file name or a list of them")
-    ca_files = tuple(c if os.path.isabs(c) else os.path.join(directory, c) for c in ca or ())
+    capabilities = _capabilities(options.get("capabilities"), where)
+    ca_files = _ca_files(options.get("ca"), directory, where)
     skip_verify = options.get("skip_verify", False)
     override_path = options.get("override_path", False)
     if not isinstance(skip_verify, bool) or not isinstance(override_path, bool):
@@ -193,6 +178,34 @@ def _host(url: str, options, directory: str, path: str, *, mirror: bool) -> Regi
         default = not (ca_files or skip_verify or headers)
         return RegistryHost("https", "", "/v2", ALL_CAPABILITIES, ca_files, skip_verify, headers,
                             mirror=False, default=default)
+    scheme, netloc, api_root = _api_root(url, override_path, where)
+    return RegistryHost(scheme, netloc, api_root, capabilities, ca_files, skip_verify, headers,
+                        mirror=mirror)
+
+
+def _capabilities(capabilities, where: str) -> frozenset:
+    if capabilities is None or capabilities == []:
+        return ALL_CAPABILITIES
+    if not (isinstance(capabilities, list) and all(isinstance(c, str) for c in capabilities)):
+        raise ConfigError(f"{where}: capabilities must be a list such as [\"pull\", \"resolve\"]")
+    named = frozenset(c.lower() for c in capabilities)
+    unknown = named - ALL_CAPABILITIES
+    if unknown:
+        raise ConfigError(f"{where}: unknown capability {sorted(unknown)[0]!r} (pull, resolve, push)")
+    return named
+
+
+def _ca_files(ca, directory: str, where: str) -> tuple[str, ...]:
+    """`ca`: a file name or a list of them, relative to the host's directory."""
+    if isinstance(ca, str):
+        ca = [ca]
+    if ca is not None and not (isinstance(ca, list) and all(isinstance(c, str) for c in ca)):
+        raise ConfigError(f"{where}: ca must be a file name or a list of them")
+    return tuple(c if os.path.isabs(c) else os.path.join(directory, c) for c in ca or ())
+
+
+def _api_root(url: str, override_path: bool, where: str) -> tuple[str, str, str]:
+    """(scheme, netloc, API root) of a host's URL: the root ends in /v2 unless override_path."""
     if "://" not in url:
         url = "https://" + url
     parts = urlsplit(url)
@@ -201,8 +214,7 @@ def _host(url: str, options, directory: str, path: str, *, mirror: bool) -> Regi
     api_root = os.path.normpath(parts.path).rstrip("/") if parts.path else ""
     if not override_path and not api_root.endswith("/v2"):
         api_root += "/v2"
-    return RegistryHost(parts.scheme, parts.netloc.lower(), api_root, capabilities, ca_files,
-                        skip_verify, headers, mirror=mirror)
+    return parts.scheme, parts.netloc.lower(), api_root
 
 
 def _headers(table, where: str) -> tuple[tuple[str, str], ...]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from archway.errors import ConfigError
+from archway.logsafe import redact_url
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,8 @@ class ProxyRules:
         return {parts.scheme: proxy}
 
     def __repr__(self):   # a proxy URL may carry a password
-        return (f"ProxyRules(https={_redacted(self.https)}, http={_redacted(self.http)}, "
+        return (f"ProxyRules(https={self.https and redact_url(self.https)}, "
+                f"http={self.http and redact_url(self.http)}, "
                 f"no_proxy={list(self.no_proxy)})")
 
 
@@ -69,12 +71,12 @@ def proxy_url(value: str, where: str) -> str:
         parts = urlsplit(text)
         _ = parts.port   # raises ValueError on a port that is not a number
     except ValueError:
-        raise ConfigError(f"{where} is not a proxy URL: {_redacted(text)}") from None
+        raise ConfigError(f"{where} is not a proxy URL: {redact_url(text)}") from None
     if parts.scheme not in ("http", "https"):
         raise ConfigError(f"{where}: archway speaks to http:// and https:// proxies only, not "
                           f"{parts.scheme}://")
     if not parts.hostname:
-        raise ConfigError(f"{where} names no proxy host: {_redacted(text)}")
+        raise ConfigError(f"{where} names no proxy host: {redact_url(text)}")
     return text
 
 
@@ -121,12 +123,3 @@ def _ip(text: str):
         return ipaddress.ip_address(text)
     except ValueError:
         return None
-
-
-def _redacted(url: str | None) -> str | None:
-    if not url:
-        return url
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return url.replace(f":{parts.password}@", ":***@", 1)

@@ -1,92 +1,79 @@
-"""Parse image references the way Docker does, plus the SIF schemes (oras, library, http[s]).
-Host names come out lowercased, once, here (DNS names are case-insensitive; repository paths,
-tags and URL paths are not): back-off, cache keys, metrics, credentials and host policy all see
-one spelling of a host.
+"""Image references of every kind archway reads, keyed by scheme: how each kind is written, how
+it is resolved, and what its answers are cached by. Parse any of them with parse_reference.
 
     nginx                       -> docker.io/library/nginx:latest
     ghcr.io/org/app@sha256:...  -> by digest
     oras://host/repo:tag        -> SIF artifact in an OCI registry
     library://entity/coll/c:tag -> Sylabs library API
     https://host/path/x.sif     -> plain file, read with Range requests
+
+Adding a kind of registry is one module that resolves it and one entry in KINDS: the resolver,
+the cache, `archway inspect` and the webhook's metrics read everything else from the entry.
 """
 import functools
-import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from typing import Protocol
 
-from archway.errors import InvalidReference
-from archway.hostport import host_of
+from archway.config import SifSettings
+from archway.errors import ArchwayError, InvalidReference
+from archway.logsafe import redact_url
 
-DOCKER_HUB = "docker.io"
-DOCKER_HUB_API = "registry-1.docker.io"
-_HUB_ALIASES = {"docker.io", "index.docker.io", "registry-1.docker.io"}
+from . import sifsources
+from .access import RegistryAccess
+from .credentials import Keyring
+from .http import HttpClient
+from .imageref import ImageReference, docker_syntax, library_syntax, url_syntax
+from .model import ImageInfo
 
-_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
-# fullmatch everywhere: `$` would let a trailing newline through.
-_REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
-_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-_DIGEST = re.compile(r"sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128}|"
-                     r"(?!sha256:|sha512:)[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]{32,}")
-_HOST = re.compile(r"(?:\[[0-9a-fA-F:.]+\]|[a-zA-Z0-9.-]+)(?::[0-9]+)?")
 MAX_REFERENCE_LENGTH = 4096
 
 
+class Clients(Protocol):
+    """What a kind resolves with: the resolver's clients, shared by every lookup."""
+    access: RegistryAccess   # OCI registries: mirrors, credentials, auth
+    http: HttpClient         # any other HTTP server
+    sif: SifSettings
+
+
 @dataclass(frozen=True)
-class ImageReference:
-    scheme: str            # "docker", "oras", "library" or "https"/"http"
-    host: str              # registry or library host ("docker.io" for Docker Hub), or URL host
-    repository: str        # path inside the host; for library: entity/collection/container
-    tag: str | None = None
-    digest: str | None = None
-    url: str | None = None  # the full URL for http(s) references
-
-    @property
-    def api_host(self) -> str:
-        """Host the registry API is served from (Docker Hub's differs from its name)."""
-        return DOCKER_HUB_API if self.host == DOCKER_HUB else self.host
-
-    @property
-    def hostname(self) -> str:
-        """The host without port or IPv6 brackets, for address checks."""
-        return host_of(self.api_host)
-
-    @property
-    def manifest_reference(self) -> str:
-        """What goes after /manifests/: the digest when there is one, else the tag."""
-        return self.digest or self.tag or "latest"
-
-    def __str__(self):
-        if self.url:
-            return redact_url(self.url)   # never a user:password a URL carries
-        text = f"{self.host}/{self.repository}"
-        if self.tag:
-            text += f":{self.tag}"
-        if self.digest:
-            text += f"@{self.digest}"
-        return text if self.scheme == "docker" else f"{self.scheme}://{text}"
+class RegistryKind:
+    """One kind of image reference."""
+    # How a reference is written: (scheme, the text after "scheme://", the whole text, the
+    # default library host) -> ImageReference (registry.imageref).
+    syntax: Callable[[str, str, str, str], ImageReference]
+    # Its platforms, by the deadline, with the pod's keyring (the node's is added by `access`).
+    resolve: Callable[[Clients, ImageReference, Keyring, float], ImageInfo]
+    # Content addressed by digest, as in an OCI registry: the digest a tag names now, or None
+    # when the registry does not say. With it, a cached tag is checked by this (a HEAD) before
+    # its manifest is fetched again, answers are also filed under their digest, and `archway
+    # inspect` prints `name@digest`. None: a kind whose references have no digest.
+    head_digest: Callable[[Clients, ImageReference, Keyring, float], str | None] | None = None
+    # Registry credentials (pull secrets, the node's) apply: answers are cached per credential.
+    pull_secrets: bool = False
 
 
-def redact_url(text: str) -> str:
-    """`text` with the user:password of a URL's authority replaced by `***`: safe to show, log
-    or put in an error (`https://u:pw@host/x.sif` -> `https://***@host/x.sif`)."""
-    scheme, sep, rest = text.partition("://")
-    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    if not sep or "@" not in rest[:end]:
-        return text
-    return f"{scheme}://***@{rest[:end].rpartition('@')[2]}{rest[end:]}"
+_OCI = RegistryKind(docker_syntax,
+                    resolve=lambda clients, ref, keys, deadline: clients.access.resolve(
+                        ref, keys, deadline),
+                    head_digest=lambda clients, ref, keys, deadline: clients.access.head_digest(
+                        ref, keys, deadline),
+                    pull_secrets=True)
+_SIF_URL = RegistryKind(url_syntax, resolve=lambda clients, ref, keys, deadline:
+                        sifsources.resolve_https(ref, clients.http, deadline))
+_SIF_LIBRARY = RegistryKind(library_syntax, resolve=lambda clients, ref, keys, deadline:
+                            sifsources.resolve_library(ref, clients.http, clients.sif, deadline))
 
-
-def _lowercase_host(url: str) -> str:
-    """The URL with its host (not its user:password, not its path) lowercased."""
-    scheme, _, rest = url.partition("://")
-    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    userinfo, at, host = rest[:end].rpartition("@")
-    return f"{scheme}://{userinfo}{at}{host.lower()}{rest[end:]}"
-
-
-def without_userinfo(netloc: str) -> str:
-    """host[:port] of a URL authority, without any user:password@."""
-    return netloc.rpartition("@")[2]
+# The one registration of each kind, by the scheme its references start with ("scheme://";
+# a reference without one is "docker"). A parsed reference's scheme is always one of these:
+# KINDS[ref.scheme] is its kind.
+KINDS: dict[str, RegistryKind] = {
+    "docker": _OCI,
+    "oras": _OCI,               # a SIF image stored in an OCI registry as an oras artifact
+    "library": _SIF_LIBRARY,
+    "https": _SIF_URL,
+    "http": _SIF_URL,
+}
 
 
 def parse_reference(text: str, default_library_host: str = "library.sylabs.io") -> ImageReference:
@@ -102,6 +89,14 @@ def parse_reference(text: str, default_library_host: str = "library.sylabs.io") 
         raise InvalidReference(str(e).replace(text.strip(), shown)) from None
 
 
+def scheme_of(image: str) -> str:
+    """The scheme of an image reference, "invalid" when it cannot be parsed: a metric label."""
+    try:
+        return parse_reference(image).scheme
+    except ArchwayError:
+        return "invalid"
+
+
 @functools.lru_cache(maxsize=4096)  # pods repeat the same few images; parsing is pure
 def _parse(text: str, default_library_host: str) -> ImageReference:
     text = text.strip()
@@ -109,70 +104,10 @@ def _parse(text: str, default_library_host: str) -> ImageReference:
         raise InvalidReference(f"image reference longer than {MAX_REFERENCE_LENGTH} characters")
     scheme, sep, rest = text.partition("://")
     if not sep:
-        return _parse_docker(text, text, "docker")
-    scheme = scheme.lower()
-    if scheme in ("docker", "oras"):
-        return _parse_docker(rest, text, scheme)
-    if scheme == "library":
-        return _parse_library(rest, text, default_library_host)
-    if scheme in ("https", "http"):
-        parts = urlsplit(text)
-        if not parts.hostname:
-            raise InvalidReference(f"{text!r}: URL has no host")
-        url = _lowercase_host(f"{scheme}://{rest}")
-        return ImageReference(scheme, without_userinfo(urlsplit(url).netloc),
-                              parts.path.lstrip("/"), url=url)
-    raise InvalidReference(
-        f"{text!r}: unsupported scheme {scheme!r} (use docker://, oras://, library://, https://)")
-
-
-def _split_tag_digest(remainder: str, original: str):
-    name, _, digest = remainder.partition("@")
-    if digest and not _DIGEST.fullmatch(digest):
-        raise InvalidReference(f"{original!r}: malformed digest {digest!r}")
-    tag = None
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        name, tag = name.rsplit(":", 1)
-        if not _TAG.fullmatch(tag):
-            raise InvalidReference(f"{original!r}: malformed tag {tag!r}")
-    return name, tag, digest or None
-
-
-def _parse_docker(remainder: str, original: str, scheme: str) -> ImageReference:
-    name, tag, digest = _split_tag_digest(remainder, original)
-    first, slash, path = name.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost" or first.startswith("[")):
-        host = first
-    else:
-        host, path = DOCKER_HUB, name
-    if not _HOST.fullmatch(host):
-        raise InvalidReference(f"{original!r}: malformed registry host {host!r}")
-    host = host.lower()   # names are case-insensitive: one host for back-off, cache, credentials
-    if host in _HUB_ALIASES:
-        host = DOCKER_HUB
-    if host == DOCKER_HUB and "/" not in path:
-        path = f"library/{path}"
-    if not _REPOSITORY.fullmatch(path):
-        raise InvalidReference(
-            f"{original!r}: repository {path!r} must be lowercase letters, digits and separators")
-    if not tag and not digest:
-        tag = "latest"
-    return ImageReference(scheme, host, path, tag, digest)
-
-
-def _parse_library(remainder: str, original: str, default_host: str) -> ImageReference:
-    name, tag, digest = _split_tag_digest(remainder, original)
-    parts = [p for p in name.split("/") if p]
-    host = default_host
-    if len(parts) == 4 or (len(parts) > 1 and ("." in parts[0] or ":" in parts[0])):
-        host, parts = parts[0].lower(), parts[1:]
-    if len(parts) == 1:
-        parts = ["library", "default"] + parts
-    elif len(parts) == 2:
-        parts = [parts[0], "default", parts[1]]
-    if len(parts) != 3 or not all(_REPOSITORY.fullmatch(p) for p in parts):
-        raise InvalidReference(
-            f"{original!r}: expected library://[host/]entity/collection/container[:tag]")
-    return ImageReference("library", host, "/".join(parts), tag or (None if digest else "latest"),
-                          digest)
+        scheme, rest = "docker", text
+    kind = KINDS.get(scheme.lower())
+    if kind is None:
+        # Plain http:// is https:// without TLS: not suggested.
+        known = ", ".join(f"{s}://" for s in KINDS if s != "http")
+        raise InvalidReference(f"{text!r}: unsupported scheme {scheme.lower()!r} (use {known})")
+    return kind.syntax(scheme.lower(), rest, text, default_library_host)

@@ -25,24 +25,24 @@ from archway.config import RegistrySettings, SifSettings
 from archway.errors import (
     ArchwayError,
     DeadlineExceeded,
-    InvalidReference,
     Overloaded,
     RateLimited,
     classify_error,
 )
+from archway.logsafe import redact_url
 
-from . import sifsources
 from .access import RegistryAccess, image_name
 from .backoff import Backoff
 from .cache import STALE, Answer, AnswerCache, Entry, Failure, answer_bytes
 from .credentials import Keyring
 from .http import HttpClient
+from .imageref import ImageReference
 from .lookuppool import LookupPool
 from .mirrors import Mirrors
 from .model import ImageInfo
 from .nodecredentials import NodeCredentials
 from .oci import RegistryClient
-from .reference import ImageReference, parse_reference, redact_url
+from .reference import KINDS, parse_reference
 from .sharedlookups import SharedLookups
 
 log = logging.getLogger(__name__)
@@ -276,7 +276,7 @@ class Resolver:
         try:
             self._backoff.check(ref.host)
             info = None
-            if known is not None and known.digest and not ref.digest and ref.scheme in ("docker", "oras"):
+            if known is not None and known.digest and not ref.digest and KINDS[ref.scheme].head_digest:
                 info = self._unmoved(ref, keyring, known, deadline)
             if info is None:
                 info = self._lookup(ref, keyring, deadline)
@@ -295,7 +295,8 @@ class Resolver:
                  deadline: float) -> ImageInfo | None:
         """The answer for the digest a tag names now, when archway already has it; None when
         the manifest must be fetched (the tag moved to unknown content, or no digest on HEAD)."""
-        digest = self.access.head_digest(ref, keyring, deadline)
+        head_digest = KINDS[ref.scheme].head_digest
+        digest = head_digest(self, ref, keyring, deadline) if head_digest else None
         if digest == known.digest:
             return known
         if digest is not None:
@@ -306,13 +307,7 @@ class Resolver:
         return None
 
     def _lookup(self, ref: ImageReference, keyring: Keyring, deadline: float) -> ImageInfo:
-        if ref.scheme in ("docker", "oras"):
-            return self.access.resolve(ref, keyring, deadline)
-        if ref.scheme in ("https", "http"):
-            return sifsources.resolve_https(ref, self.http, deadline)
-        if ref.scheme == "library":
-            return sifsources.resolve_library(ref, self.http, self.sif, deadline)
-        raise InvalidReference(f"{ref}: unsupported scheme {ref.scheme}")
+        return KINDS[ref.scheme].resolve(self, ref, keyring, deadline)
 
     def _keep(self, ref: ImageReference, answer: Answer) -> float:
         """Seconds an answer counts as fresh (0: not cached)."""
@@ -323,7 +318,7 @@ class Resolver:
 
     def _remember(self, key: tuple, ref: ImageReference, answer: Answer, keep: float) -> None:
         self._cache.put(key, self._entry(answer, keep))
-        if isinstance(answer, ImageInfo) and answer.digest and not ref.digest and ref.scheme in ("docker", "oras"):
+        if isinstance(answer, ImageInfo) and answer.digest and not ref.digest and KINDS[ref.scheme].head_digest:
             # The same content asked for by digest later is a hit, for the long TTL.
             self._cache.put((str(dataclasses.replace(ref, tag=None, digest=answer.digest)), key[1]),
                             self._entry(answer, self.settings.cache.digest_ttl_seconds))
@@ -341,7 +336,7 @@ def _credential_fingerprint(keyring: Keyring, ref: ImageReference) -> str:
     """Results are cached per credential: a pod without access must not be answered from a
     lookup made with someone else's secret, and a failure without credentials must not be
     served to a pod that has them."""
-    return keyring.fingerprint_for(image_name(ref)) if ref.scheme in ("docker", "oras") else ""
+    return keyring.fingerprint_for(image_name(ref)) if KINDS[ref.scheme].pull_secrets else ""
 
 
 def _named(info: ImageInfo, image: str) -> ImageInfo:

@@ -24,11 +24,12 @@ from archway.errors import (
     ResponseTooLarge,
     SIFError,
 )
+from archway.logsafe import redact_url
 
 from .http import HttpClient, parse_json, rate_limited
+from .imageref import ImageReference, without_userinfo
 from .model import ImageInfo
 from .platforms import normalize
-from .reference import ImageReference, redact_url, without_userinfo
 from .sif import BlockReader, read_sif_platforms
 
 FIRST_BLOCK = 32768             # header + default descriptor table (32176 bytes) in one request

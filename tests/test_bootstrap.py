@@ -1,6 +1,9 @@
-"""`archway certs bootstrap` against the stand-in kube-apiserver (tests/infra/apiserver.py): the
-MutatingWebhookConfiguration is the one the Helm chart renders, the Secrets are what the webhook
-pods mount. Time moves by passing `now`; certificates are checked with the real openssl."""
+"""`archway certs bootstrap` against the real kube-apiserver (tests/conftest.py's control plane):
+the MutatingWebhookConfiguration is the one the Helm chart renders, the Secrets are what the
+webhook pods mount, and the real garbage collector removes them with it. The bootstrap runs as a
+ServiceAccount with exactly the chart's certgen rules; what it wrote, in which order, is read
+from the apiserver's audit log. Time moves by passing `now`; certificates are checked with the real
+openssl. A writer that always wins (409 forever) is the one fault left to the stand-in."""
 import base64
 import datetime as dt
 import os
@@ -14,25 +17,27 @@ from archway.certs import x509 as cx
 from archway.certs.bootstrap import (
     BootstrapError,
     BootstrapSpec,
-    api_client_from_environment,
     ca_bundle_patch,
     run_bootstrap,
 )
+from archway.config import KubernetesSettings
+from archway.kubeclient import build_api_client
 from tests.infra.apiserver import FakeApiServer
-from tests.infra.procs import REPO, require_binary
+from tests.infra.kube import KubeError
+from tests.infra.procs import REPO, require_binary, wait_until
 
-NS, SERVICE, SECRET, MWC = "archway", "archway", "archway-tls", "archway"
+NS, SERVICE, SECRET, MWC = "bootstrap", "archway", "archway-tls", "archway-bootstrap-test"
 TLS_PATH = f"/api/v1/namespaces/{NS}/secrets/{SECRET}"
 CA_PATH = f"/api/v1/namespaces/{NS}/secrets/{SECRET}-ca"
 MWC_PATH = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{MWC}"
 SECRETS = f"/api/v1/namespaces/{NS}/secrets"
-WRITES = ("POST", "PUT", "PATCH", "DELETE")
+PATHS = (CA_PATH, MWC_PATH, TLS_PATH)
 
 
 @pytest.fixture(scope="module")
 def chart_webhook_config(tmp_path_factory):
-    """The chart's MutatingWebhookConfiguration (release "archway" in namespace "archway"), plus a
-    second webhook so "every webhook" is tested."""
+    """The chart's MutatingWebhookConfiguration, plus a second webhook so "every webhook" is
+    tested; under its own name, and selecting no pod (other tests share the apiserver)."""
     home = tmp_path_factory.mktemp("helm")
     env = {**os.environ, **{f"HELM_{k}_HOME": str(home / k) for k in ("CACHE", "CONFIG", "DATA")}}
     out = subprocess.run(
@@ -40,41 +45,96 @@ def chart_webhook_config(tmp_path_factory):
          "-n", NS, "--show-only", "templates/mutatingwebhookconfiguration.yaml"],
         capture_output=True, text=True, env=env, timeout=60, check=True).stdout
     config = yaml.safe_load(out)
-    assert config["metadata"]["name"] == MWC
     assert "caBundle" not in config["webhooks"][0]["clientConfig"]   # bootstrap mode fills it
+    config["metadata"]["name"] = MWC
+    config["webhooks"][0]["objectSelector"] = {"matchLabels": {"archway-bootstrap-test": "never"}}
     second = yaml.safe_load(yaml.safe_dump(config["webhooks"][0]))
     second["name"] = "pods-v2.archway.dev"
     config["webhooks"].append(second)
     return config
 
 
+# The chart's certgen Role and ClusterRole (templates/certgen/_certgen.tpl): the bootstrap runs
+# with exactly these rights.
+CERTGEN_NAMESPACE_RULES = [
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "update"],
+     "resourceNames": [SECRET, f"{SECRET}-ca"]}]
+CERTGEN_CLUSTER_RULES = [
+    {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+     "verbs": ["get", "patch"], "resourceNames": [MWC]}]
+CERTGEN_USER = f"system:serviceaccount:{NS}:certgen"
+WRITES = ("create", "update", "patch", "delete")
+
+
+class Api:
+    """The real apiserver: the admin sets the scene, the bootstrap runs as the chart's certgen
+    ServiceAccount, and what it wrote is read from the apiserver's audit log."""
+
+    def __init__(self, plane):
+        self.plane = plane
+        self.kube = plane.kube
+        self.certgen = plane.identity(NS, "certgen", cluster_rules=CERTGEN_CLUSTER_RULES,
+                                      namespace_rules={NS: CERTGEN_NAMESPACE_RULES})
+        self._mark = 0
+
+    def kubeconfig(self, _directory: str) -> str:
+        return self.certgen
+
+    def mark(self) -> None:
+        self._mark = self.plane.audit_mark()
+
+    def writes(self) -> list[tuple[str, str]]:
+        """(verb, path) of every write the bootstrap made since mark(), in order."""
+        return [(verb, uri.split("?")[0]) for verb, uri in
+                self.plane.requests_since(self._mark, user=CERTGEN_USER) if verb in WRITES]
+
+    def get(self, path: str) -> dict | None:
+        try:
+            return self.kube.get(path)
+        except KubeError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def put(self, path: str, body: dict) -> dict:
+        return self.kube.put(path, body)
+
+    def create(self, path: str, body: dict) -> dict:
+        return self.kube.create(path.rsplit("/", 1)[0], body)
+
+    def delete(self, path: str) -> None:
+        self.kube.delete(path)
+        wait_until(lambda: self.get(path) is None, 30, f"{path} to be gone")
+
+
 @pytest.fixture(scope="module")
-def api_server():
-    server = FakeApiServer()
-    yield server
-    server.stop()
+def api_server(control_plane):
+    if not control_plane.kube.exists(f"/api/v1/namespaces/{NS}"):
+        control_plane.new_namespace(NS)
+    return Api(control_plane)
 
 
 @pytest.fixture
 def api(api_server, chart_webhook_config):
-    """The shared stand-in, emptied and holding only the chart's webhook configuration."""
-    with api_server._lock:
-        api_server.objects.clear()
-    api_server.faults.clear()
-    api_server.put(MWC_PATH, chart_webhook_config)
-    api_server.requests.clear()
+    """The namespace emptied of the Secrets, and the chart's webhook configuration afresh."""
+    for path in PATHS:
+        if api_server.get(path) is not None:
+            api_server.delete(path)
+    api_server.create(MWC_PATH, chart_webhook_config)
+    api_server.mark()
     return api_server
 
 
 @pytest.fixture(scope="module")
-def client(api_server, tmp_path_factory):
-    c = api_client_from_environment(api_server.kubeconfig(str(tmp_path_factory.mktemp("kube"))))
+def client(api_server):
+    c, _ = build_api_client(KubernetesSettings(kubeconfig=api_server.certgen))
     yield c
     c.close()
 
 
 SPEC = BootstrapSpec(namespace=NS, service=SERVICE, secret=SECRET, webhook_config=MWC)
-NAMES = {"archway", "archway.archway", "archway.archway.svc", "archway.archway.svc.cluster.local"}
+NAMES = {"archway", "archway.bootstrap", "archway.bootstrap.svc", "archway.bootstrap.svc.cluster.local"}
 
 
 def later(days: float) -> dt.datetime:
@@ -89,15 +149,11 @@ def ca_bundles(api) -> list[bytes]:
     return [base64.b64decode(w["clientConfig"]["caBundle"]) for w in api.get(MWC_PATH)["webhooks"]]
 
 
-def writes(api) -> list[tuple[str, str]]:
-    return [(m, p.split("?")[0]) for m, p in api.requests if m in WRITES]
-
-
 def openssl_verify(tmp_path, bundle: bytes, cert: bytes, at: dt.datetime | None = None) -> str:
     (tmp_path / "bundle.pem").write_bytes(bundle)
     (tmp_path / "leaf.pem").write_bytes(cert)
     args = [require_binary("openssl"), "verify", "-CAfile", str(tmp_path / "bundle.pem"),
-            "-purpose", "sslserver", "-verify_hostname", "archway.archway.svc"]
+            "-purpose", "sslserver", "-verify_hostname", "archway.bootstrap.svc"]
     if at:
         args += ["-attime", str(int(at.timestamp()))]
     out = subprocess.run(args + [str(tmp_path / "leaf.pem")], capture_output=True, text=True)
@@ -111,7 +167,7 @@ def test_first_run_through_the_cli_creates_secrets_and_patches_every_webhook(api
          "--namespace", NS, "--service", SERVICE, "--secret", SECRET, "--webhook-config", MWC],
         cwd=REPO, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    assert "TLS secret archway/archway-tls: created" in run.stdout
+    assert f"TLS secret {NS}/archway-tls: created" in run.stdout
     assert "patched, 2 webhook(s)" in run.stdout
     assert "PRIVATE KEY" not in run.stdout + run.stderr
 
@@ -127,7 +183,7 @@ def test_first_run_through_the_cli_creates_secrets_and_patches_every_webhook(api
     leaf = cx.load_issued(data["tls.crt"], data["tls.key"]).cert
     assert cx.hosts_of(leaf) == NAMES
     # Two Secrets created, one patch; nothing else written.
-    assert sorted(writes(api)) == [("PATCH", MWC_PATH), ("POST", SECRETS), ("POST", SECRETS)]
+    assert sorted(api.writes()) == [("create", SECRETS), ("create", SECRETS), ("patch", MWC_PATH)]
     # Everything else in the webhook configuration is as the chart rendered it.
     webhook = api.get(MWC_PATH)["webhooks"][0]
     assert webhook["failurePolicy"] == "Ignore" and webhook["clientConfig"]["service"]["name"] == SERVICE
@@ -135,21 +191,19 @@ def test_first_run_through_the_cli_creates_secrets_and_patches_every_webhook(api
 
 def test_second_run_changes_nothing(api, client):
     first = run_bootstrap(SPEC, client)
-    versions = [api.get(p)["metadata"]["resourceVersion"] for p in (TLS_PATH, CA_PATH, MWC_PATH)]
-    api.requests.clear()
+    api.mark()
     second = run_bootstrap(SPEC, client)
-    assert writes(api) == []
+    assert api.writes() == []
     assert (second.ca, second.certificate, second.webhook_config) == ("unchanged",) * 3
     assert second.serial == first.serial
-    assert [api.get(p)["metadata"]["resourceVersion"] for p in (TLS_PATH, CA_PATH, MWC_PATH)] == versions
 
 
 def test_valid_certificate_left_alone_months_later(api, client):
     run_bootstrap(SPEC, client)
     before = secret_data(api, TLS_PATH)
-    api.requests.clear()
+    api.mark()
     result = run_bootstrap(SPEC, client, now=later(300))      # 65 days left > 30
-    assert result.certificate == "unchanged" and writes(api) == []
+    assert result.certificate == "unchanged" and api.writes() == []
     assert secret_data(api, TLS_PATH) == before
 
 
@@ -157,7 +211,7 @@ def test_expiring_certificate_renewed_under_the_same_ca(api, client, tmp_path):
     run_bootstrap(SPEC, client)
     before = secret_data(api, TLS_PATH)
     ca_before = secret_data(api, CA_PATH)
-    api.requests.clear()
+    api.mark()
     when = later(340)                                          # 25 days left < 30
     result = run_bootstrap(SPEC, client, now=when)
     after = secret_data(api, TLS_PATH)
@@ -166,7 +220,7 @@ def test_expiring_certificate_renewed_under_the_same_ca(api, client, tmp_path):
     assert secret_data(api, CA_PATH) == ca_before
     # The caBundle does not change: pods still serving the old leaf stay trusted meanwhile.
     assert after["ca.crt"] == before["ca.crt"] and ca_bundles(api) == [before["ca.crt"]] * 2
-    assert writes(api) == [("PUT", TLS_PATH)]
+    assert api.writes() == [("update", TLS_PATH)]
     assert openssl_verify(tmp_path, after["ca.crt"], after["tls.crt"], at=when).endswith(": OK")
     assert openssl_verify(tmp_path, after["ca.crt"], before["tls.crt"], at=when).endswith(": OK")
 
@@ -178,10 +232,10 @@ def test_wrong_ca_bundle_is_fixed_on_that_webhook_only(api, client):
     config = api.get(MWC_PATH)
     config["webhooks"][1]["clientConfig"]["caBundle"] = stranger
     api.put(MWC_PATH, config)
-    api.requests.clear()
+    api.mark()
     result = run_bootstrap(SPEC, client)
     assert (result.webhook_config, result.webhooks_patched) == ("patched", 1)
-    assert writes(api) == [("PATCH", MWC_PATH)]
+    assert api.writes() == [("patch", MWC_PATH)]
     assert [w["clientConfig"]["caBundle"] for w in api.get(MWC_PATH)["webhooks"]] == [good, good]
 
 
@@ -191,7 +245,7 @@ def test_certificate_for_other_names_or_garbage_is_replaced(api, client):
     result = run_bootstrap(other, client)
     assert result.certificate == "renewed" and "names" in result.reasons[0]
     leaf = cx.load_cert(secret_data(api, TLS_PATH)["tls.crt"])
-    assert "renamed.archway.svc" in cx.hosts_of(leaf)
+    assert "renamed.bootstrap.svc" in cx.hosts_of(leaf)
 
     tls = api.get(TLS_PATH)
     tls["data"]["tls.crt"] = base64.b64encode(b"not a certificate").decode()
@@ -207,7 +261,7 @@ def test_ca_rotation_trusts_both_cas_and_patches_before_serving(api, client, tmp
     renewed_at = later(3650 - 400)
     assert run_bootstrap(SPEC, client, now=renewed_at).ca == "unchanged"
     old = secret_data(api, TLS_PATH)
-    api.requests.clear()
+    api.mark()
     # ...and ten days later the CA can no longer cover a full 365-day leaf + 30 days.
     when = renewed_at + dt.timedelta(days=10)
     result = run_bootstrap(SPEC, client, now=when)
@@ -217,7 +271,7 @@ def test_ca_rotation_trusts_both_cas_and_patches_before_serving(api, client, tmp
     assert len(bundle) == 2 and bundle[1] == cx.load_cert(old["ca.crt"])
     assert ca_bundles(api) == [new["ca.crt"]] * 2
     # Order: CA Secret, then caBundle, then the serving Secret.
-    assert writes(api) == [("PUT", CA_PATH), ("PATCH", MWC_PATH), ("PUT", TLS_PATH)]
+    assert api.writes() == [("update", CA_PATH), ("patch", MWC_PATH), ("update", TLS_PATH)]
     # Both the old leaf (pods not yet synced) and the new one verify against the caBundle.
     assert openssl_verify(tmp_path, new["ca.crt"], old["tls.crt"], at=when).endswith(": OK")
     assert openssl_verify(tmp_path, new["ca.crt"], new["tls.crt"], at=when).endswith(": OK")
@@ -225,9 +279,9 @@ def test_ca_rotation_trusts_both_cas_and_patches_before_serving(api, client, tmp
     assert not openssl_verify(tmp_path, old["ca.crt"], new["tls.crt"], at=when).endswith(": OK")
 
     # A run right after (e.g. post-upgrade after pre-upgrade) keeps both CAs.
-    api.requests.clear()
+    api.mark()
     run_bootstrap(SPEC, client, now=when + dt.timedelta(minutes=1))
-    assert writes(api) == []
+    assert api.writes() == []
     # Once the old CA has expired it leaves the bundle.
     gone = when + dt.timedelta(days=400)
     run_bootstrap(SPEC, client, now=gone)
@@ -261,7 +315,7 @@ def test_secrets_belong_to_the_webhook_configuration_so_uninstall_removes_them(
     assert owners(api, TLS_PATH) == owners(api, CA_PATH) == []
     data_before = {p: api.get(p)["data"] for p in (TLS_PATH, CA_PATH)}
 
-    api.put(MWC_PATH, chart_webhook_config)                 # helm creates it; post-install run
+    api.create(MWC_PATH, chart_webhook_config)              # helm creates it; post-install run
     uid = api.get(MWC_PATH)["metadata"]["uid"]
     result = run_bootstrap(SPEC, client)
     expected = [{"apiVersion": "admissionregistration.k8s.io/v1",
@@ -271,28 +325,59 @@ def test_secrets_belong_to_the_webhook_configuration_so_uninstall_removes_them(
     assert (result.ca, result.certificate) == ("unchanged", "unchanged")
     assert {p: api.get(p)["data"] for p in (TLS_PATH, CA_PATH)} == data_before
 
-    api.requests.clear()                                     # owned: nothing more to write
+    api.mark()                                               # owned: nothing more to write
     run_bootstrap(SPEC, client)
-    assert writes(api) == []
+    assert api.writes() == []
     # A renewal keeps the ownerReference (and any other owner the Secret had).
     run_bootstrap(SPEC, client, now=later(340))
     assert owners(api, TLS_PATH) == expected
+    # `helm uninstall` deletes the configuration: the garbage collector takes the Secrets.
+    api.delete(MWC_PATH)
+    wait_until(lambda: api.get(TLS_PATH) is None and api.get(CA_PATH) is None, 30,
+               "the garbage collector to delete the Secrets")
 
 
-def test_api_errors_are_clear(api, client, tmp_path):
-    api.faults[SECRETS] = 403
-    with pytest.raises(BootstrapError, match="answered 403: injected fault"):
-        run_bootstrap(SPEC, client)
+def test_a_refusal_of_the_api_is_one_clear_line(api, tmp_path):
+    """The real authorizer's 403: a ServiceAccount without the chart's certgen role."""
+    api.kube.create(f"/api/v1/namespaces/{NS}/serviceaccounts",
+                    {"metadata": {"name": "no-rights"}}) if not api.get(
+        f"/api/v1/namespaces/{NS}/serviceaccounts/no-rights") else None
+    token = api.kube.service_account_token(NS, "no-rights", seconds=600)
+    kubeconfig = tmp_path / "no-rights.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": api.plane.server,
+                                                "certificate-authority": api.plane.ca_path}}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    refused, _ = build_api_client(KubernetesSettings(kubeconfig=str(kubeconfig)))
+    try:
+        with pytest.raises(BootstrapError, match="403") as error:
+            run_bootstrap(SPEC, refused)
+        assert "forbidden" in str(error.value)
+    finally:
+        refused.close()
     run = subprocess.run(
-        [sys.executable, "-m", "archway.cli", "certs", "bootstrap", "--kubeconfig",
-         api.kubeconfig(str(tmp_path)), "--namespace", NS, "--service", SERVICE,
-         "--secret", SECRET], cwd=REPO, capture_output=True, text=True, timeout=60)
+        [sys.executable, "-m", "archway.cli", "certs", "bootstrap", "--kubeconfig", str(kubeconfig),
+         "--namespace", NS, "--service", SERVICE, "--secret", SECRET], cwd=REPO,
+        capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "403" in run.stderr and "Traceback" not in run.stderr
-    api.faults.clear()
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
 
-    api.faults[SECRETS] = 409      # a writer that always wins: give up after a few attempts
-    with pytest.raises(BootstrapError, match="409"):
-        run_bootstrap(SPEC, client)
+
+def test_a_writer_that_always_wins_is_given_up_on(tmp_path):
+    """409 on every write, forever: only the stand-in can be made to do that."""
+    stand_in = FakeApiServer()
+    try:
+        stand_in.faults[f"/api/v1/namespaces/{NS}/secrets"] = 409
+        client, _ = build_api_client(KubernetesSettings(kubeconfig=stand_in.kubeconfig(str(tmp_path))))
+        try:
+            with pytest.raises(BootstrapError, match="409"):
+                run_bootstrap(SPEC, client)
+        finally:
+            client.close()
+    finally:
+        stand_in.stop()
 
 
 def test_spec_rejects_inconsistent_lifetimes():

@@ -179,6 +179,28 @@ def test_a_429_backs_the_host_off_until_retry_after_and_the_cache_answers(plain_
     assert resolver.resolve(new, deadline=time.monotonic() + 10).architectures == {"amd64"}
 
 
+def test_a_retry_after_past_an_hour_pauses_the_host_and_its_cached_answers_checks_an_hour(
+        plain_registry, gateway):
+    """One cap for every wait a 429 asks for (issue 23): a Retry-After of 10 h once paused the
+    host for an hour but the checks of its cached answers for 10 h."""
+    plain_registry.push_image("cache/capped", "v1", "linux/amd64")
+    clock = ManualClock()
+    resolver = resolver_for(gateway.host, clock=clock)
+    known = f"{gateway.host}/cache/capped:v1"
+    resolver.resolve(known)
+    gateway.mode, gateway.retry_after = "rate_limited", "36000"
+    clock.now += TTL + 1
+    assert resolver.resolve(known).architectures == {"amd64"}   # stale: its check meets the 429
+    settle(resolver)
+    assert len(gateway.refused) == 1
+    gateway.mode = "pass"
+    clock.now += 3601
+    before = revalidations("unchanged")
+    assert resolver.resolve(known).architectures == {"amd64"}   # an hour on: checked again
+    settle(resolver)
+    assert revalidations("unchanged") == before + 1 and resolver.hosts_backed_off() == 0
+
+
 def test_a_429_holds_for_every_spelling_of_the_host(plain_registry, gateway):
     """Host names are case-insensitive (issue 21, item 6): after a 429 with Retry-After 600, 40
     spellings of the host (LOCALHOST:PORT, ...) sent 40 requests. One host: one back-off, one

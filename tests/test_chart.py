@@ -587,7 +587,7 @@ def pods(docs):
 
 
 def test_credential_providers_get_the_kubelets_files_in_every_archway_pod(render):
-    from archway.registry.providers import parse_provider_config
+    from archway.registry.providerconfig import parse_provider_config
     docs = render("registry-access-eks")
     raw = one(docs, "ConfigMap", f"{RELEASE}-archway-config")["data"]["credential-providers.yaml"]
     (spec,) = parse_provider_config(raw.encode(), "rendered")   # archway's own strict reader
@@ -1527,7 +1527,7 @@ def test_the_default_image_tag_is_the_release_tag(render):
 def test_the_quickstart_installs_the_image_its_first_step_pushes(helm_env):
     """Step 1 pushes $REPO:v<appVersion> (release.sh image: tests/test_image.py runs it against a
     real registry); step 2's `helm install` must run exactly that image in every archway pod.
-    The install itself runs against a real control plane elsewhere."""
+    The install itself runs against a real control plane in tests/test_image.py."""
     steps = quickstart()
     assert 'bash scripts/release.sh image "$REPO"' in steps
     install = re.search(r"^helm install (.*?)(?<!\\)$", steps.replace("\\\n", " "), re.M).group(1)
@@ -1550,3 +1550,16 @@ def test_the_quickstart_installs_the_image_its_first_step_pushes(helm_env):
     # step 3's names are the ones the chart gives for that release name
     deployment = re.search(r"rollout status deployment/(\S+)", steps).group(1)
     assert deployment in {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"}
+
+
+def test_every_job_of_the_chart_is_one_template():
+    """The certgen Jobs, their CronJob and the gate-release hook run one `archway` command each
+    through archway.commandJobSpec (templates/_jobs.tpl): the hook once copied certgen's pod spec
+    line by line (issue 23)."""
+    templates = os.path.join(CHART, "templates")
+    spelled_out = sorted(os.path.relpath(os.path.join(top, name), templates)
+                         for top, _, names in os.walk(templates) for name in names
+                         if re.search(r"^\s*(backoffLimit:|restartPolicy: OnFailure)",
+                                      open(os.path.join(top, name)).read(), re.M)
+                         and name != "_jobs.tpl")
+    assert spelled_out == [], "a Job's spec belongs in archway.commandJobSpec"

@@ -243,3 +243,68 @@ def test_explain_directory_errors_name_the_file(tmp_path, monkeypatch):
 ])
 def test_pinned_reference(image, digest, shown):
     assert pinned(image, digest) == shown
+
+
+# --- every error archway raises on purpose is one line and exit status 2 (issue 23) --------------
+
+def _api_error():
+    from kubernetes import client
+
+    from archway.kubeapi import KubeApi
+    from tests.infra.procs import free_port
+    api = KubeApi(client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{free_port()}")),
+                  timeout_seconds=2)
+    api.request("GET", "/api/v1/namespaces")
+
+
+def _certificate_error():
+    from archway.certs.x509 import load_cert
+    load_cert(b"-----BEGIN CERTIFICATE-----\nnot one\n-----END CERTIFICATE-----\n")
+
+
+def _lookup_timeout():
+    import threading
+    import time
+
+    from archway.registry.dns import NameLookups
+    never = threading.Event()
+    lookups = NameLookups(getaddrinfo=lambda *args: never.wait(10))   # a resolver that hangs
+    try:
+        lookups.getaddrinfo("registry.example", 443, deadline=time.monotonic() + 0.05)
+    finally:
+        never.set()
+
+
+def _malformed_extender_args():
+    from archway.extender.wire import parse_extender_args
+    parse_extender_args(b'{"Pod": {}, "NodeNames": [1]}')
+
+
+def _too_many_nodes():
+    from archway.extender.wire import MAX_CANDIDATE_NODES, parse_extender_args
+    names = ",".join(f'"n{i}"' for i in range(MAX_CANDIDATE_NODES + 1))
+    parse_extender_args(f'{{"Pod": {{}}, "NodeNames": [{names}]}}'.encode())
+
+
+@pytest.mark.parametrize("failure, words", [
+    (_api_error, "unreachable"),
+    (_certificate_error, "not a PEM certificate"),
+    (_lookup_timeout, "the DNS lookup of registry.example did not answer in time"),
+    (_malformed_extender_args, "NodeNames"),
+    (_too_many_nodes, "65536"),
+], ids=["ApiError", "CertificateError", "LookupTimeout", "MalformedExtenderArgs", "TooManyNodes"])
+def test_the_clis_one_handler_catches_every_archway_error(monkeypatch, capsys, failure, words):
+    """ApiError, CertificateError, LookupTimeout and the extender's parse errors once escaped
+    the handler as tracebacks: each is an ArchwayError now. The failure is injected as the
+    command's own (the real function raising it for real)."""
+    import archway.cli
+    import archway.registry.inspect
+
+    def command(args):
+        failure()
+        return 0
+
+    monkeypatch.setattr(archway.registry.inspect, "run", command)
+    assert archway.cli.main(["inspect", "nginx"]) == archway.cli.EXIT_ERROR
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("archway: ") and words in lines[0], lines

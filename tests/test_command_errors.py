@@ -150,6 +150,28 @@ def test_report_with_kubeconfig_naming_a_file_that_does_not_exist(tmp_path):
         "archway: no Kubernetes API: KUBECONFIG names /nonexistent, which does not exist")
 
 
+BOOTSTRAP = ("certs", "bootstrap", "--service", "archway", "--namespace", "archway", "--secret",
+             "archway-tls")
+
+
+@pytest.mark.parametrize("command", [("report",), ("gate", "release-all"), BOOTSTRAP],
+                         ids=["report", "release-all", "certs-bootstrap"])
+@pytest.mark.parametrize("kubeconfig, words", [
+    ("/nonexistent", "no Kubernetes API: KUBECONFIG names /nonexistent, which does not exist"),
+    (None, "no Kubernetes API configured: set KUBECONFIG, or "),
+], ids=["missing", "none"])
+def test_every_command_finds_the_api_the_same_way(tmp_path, command, kubeconfig, words):
+    """One precedence for every command (archway.kubeclient, issue 23): `certs bootstrap` had
+    its own, and said `no Kubernetes credentials: Invalid kube-config file...`."""
+    env = clean_env(tmp_path, **({"KUBECONFIG": kubeconfig} if kubeconfig else {}))
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    line = one_line_error(archway(*command, env=env))
+    assert line.startswith(f"archway: {words}"), line
+    if kubeconfig is None:   # where this command takes a kubeconfig
+        option = "--kubeconfig" if command == BOOTSTRAP else "kubernetes.kubeconfig in the config file"
+        assert line.endswith(option), line
+
+
 def test_inspect_into_a_closed_pipe_exits_141_quietly(tmp_path):
     """`archway inspect ... | head -1`: the reader is gone before archway writes."""
     read_end, write_end = os.pipe()

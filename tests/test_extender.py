@@ -251,29 +251,43 @@ def test_prioritize_without_prometheus_is_neutral_in_input_order(client, fixture
     assert reply == [{"Host": n, "Score": 5} for n in (AMD64, ARM64, PPC64LE, S390X)]
 
 
-# --- the node cache: list + watch from the stand-in API server -------------------------------------
+# --- the node cache: list + watch from a real apiserver --------------------------------------------
+
+def as_created(node: dict) -> dict:
+    """A Node of the fixture as one creates it (the apiserver sets uid, version, time)."""
+    node = copy.deepcopy(node)
+    for key in ("uid", "resourceVersion", "creationTimestamp"):
+        node["metadata"].pop(key, None)
+    return node
+
 
 @pytest.fixture(scope="module")
-def apiserver():
-    server = FakeApiServer()
-    for node in load("filter-nodes.json")["Nodes"]["items"]:
-        server.put(f"/api/v1/nodes/{node['metadata']['name']}", node)
-    yield server
-    server.stop()
+def apiserver(tmp_path_factory):
+    """A control plane of this module's own whose Nodes are the fixture's (real EKS nodes)."""
+    from tests.infra.controlplane import ControlPlane
+    with ControlPlane(str(tmp_path_factory.mktemp("extender-plane")), nodes=()) as plane:
+        for node in load("filter-nodes.json")["Nodes"]["items"]:
+            plane.kube.create("/api/v1/nodes", as_created(node))
+        yield plane
 
 
-@pytest.fixture(scope="module")
-def cached(apiserver, tmp_path_factory):
-    """A bare app whose extender keeps a node cache of the stand-in's nodes (fast re-watch)."""
-    kubeconfig = apiserver.kubeconfig(str(tmp_path_factory.mktemp("kube")))
+def node_cache_of(kubeconfig: str, **kwargs) -> NodeCache:
     config = config_from_dict({"kubernetes": {"kubeconfig": kubeconfig}})
-    from archway.webhook.pullsecrets import build_api_client
-    cache = NodeCache(lambda: build_api_client(config.kubernetes)[0], watch_timeout_seconds=1,
-                      max_backoff_seconds=0.5)
+    from archway.kubeclient import build_api_client
+    return NodeCache(lambda: build_api_client(config.kubernetes)[0], **kwargs)
+
+
+@pytest.fixture(scope="module")
+def cached(apiserver):
+    """A bare app whose extender keeps a node cache of the apiserver's nodes (fast re-watch)."""
+    mark = apiserver.audit_mark()
+    config = config_from_dict({"kubernetes": {"kubeconfig": apiserver.admin_kubeconfig}})
+    cache = node_cache_of(apiserver.admin_kubeconfig, watch_timeout_seconds=1,
+                          max_backoff_seconds=0.5)
     app = Flask("test-extender-cache")
     extender = Extender(config, None, node_cache=cache)
     register_extender(app, config, None, extender=extender)
-    yield app.test_client(), cache
+    yield app.test_client(), cache, mark
     extender.stop()
 
 
@@ -283,12 +297,15 @@ def names_filter(client, names):
     return post(client, "filter", args).get_json()
 
 
-def _delete(apiserver, node):
-    apiserver.emit("/api/v1/nodes", "DELETED", node)
+def node_reads(apiserver, mark) -> tuple[list, list]:
+    """(lists, gets) of Nodes by the admin since `mark`: what the cache asked for."""
+    asked = apiserver.requests_since(mark, user="admin")
+    return ([uri for verb, uri in asked if verb == "list" and uri.startswith("/api/v1/nodes?")],
+            [uri for verb, uri in asked if verb == "get" and uri.startswith("/api/v1/nodes/")])
 
 
 def test_nodenames_filter_reads_arch_from_the_node_cache(cached, apiserver):
-    client, cache = cached
+    client, cache, mark = cached
     assert cache.wait_synced(10)
     result = names_filter(client, [AMD64, ARM64, PPC64LE, S390X, "joined-a-moment-ago"])
     assert list(result) == REPLY_KEYS and result["Nodes"] is None
@@ -297,104 +314,109 @@ def test_nodenames_filter_reads_arch_from_the_node_cache(cached, apiserver):
     assert set(result["FailedAndUnresolvableNodes"]) == {PPC64LE, S390X}
     for _ in range(20):
         names_filter(client, [AMD64, ARM64])
-    # One list, then watches: never a GET per node or per filter call.
-    assert apiserver.count("GET", "/api/v1/nodes/") == 0
-    lists = [p for m, p in apiserver.requests if m == "GET" and p.startswith("/api/v1/nodes?")
-             and "watch=" not in p]
-    assert len(lists) == 1, lists
+    # One list, then watches (which re-start every second here): never a GET per node or call.
+    lists, gets = node_reads(apiserver, mark)
+    assert len(lists) == 1 and gets == [], (lists, gets)
 
 
 def test_watch_events_update_the_cache(cached, apiserver):
-    client, cache = cached
+    client, cache, _ = cached
     cache.wait_synced(5)
-    node = copy.deepcopy(load("filter-nodes.json")["Nodes"]["items"][2])   # ppc64le
-    node["metadata"]["labels"]["kubernetes.io/arch"] = "arm64"
-    apiserver.emit("/api/v1/nodes", "MODIFIED", node)
+    kube = apiserver.kube
+    kube.patch(f"/api/v1/nodes/{PPC64LE}", {"metadata": {"labels": {"kubernetes.io/arch": "arm64"}}})
     wait_until(lambda: cache.nodes[PPC64LE].arch == "arm64")
     assert PPC64LE in names_filter(client, [PPC64LE])["NodeNames"]
 
-    new = copy.deepcopy(node)
+    new = as_created(load("filter-nodes.json")["Nodes"]["items"][2])
     new["metadata"]["name"] = "ip-10-0-1-99.eu-west-1.compute.internal"
     new["metadata"]["labels"]["kubernetes.io/arch"] = "riscv64"
-    apiserver.emit("/api/v1/nodes", "ADDED", new)
+    kube.create("/api/v1/nodes", new)
     wait_until(lambda: "ip-10-0-1-99.eu-west-1.compute.internal" in cache.nodes)
     assert names_filter(client, [new["metadata"]["name"]])["NodeNames"] == []
 
-    _delete(apiserver, new)
+    kube.delete(f"/api/v1/nodes/{new['metadata']['name']}")
     wait_until(lambda: new["metadata"]["name"] not in cache.nodes)
     # A heartbeat that changes nothing archway uses does not bump the version.
     version = cache.version
-    beat = copy.deepcopy(node)
-    beat["status"]["conditions"][3]["lastHeartbeatTime"] = "2025-01-14T09:13:41Z"
-    apiserver.emit("/api/v1/nodes", "MODIFIED", beat)
+    status = kube.get(f"/api/v1/nodes/{PPC64LE}")["status"]
+    for condition in status["conditions"]:
+        condition["lastHeartbeatTime"] = "2026-01-14T09:13:41Z"
+    kube.patch(f"/api/v1/nodes/{PPC64LE}/status", {"status": {"conditions": status["conditions"]}})
     # Events arrive in order: once the change after the heartbeat is seen, the heartbeat was
     # handled too, and only the change moved the version.
-    node["metadata"]["labels"]["kubernetes.io/arch"] = "ppc64le"
-    apiserver.emit("/api/v1/nodes", "MODIFIED", node)
+    kube.patch(f"/api/v1/nodes/{PPC64LE}", {"metadata": {"labels": {"kubernetes.io/arch": "ppc64le"}}})
     wait_until(lambda: cache.nodes[PPC64LE].arch == "ppc64le")
     assert cache.version == version + 1
 
 
-def test_410_gone_makes_the_cache_list_again(cached, apiserver):
-    client, cache = cached
-    cache.wait_synced(5)
-    lists = cache.lists
-    apiserver.faults["/api/v1/nodes"] = 500          # the watch drops and cannot come back...
-    try:
-        time.sleep(1.5)
-        node = copy.deepcopy(load("filter-nodes.json")["Nodes"]["items"][0])
-        node["metadata"]["name"] = "missed-while-away"
-        apiserver.put("/api/v1/nodes/missed-while-away", node)
-        apiserver.expire_history()                    # ...and its resourceVersion is gone
-    finally:
-        del apiserver.faults["/api/v1/nodes"]
-    wait_until(lambda: "missed-while-away" in cache.nodes, timeout=10)
-    assert cache.lists == lists + 1
-    assert "missed-while-away" in names_filter(client, ["missed-while-away"])["NodeNames"]
-    _delete(apiserver, node)
-    wait_until(lambda: "missed-while-away" not in cache.nodes)
-
-
-def test_a_refused_first_list_does_not_make_filter_calls_wait(tmp_path):
+def test_410_gone_makes_the_cache_list_again(tmp_path):
+    """The watch drops, cannot come back, and its resourceVersion has gone meanwhile: the
+    stand-in's faults (a real apiserver would need an etcd compaction at the right moment)."""
     server = FakeApiServer()
-    server.put(f"/api/v1/nodes/{AMD64}", load("filter-nodes.json")["Nodes"]["items"][0])
-    server.faults["/api/v1/nodes"] = 403          # e.g. RBAC without list on nodes
-    config = config_from_dict({"kubernetes": {"kubeconfig": server.kubeconfig(str(tmp_path))}})
-    from archway.webhook.pullsecrets import build_api_client
-    cache = NodeCache(lambda: build_api_client(config.kubernetes)[0], max_backoff_seconds=0.3)
+    node = load("filter-nodes.json")["Nodes"]["items"][0]
+    server.put(f"/api/v1/nodes/{AMD64}", node)
+    cache = node_cache_of(server.kubeconfig(str(tmp_path)), watch_timeout_seconds=1,
+                          max_backoff_seconds=0.5)
     try:
-        started = time.monotonic()
-        assert cache.wait_synced(5) is False
-        assert time.monotonic() - started < 3 and cache.nodes == {}
-        del server.faults["/api/v1/nodes"]        # RBAC fixed: the cache catches up by itself
-        wait_until(lambda: cache.synced and AMD64 in cache.nodes)
+        assert cache.wait_synced(5)
+        lists = cache.lists
+        server.faults["/api/v1/nodes"] = 500           # the watch drops and cannot come back...
+        try:
+            time.sleep(1.5)
+            missed = copy.deepcopy(node)
+            missed["metadata"]["name"] = "missed-while-away"
+            server.put("/api/v1/nodes/missed-while-away", missed)
+            server.expire_history()                    # ...and its resourceVersion is gone
+        finally:
+            del server.faults["/api/v1/nodes"]
+        wait_until(lambda: "missed-while-away" in cache.nodes, timeout=10)
+        assert cache.lists == lists + 1
+        server.emit("/api/v1/nodes", "DELETED", missed)
+        wait_until(lambda: "missed-while-away" not in cache.nodes)
     finally:
         cache.stop()
         server.stop()
 
 
-def test_stop_ends_a_watch_waiting_for_its_next_event(apiserver, tmp_path):
+def test_a_refused_first_list_does_not_make_filter_calls_wait(apiserver):
+    """An identity whose RBAC lacks list on nodes (the real authorizer's 403), then granted it."""
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    apiserver.kube.create("/api/v1/namespaces", {"metadata": {"name": "no-list"}})
+    kubeconfig = apiserver.identity("no-list", "extender", cluster_rules=[
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}])
+    cache = node_cache_of(kubeconfig, max_backoff_seconds=0.3)
+    try:
+        started = time.monotonic()
+        assert cache.wait_synced(5) is False
+        assert time.monotonic() - started < 3 and cache.nodes == {}
+        apiserver.kube.patch(f"{rbac}/clusterroles/no-list-extender", {"rules": [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]})
+        wait_until(lambda: cache.synced and AMD64 in cache.nodes, timeout=15)   # caught up
+    finally:
+        cache.stop()
+
+
+def test_stop_ends_a_watch_waiting_for_its_next_event(apiserver):
     """A watch waits up to its timeout (4 min) for the next event; stop() must not (a thread
     left in that read when the interpreter exits aborts it)."""
-    config = config_from_dict({"kubernetes": {"kubeconfig": apiserver.kubeconfig(str(tmp_path))}})
-    from archway.webhook.pullsecrets import build_api_client
-    cache = NodeCache(lambda: build_api_client(config.kubernetes)[0], watch_timeout_seconds=240)
+    mark = apiserver.audit_mark()
+    cache = node_cache_of(apiserver.admin_kubeconfig, watch_timeout_seconds=240)
     assert cache.wait_synced(5)
-    wait_until(lambda: apiserver.count("GET", "/api/v1/nodes?resourceVersion=") >= 1
-               and cache._stream is not None)
+    wait_until(lambda: cache._stream is not None)
     started = time.monotonic()
     cache.stop()
     assert time.monotonic() - started < 1 and not cache._runner.thread.is_alive()
+    assert any(verb == "watch" and uri.startswith("/api/v1/nodes?")
+               for verb, uri in apiserver.requests_since(mark, user="admin"))
 
 
 def test_a_watch_event_over_its_size_cap_is_refused_and_the_cache_lists_again(tmp_path):
+    """A 4 MiB watch event: more than a real apiserver stores in one object, so the stand-in."""
     from archway import kubeapi
     server = FakeApiServer()
     node = load("filter-nodes.json")["Nodes"]["items"][0]
     server.put(f"/api/v1/nodes/{AMD64}", node)
-    config = config_from_dict({"kubernetes": {"kubeconfig": server.kubeconfig(str(tmp_path))}})
-    from archway.webhook.pullsecrets import build_api_client
-    cache = NodeCache(lambda: build_api_client(config.kubernetes)[0], max_backoff_seconds=0.3)
+    cache = node_cache_of(server.kubeconfig(str(tmp_path)), max_backoff_seconds=0.3)
     try:
         assert cache.wait_synced(5)
         lists = cache.lists
@@ -429,7 +451,7 @@ def served(apiserver, tmp_path_factory):
         json.dump({"server": {"tls": False, "workers": 1, "threads": 4,
                               "state_dir": str(directory),
                               "metrics_bind": f"127.0.0.1:{metrics_port}"},
-                   "kubernetes": {"kubeconfig": apiserver.kubeconfig(str(directory))},
+                   "kubernetes": {"kubeconfig": apiserver.admin_kubeconfig},
                    "extender": {"node_cache": True}}, f)
     log_path = os.path.join(str(directory), "serve.log")
     with open(log_path, "wb") as log:
@@ -458,7 +480,6 @@ def test_served_filter_in_both_modes_and_prioritize(served, apiserver):
     assert r.status_code == 200 and {e["Score"] for e in r.json()} == {5}
     r = session.post(f"{url}/scheduler/filter", data=b'{"Pod": {}}', timeout=10)
     assert r.status_code == 400 and "neither Nodes nor NodeNames" in r.json()["error"]
-    assert apiserver.count("GET", "/api/v1/nodes/") == 0
     # gunicorn's workers write multiprocess metrics; /metrics adds them up.
     text = session.get(f"{url}/metrics", timeout=10).text
     assert 'archway_extender_requests_total{outcome="ok",verb="filter"} 2.0' in text

@@ -1,7 +1,8 @@
 """The gate controller's life beside the webhook (issue 21): gating from the first admission
 /readyz lets in, a controller that dies is started again and shows on the health endpoints, and
-it starts from any working directory. A real `archway serve` against the stand-in API server
-(the lead's real control plane harness adds end-to-end runs of the same).
+it starts from any working directory. A real `archway serve` against the real control plane's
+apiserver (its Lease in a namespace of each test's own); tests/e2e/test_lifecycle.py runs the
+same through pods the apiserver admits.
 
 The pods' images name a registry port nobody listens on: every lookup fails at once, so every
 admission is a miss decided as soon as it arrives (the strictest case for the Lease's view)."""
@@ -22,6 +23,7 @@ from archway.webhook import supervisor
 from archway.webhook.lease import lease_path
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.clock import ManualClock
+from tests.infra.kube import KubeError
 from tests.infra.procs import REPO, Server, free_port, wait_until
 
 pytestmark = pytest.mark.slow
@@ -42,7 +44,8 @@ def review(image: str) -> dict:
 
 
 class Archway:
-    def __init__(self, tmp_path, kubeconfig: str, *, cwd=REPO, workers=2):
+    def __init__(self, tmp_path, kubeconfig: str, lease_ns: str = LEASE_NS, *, cwd=REPO,
+                 workers=2):
         self.port = free_port()
         self.down_registry = f"127.0.0.1:{free_port()}"   # refuses connections
         state = tmp_path / "state"
@@ -50,7 +53,7 @@ class Archway:
                   "admission": {"deadline_seconds": 1.0, "unresolved": "gate",
                                 "gate_max_seconds": 60, "gate_lease_seconds": LEASE},
                   "registry": {"insecure_hosts": [self.down_registry], "timeout_seconds": 1.0},
-                  "kubernetes": {"kubeconfig": kubeconfig, "namespace": LEASE_NS}}
+                  "kubernetes": {"kubeconfig": kubeconfig, "namespace": lease_ns}}
         path = tmp_path / "archway.yaml"
         path.write_text(yaml.safe_dump(config))
         self.log_path = str(tmp_path / "archway.log")
@@ -113,22 +116,41 @@ def _cmdline(pid: int) -> bytes:
 
 
 @pytest.fixture
-def api():
-    server = FakeApiServer()
-    yield server
-    server.stop()
+def api(control_plane):
+    """The real apiserver: its admin's kubeconfig, and a namespace of the test's own for the
+    Lease (a killed controller's Lease must not hold up the next test)."""
+    namespace = control_plane.new_namespace(f"lease-{uuid.uuid4().hex[:8]}")
+    yield RealApi(control_plane, namespace)
+    control_plane.kube.delete(f"/api/v1/namespaces/{namespace}")
+
+
+class RealApi:
+    def __init__(self, plane, namespace: str):
+        self.plane = plane
+        self.namespace = namespace
+
+    def kubeconfig(self, _directory: str) -> str:
+        return self.plane.admin_kubeconfig
+
+    def lease(self) -> dict | None:
+        try:
+            return self.plane.kube.get(lease_path(self.namespace))
+        except KubeError as e:
+            if e.status == 404:
+                return None
+            raise
 
 
 def test_every_admission_after_readyz_is_gated_from_the_first(api, tmp_path):
     """Issue 21, item 1: /readyz answered 200 while the workers' Lease observers had not seen
     the controller take the Lease, and the first misses were admitted ungated."""
-    archway = Archway(tmp_path, api.kubeconfig(str(tmp_path)))
+    archway = Archway(tmp_path, api.kubeconfig(str(tmp_path)), api.namespace)
     try:
         wait_until(lambda: archway.get("/readyz").status_code == 200, 30, "/readyz")
         # Straight away, each on a new connection (both workers), as the apiserver would.
         answers = [archway.admit_miss() for _ in range(8)]
         assert [a["auditAnnotations"]["outcome"] for a in answers] == ["gated"] * 8, answers
-        assert api.get(lease_path(LEASE_NS))["spec"]["holderIdentity"]
+        assert api.lease()["spec"]["holderIdentity"]
         facts = archway.get("/readyz").json()
         assert facts["gate_controller"] == "leader alive"
         assert facts["gate_controller_process"].startswith("running (pid ")
@@ -140,9 +162,9 @@ def test_every_admission_after_readyz_is_gated_from_the_first(api, tmp_path):
 def test_readyz_does_not_wait_for_an_api_that_cannot_be_reached(tmp_path):
     """The Lease unreadable: ready after the bounded start-up wait, saying why nothing is gated
     (a webhook without endpoints would hold up every pod of the cluster)."""
-    unreachable = FakeApiServer()
+    unreachable = FakeApiServer()     # the fault: an API address that refuses connections
     kubeconfig = unreachable.kubeconfig(str(tmp_path))
-    unreachable.stop()   # its port now refuses connections
+    unreachable.stop()
     archway = Archway(tmp_path, kubeconfig)
     try:
         start = time.monotonic()
@@ -163,11 +185,11 @@ def test_readyz_does_not_wait_for_an_api_that_cannot_be_reached(tmp_path):
 def test_a_killed_controller_is_started_again_counted_and_shown(api, tmp_path):
     """Issue 21, item 2: after SIGKILL the controller stayed dead, gating off until the pod
     restarted, and /readyz said nothing."""
-    archway = Archway(tmp_path, api.kubeconfig(str(tmp_path)))
+    archway = Archway(tmp_path, api.kubeconfig(str(tmp_path)), api.namespace)
     try:
         wait_until(lambda: archway.get("/readyz").status_code == 200, 30, "/readyz")
         first, = archway.controller_pids()
-        holder = api.get(lease_path(LEASE_NS))["spec"]["holderIdentity"]
+        holder = api.lease()["spec"]["holderIdentity"]
         os.kill(first, signal.SIGKILL)
         second, = wait_until(lambda: [p for p in archway.controller_pids() if p != first], 10,
                              "the controller to be started again")
@@ -177,7 +199,7 @@ def test_a_killed_controller_is_started_again_counted_and_shown(api, tmp_path):
         assert process.startswith(f"running (pid {second}") and "restarted 1 time" in process
         assert archway.get("/healthz").json() == {"status": "ok"}
         # The new process takes the Lease over once the dead one's has expired: gating again.
-        wait_until(lambda: api.get(lease_path(LEASE_NS))["spec"]["holderIdentity"] != holder,
+        wait_until(lambda: api.lease()["spec"]["holderIdentity"] != holder,
                    LEASE + 10, "the takeover")
         wait_until(lambda: archway.admit_miss()["auditAnnotations"]["outcome"] == "gated", 10,
                    "gating again")
@@ -196,10 +218,10 @@ def test_the_controller_starts_from_a_directory_holding_an_archway_folder(api, t
     monkeypatch.chdir(shadow)
     config = config_from_dict({
         "admission": {"unresolved": "gate", "gate_lease_seconds": LEASE},
-        "kubernetes": {"kubeconfig": api.kubeconfig(str(tmp_path)), "namespace": LEASE_NS}})
+        "kubernetes": {"kubeconfig": api.kubeconfig(str(tmp_path)), "namespace": api.namespace}})
     process = supervisor.start_process(config)
     try:
-        lease = wait_until(lambda: process.poll() is None and api.get(lease_path(LEASE_NS)),
+        lease = wait_until(lambda: process.poll() is None and api.lease(),
                            20, "the controller to take the Lease")
         assert lease["spec"]["holderIdentity"]
     finally:

@@ -14,7 +14,8 @@ from archway.config import RegistrySettings
 from archway.errors import AuthError, NotFound, RateLimited, classify_error
 from archway.registry.credentials import Keyring
 from archway.registry.http import HttpClient, parse_retry_after
-from archway.registry.oci import ACCEPT, RegistryClient
+from archway.registry.manifests import ACCEPT
+from archway.registry.oci import RegistryClient
 from archway.registry.reference import parse_reference
 from archway.registry.resolver import Resolver
 from archway.registry.sifsources import resolve_https
@@ -133,7 +134,9 @@ def test_retry_after_parsing():
     assert parse_retry_after("120", now) == 120.0
     assert parse_retry_after(email.utils.formatdate(now + 30, usegmt=True), now) == 30.0
     assert parse_retry_after(email.utils.formatdate(now - 30, usegmt=True), now) == 0.0
-    assert parse_retry_after("9" * 40, now) == 24 * 3600   # bounded
+    assert parse_retry_after("9" * 40, now) == 3600   # bounded: one hour, the one cap
+    assert parse_retry_after("36000", now) == 3600
+    assert parse_retry_after(email.utils.formatdate(now + 7200, usegmt=True), now) == 3600
     for unusable in (None, "", "soon", "-5", "1.5", "Wed, 21 Oct 2015 07:28:00"):
         assert parse_retry_after(unusable, now) is None
 

@@ -263,17 +263,22 @@ def test_placements_stay_bounded_while_no_sample_prunes_them(monkeypatch):
     assert [p.pod for p in herd.since(0)] == ["p2", "p3", "p4"]   # the oldest went first
 
 
+@pytest.mark.slow
 def test_pod_watch_lists_in_pages_and_keeps_only_what_it_uses(tmp_path):
+    """Against a real apiserver of its own (Nodes n0 and n1): the test writes what a kubelet
+    would (the pods' phase, through pods/status) and reads the list pages in its audit log."""
     from archway.config import config_from_dict
-    from archway.webhook.pullsecrets import build_api_client
-    from tests.infra.apiserver import FakeApiServer
-    api = FakeApiServer()
-    try:
+    from archway.kubeclient import build_api_client
+    from tests.infra.controlplane import ControlPlane
+    with ControlPlane(str(tmp_path / "plane"), nodes=(("n0", "amd64"), ("n1", "arm64"))) as api:
+        api.new_namespace("ns")
         for i in range(7):
-            pod = _pod(f"p{i}", f"n{i % 2}", "Running", bandwidth="1M" if i == 3 else None)
-            pod["metadata"]["labels"] = {"big": "x" * 1000}
-            api.put(f"/api/v1/namespaces/ns/pods/p{i}", pod)
-        config = config_from_dict({"kubernetes": {"kubeconfig": api.kubeconfig(str(tmp_path))}})
+            pod = _pod(f"p{i}", f"n{i % 2}", bandwidth="1M" if i == 3 else None)
+            del pod["metadata"]["uid"], pod["status"]
+            pod["metadata"].setdefault("annotations", {})["big"] = "x" * 1000
+            api.kube.create("/api/v1/namespaces/ns/pods", pod)
+            api.kube.patch(f"/api/v1/namespaces/ns/pods/p{i}/status", {"status": {"phase": "Running"}})
+        config = config_from_dict({"kubernetes": {"kubeconfig": api.admin_kubeconfig}})
         herd = Herd()
         watch = PodWatch(lambda: build_api_client(config.kubernetes)[0], herd,
                          watch_timeout_seconds=1)
@@ -281,21 +286,26 @@ def test_pod_watch_lists_in_pages_and_keeps_only_what_it_uses(tmp_path):
         seen = []
         original = watch._on_list
         watch._on_list = lambda items: (seen.extend(items), original(items))
+        mark = api.audit_mark()
         try:
             assert watch.wait_synced(10)
             assert herd.running == {"n0": 4, "n1": 3}
-            assert api.count("GET", "/api/v1/pods?limit=3") == 1
-            assert api.count("GET", "/api/v1/pods?continue=") == 2
+            pages = [uri for verb, uri in api.requests_since(mark, user="admin")
+                     if verb == "list" and uri.startswith("/api/v1/pods?")]
+            assert len(pages) == 3 and "limit=3" in pages[0], pages
+            assert all("continue=" in uri for uri in pages[1:]), pages
             assert len(seen) == 7 and all("labels" not in p["metadata"] for p in seen)
             assert seen[3]["metadata"]["annotations"] == {ANNOTATION_BANDWIDTH: "1M"}
+            assert all("big" not in p["metadata"].get("annotations", {}) for p in seen)
             # A pod bound after the list comes through the watch.
-            api.put("/api/v1/namespaces/ns/pods/late", _pod("late", "n1", "Pending"))
+            late = api.kube.create("/api/v1/namespaces/ns/pods", {
+                "metadata": {"name": "late"},
+                "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}})
+            uid = late["metadata"]["uid"]
             for _ in range(100):
-                if herd.placement("uid-late") is not None:
+                if herd.placement(uid) is not None:
                     break
                 time.sleep(0.05)
-            assert herd.placement("uid-late").node == "n1" and herd.running["n1"] == 4
+            assert herd.placement(uid).node == "n1" and herd.running["n1"] == 4
         finally:
             watch.stop()
-    finally:
-        api.stop()

@@ -29,13 +29,16 @@ from archway.errors import (
     UnsupportedImage,
     classify_error,
 )
+from archway.logsafe import redact_url
 from archway.registry.credentials import Keyring
 from archway.registry.hostpolicy import HostPolicy, canonical_address
-from archway.registry.http import HttpClient, redirect_step
+from archway.registry.http import HttpClient
+from archway.registry.manifests import MAX_PLATFORMS
 from archway.registry.model import ImageInfo
-from archway.registry.oci import MAX_PLATFORMS, RegistryClient
+from archway.registry.oci import RegistryClient
 from archway.registry.platforms import Platform
-from archway.registry.reference import parse_reference, redact_url
+from archway.registry.redirects import redirect_step
+from archway.registry.reference import parse_reference
 from archway.registry.sifsources import resolve_https
 from tests.infra.faults import BlackHole, DripServer, ScriptedServer
 from tests.infra.procs import REPO

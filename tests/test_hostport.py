@@ -2,9 +2,8 @@
 import pytest
 
 from archway.errors import ConfigError, HostRefused
-from archway.hostport import host_of, join_host_port, split_host_port
+from archway.hostport import host_of, join_host_port, split_bind, split_host_port
 from archway.registry.hostpolicy import HostPolicy
-from archway.serve import split_bind
 
 
 @pytest.mark.parametrize("text, expected", [

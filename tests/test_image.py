@@ -8,6 +8,7 @@ cached in ~/.cache/archway/image afterwards).
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -196,3 +197,68 @@ def test_the_default_command_serves_with_a_self_signed_pair_in_the_state_dir(ima
         ca = state / ".local" / "state" / "archway" / "tls" / "ca.crt"
         r = requests.get(f"https://127.0.0.1:{port}/healthz", verify=str(ca), timeout=60)
         assert r.status_code == 200, server.log()
+
+
+# --- the chart README's quickstart on a real control plane ------------------------------------------
+
+def quickstart_lines() -> list[str]:
+    """The quickstart's commands, one per line (continuations joined), comments dropped."""
+    with open(os.path.join(CHART, "README.md")) as f:
+        section = f.read().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    return [line.strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_the_quickstart_installs_the_pushed_image_on_a_real_control_plane(pushed, tmp_path):
+    """Steps 2 and 4 of the chart README, as written, against a real control plane (no kubelet:
+    `--wait` would wait for pods that never run, so it goes, and the hooks' Jobs, which nothing
+    would run, are run as tests/infra/cluster.py runs them: each Job's command, here, as its
+    ServiceAccount). Step 1 is the `pushed` fixture; step 3 needs running pods."""
+    from tests.infra.cluster import ChartInstall
+    from tests.infra.controlplane import ControlPlane
+    lines = quickstart_lines()
+    install = next(line for line in lines if line.startswith("helm install "))
+    uninstall = next(line for line in lines if line.startswith("helm uninstall "))
+    delete_namespace = next(line for line in lines if line.startswith("kubectl delete namespace"))
+
+    def run(command: str, plane: ControlPlane) -> subprocess.CompletedProcess:
+        command = re.sub(r" --wait(?=\s|$)| --timeout \S+", "", command)   # no kubelet
+        env = dict(os.environ, REPO=pushed.rsplit(":", 1)[0], KUBECONFIG=plane.admin_kubeconfig,
+                   PATH=f"{os.path.dirname(plane.binary('kubectl'))}:{os.environ['PATH']}",
+                   **{f"HELM_{k}_HOME": str(tmp_path / "helm" / k) for k in ("CACHE", "CONFIG", "DATA")})
+        return subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    with ControlPlane(str(tmp_path / "plane")) as plane:
+        kube = plane.kube
+        done = run(install.replace("helm install ", "helm install --no-hooks ", 1), plane)
+        assert done.returncode == 0, done.stderr
+        chart = ChartInstall(plane, release="archway", namespace="archway")
+        for event in ("pre-install", "post-install"):
+            chart.run_hooks(event)
+        # Every archway pod runs exactly the image step 1 pushed, on a node of its architectures.
+        pods = kube.wait_for(lambda: (found := kube.items("/api/v1/namespaces/archway/pods"))
+                             and all(p["spec"].get("nodeName") for p in found) and found,
+                             timeout=60, what="the webhook's pods bound")
+        assert {c["image"] for p in pods for c in p["spec"]["containers"]} == {pushed}
+        nodes = {n["metadata"]["name"]: n["metadata"]["labels"]["kubernetes.io/arch"]
+                 for n in kube.items("/api/v1/nodes")}
+        assert {nodes[p["spec"]["nodeName"]] for p in pods} <= {"amd64", "arm64"}
+        # The webhook is registered with the CA of the Secret the certgen hook made.
+        (config,) = kube.items("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations")
+        (tls,) = [s for s in kube.items("/api/v1/namespaces/archway/secrets")
+                  if s["type"] == "kubernetes.io/tls"]
+        assert config["webhooks"][0]["clientConfig"]["caBundle"] == tls["data"]["ca.crt"]
+        assert config["webhooks"][0]["clientConfig"]["service"]["namespace"] == "archway"
+
+        chart.run_hooks("pre-delete")
+        done = run(uninstall.replace("helm uninstall ", "helm uninstall --no-hooks ", 1), plane)
+        assert done.returncode == 0, done.stderr
+        assert not kube.items("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations")
+        # The Secrets belonged to the webhook configuration: the garbage collector takes them.
+        kube.wait_for(lambda: not [s for s in kube.items("/api/v1/namespaces/archway/secrets")
+                                   if s["type"] == "kubernetes.io/tls"], timeout=60,
+                      what="the TLS Secret collected")
+        done = run(delete_namespace + " --wait=false", plane)
+        assert done.returncode == 0, done.stderr
+        assert kube.get("/api/v1/namespaces/archway")["status"]["phase"] == "Terminating"

@@ -41,14 +41,14 @@ from archway.registry.auth import (
 from archway.registry.credentials import Keyring
 from archway.registry.hostpolicy import HostPolicy
 from archway.registry.http import HttpClient, Response
-from archway.registry.oci import (
+from archway.registry.manifests import (
     ACCEPT,
-    RegistryClient,
     manifest_media_type,
     parse_manifest,
     platforms_from_config,
     platforms_from_index,
 )
+from archway.registry.oci import RegistryClient
 from archway.registry.platforms import Platform
 from archway.registry.reference import parse_reference
 from tests.infra import sifbuild

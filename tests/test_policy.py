@@ -1,7 +1,9 @@
-"""Arch policy end to end: namespace modes and preferences read through the API stand-in's
-list + watch, audit counted, Events for pods no node can run; `archway explain` on manifests
-against the real registry and on a live pod, and `archway report`, through a kubeconfig that
-points at the stand-in (tests/infra/apiserver.py)."""
+"""Arch policy end to end: namespace modes and preferences read through a real apiserver's list
++ watch, audit counted, Events for pods no node can run; `archway explain` on manifests against
+the real registry and on a live pod, and `archway report`, through a kubeconfig of that
+apiserver. The module runs a control plane of its own (tests/infra/controlplane.py): its Nodes
+are the ones these cases need (amd-1, and arm-1 tainted against pods without a toleration), and
+the workloads the report lists are the only ones in it."""
 import base64
 import json
 import subprocess
@@ -13,7 +15,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.infra.apiserver import FakeApiServer
 from tests.infra.procs import REPO, wait_until
 from tests.infra.registry import plain_registry
 
@@ -39,12 +40,6 @@ def namespace(name, labels=None, annotations=None):
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
 
 
-def node(name, arch, taints=()):
-    spec = {"taints": list(taints)} if taints else {}
-    return {"apiVersion": "v1", "kind": "Node", "spec": spec,
-            "metadata": {"name": name, "labels": {"kubernetes.io/arch": arch}}}
-
-
 def pod_spec(*images):
     return {"containers": [{"name": f"c{i}", "image": image} for i, image in enumerate(images)]}
 
@@ -62,10 +57,14 @@ def images(plain_registry):
 
 
 @pytest.fixture(scope="module")
-def apiserver():
-    server = FakeApiServer()
-    yield server
-    server.stop()
+def apiserver(tmp_path_factory):
+    """A control plane of this module's own: Nodes amd-1, and arm-1 tainted for arm64 pods."""
+    from tests.infra.controlplane import ControlPlane
+    with ControlPlane(str(tmp_path_factory.mktemp("policy-plane")),
+                      nodes=(("amd-1", "amd64"), ("arm-1", "arm64"))) as plane:
+        plane.kube.patch("/api/v1/nodes/arm-1", {"spec": {"taints": [
+            {"key": "kubernetes.io/arch", "value": "arm64", "effect": "NoSchedule"}]}})
+        yield plane
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +73,7 @@ def config_file(plain_registry, apiserver, tmp_path_factory):
     path = directory / "archway.yaml"
     path.write_text(yaml.safe_dump({
         "registry": {"insecure_hosts": [plain_registry.host], "timeout_seconds": 2},
-        "kubernetes": {"kubeconfig": apiserver.kubeconfig(str(directory))},
+        "kubernetes": {"kubeconfig": apiserver.admin_kubeconfig},
         "placement": {"preferred_architectures": {"arm64": 80, "amd64": 20},
                       "tolerations": {"arm64": [ARM_TOLERATION]}},
         "server": {"state_dir": str(directory / "state"), "product": "webhook"},
@@ -88,14 +87,13 @@ def config_file(plain_registry, apiserver, tmp_path_factory):
 def webhook(config_file, apiserver):
     from archway.app import create_app
     from archway.config import load_config
-    apiserver.put("/api/v1/namespaces/audited", namespace("audited", {"archway.dev/mode": "audit"}))
-    apiserver.put("/api/v1/namespaces/quiet", namespace("quiet", {"archway.dev/mode": "off"}))
-    apiserver.put("/api/v1/namespaces/amd-first", namespace(
-        "amd-first", annotations={"archway.dev/preferred-architectures": "amd64=90,arm64=10"}))
-    apiserver.put("/api/v1/namespaces/typo", namespace("typo", {"archway.dev/mode": "enforced"}))
-    apiserver.put("/api/v1/nodes/amd-1", node("amd-1", "amd64"))
-    apiserver.put("/api/v1/nodes/arm-1", node("arm-1", "arm64", [
-        {"key": "kubernetes.io/arch", "value": "arm64", "effect": "NoSchedule"}]))
+    for body in (namespace("audited", {"archway.dev/mode": "audit"}),
+                 namespace("quiet", {"archway.dev/mode": "off"}),
+                 namespace("amd-first", annotations={
+                     "archway.dev/preferred-architectures": "amd64=90,arm64=10"}),
+                 namespace("typo", {"archway.dev/mode": "enforced"}),
+                 namespace("shop"), namespace("ops")):
+        apiserver.kube.create("/api/v1/namespaces", body)
     app = create_app(load_config(config_file))
     state, service = app.extensions["archway"], app.extensions["archway.webhook"]
     assert service.namespaces.wait_synced(10) and state.node_cache.wait_synced(10)
@@ -181,17 +179,19 @@ def test_a_label_archway_does_not_know_is_ignored_with_a_warning(webhook, images
 
 def test_a_namespace_label_change_arrives_through_the_watch(webhook, images, apiserver):
     client, service = webhook
-    apiserver.put("/api/v1/namespaces/later", namespace("later"))
+    mark = apiserver.audit_mark()
+    apiserver.kube.create("/api/v1/namespaces", namespace("later"))
     wait_until(lambda: "later" in service.namespaces.items)
     assert admit(client, "later", images["multi"])[0]["auditAnnotations"]["outcome"] == "mutated"
-    apiserver.put("/api/v1/namespaces/later", namespace("later", {"archway.dev/mode": "off"}))
+    apiserver.kube.patch("/api/v1/namespaces/later", {"metadata": {"labels": {
+        "archway.dev/mode": "off"}}})
     wait_until(lambda: service.namespaces.items["later"].mode == "off")
     assert "patch" not in admit(client, "later", images["multi"])[0]
-    # one list, then the watch: no request per admission
-    lists = [p for m, p in apiserver.requests if p.startswith("/api/v1/namespaces?")
-             and "watch=" not in p]
-    gets = [p for m, p in apiserver.requests if p.split("?")[0] == "/api/v1/namespaces/later"]
-    assert len(lists) == 1 and gets == []
+    # the watch brought both: no list again, and no request per admission
+    asked = [(verb, uri) for verb, uri in apiserver.requests_since(mark, user="admin")
+             if uri.split("?")[0] in ("/api/v1/namespaces", "/api/v1/namespaces/later")
+             and verb in ("list", "get")]
+    assert asked == [], asked
 
 
 def test_pod_no_node_can_run_gets_a_warning_and_an_event_on_its_controller(webhook, images,
@@ -203,10 +203,8 @@ def test_pod_no_node_can_run_gets_a_warning_and_an_event_on_its_controller(webho
                                        "stay Pending")   # arm-1 is tainted against the pod
 
     def events():
-        with apiserver._lock:
-            return [o for p, o in apiserver.objects.items()
-                    if p.startswith("/apis/events.k8s.io/v1/namespaces/shop/events/")
-                    and o["regarding"]["name"] == "batch-7f9"]
+        return [e for e in apiserver.kube.items("/apis/events.k8s.io/v1/namespaces/shop/events")
+                if e["regarding"]["name"] == "batch-7f9"]
     wait_until(events)
     (event,) = events()
     assert event["reason"] == "ArchwayUnschedulable" and event["type"] == "Warning"
@@ -365,83 +363,69 @@ def test_explain_usage_errors_exit_2(args, stdin, words):
     assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr
 
 
-# --- archway explain pod/NAME and archway report against the API stand-in ------------------------
-
-def owner(kind, name, api_version="apps/v1"):
-    return [{"apiVersion": api_version, "kind": kind, "name": name, "uid": f"uid-{name}",
-             "controller": True}]
-
+# --- archway explain pod/NAME and archway report against the real apiserver -------------------
 
 @pytest.fixture(scope="module")
 def cluster(apiserver, images):
-    objects = {
-        "/apis/apps/v1/namespaces/shop/deployments/web": deployment("web", images["multi"]),
-        "/apis/apps/v1/namespaces/shop/replicasets/web-5d8": {
-            "apiVersion": "apps/v1", "kind": "ReplicaSet",
-            "metadata": {"name": "web-5d8", "namespace": "shop",
-                         "ownerReferences": owner("Deployment", "web")},
-            "spec": {"selector": {}, "template": {"spec": pod_spec(images["multi"])}}},
-        "/api/v1/namespaces/shop/pods/web-5d8-x1": {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "web-5d8-x1", "namespace": "shop",
-                         "ownerReferences": owner("ReplicaSet", "web-5d8"),
-                         "annotations": {"archway.dev/architectures": "amd64,arm64",
-                                         "team": "shop"}},
-            "spec": pod_spec(images["multi"])},
-        "/apis/batch/v1/namespaces/ops/cronjobs/nightly": {**cronjob("nightly", images["amd"]),
-                                                          "metadata": {"name": "nightly",
-                                                                       "namespace": "ops"}},
-        "/apis/batch/v1/namespaces/ops/jobs/nightly-28": {
-            "apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": "nightly-28", "namespace": "ops",
-                         "ownerReferences": owner("CronJob", "nightly", "batch/v1")},
-            "spec": {"template": {"spec": pod_spec(images["amd"])}}},
-        "/api/v1/namespaces/ops/pods/debug": {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "debug", "namespace": "ops"},
-            "spec": {**pod_spec(images["multi"]), "nodeSelector": {"kubernetes.io/arch": "amd64"}}},
-        "/apis/apps/v1/namespaces/ops/statefulsets/db": {
-            "apiVersion": "apps/v1", "kind": "StatefulSet",
-            "metadata": {"name": "db", "namespace": "ops"},
-            "spec": {"selector": {}, "serviceName": "db",
-                     "template": {"spec": pod_spec(images["gone"])}}},
-        "/apis/apps/v1/namespaces/kube-system/daemonsets/agent": {
-            "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": "agent", "namespace": "kube-system"},
-            "spec": {"selector": {}, "template": {"spec": pod_spec(images["arm"])}}},
-        "/apis/events.k8s.io/v1/namespaces/shop/events/web-5d8.1": {
-            "apiVersion": "events.k8s.io/v1", "kind": "Event",
-            "metadata": {"name": "web-5d8.1", "namespace": "shop"},
-            "regarding": {"kind": "ReplicaSet", "name": "web-5d8", "namespace": "shop"},
-            "reason": "ArchwayUnschedulable", "type": "Warning", "note": "from archway",
-            "action": "Admit", "eventTime": "2026-11-24T02:00:00.000000Z",
-            "reportingController": "archway.dev/archway", "reportingInstance": "archway-1"},
-        "/apis/events.k8s.io/v1/namespaces/shop/events/web-5d8.2": {
-            "apiVersion": "events.k8s.io/v1", "kind": "Event",
-            "metadata": {"name": "web-5d8.2", "namespace": "shop"},
-            "regarding": {"kind": "ReplicaSet", "name": "web-5d8", "namespace": "shop"},
-            "reason": "SuccessfulCreate", "type": "Normal", "note": "not archway's",
-            "action": "Create", "eventTime": "2026-11-24T02:00:00.000000Z",
-            "reportingController": "replicaset-controller", "reportingInstance": "kcm-1"},
-    }
-    for path, obj in objects.items():
-        apiserver.put(path, obj)
-    yield objects
-    for path in objects:
-        if apiserver.get(path) is not None:
-            apiserver.delete(path)
+    """One workload of each kind, made by the real controllers from what an operator applies;
+    archway's Warning Event on the web Deployment's ReplicaSet (as the webhook records it)."""
+    kube = apiserver.kube
+    web = deployment("web", images["multi"])
+    web["spec"]["template"]["metadata"]["annotations"] = {
+        "archway.dev/architectures": "amd64,arm64", "team": "shop"}   # as archway admitted it
+    kube.create("/apis/apps/v1/namespaces/shop/deployments", web)
+    nightly = kube.create("/apis/batch/v1/namespaces/ops/cronjobs", cronjob("nightly", images["amd"]))
+    job_template = cronjob("nightly", images["amd"])["spec"]["jobTemplate"]
+    kube.create("/apis/batch/v1/namespaces/ops/jobs", {   # what the CronJob makes on schedule
+        "metadata": {"name": "nightly-28", "ownerReferences": [{
+            "apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly",
+            "uid": nightly["metadata"]["uid"], "controller": True}]},
+        "spec": job_template["spec"]})
+    debug = bare_pod("debug", images["multi"])
+    debug["spec"]["nodeSelector"] = {"kubernetes.io/arch": "amd64"}
+    kube.create("/api/v1/namespaces/ops/pods", debug)
+    selector = {"matchLabels": {"app": "db"}}
+    kube.create("/apis/apps/v1/namespaces/ops/statefulsets", {
+        "metadata": {"name": "db"}, "spec": {"selector": selector, "serviceName": "db",
+                                             "template": {"metadata": {"labels": {"app": "db"}},
+                                                          "spec": pod_spec(images["gone"])}}})
+    kube.create("/apis/apps/v1/namespaces/kube-system/daemonsets", {
+        "metadata": {"name": "agent"}, "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "template": {"metadata": {"labels": {"app": "agent"}}, "spec": pod_spec(images["arm"])}}})
+    # Every workload has its pods (the ones a report must not list again).
+    pods = kube.wait_for(lambda: (found := {p["metadata"]["name"]: p for p in
+                                            kube.items("/api/v1/pods")})
+                         and any(n.startswith("web-") for n in found) and "db-0" in found
+                         and any(n.startswith("nightly-28-") for n in found)
+                         and any(n.startswith("agent-") for n in found) and found,
+                         timeout=30, what="the controllers' pods")
+    (web_pod,) = [p for n, p in pods.items() if n.startswith("web-")]
+    replica_set = web_pod["metadata"]["ownerReferences"][0]
+    kube.create("/apis/events.k8s.io/v1/namespaces/shop/events", {
+        "metadata": {"name": f"{replica_set['name']}.archway"},
+        "regarding": {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": replica_set["name"],
+                      "namespace": "shop", "uid": replica_set["uid"]},
+        "reason": "ArchwayUnschedulable", "type": "Warning", "note": "from archway",
+        "action": "Admit", "eventTime": "2026-11-24T02:00:00.000000Z",
+        "reportingController": "archway.dev/archway", "reportingInstance": "archway-1"})
+    return {"pod": web_pod["metadata"]["name"], "replica_set": replica_set["name"],
+            "nightly_image": images["amd"]}
 
 
 def test_explain_a_live_pod_shows_its_annotations_and_archways_events(cluster, config_file):
-    result = archway("explain", "pod/web-5d8-x1", "-n", "shop", "--json", "--config", config_file)
+    name, replica_set = cluster["pod"], cluster["replica_set"]
+    result = archway("explain", f"pod/{name}", "-n", "shop", "--json", "--config", config_file)
     assert result.returncode == 0, result.stderr
     (pod,) = json.loads(result.stdout)
     assert pod["annotations"] == {"archway.dev/architectures": "amd64,arm64"}
+    # archway's Event only: the ReplicaSet controller's SuccessfulCreate is not shown
     assert [(e["reason"], e["object"]) for e in pod["events"]] == [
-        ("ArchwayUnschedulable", "ReplicaSet/web-5d8")]
+        ("ArchwayUnschedulable", f"ReplicaSet/{replica_set}")]
     assert pod["architectures"] == ["amd64", "arm64"] and pod["can_run"]
-    text = archway("explain", "pod/web-5d8-x1", "-n", "shop", "--config", config_file)
+    text = archway("explain", f"pod/{name}", "-n", "shop", "--config", config_file)
     assert "archway.dev/architectures: amd64,arm64" in text.stdout
-    assert "event Warning ArchwayUnschedulable on ReplicaSet/web-5d8" in text.stdout
+    assert f"event Warning ArchwayUnschedulable on ReplicaSet/{replica_set}" in text.stdout
     missing = archway("explain", "pod/nope", "-n", "shop", "--config", config_file)
     assert missing.returncode == 2 and 'pods "nope" not found' in missing.stderr
 
@@ -457,9 +441,7 @@ def test_report_lists_each_workload_once_with_its_readiness_for_arm64(cluster, c
                          ("Pod", "ops", "debug")}   # owned ReplicaSets, Jobs and Pods: once
     assert rows[("Deployment", "shop", "web")]["movable"] == "yes"
     assert rows[("CronJob", "ops", "nightly")]["movable"] == "no"
-    assert rows[("CronJob", "ops", "nightly")]["lacking"] == [
-        cluster["/apis/batch/v1/namespaces/ops/cronjobs/nightly"]["spec"]["jobTemplate"]["spec"][
-            "template"]["spec"]["containers"][0]["image"]]
+    assert rows[("CronJob", "ops", "nightly")]["lacking"] == [cluster["nightly_image"]]
     assert rows[("Pod", "ops", "debug")]["movable"] == "no"
     assert rows[("Pod", "ops", "debug")]["pinned"] == "amd64"
     assert rows[("StatefulSet", "ops", "db")]["movable"] == "unknown"
@@ -478,12 +460,14 @@ def test_report_pages_through_long_lists(cluster, config_file, monkeypatch, caps
     from archway import cli
     from archway.webhook import cluster as cluster_module
     monkeypatch.setattr(cluster_module, "PAGE_SIZE", 1)
-    apiserver.requests.clear()
+    mark = apiserver.audit_mark()
     assert cli.main(["report", "--json", "--config", config_file]) == 0
     report = json.loads(capsys.readouterr().out)
     assert len(report["workloads"]) == 5 and report["target_arch"] is None
-    pages = [p for m, p in apiserver.requests if p.startswith("/api/v1/pods?")]
-    assert len(pages) == 2 and "continue=" in pages[-1]   # two pods, one per page
+    pages = [uri for verb, uri in apiserver.requests_since(mark, user="admin")
+             if verb == "list" and uri.startswith("/api/v1/pods?")]
+    pods = len(apiserver.kube.items("/api/v1/pods"))
+    assert len(pages) == pods and all("continue=" in uri for uri in pages[1:])   # one per page
 
 
 def test_explain_and_report_never_show_the_password_of_a_sif_url():

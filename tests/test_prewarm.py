@@ -1,18 +1,19 @@
-"""Pre-warming against the API stand-in and real registries: every workload kind and the pods,
-listed in pages, resolved with the pods' pull secrets, paced per registry host."""
+"""Pre-warming against the real apiserver (tests/conftest.py's control plane) and real registries:
+every workload kind and the pods, listed in pages, resolved with the pods' pull secrets, paced
+per registry host."""
 import base64
 import time
 
 import pytest
 
 from archway.config import CacheSettings, RegistrySettings
+from archway.kubeclient import build_api_client
 from archway.registry.model import ImageInfo
 from archway.registry.resolver import Resolver
 from archway.webhook import cluster
 from archway.webhook.cluster import ClusterReader
 from archway.webhook.prewarm import Prewarmer, paced, wanted_images
-from archway.webhook.pullsecrets import PullSecrets, build_api_client
-from tests.infra.apiserver import FakeApiServer
+from archway.webhook.pullsecrets import PullSecrets
 from tests.infra.registry import basic_auth_registry, plain_registry, session_ca
 
 RATE = 20.0   # lookups a second per host: the test's pace (the default is 5)
@@ -25,39 +26,32 @@ def template(*images, secrets=()):
     return {"metadata": {"labels": {"app": "x"}}, "spec": spec}
 
 
-def seed(api, plain, private, images):
+def seed(kube, shop, ops, plain, private, images):
     """One object of every kind archway reads, across namespaces; `private` needs a secret."""
+    selector = {"matchLabels": {"app": "x"}}
     for i in range(len(images) - 1):   # 14 Deployments: more than a page of 5
-        api.put(f"/apis/apps/v1/namespaces/shop/deployments/web-{i}",
-                {"apiVersion": "apps/v1", "kind": "Deployment",
-                 "metadata": {"name": f"web-{i}", "namespace": "shop"},
-                 "spec": {"selector": {}, "template": template(images[i])}})
-    api.put("/apis/batch/v1/namespaces/ops/cronjobs/nightly",
-            {"apiVersion": "batch/v1", "kind": "CronJob",
-             "metadata": {"name": "nightly", "namespace": "ops"},
-             "spec": {"schedule": "@daily", "jobTemplate": {"spec": {
-                 "template": template(private, secrets=["pull"])}}}})
-    api.put("/apis/apps/v1/namespaces/ops/statefulsets/db",
-            {"apiVersion": "apps/v1", "kind": "StatefulSet",
-             "metadata": {"name": "db", "namespace": "ops"},
-             "spec": {"selector": {}, "serviceName": "db", "template": template(images[-1])}})
-    api.put("/api/v1/namespaces/ops/pods/debug",
-            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "debug", "namespace": "ops"},
-             "spec": template(images[0])["spec"]})
-    api.put("/apis/apps/v1/namespaces/kube-system/daemonsets/agent",
-            {"apiVersion": "apps/v1", "kind": "DaemonSet",
-             "metadata": {"name": "agent", "namespace": "kube-system"},
-             "spec": {"selector": {}, "template": template(plain.ref("never/seen", "v1"))}})
-    api.put("/api/v1/namespaces/ops/serviceaccounts/default",
-            {"apiVersion": "v1", "kind": "ServiceAccount",
-             "metadata": {"name": "default", "namespace": "ops"}})
-    api.put("/api/v1/namespaces/shop/serviceaccounts/default",
-            {"apiVersion": "v1", "kind": "ServiceAccount",
-             "metadata": {"name": "default", "namespace": "shop"}})
+        kube.create(f"/apis/apps/v1/namespaces/{shop}/deployments",
+                    {"metadata": {"name": f"web-{i}"},
+                     "spec": {"replicas": 0, "selector": selector, "template": template(images[i])}})
+    job_template = template(private, secrets=["pull"])
+    job_template["spec"]["restartPolicy"] = "Never"
+    kube.create(f"/apis/batch/v1/namespaces/{ops}/cronjobs",
+                {"metadata": {"name": "nightly"},
+                 "spec": {"schedule": "@daily", "jobTemplate": {"spec": {"template": job_template}}}})
+    kube.create(f"/apis/apps/v1/namespaces/{ops}/statefulsets",
+                {"metadata": {"name": "db"}, "spec": {"replicas": 0, "selector": selector,
+                                                      "serviceName": "db",
+                                                      "template": template(images[-1])}})
+    kube.create(f"/api/v1/namespaces/{ops}/pods",
+                {"metadata": {"name": "debug", "annotations": {"archway.dev/skip": "true"}},
+                 "spec": template(images[0])["spec"]})
+    kube.create("/apis/apps/v1/namespaces/kube-system/daemonsets",
+                {"metadata": {"name": "prewarm-test-agent"},
+                 "spec": {"selector": selector, "template": template(plain.ref("never/seen", "v1"))}})
 
 
 @pytest.fixture
-def world(plain_registry, basic_auth_registry, tmp_path, monkeypatch):
+def world(control_plane, plain_registry, basic_auth_registry, tmp_path, monkeypatch):
     monkeypatch.setattr(cluster, "PAGE_SIZE", 5)
     images = []
     for i in range(15):
@@ -65,35 +59,46 @@ def world(plain_registry, basic_auth_registry, tmp_path, monkeypatch):
         images.append(plain_registry.ref(f"warm/app{i}", "v1"))
     basic_auth_registry.push_image("warm/private", "v1", "linux/s390x")
     private = basic_auth_registry.ref("warm/private", "v1")
-    api = FakeApiServer()
+    kube = control_plane.kube
+    suffix = str(int(time.time() * 1000) % 100000)
+    shop, ops = (control_plane.new_namespace(f"{n}-{suffix}") for n in ("shop", "ops"))
     secret = base64.b64encode(basic_auth_registry.dockerconfigjson()).decode()
-    api.put("/api/v1/namespaces/ops/secrets/pull",
-            {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
-             "metadata": {"name": "pull", "namespace": "ops"},
-             "data": {".dockerconfigjson": secret}})
-    seed(api, plain_registry, private, images)
-    settings = type("K", (), {"enabled": "auto", "kubeconfig": api.kubeconfig(str(tmp_path)),
-                              "secret_cache_seconds": 60.0})()
-    api_client, _ = build_api_client(settings)
+    kube.create(f"/api/v1/namespaces/{ops}/secrets",
+                {"type": "kubernetes.io/dockerconfigjson", "metadata": {"name": "pull"},
+                 "data": {".dockerconfigjson": secret}})
+    seed(kube, shop, ops, plain_registry, private, images)
+    api_client, _ = build_api_client(type("K", (), {
+        "enabled": "auto", "kubeconfig": control_plane.admin_kubeconfig,
+        "secret_cache_seconds": 60.0})())
     resolver = Resolver(RegistrySettings(insecure_hosts=(plain_registry.host,),
                                          ca_file=basic_auth_registry.ca.cert_path,
                                          cache=CacheSettings()))
-    yield api, api_client, resolver, images, private
-    api.stop()
+    # The cluster is shared: everything but the two namespaces seeded here is left out.
+    others = tuple(n["metadata"]["name"] for n in kube.items("/api/v1/namespaces")
+                   if n["metadata"]["name"] not in (shop, ops))
+    yield api_client, resolver, images, private, others
+    for namespace in (shop, ops):
+        kube.delete(f"/api/v1/namespaces/{namespace}")
+    kube.delete("/apis/apps/v1/namespaces/kube-system/daemonsets/prewarm-test-agent")
 
 
-def test_prewarm_reads_every_kind_in_pages_with_pull_secrets_at_its_pace(world, plain_registry,
-                                                                          basic_auth_registry):
-    api, api_client, resolver, images, private = world
+def test_prewarm_reads_every_kind_in_pages_with_pull_secrets_at_its_pace(
+        world, plain_registry, basic_auth_registry, control_plane):
+    api_client, resolver, images, private, others = world
+    assert "kube-system" in others
     prewarmer = Prewarmer(lambda: ClusterReader(api_client), resolver,
-                          PullSecrets(api_client), per_second=RATE,
-                          exclude_namespaces=("kube-system",))
-    mark = plain_registry.mark()
+                          PullSecrets(api_client), per_second=RATE, exclude_namespaces=others)
+    mark, audit = plain_registry.mark(), control_plane.audit_mark()
     started = time.monotonic()
     outcome = prewarmer.run_once()
-    assert outcome == {"images": 17, "resolved": 17, "failed": 0}   # debug: same image, other namespace
-    # Paged: 14 Deployments in pages of 5 are 3 list calls.
-    assert api.count("GET", "/apis/apps/v1/deployments?") == 3
+    # 14 Deployments, the CronJob's private image, the StatefulSet's, and the pod's (the same
+    # image as web-0, in another namespace).
+    assert outcome == {"images": 17, "resolved": 17, "failed": 0}
+    # Paged: the cluster's Deployments (ours, 14, and the chart's and other tests' few) in pages
+    # of 5: at least 3 list calls, each after the first continuing the one before.
+    pages = [uri for verb, uri in control_plane.requests_since(audit)
+             if verb == "list" and uri.startswith("/apis/apps/v1/deployments?")]
+    assert len(pages) >= 3 and all("continue=" in uri for uri in pages[1:]), pages
     # Paced: 15 images on one host at 20 a second take at least 14 steps of 50 ms.
     served = [e for e in plain_registry.manifest_gets(mark) if e.path.startswith("/v2/warm/")]
     assert len(served) == 15

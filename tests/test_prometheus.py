@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 from archway.config import DEFAULT_PROMETHEUS_QUERY, config_from_dict
 from archway.extender.routes import register_extender
 from archway.extender.traffic import NEUTRAL_SCORE, TrafficPoller, node_scores, node_traffic
-from tests.infra.apiserver import FakeApiServer
+from tests.infra.controlplane import ControlPlane
 from tests.infra.procs import poll
 from tests.infra.prometheus import FAKE_RATES, prometheus_stack, short_window
 
@@ -103,23 +103,18 @@ def test_changing_a_rate_changes_the_scores_after_a_refresh(prom):
 
 def test_nodenames_prioritize_with_a_node_cache_gives_the_pure_functions_scores(prom, tmp_path):
     rates_settled(prom)
-    apiserver = FakeApiServer()
-    try:
-        for name in NODE_NAMES[:3]:
-            apiserver.put(f"/api/v1/nodes/{name}", {"metadata": {"name": name, "labels": {
-                "kubernetes.io/arch": "amd64"}}})
-        with extender_client(prom.prometheus.url, kubeconfig=apiserver.kubeconfig(str(tmp_path)),
-                             query=FAST_QUERY, refresh_seconds=3600) as (client, extender):
-            assert extender.node_cache.wait_synced(10)
-            scores = poll(lambda: prioritize(client), ordered)
-            assert ordered(scores), scores
-            snapshot = extender.traffic.fresh_snapshot()
-            assert scores == dict(zip(NODE_NAMES, node_scores(snapshot.traffic, NODE_NAMES)))
-            # The cached nodes were answered from the precomputed book, the unknown one per call.
-            (version, nodes), book = extender._book
-            assert version == snapshot.version and set(book.entries) == set(NODE_NAMES[:3])
-    finally:
-        apiserver.stop()
+    nodes = tuple((name, "amd64") for name in NODE_NAMES[:3])
+    with ControlPlane(str(tmp_path / "plane"), nodes=nodes) as plane, \
+            extender_client(prom.prometheus.url, kubeconfig=plane.admin_kubeconfig,
+                            query=FAST_QUERY, refresh_seconds=3600) as (client, extender):
+        assert extender.node_cache.wait_synced(10)
+        scores = poll(lambda: prioritize(client), ordered)
+        assert ordered(scores), scores
+        snapshot = extender.traffic.fresh_snapshot()
+        assert scores == dict(zip(NODE_NAMES, node_scores(snapshot.traffic, NODE_NAMES)))
+        # The cached nodes were answered from the precomputed book, the unknown one per call.
+        (version, nodes), book = extender._book
+        assert version == snapshot.version and set(book.entries) == set(NODE_NAMES[:3])
 
 
 def test_address_matching_of_instance_against_node_addresses(prom):

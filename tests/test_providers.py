@@ -10,12 +10,8 @@ from prometheus_client import REGISTRY
 
 from archway.config import CredentialProviderSettings, RegistrySettings
 from archway.errors import AuthError, ConfigError, CredentialProviderError, classify_error
-from archway.registry.providers import (
-    CredentialProviders,
-    parse_duration,
-    parse_provider_config,
-    read_provider_config,
-)
+from archway.registry.providerconfig import parse_duration, parse_provider_config, read_provider_config
+from archway.registry.providers import CredentialProviders
 from archway.registry.resolver import Resolver
 from tests.infra.clock import ManualClock
 from tests.infra.credprovider import API_VERSION, ProviderPlugin, provider
@@ -230,7 +226,8 @@ def _alive(pid: int) -> bool:
      "auth entry"),
 ])
 def test_unusable_answers_are_refused_without_quoting_them(answer, words):
-    from archway.registry.providers import ProviderSpec, parse_response
+    from archway.registry.providerconfig import ProviderSpec
+    from archway.registry.providerplugin import parse_response
     spec = ProviderSpec("p", ("*",), 60.0, API_VERSION)
     with pytest.raises(CredentialProviderError) as info:
         parse_response(json.dumps(answer).encode(), spec)
@@ -239,7 +236,8 @@ def test_unusable_answers_are_refused_without_quoting_them(answer, words):
 
 
 def test_duplicate_fields_are_refused():
-    from archway.registry.providers import ProviderSpec, parse_response
+    from archway.registry.providerconfig import ProviderSpec
+    from archway.registry.providerplugin import parse_response
     spec = ProviderSpec("p", ("*",), 60.0, API_VERSION)
     body = (f'{{"apiVersion": "{API_VERSION}", "kind": "CredentialProviderResponse", '
             f'"cacheKeyType": "Image", "cacheKeyType": "Global"}}').encode()

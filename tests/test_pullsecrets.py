@@ -1,4 +1,6 @@
-"""Pull credentials of a pod, read through the real `kubernetes` client from the stand-in apiserver."""
+"""Pull credentials of a pod, read through the real `kubernetes` client from the real apiserver
+(tests/conftest.py's control plane), its RBAC refusing what a Role does not grant; a slow API
+is the stand-in's fault to inject."""
 import base64
 import json
 import time
@@ -7,11 +9,13 @@ from types import SimpleNamespace
 import pytest
 
 from archway.errors import ConfigError
+from archway.kubeclient import build_api_client
 from archway.podview import PodView
-from archway.webhook.pullsecrets import PullSecrets, build_api_client
+from archway.webhook.pullsecrets import PullSecrets
 from tests.infra.apiserver import FakeApiServer
+from tests.infra.controlplane import kubeconfig
 
-NS = "team-a"
+NS = "pull-secrets"
 
 
 def docker_secret(name, host, user="alice", password="pw", legacy=False):
@@ -49,26 +53,52 @@ def k8s_settings(**kw):
     return SimpleNamespace(**values)
 
 
+class RealApi:
+    def __init__(self, plane, kubeconfig_path: str):
+        self.plane = plane
+        self.kubeconfig_path = kubeconfig_path
+
+
 @pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    server = FakeApiServer()
+def api(control_plane, tmp_path_factory):
+    kube = control_plane.kube
+    if kube.exists(f"/api/v1/namespaces/{NS}"):
+        kube.delete(f"/api/v1/namespaces/{NS}")
+        kube.wait_for(lambda: not kube.exists(f"/api/v1/namespaces/{NS}"), timeout=60)
+    control_plane.new_namespace(NS)
     base = f"/api/v1/namespaces/{NS}"
-    server.put(f"{base}/serviceaccounts/default", account("default"))
-    server.put(f"{base}/serviceaccounts/builder", account("builder", "sa-cred", "pod-cred"))
-    server.put(f"{base}/secrets/pod-cred", docker_secret("pod-cred", "reg.example:5000", "pod-user"))
-    server.put(f"{base}/secrets/sa-cred", docker_secret("sa-cred", "other.example", "sa-user"))
-    server.put(f"{base}/secrets/legacy", docker_secret("legacy", "https://old.example/v1/",
-                                                      legacy=True))
-    server.put(f"{base}/secrets/opaque", {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                                          "data": {"password": "c2VjcmV0"},
-                                          "metadata": {"name": "opaque", "namespace": NS}})
-    server.put(f"{base}/secrets/broken", {"apiVersion": "v1", "kind": "Secret",
-                                          "type": "kubernetes.io/dockerconfigjson",
-                                          "data": {".dockerconfigjson": "bm90IGpzb24="},
-                                          "metadata": {"name": "broken", "namespace": NS}})
-    server.kubeconfig_path = server.kubeconfig(str(tmp_path_factory.mktemp("kube")))
-    yield server
-    server.stop()
+    kube.create(f"{base}/serviceaccounts", account("builder", "sa-cred", "pod-cred"))
+    kube.create(f"{base}/secrets", docker_secret("pod-cred", "reg.example:5000", "pod-user"))
+    kube.create(f"{base}/secrets", docker_secret("sa-cred", "other.example", "sa-user"))
+    kube.create(f"{base}/secrets", docker_secret("legacy", "https://old.example/v1/", legacy=True))
+    kube.create(f"{base}/secrets", {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                                    "data": {"password": "c2VjcmV0"}, "metadata": {"name": "opaque"}})
+    # JSON (the apiserver checks that much), but no docker config in it.
+    kube.create(f"{base}/secrets", {"apiVersion": "v1", "kind": "Secret",
+                                    "type": "kubernetes.io/dockerconfigjson",
+                                    "data": {".dockerconfigjson": base64.b64encode(
+                                        b'{"auths": "not a map"}').decode()},
+                                    "metadata": {"name": "broken"}})
+    yield RealApi(control_plane, control_plane.admin_kubeconfig)
+    kube.delete(f"/api/v1/namespaces/{NS}")
+
+
+def limited_reader(api, tmp_path) -> str:
+    """A kubeconfig of a ServiceAccount whose Role lets it read every secret but pod-cred."""
+    kube, base = api.plane.kube, f"/api/v1/namespaces/{NS}"
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}"
+    if not kube.exists(f"{base}/serviceaccounts/limited"):
+        kube.create(f"{base}/serviceaccounts", {"metadata": {"name": "limited"}})
+        kube.create(f"{rbac}/roles", {"metadata": {"name": "limited"}, "rules": [
+            {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
+             "resourceNames": ["sa-cred", "legacy", "opaque", "broken"]}]})
+        kube.create(f"{rbac}/rolebindings", {"metadata": {"name": "limited"}, "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "limited"},
+            "subjects": [{"kind": "ServiceAccount", "name": "limited", "namespace": NS}]})
+    token = kube.service_account_token(NS, "limited", seconds=600)
+    return kubeconfig(str(tmp_path / "limited.kubeconfig"), api.plane.server, api.plane.ca_path,
+                      token)
 
 
 def secrets_for(api, **kw):
@@ -89,9 +119,9 @@ def test_legacy_dockercfg_secret(api):
 
 
 @pytest.mark.parametrize("name, words", [
-    ("missing", "pull secret team-a/missing: not found"),
-    ("opaque", "pull secret team-a/opaque is not a usable docker config secret"),
-    ("broken", "pull secret team-a/broken is not a usable docker config secret"),
+    ("missing", "pull secret pull-secrets/missing: not found"),
+    ("opaque", "pull secret pull-secrets/opaque is not a usable docker config secret"),
+    ("broken", "pull secret pull-secrets/broken is not a usable docker config secret"),
 ])
 def test_unusable_secret_degrades_with_a_warning(api, name, words):
     creds = secrets_for(api).credentials_for(pod(name, "pod-cred"), time.monotonic() + 2)
@@ -99,33 +129,37 @@ def test_unusable_secret_degrades_with_a_warning(api, name, words):
     assert creds.keyring.lookup("reg.example:5000") is not None  # the rest is still used
 
 
-def test_forbidden_reads_degrade_with_a_warning_and_no_secret_text(api):
-    api.faults[f"/api/v1/namespaces/{NS}/secrets/pod-cred"] = 403
-    try:
-        creds = secrets_for(api).credentials_for(pod("pod-cred"), time.monotonic() + 2)
-    finally:
-        api.faults.clear()
-    assert creds.warnings == ("pull secret team-a/pod-cred: archway may not read it "
+def test_forbidden_reads_degrade_with_a_warning_and_no_secret_text(api, tmp_path):
+    client, source = build_api_client(k8s_settings(kubeconfig=limited_reader(api, tmp_path)))
+    creds = PullSecrets(client, source=source).credentials_for(pod("pod-cred", "sa-cred"),
+                                                                time.monotonic() + 2)
+    assert creds.warnings == ("pull secret pull-secrets/pod-cred: archway may not read it "
                               "(HTTP 403; check its RBAC)",)
-    assert len(creds.keyring) == 0
+    assert creds.keyring.lookup("other.example").username == "sa-user"   # the readable one
+    assert creds.keyring.lookup("reg.example:5000") is None
 
 
 def test_reads_are_cached(api):
     secrets = secrets_for(api)
-    before = api.count("GET", f"/api/v1/namespaces/{NS}/")
+    mark = api.plane.audit_mark()
     for _ in range(3):
         secrets.credentials_for(pod("pod-cred", sa="builder"), time.monotonic() + 2)
-    assert api.count("GET", f"/api/v1/namespaces/{NS}/") - before == 3  # SA + 2 secrets, once
+    reads = [uri for verb, uri in api.plane.requests_since(mark)
+             if verb == "get" and uri.startswith(f"/api/v1/namespaces/{NS}/")]
+    assert len(reads) == 3, reads     # the ServiceAccount and 2 secrets, once
 
 
-def test_slow_api_is_bounded_by_the_deadline(api):
-    api.delay_seconds = 2.0
+def test_slow_api_is_bounded_by_the_deadline(tmp_path):
+    slow = FakeApiServer()      # the fault: an apiserver that takes 2 s to answer
+    slow.delay_seconds = 2.0
     try:
+        client, source = build_api_client(k8s_settings(kubeconfig=slow.kubeconfig(str(tmp_path))))
         start = time.monotonic()
-        creds = secrets_for(api).credentials_for(pod("pod-cred"), time.monotonic() + 0.3)
+        creds = PullSecrets(client, source=source).credentials_for(pod("pod-cred"),
+                                                                   time.monotonic() + 0.3)
         elapsed = time.monotonic() - start
     finally:
-        api.delay_seconds = 0.0
+        slow.stop()
     assert elapsed < 0.8
     assert any("unreachable or too slow" in w or "deadline" in w for w in creds.warnings)
 
@@ -165,3 +199,44 @@ def test_no_api_configured(monkeypatch, tmp_path):
 def test_bad_kubernetes_settings_fail_at_start(settings, message):
     with pytest.raises(ConfigError, match=message):
         build_api_client(settings)
+
+
+# --- one Kubernetes client per process (issue 23) ------------------------------------------------
+
+def test_a_worker_holds_one_api_client_for_every_reader(tmp_path):
+    """Pull secrets, the Namespace cache, the Node cache and the extender's pod watch of one
+    `archway serve` worker share one ApiClient (they built three or four, with two precedences);
+    a forked process builds its own."""
+    import gc
+    import os
+
+    from kubernetes.client import ApiClient
+
+    from archway.app import create_app
+    from archway.config import config_from_dict
+    api = FakeApiServer()
+    try:
+        config = config_from_dict({"kubernetes": {"kubeconfig": api.kubeconfig(str(tmp_path))},
+                                   "server": {"tls": False}})
+        app = create_app(config, product="all")
+        state = app.extensions["archway"]
+        state.node_cache.ensure_started()
+        extender = app.extensions["archway.extender"]
+        if extender.pod_watch is not None:
+            extender.pod_watch.ensure_started()
+        try:
+            clients = {id(o) for o in gc.get_objects()
+                       if isinstance(o, ApiClient) and o.configuration.host == api.url}
+            assert len(clients) == 1
+            (shared,) = clients
+            assert id(build_api_client(config.kubernetes)[0]) == shared
+            pid = os.fork()
+            if pid == 0:   # the child: a client of its own, for the same API
+                child = build_api_client(config.kubernetes)[0]
+                os._exit(0 if id(child) != shared and child.configuration.host == api.url else 1)
+            assert os.waitpid(pid, 0)[1] == 0
+        finally:
+            extender.stop()
+            app.extensions["archway.webhook"].namespaces.stop()
+    finally:
+        api.stop()

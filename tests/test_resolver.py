@@ -198,3 +198,44 @@ def test_refused_hosts_fail_fast_without_a_lookup():
     results = resolver.resolve_many(["blocked.example/team/app:v1", "169.254.169.254/x/y:1"],
                                     timeout=5)
     assert all(isinstance(r, HostRefused) for r in results.values())
+
+
+# --- registry kinds: one table keyed by scheme (issue 23) -----------------------------------------
+
+def test_every_scheme_the_parser_reads_is_one_entry_of_the_kinds_table():
+    from archway.registry.reference import KINDS, parse_reference, scheme_of
+    for image, scheme in [("nginx", "docker"), ("docker://nginx", "docker"), ("oras://reg.example/a:1", "oras"),
+                          ("library://alpine:3", "library"), ("https://h/x.sif", "https"),
+                          ("http://h/x.sif", "http")]:
+        ref = parse_reference(image)
+        assert ref.scheme == scheme and scheme_of(image) == scheme
+    assert scheme_of("ftp://h/x") == "invalid" and scheme_of("UPPER/Case") == "invalid"
+    # Registry content is addressed by digest and read with pull secrets; SIF files are not.
+    assert [s for s, kind in KINDS.items() if kind.head_digest] == ["docker", "oras"]
+    assert [s for s, kind in KINDS.items() if kind.pull_secrets] == ["docker", "oras"]
+
+
+def test_a_new_registry_kind_is_a_module_and_one_entry(monkeypatch, tmp_path):
+    """A kind the code has never heard of (SIF files on this machine, `sif+file://`) registered
+    in KINDS alone: parsed, resolved, cached, labelled, shown by `archway inspect`."""
+    from archway.registry import imageref, inspect, reference, sif
+    from tests.infra import sifbuild
+    path = sifbuild.siftool_image(str(tmp_path), "tool.sif", "arm64")
+    read = []
+
+    def resolve_file(clients, ref, keyring, deadline):   # the new kind's module
+        read.append(ref.url)
+        found = sif.read_sif_platforms(sif.file_reader(ref.url.removeprefix("sif+file://")))
+        return ImageInfo(str(ref), found.platforms, None, "sif-file", found.note)
+
+    def file_syntax(scheme, rest, text, default_library_host):
+        return imageref.ImageReference(scheme, "localhost", rest.lstrip("/"), url=text)
+
+    monkeypatch.setitem(reference.KINDS, "sif+file",
+                        reference.RegistryKind(file_syntax, resolve=resolve_file))
+    image = f"sif+file://{path}"
+    resolver = Resolver(RegistrySettings())
+    assert resolver.resolve(image).architectures == {"arm64"}
+    assert resolver.resolve(image).architectures == {"arm64"} and read == [image]   # cached
+    assert reference.scheme_of(image) == "sif+file"
+    assert inspect.pinned(image, "sha256:" + "a" * 64) is None   # no digest: nothing to pin

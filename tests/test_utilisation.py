@@ -27,7 +27,8 @@ from archway.extender.traffic import (
     node_scores,
     utilisation_score,
 )
-from tests.infra.apiserver import FakeApiServer
+from tests.infra.controlplane import ControlPlane
+from tests.infra.kube import KubeError
 from tests.infra.procs import REPO, free_port, poll, wait_for_port
 from tests.infra.prometheus import (
     LINK_RATES,
@@ -120,45 +121,46 @@ def test_a_node_without_speed_data_is_ranked_by_its_traffic(prom):
 
 # --- herd control -----------------------------------------------------------------------------------
 
-def _node(name):
-    node = copy.deepcopy(_fixture("filter-nodes.json")["Nodes"]["items"][0])
-    node["metadata"]["name"] = name
-    for key in ("uid", "resourceVersion", "creationTimestamp"):
-        node["metadata"].pop(key, None)
-    return node
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    """A control plane of this module's own, Nodes EQUAL. The test plays the scheduler: its pods
+    name a scheduler nobody runs, and it binds them itself (pods/binding)."""
+    with ControlPlane(str(tmp_path_factory.mktemp("herd-plane")),
+                      nodes=tuple((name, "amd64") for name in EQUAL)) as plane:
+        yield plane
 
 
-def _new_pod(api, session, i):
+def _new_pod(api, ns, i):
     pod = copy.deepcopy(_fixture("filter-nodenames.json")["Pod"])
     meta = pod["metadata"]
-    for key in ("uid", "resourceVersion", "creationTimestamp", "generateName"):
+    for key in ("uid", "resourceVersion", "creationTimestamp", "generateName", "ownerReferences"):
         meta.pop(key, None)
-    meta["name"], meta["namespace"] = f"burst-{i}", "default"
+    meta["name"], meta["namespace"] = f"burst-{i}", ns
     # Most pods say what they will move; every 4th does not (node average or default).
     meta.setdefault("annotations", {})
     if i % 4 != 3:
         meta["annotations"][ANNOTATION_BANDWIDTH] = "10M"
     pod["spec"].pop("nodeName", None)
+    pod["spec"]["schedulerName"] = "nobody"
     pod.pop("status", None)
-    r = session.post(f"{api.url}/api/v1/namespaces/default/pods", json=pod, timeout=5)
-    assert r.status_code == 201, r.text
-    return r.json()
+    return api.kube.create(f"/api/v1/namespaces/{ns}/pods", pod)
 
 
-def _schedule_burst(client, extender, api, session, rounds, *, watch):
+def _bind(api, ns: str, name: str, node: str) -> dict:
+    return api.kube.create(f"/api/v1/namespaces/{ns}/pods/{name}/binding", {
+        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+
+
+def _schedule_burst(client, extender, api, ns, rounds, *, watch):
     """The scheduler's part: prioritize, take the best node (the first on a tie: the worst case
     for herding), bind it through the API. Returns the nodes chosen."""
     chosen = []
     for i in range(rounds):
-        pod = _new_pod(api, session, i)
+        pod = _new_pod(api, ns, i)
         scores = prioritize(client, EQUAL, pod)
         best = max(EQUAL, key=lambda n: (scores[n], -EQUAL.index(n)))
-        r = session.post(f"{api.url}/api/v1/namespaces/default/pods/{pod['metadata']['name']}/binding",
-                         json={"apiVersion": "v1", "kind": "Binding",
-                               "metadata": {"name": pod["metadata"]["name"], "namespace": "default"},
-                               "target": {"apiVersion": "v1", "kind": "Node", "name": best}},
-                         timeout=5)
-        assert r.status_code == 201 and r.json()["status"] == "Success", r.text
+        assert _bind(api, ns, pod["metadata"]["name"], best)["status"] == "Success"
         chosen.append(best)
         if watch:  # the next pod is scheduled once the pod watch has reported this bind
             uid = pod["metadata"]["uid"]
@@ -168,65 +170,55 @@ def _schedule_burst(client, extender, api, session, rounds, *, watch):
     return chosen
 
 
-def test_a_burst_inside_one_refresh_spreads_over_equal_nodes(prom, tmp_path):
-    api = FakeApiServer()
-    session = requests.Session()
-    session.trust_env = False
-    try:
-        for name in EQUAL:
-            api.put(f"/api/v1/nodes/{name}", _node(name))
-        with extender_client(prom.prometheus.url, api.kubeconfig(str(tmp_path)),
-                             refresh_seconds=3600) as (client, extender):
-            poll(lambda: prioritize(client, EQUAL), lambda s: set(s.values()) == {9})
-            assert extender.pod_watch.wait_synced(10) and extender.node_cache.wait_synced(10)
-            chosen = _schedule_burst(client, extender, api, session, 20, watch=True)
-            assert extender.traffic.queries == 1          # all inside one refresh
-        pods = session.get(f"{api.url}/api/v1/pods", timeout=5).json()["items"]
-        placed = {name: sum(1 for p in pods if p["spec"].get("nodeName") == name) for name in EQUAL}
-        assert sum(placed.values()) == 20 and [placed[n] for n in EQUAL] == [
-            chosen.count(n) for n in EQUAL]
-        assert max(placed.values()) <= 10, placed      # no node above 50 %
-        assert min(placed.values()) >= 4, placed
-        assert api.count("POST", "/api/v1/namespaces/default/pods/burst-") == 20
-        # A second bind of a bound pod is refused as the real API server does.
-        r = session.post(f"{api.url}/api/v1/namespaces/default/pods/burst-0/binding",
-                         json={"kind": "Binding", "metadata": {"name": "burst-0"},
-                               "target": {"kind": "Node", "name": "equal-2"}}, timeout=5)
-        assert r.status_code == 409 and r.json()["reason"] == "Conflict"
-    finally:
-        api.stop()
+@pytest.fixture
+def burst_namespace(api, request):
+    """A namespace of the test's own (bound pods never finish terminating without a kubelet:
+    a namespace is not reused)."""
+    return api.new_namespace("burst-" + request.node.name[5:30].replace("_", "-").strip("-"))
 
 
-def test_without_a_cluster_its_own_answers_spread_the_burst(prom):
+def test_a_burst_inside_one_refresh_spreads_over_equal_nodes(prom, api, burst_namespace):
+    mark = api.audit_mark()
+    with extender_client(prom.prometheus.url, api.admin_kubeconfig,
+                         refresh_seconds=3600) as (client, extender):
+        poll(lambda: prioritize(client, EQUAL), lambda s: set(s.values()) == {9})
+        assert extender.pod_watch.wait_synced(10) and extender.node_cache.wait_synced(10)
+        chosen = _schedule_burst(client, extender, api, burst_namespace, 20, watch=True)
+        assert extender.traffic.queries == 1          # all inside one refresh
+    pods = api.kube.items(f"/api/v1/namespaces/{burst_namespace}/pods")
+    placed = {name: sum(1 for p in pods if p["spec"].get("nodeName") == name) for name in EQUAL}
+    assert sum(placed.values()) == 20 and [placed[n] for n in EQUAL] == [
+        chosen.count(n) for n in EQUAL]
+    assert max(placed.values()) <= 10, placed      # no node above 50 %
+    assert min(placed.values()) >= 4, placed
+    binds = [uri for verb, uri in api.requests_since(mark) if verb == "create"
+             and uri.startswith(f"/api/v1/namespaces/{burst_namespace}/pods/burst-")
+             and "/binding" in uri]
+    assert len(binds) == 20
+    # A second bind of a bound pod is refused by the apiserver.
+    with pytest.raises(KubeError) as refused:
+        _bind(api, burst_namespace, "burst-0", "equal-2")
+    assert refused.value.status == 409 and refused.value.body["reason"] == "Conflict"
+
+
+def test_without_a_cluster_its_own_answers_spread_the_burst(prom, api, burst_namespace):
     # No API access for archway: it assumes each pod went where it scored highest (an estimate).
-    api = FakeApiServer()
-    session = requests.Session()
-    session.trust_env = False
-    try:
-        with extender_client(prom.prometheus.url, refresh_seconds=3600) as (client, extender):
-            assert extender.pod_watch is None
-            poll(lambda: prioritize(client, EQUAL), lambda s: set(s.values()) == {9})
-            chosen = _schedule_burst(client, extender, api, session, 20, watch=False)
-            assert extender.traffic.queries == 1
-        counts = [chosen.count(n) for n in EQUAL]
-        assert sum(counts) == 20 and max(counts) <= 10 and min(counts) >= 4, counts
-    finally:
-        api.stop()
+    with extender_client(prom.prometheus.url, refresh_seconds=3600) as (client, extender):
+        assert extender.pod_watch is None
+        poll(lambda: prioritize(client, EQUAL), lambda s: set(s.values()) == {9})
+        chosen = _schedule_burst(client, extender, api, burst_namespace, 20, watch=False)
+        assert extender.traffic.queries == 1
+    counts = [chosen.count(n) for n in EQUAL]
+    assert sum(counts) == 20 and max(counts) <= 10 and min(counts) >= 4, counts
 
 
-def test_without_herd_control_the_same_burst_lands_on_one_node(prom, tmp_path):
+def test_without_herd_control_the_same_burst_lands_on_one_node(prom, api, burst_namespace):
     # The control for the test above: frozen scores send every pod to the same node.
-    api = FakeApiServer()
-    session = requests.Session()
-    session.trust_env = False
-    try:
-        with extender_client(prom.prometheus.url, refresh_seconds=3600,
-                             extender={"herd_control": False}) as (client, extender):
-            poll(lambda: prioritize(client, EQUAL), lambda s: set(s.values()) == {9})
-            chosen = _schedule_burst(client, extender, api, session, 20, watch=False)
-        assert chosen == ["equal-1"] * 20
-    finally:
-        api.stop()
+    with extender_client(prom.prometheus.url, refresh_seconds=3600,
+                         extender={"herd_control": False}) as (client, extender):
+        poll(lambda: prioritize(client, EQUAL), lambda s: set(s.values()) == {9})
+        chosen = _schedule_burst(client, extender, api, burst_namespace, 20, watch=False)
+    assert chosen == ["equal-1"] * 20
 
 
 # --- one poller per server ------------------------------------------------------------------------

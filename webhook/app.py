@@ -11,9 +11,10 @@ import time
 from flask import Flask, Response, request
 
 from archway import metrics
+from archway.kubeclient import build_api_client
 
 from .namespaces import NamespaceCache
-from .pullsecrets import PullSecrets, build_api_client
+from .pullsecrets import PullSecrets
 from .service import AdmissionService
 
 # Bounds each socket read of a request body (gunicorn's gthread sockets block without limit).

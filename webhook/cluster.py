@@ -31,7 +31,7 @@ class ClusterReader:
 
     @classmethod
     def from_config(cls, config) -> "ClusterReader":
-        from .pullsecrets import build_api_client, no_api_configured
+        from archway.kubeclient import build_api_client, no_api_configured
         api_client, source = build_api_client(config.kubernetes)
         if api_client is None:
             raise no_api_configured(source)

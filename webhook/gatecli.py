@@ -67,8 +67,7 @@ def _release(api, pod: dict) -> bool:
 
 def _release_all(args) -> int:
     from archway.kubeapi import ApiError, KubeApi
-
-    from .pullsecrets import build_api_client, no_api_configured
+    from archway.kubeclient import build_api_client, no_api_configured
     config = load_config(args.config)
     api_client, source = build_api_client(config.kubernetes)
     if api_client is None:

@@ -307,9 +307,10 @@ def _name(pod: dict) -> str:
 
 def run(config, stop: threading.Event | None = None) -> None:
     """Elect, lead while elected, until `stop` (or SIGTERM) -- the controller process's main."""
+    from archway.kubeclient import build_api_client
     from archway.registry.resolver import Resolver
 
-    from .pullsecrets import PullSecrets, build_api_client
+    from .pullsecrets import PullSecrets
 
     stop = stop or threading.Event()
     api_client, source = build_api_client(config.kubernetes)

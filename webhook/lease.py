@@ -19,23 +19,17 @@ from datetime import UTC, datetime
 
 from archway.background import ProcessThread
 from archway.kubeapi import ApiError, KubeApi
+from archway.kubeclient import in_cluster_namespace
 
 log = logging.getLogger("archway.lease")
 
 LEASE_NAME = "archway-gate-controller"
 EAGER_SECONDS = 0.25   # how often an observer without a fresh leader reads, for a duration
-_SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 def lease_namespace(configured: str | None) -> str:
     """kubernetes.namespace, else the namespace archway's pod runs in, else default."""
-    if configured:
-        return configured
-    try:
-        with open(_SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
-            return f.read(256).strip() or "default"
-    except OSError:
-        return os.environ.get("POD_NAMESPACE") or "default"
+    return configured or in_cluster_namespace() or os.environ.get("POD_NAMESPACE") or "default"
 
 
 def new_identity() -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from archway.errors import classify_error
+from archway.logsafe import redact_url
 from archway.podview import NodeSelectorTerm, PodView, Requirement, Toleration
 from archway.registry.model import ImageInfo
 
@@ -531,13 +532,12 @@ def _deny(message: str, warnings: list[str], archs, *, unschedulable: str = "",
 # --- wording -------------------------------------------------------------------------------------
 
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
-_USERINFO = re.compile(r"(?<=://)[^/@]*@")
 
 
 def display_image(image: str) -> str:
     """The image as shown in warnings and messages: a password in an https:// SIF URL
     (https://user:pw@host/x.sif) is replaced by ***."""
-    return _USERINFO.sub("***@", image)
+    return redact_url(image)
 
 
 def _short(image: str) -> str:

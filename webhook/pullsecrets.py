@@ -1,7 +1,7 @@
 """Registry credentials of a pod: its imagePullSecrets and those of its ServiceAccount.
 
-Read through the Kubernetes API with the official client (in-cluster config, else a kubeconfig,
-else none) and cached for kubernetes.secret_cache_seconds. Anything that goes wrong (API down,
+Read through the Kubernetes API with the process's client (archway.kubeclient: a configured
+kubeconfig, else in-cluster config, else $KUBECONFIG or ~/.kube/config, else none) and cached for kubernetes.secret_cache_seconds. Anything that goes wrong (API down,
 403, a missing or malformed secret) costs only that secret: the pod is resolved with what is
 left, and a short warning says what was skipped. The global keyring of
 registry.credentials_file is merged in by the resolver, not here.
@@ -13,17 +13,12 @@ ServiceAccount admission plugin copy them in), so this leaks nothing.
 import base64
 import binascii
 import logging
-import os
 import time
 from dataclasses import dataclass
 
-import yaml
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes.config.config_exception import ConfigException
-
 from archway.errors import ArchwayError, ConfigError
 from archway.kubeapi import ApiError, KubeApi
+from archway.kubeclient import build_api_client
 from archway.podview import PodView
 from archway.registry.cache import TTLCache
 from archway.registry.credentials import MAX_CONFIG_BYTES, Keyring
@@ -196,57 +191,3 @@ def _join(names) -> str:
     return text if len(text) <= 50 else text[:47] + "..."
 
 
-def build_api_client(settings) -> tuple[object | None, str]:
-    """(ApiClient or None, where it came from, or why there is none). An explicitly configured
-    kubeconfig wins (ConfigError when unusable); then the in-cluster service account; then the
-    default kubeconfig ($KUBECONFIG, ~/.kube/config). Without a client the second value is
-    "disabled", "none" (nothing configured) or a sentence saying what is wrong."""
-    if settings.enabled == "off":
-        return None, "disabled"
-    if settings.enabled != "auto":
-        raise ConfigError(f"kubernetes.enabled must be auto or off, got {settings.enabled!r}")
-    if settings.kubeconfig:
-        return _from_kubeconfig(os.path.expanduser(settings.kubeconfig), required=True)
-    configuration = k8s.Configuration()
-    try:
-        k8s_config.load_incluster_config(client_configuration=configuration)
-    except ConfigException:
-        pass
-    else:
-        return _api_client(configuration), "in-cluster service account"
-    named = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
-    default = os.path.expanduser(named or "~/.kube/config")
-    if os.path.exists(default):
-        return _from_kubeconfig(default, required=False)
-    if named:
-        return None, f"KUBECONFIG names {default}, which does not exist"
-    return None, "none"
-
-
-def no_api_configured(source: str) -> ArchwayError:
-    """The error of a command that needs the API, from build_api_client's second value."""
-    if source == "none":
-        return ArchwayError("no Kubernetes API configured: set KUBECONFIG, or "
-                            "kubernetes.kubeconfig in the config file")
-    if source == "disabled":
-        return ArchwayError("no Kubernetes API: kubernetes.enabled is off in the config file")
-    return ArchwayError(f"no Kubernetes API: {source}")
-
-
-def _from_kubeconfig(path: str, *, required: bool):
-    configuration = k8s.Configuration()
-    try:
-        k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
-    except (ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError,
-            yaml.YAMLError) as e:
-        why = f"kubeconfig {path} is not usable: {' '.join(str(e).split())[:300]}"
-        if required:
-            raise ConfigError(why) from None
-        return None, why
-    return _api_client(configuration), f"kubeconfig {path}"
-
-
-def _api_client(configuration):
-    # No retries: a failed read already costs admission time; the cache handles the next pod.
-    configuration.retries = False
-    return k8s.ApiClient(configuration)

@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from archway import metrics
-from archway.errors import ArchwayError, classify_error
+from archway.errors import classify_error
 from archway.podview import PodView
 from archway.registry.credentials import Keyring
 from archway.registry.model import ImageInfo
-from archway.registry.reference import parse_reference
+from archway.registry.reference import scheme_of
 
 from .admission import (
     AdmissionError,
@@ -332,11 +332,4 @@ def _count_images(images, results: dict) -> None:
             metrics.IMAGE_RESOLUTIONS.labels(
                 result.source, "resolved" if result.architectures else "no_arch").inc()
         else:
-            metrics.IMAGE_RESOLUTIONS.labels(_scheme(image), classify_error(result).label).inc()
-
-
-def _scheme(image: str) -> str:
-    try:
-        return parse_reference(image).scheme
-    except ArchwayError:
-        return "invalid"
+            metrics.IMAGE_RESOLUTIONS.labels(scheme_of(image), classify_error(result).label).inc()

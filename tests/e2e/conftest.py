@@ -1,7 +1,8 @@
 """The end-to-end tier: archway against a real control plane (tests/infra/controlplane.py) —
 kube-apiserver calling the webhook the chart registered, the real scheduler and archway's second
 scheduler binding pods, the controller-manager turning Deployments into pods — with images in a
-real registry. One control plane and one install per test run; a namespace per test.
+real registry. One control plane (tests/conftest.py) and one install per test run; a namespace
+per test.
 
 What the tests look at is what the API shows an operator: pods, their nodeName, gates,
 annotations and Events.
@@ -13,7 +14,6 @@ import time
 import pytest
 
 from tests.infra.cluster import ChartInstall
-from tests.infra.controlplane import ControlPlane
 from tests.infra.kube import Kube
 from tests.infra.proxy import DelayProxy
 from tests.infra.registry import RegistryServer
@@ -66,15 +66,6 @@ class Images:
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory):
-    plane = ControlPlane(str(tmp_path_factory.mktemp("control-plane"))).start()
-    try:
-        yield plane
-    finally:
-        plane.stop()
-
-
-@pytest.fixture(scope="session")
 def images(tmp_path_factory):
     registry = RegistryServer(tmp_path_factory.mktemp("e2e-registry"))
     slow = DelayProxy(registry.port)
@@ -115,6 +106,15 @@ def archway(control_plane, images):
         refused = [line for line in logs.splitlines()
                    if re.search(r"(?i)forbidden|(?<![,.:\d])\b403\b", line)]
         assert not refused, "archway was refused by the apiserver:\n" + "\n".join(refused[:20])
+
+
+@pytest.fixture
+def slow_registry(images):
+    """The registry as archway reaches it through `images.slow`: slower than any lookup may
+    take, until the test sets the delay back to 0."""
+    images.slow.delay = 3.0
+    yield images.slow
+    images.slow.delay = 0.0
 
 
 @pytest.fixture

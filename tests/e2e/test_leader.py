@@ -5,7 +5,6 @@ import os
 import signal
 
 from .conftest import LEASE
-from .test_gate import slow_registry
 from .workloads import arches_of, create_pod, describe, gated, pod, wait_bound
 
 LEASE_PATH = "/apis/coordination.k8s.io/v1/namespaces/{}/leases/archway-gate-controller"

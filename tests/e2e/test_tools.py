@@ -11,7 +11,6 @@ from tests.infra.cluster import archway_command
 from tests.infra.controlplane import stop_process
 from tests.infra.kube import pod_path
 
-from .test_gate import slow_registry
 from .workloads import create_deployment, create_pod, deployment, gated, pod, pods_of, wait_bound
 
 

@@ -53,10 +53,6 @@ def gated(pod_obj: dict) -> bool:
     return any(g.get("name") == "archway.dev/resolving" for g in pod_obj["spec"].get("schedulingGates") or [])
 
 
-def event_reasons(kube: Kube, namespace: str, name: str, kind: str = "Pod") -> list[str]:
-    return [e.get("reason") for e in kube.events_for(namespace, name, kind)]
-
-
 def describe(kube: Kube, namespace: str, name: str) -> str:
     """A pod and its Events, for assertion messages."""
     try:
@@ -65,3 +61,14 @@ def describe(kube: Kube, namespace: str, name: str) -> str:
         obj = {"error": str(e)}
     events = kube.events_for(namespace, name)
     return yaml.safe_dump({"pod": obj, "events": [(e.get("reason"), e.get("note")) for e in events]})
+
+
+def metric(archway, name: str, **labels) -> float:
+    """A sample of an `archway serve`'s /metrics (summed over its series matching `labels`)."""
+    total = 0.0
+    for line in archway.get("/metrics").text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            head, _, value = line.rpartition(" ")
+            if all(f'{k}="{v}"' in head for k, v in labels.items()):
+                total += float(value)
+    return total

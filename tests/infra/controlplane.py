@@ -143,10 +143,12 @@ def kubeconfig(path: str, server: str, ca_path: str, token: str, user: str = "ad
 
 
 class ControlPlane:
-    def __init__(self, state_dir: str, bin_dir: str | None = None, *, nodes=DEFAULT_NODES):
+    def __init__(self, state_dir: str, bin_dir: str | None = None, *, nodes=DEFAULT_NODES,
+                 audit: bool = True):
         self.state_dir = os.path.abspath(state_dir)
         self.bin_dir = bin_dir
         self.nodes = nodes
+        self.audit = audit   # every request in audit.log (Metadata level): what tests count
         self.processes: dict[str, Process] = {}
         self.ports: dict[str, int] = {}
         self.kube: Kube | None = None
@@ -288,9 +290,48 @@ class ControlPlane:
             # It puts node.kubernetes.io/not-ready:NoSchedule on every new Node, and only a
             # kubelet would take it off.
             "--disable-admission-plugins=TaintNodesByCondition",
-            "--profiling=false", "--v=1",
+            "--profiling=false", "--v=1", *self._audit_flags(),
         ], lambda: requests.get(f"{self.server}/readyz", verify=self.ca_path, timeout=2,
                                 headers={"Authorization": f"Bearer {admin}"}).text == "ok", 90)
+
+    def _audit_flags(self) -> list[str]:
+        if not self.audit:
+            return []
+        policy = self.path("audit-policy.yaml")
+        with open(policy, "w") as f:
+            yaml.safe_dump({"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+                            "omitStages": ["RequestReceived"], "rules": [{"level": "Metadata"}]}, f)
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.path('audit.log')}",
+                "--audit-log-format=json", "--audit-log-mode=blocking", "--audit-log-maxsize=0"]
+
+    def audit_mark(self) -> int:
+        """Where the audit log ends now: `requests_since` reads what comes after."""
+        try:
+            return os.path.getsize(self.path("audit.log"))
+        except FileNotFoundError:
+            return 0
+
+    def requests_since(self, mark: int, *, user: str | None = None) -> list[tuple[str, str]]:
+        """(verb, requestURI) of every request the apiserver answered after `mark` (by `user`).
+        A request's ResponseComplete event is written just after its answer is sent: the log is
+        read once it has stopped growing for 0.2 s (at most 3 s)."""
+        size, still_since, end = -1, time.monotonic(), time.monotonic() + 3
+        while time.monotonic() < end:
+            now = self.audit_mark()
+            if now != size:
+                size, still_since = now, time.monotonic()
+            elif time.monotonic() - still_since >= 0.2:
+                break
+            time.sleep(0.02)
+        with open(self.path("audit.log"), "rb") as f:
+            f.seek(mark)
+            lines = f.read().splitlines()
+        found = []
+        for line in lines:
+            event = json.loads(line)
+            if user is None or event.get("user", {}).get("username") == user:
+                found.append((event["verb"], event["requestURI"]))
+        return found
 
     def _start_controller_manager(self, token: str) -> None:
         config = kubeconfig(self.path("controller-manager.kubeconfig"), self.server, self.ca_path,
@@ -398,6 +439,34 @@ class ControlPlane:
             timeout=30, what=f"the default ServiceAccount of {name}")
         return name
 
+    def identity(self, namespace: str, name: str, *, cluster_rules: list[dict] = (),
+                 namespace_rules: dict[str, list[dict]] | None = None) -> str:
+        """A kubeconfig of ServiceAccount `namespace/name` (made here) bound to exactly these
+        rules: `cluster_rules` cluster-wide, `namespace_rules` per namespace; RBAC refuses the
+        rest, as for archway's own ServiceAccounts in a cluster."""
+        assert self.kube is not None
+        kube, rbac = self.kube, "/apis/rbac.authorization.k8s.io/v1"
+        subject = [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
+        kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": name}})
+        bound = f"{namespace}-{name}"
+        if cluster_rules:
+            kube.create(f"{rbac}/clusterroles", {"metadata": {"name": bound},
+                                                 "rules": list(cluster_rules)})
+            kube.create(f"{rbac}/clusterrolebindings", {
+                "metadata": {"name": bound}, "subjects": subject,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": bound}})
+        for where, rules in (namespace_rules or {}).items():
+            kube.create(f"{rbac}/namespaces/{where}/roles", {"metadata": {"name": bound},
+                                                            "rules": rules})
+            kube.create(f"{rbac}/namespaces/{where}/rolebindings", {
+                "metadata": {"name": bound}, "subjects": subject,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                            "name": bound}})
+        token = kube.service_account_token(namespace, name, seconds=86400)
+        return kubeconfig(self.path(f"{bound}.kubeconfig"), self.server, self.ca_path, token,
+                          f"system:serviceaccount:{namespace}:{name}")
+
     # --- state ---------------------------------------------------------------------------
     def save(self) -> None:
         state = {"bin_dir": self.bin_dir, "ports": self.ports,
@@ -417,6 +486,12 @@ class ControlPlane:
         if state.get("token"):
             plane.kube = Kube(plane.server, state["token"], plane.ca_path)
         return plane
+
+    def __enter__(self) -> "ControlPlane":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def running(self) -> dict[str, bool]:
         return {name: _alive(p.pid) for name, p in self.processes.items()}

@@ -7,7 +7,6 @@ HTTPS with a bearer token, errors as KubeError with the API's status and message
     kube.wait_for(lambda: kube.get(path)["spec"].get("nodeName"), timeout=20, what="a binding")
 """
 import json
-import time
 
 import requests
 
@@ -32,6 +31,7 @@ class Kube:
         self.session.headers["Authorization"] = f"Bearer {token}"
         self.session.verify = ca_path
         self.session.trust_env = False   # never through a proxy from the environment
+        self.last_warnings = ""           # the Warning headers of the last answer (admission warnings)
 
     def as_user(self, token: str) -> "Kube":
         """The same apiserver with another identity (a ServiceAccount token, say)."""
@@ -43,6 +43,7 @@ class Kube:
         response = self.session.request(method, self.server + path, data=data, params=params,
                                         headers={"Content-Type": content_type},
                                         timeout=timeout or self.timeout)
+        self.last_warnings = response.headers.get("Warning", "")
         try:
             answer = response.json()
         except ValueError:
@@ -127,9 +128,3 @@ class Kube:
 
 def pod_path(namespace: str, name: str = "") -> str:
     return f"/api/v1/namespaces/{namespace}/pods" + (f"/{name}" if name else "")
-
-
-def sleep_until(deadline: float) -> None:
-    remaining = deadline - time.monotonic()
-    if remaining > 0:
-        time.sleep(remaining)

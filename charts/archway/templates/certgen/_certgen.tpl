@@ -28,39 +28,11 @@ because on a first install nothing else exists yet when the pre-install Job runs
 {{- end }}
 {{- end -}}
 
-{{/* The pod spec of every certgen run. Call with (dict "root" $ "serviceAccount" NAME "allowMissing" BOOL). */}}
-{{- define "archway.certgen.podSpec" -}}
-serviceAccountName: {{ .serviceAccount }}
-restartPolicy: OnFailure
-{{- with include "archway.imagePullSecrets" .root }}
-{{ . }}
-{{- end }}
-{{- with .root.Values.tls.bootstrap.priorityClassName }}
-priorityClassName: {{ . }}
-{{- end }}
-{{ include "archway.podPlacement" (list .root .root.Values.tls.bootstrap) }}
-{{- with .root.Values.tls.bootstrap.tolerations }}
-tolerations:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with .root.Values.podSecurityContext }}
-securityContext:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-containers:
-  - name: certgen
-    image: {{ include "archway.image" .root }}
-    imagePullPolicy: {{ .root.Values.image.pullPolicy }}
-    args:
-      {{- include "archway.certgen.args" . | nindent 6 }}
-    {{- with .root.Values.tls.bootstrap.resources }}
-    resources:
-      {{- toYaml . | nindent 6 }}
-    {{- end }}
-    {{- with .root.Values.securityContext }}
-    securityContext:
-      {{- toYaml . | nindent 6 }}
-    {{- end }}
+{{/* The Job spec of every certgen run (archway.commandJobSpec). Call with
+(dict "root" $ "serviceAccount" NAME "allowMissing" BOOL). */}}
+{{- define "archway.certgen.jobSpec" -}}
+{{- include "archway.commandJobSpec" (dict "root" .root "component" "certgen"
+      "serviceAccount" .serviceAccount "args" (include "archway.certgen.args" .)) }}
 {{- end -}}
 
 {{/* Least-privilege RBAC of a certgen ServiceAccount. Call with (dict "root" $ "name" NAME "hook" BOOL). */}}

@@ -1,0 +1,115 @@
+"""The Kubernetes API client of this process: found by one precedence, built once.
+
+Where the API is found (kubernetes.enabled `auto`, docs/configuration.md):
+
+1. `kubernetes.kubeconfig` (`archway certs bootstrap --kubeconfig`) when set: it must be
+   usable (ConfigError saying why otherwise);
+2. the in-cluster service account (a pod: KUBERNETES_SERVICE_HOST and the mounted token);
+3. the first file `$KUBECONFIG` names, else ~/.kube/config, when it exists;
+4. none: the commands that need the API say so (`no_api_configured`), the servers run without.
+
+`kubernetes.enabled: off` means none, without looking. Every part of a process (pull secrets,
+the Namespace and Node caches, the pod watch, the gate's Lease and Events, the commands) shares
+the one ApiClient, and so its connection pool: a forked worker builds its own on first use.
+"""
+import os
+import threading
+
+from archway.errors import ArchwayError, ConfigError
+
+IN_CLUSTER_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+# One pool for every reader of a worker: its request threads (server.threads) reading pull
+# secrets, two watches held open, the Lease and the Events. More connections than this are
+# still made when needed, but closed after use (with a urllib3 warning line each).
+POOL_SIZE = 32
+
+_built: dict[tuple, tuple[object | None, str]] = {}
+_lock = threading.Lock()
+
+
+def build_api_client(settings) -> tuple[object | None, str]:
+    """(ApiClient or None, where it came from, or why there is none) for `settings`
+    (config.KubernetesSettings), built on the first call of this process and the same after.
+    Without a client the second value is "disabled", "none" (nothing configured) or a sentence
+    saying what is wrong."""
+    if settings.enabled == "off":
+        return None, "disabled"
+    if settings.enabled != "auto":
+        raise ConfigError(f"kubernetes.enabled must be auto or off, got {settings.enabled!r}")
+    # Everything the choice depends on: a forked worker, or a test changing $KUBECONFIG or
+    # $HOME, gets a client of its own.
+    key = (os.getpid(), settings.kubeconfig, os.environ.get("KUBECONFIG"),
+           os.path.expanduser("~/.kube/config"), os.environ.get("KUBERNETES_SERVICE_HOST"),
+           os.environ.get("KUBERNETES_SERVICE_PORT"))
+    with _lock:
+        if key not in _built:
+            _built[key] = _build(settings.kubeconfig)
+        return _built[key]
+
+
+def no_api_configured(source: str, option: str = "kubernetes.kubeconfig in the config file"
+                      ) -> ArchwayError:
+    """The error of a command that needs the API, from build_api_client's second value;
+    `option`: where the command takes a kubeconfig."""
+    if source == "none":
+        return ArchwayError(f"no Kubernetes API configured: set KUBECONFIG, or {option}")
+    if source == "disabled":
+        return ArchwayError("no Kubernetes API: kubernetes.enabled is off in the config file")
+    return ArchwayError(f"no Kubernetes API: {source}")
+
+
+def in_cluster_namespace() -> str | None:
+    """The namespace of the pod this process runs in (its service account's), else None."""
+    try:
+        with open(IN_CLUSTER_NAMESPACE_FILE, encoding="utf-8") as f:
+            return f.read(256).strip() or None
+    except OSError:
+        return None
+
+
+def _build(kubeconfig: str | None) -> tuple[object | None, str]:
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+    from kubernetes.config.config_exception import ConfigException
+    if kubeconfig:
+        return _from_kubeconfig(os.path.expanduser(kubeconfig), required=True)
+    configuration = k8s.Configuration()
+    try:
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    except ConfigException:
+        pass
+    else:
+        return _api_client(configuration), "in-cluster service account"
+    named = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+    default = os.path.expanduser(named or "~/.kube/config")
+    if os.path.exists(default):
+        return _from_kubeconfig(default, required=False)
+    if named:
+        return None, f"KUBECONFIG names {default}, which does not exist"
+    return None, "none"
+
+
+def _from_kubeconfig(path: str, *, required: bool) -> tuple[object | None, str]:
+    import yaml
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+    from kubernetes.config.config_exception import ConfigException
+    configuration = k8s.Configuration()
+    try:
+        k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
+    except (ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError,
+            yaml.YAMLError) as e:
+        why = f"kubeconfig {path} is not usable: {' '.join(str(e).split())[:300]}"
+        if required:
+            raise ConfigError(why) from None
+        return None, why
+    return _api_client(configuration), f"kubeconfig {path}"
+
+
+def _api_client(configuration):
+    from kubernetes import client as k8s
+    # No retries: a failed read already costs admission time, the caches retry with their own
+    # back-off, and a failure is one line (urllib3 logs a warning per retry).
+    configuration.retries = False
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, POOL_SIZE)
+    return k8s.ApiClient(configuration)
