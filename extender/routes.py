@@ -17,6 +17,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from archway import metrics
+from archway.extender.ceiling import Ceiling
 from archway.extender.herd import Herd, PodWatch, added_traffic, pod_bandwidth, pod_key
 from archway.extender.nodes import NodeCache
 from archway.extender.traffic import (
@@ -25,9 +26,7 @@ from archway.extender.traffic import (
     TrafficScale,
     load_score,
     node_loads,
-    percent,
     scores_of,
-    utilisation_ceiling,
 )
 from archway.extender.wire import (
     MalformedExtenderArgs,
@@ -211,7 +210,8 @@ class Extender:
         # The cached nodes' book is built when a snapshot arrives, off the request path.
         self.traffic.listeners.append(self._score_book)
         self._no_cache_logged = False
-        self._ceiling_blind = False    # the ceiling is not applied: no fresh traffic sample
+        limit = config.extender.max_utilisation
+        self.ceiling = Ceiling(limit, self.traffic, config.prometheus) if limit else None
 
     def stop(self) -> None:
         """Stop the background parts: the traffic poller, the node cache and the pod watch."""
@@ -262,9 +262,9 @@ class Extender:
         outcome = filter_by_arch(pod_archs, node_archs, names, why_none=detail)
         keep, lifted = outcome.keep, ""
         busy: dict[str, str] = {}
-        ceiling = self.config.extender.max_utilisation
-        if ceiling is not None and keep:
-            keep, busy, lifted = self._below_ceiling(args, names, keep, ceiling)
+        if self.ceiling is not None and keep:
+            keep, busy, lifted = self.ceiling.apply(args, names, keep,
+                                                    lambda s: self._score_book(s).loads)
         # A wrong architecture is unresolvable; a busy link (FailedNodes) is load, which passes.
         body = filter_result_json(args, keep, busy, outcome.unresolvable)
         summary = (f"{pod.display_name}: "
@@ -272,40 +272,6 @@ class Extender:
                    f"from {source}, {len(keep)}/{len(names)} nodes pass"
                    + (f", {len(busy)} above extender.max_utilisation" if busy else "") + lifted)
         return body, summary
-
-    def _below_ceiling(self, args, names: list[str], keep: list[int],
-                       ceiling: float) -> tuple[list[int], dict[str, str], str]:
-        """(the candidates to keep, node -> why for those turned away for their load, a note
-        when the ceiling was lifted because every candidate is above it)."""
-        self.traffic.ensure_started()
-        snapshot = self.traffic.fresh_snapshot()
-        if snapshot is None:
-            if not self._ceiling_blind:
-                self._ceiling_blind = True
-                log.warning("extender.max_utilisation not applied: no traffic sample younger "
-                            "than prometheus.stale_after_seconds (%gs); every node passes until "
-                            "one arrives", self.config.prometheus.stale_after_seconds)
-            return keep, {}, ""
-        if self._ceiling_blind:
-            self._ceiling_blind = False
-            log.info("extender.max_utilisation applied again: a fresh traffic sample arrived")
-        candidates = [names[i] for i in keep]
-        match = self.config.prometheus.match
-        if args.nodes is not None:
-            addresses = {node.name: node.addresses for node in args.nodes}
-            loads = node_loads(snapshot.traffic, snapshot.capacity, candidates, match=match,
-                               node_addresses=addresses)
-        else:
-            loads = self._score_book(snapshot).loads
-            missing = [n for n in candidates if n not in loads]
-            if missing:
-                loads = {**loads, **node_loads(snapshot.traffic, snapshot.capacity, missing,
-                                               match=match)}
-        busy, everyone = utilisation_ceiling(loads, candidates, ceiling)
-        if everyone:
-            return keep, {}, (f"; every candidate's link is above extender.max_utilisation "
-                              f"({percent(ceiling)}): all pass")
-        return [i for i in keep if names[i] not in busy], busy, ""
 
     def _cached_archs(self, names: list[str], deadline: float) -> list[str | None]:
         """Arch per name from the node cache. A name the cache does not hold is treated as a

@@ -230,30 +230,6 @@ def node_loads(traffic: dict[str, float], capacity: dict[str, float], node_names
             for node, key in match_by_name(traffic, node_names).items()}
 
 
-def percent(fraction: float) -> str:
-    """0.08 -> "8%", 0.0014 -> "0.14%", 0.93456 -> "93.5%"."""
-    return f"{fraction * 100:.3g}%"
-
-
-def utilisation_ceiling(loads: dict[str, NodeLoad], names, ceiling: float
-                        ) -> tuple[dict[str, str], bool]:
-    """(node -> why, for the nodes of `names` whose link utilisation is above `ceiling`; whether
-    every one of `names` is above it). A node without capacity or traffic data is never above:
-    archway does not know its load. When every node is above, none is returned: the caller
-    lets them all pass rather than leave the pod nowhere to go."""
-    above = {}
-    for name in names:
-        load = loads.get(name)
-        if load is None or not load.capacity:
-            continue
-        utilisation = load.traffic / load.capacity
-        if utilisation > ceiling:
-            above[name] = (f"link utilisation {percent(utilisation)} is above "
-                           f"extender.max_utilisation ({percent(ceiling)})")
-    everyone = bool(names) and len(above) == len(names)
-    return ({} if everyone else above), everyone
-
-
 def scores_of(loads: dict[str, NodeLoad], scale: TrafficScale, names) -> dict[str, int]:
     """THE decision: a score 0..10 per node; lower utilisation (or traffic, without capacity)
     scores higher, a node without traffic data gets NEUTRAL_SCORE. The extender's ScoreBook

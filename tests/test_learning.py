@@ -9,13 +9,15 @@ import pytest
 
 from archway.config import config_from_dict
 from archway.errors import ConfigError, DeadlineExceeded
-from archway.extender.traffic import NodeLoad, utilisation_ceiling
+from archway.extender.ceiling import utilisation_ceiling
+from archway.extender.traffic import NodeLoad
 from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
 from archway.webhook.gate import plan_release
 from archway.webhook.learning import (
     ANNOTATION_EVIDENCE,
+    ANNOTATION_EXCLUDED,
     ANNOTATION_FAILED,
     MAX_EVIDENCE,
     Evidence,
@@ -26,10 +28,11 @@ from archway.webhook.learning import (
     merged_annotations,
     reset_reason,
 )
-from archway.webhook.placement import ANNOTATION_EXCLUDED, Policy, decide
-from archway.webhook.remediation import failing_pod, tag_key, workload_path
+from archway.webhook.placement import Policy, decide
+from archway.webhook.remediation import failing_pod
 from archway.webhook.report import assess, running_architectures
-from archway.webhook.workloadcache import top_workload, workload_facts
+from archway.webhook.tagwatch import tag_key
+from archway.webhook.workloadcache import top_workload, workload_facts, workload_path
 from archway.webhook.workloads import workloads_in
 from tests.test_service import Resolver, response, review, service
 

@@ -35,6 +35,10 @@ CROSSINGS = {
     ("archway.extender.nodes", "archway.webhook.placement"),
     ("archway.extender.routes", "archway.webhook.placement"),
     ("archway.webhook.explain", "archway.extender.nodes"),
+    # issue 24: the gate controller's leader reads node architectures (an exec format error's
+    # node), report where pods run; node facts move to the core with the others.
+    ("archway.webhook.gatecontroller", "archway.extender.nodes"),
+    ("archway.webhook.report", "archway.extender.nodes"),
 }
 # The core's top floor: it puts the rooms together, so no room may import it.
 TOP = {"archway.cli", "archway.serve", "archway.app", "archway.worker", "archway.addresses",

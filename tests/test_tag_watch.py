@@ -1,6 +1,6 @@
 """Dropped architectures, against the real Debian registry: the resolver tells its observer when
 a revalidation finds a tag moved (the one seam in the registry layer), and the leader's rounds
-(webhook/remediation.py) turn a move that drops an architecture into ArchitecturesDropped on each
+(webhook/tagwatch.py) turn a move that drops an architecture into ArchitecturesDropped on each
 workload using the tag, and remove learned exclusions whose evidence moved."""
 import threading
 import time
@@ -12,7 +12,7 @@ from archway.config import CacheSettings, RegistrySettings, RemediationSettings
 from archway.registry.resolver import Resolver
 from archway.webhook.placement import Policy
 from archway.webhook.pullsecrets import PullCredentials
-from archway.webhook.remediation import Remediation
+from archway.webhook.tagwatch import TagWatch
 from archway.webhook.workloadcache import workload_facts
 from tests.infra.registry import plain_registry
 from tests.test_cache import settle
@@ -102,14 +102,14 @@ def test_each_round_checks_the_tags_and_a_dropped_architecture_raises_the_alarm(
     resolver = resolver_for(plain_registry)
     # Learning off: the rounds' resets (GET and PATCH of the workload) are the real apiserver's
     # part, in tests/e2e/test_remediation.py.
-    remediation = Remediation(api=None, settings=RemediationSettings(
-                                  learn_failed_architectures=False), policy=Policy(),
-                              events=events, nodes=None, workloads=Workloads(*objects),
-                              resolver=resolver, pull_secrets=Secrets())
-    resolver.tag_moved = remediation.tag_moved
-    remediation.review()       # the first sight of each tag: nothing to compare with
+    tags = TagWatch(api=None, settings=RemediationSettings(
+                               learn_failed_architectures=False), policy=Policy(),
+                           events=events, workloads=Workloads(*objects),
+                           resolver=resolver, pull_secrets=Secrets())
+    resolver.tag_moved = tags.tag_moved
+    tags.review()       # the first sight of each tag: nothing to compare with
     mark = plain_registry.mark()
-    remediation.review(threading.Event())
+    tags.review(threading.Event())
     settle(resolver)
     # One HEAD per tag and round; the digest reference is never checked (it cannot move).
     checked = [(e.method, e.path) for e in plain_registry.manifest_gets(mark)]
@@ -119,7 +119,7 @@ def test_each_round_checks_the_tags_and_a_dropped_architecture_raises_the_alarm(
 
     before = dropped("arm64")
     moved = plain_registry.push_image("tw/web", "v2", "linux/amd64")
-    remediation.review()
+    tags.review()
     settle(resolver)
     alarms = [e for e in events.sent if e[3] == "ArchitecturesDropped"]
     assert sorted(e[1] for e in alarms) == ["api", "web"]       # each workload using the tag
@@ -129,7 +129,7 @@ def test_each_round_checks_the_tags_and_a_dropped_architecture_raises_the_alarm(
     assert dropped("arm64") == before + 1                        # one move, one count
     # Moving back to a digest that has arm64 again drops nothing.
     plain_registry.push_index("tw/web", "v2", ["linux/amd64", "linux/arm64"])
-    remediation.review()
+    tags.review()
     settle(resolver)
     assert len(events.sent) == 2 and dropped("arm64") == before + 1
 
@@ -142,16 +142,16 @@ def test_a_round_paces_its_checks_per_registry_host(plain_registry):
         plain_registry.push_image(f"tw/paced{i}", "1", "linux/amd64")
         images.append(plain_registry.ref(f"tw/paced{i}", "1"))
     resolver = resolver_for(plain_registry)
-    remediation = Remediation(api=None, settings=RemediationSettings(
-                                  learn_failed_architectures=False), policy=Policy(),
-                              events=Events(), nodes=None, resolver=resolver,
-                              workloads=Workloads(*[deployment(f"d{i}", image)
-                                                    for i, image in enumerate(images)]),
-                              pull_secrets=Secrets(), per_second=10.0)
-    remediation.review()                     # first sight: GETs
+    tags = TagWatch(api=None, settings=RemediationSettings(
+                               learn_failed_architectures=False), policy=Policy(),
+                           events=Events(), resolver=resolver,
+                           workloads=Workloads(*[deployment(f"d{i}", image)
+                                                 for i, image in enumerate(images)]),
+                           pull_secrets=Secrets(), per_second=10.0)
+    tags.review()                     # first sight: GETs
     settle(resolver)
     started = time.monotonic()
-    remediation.review()                     # 4 HEADs, 0.1 s apart
+    tags.review()                     # 4 HEADs, 0.1 s apart
     assert time.monotonic() - started >= 0.3
     settle(resolver)
 
@@ -159,11 +159,11 @@ def test_a_round_paces_its_checks_per_registry_host(plain_registry):
 def test_with_watch_tags_off_the_rounds_ask_no_registry(plain_registry):
     plain_registry.push_index("tw/quiet", "v1", ["linux/amd64"])
     resolver = resolver_for(plain_registry)
-    remediation = Remediation(api=None, settings=RemediationSettings(watch_tags=False),
-                              policy=Policy(), events=Events(), nodes=None,
-                              workloads=Workloads(deployment("q", plain_registry.ref("tw/quiet",
-                                                                                     "v1"))),
-                              resolver=resolver, pull_secrets=Secrets())
+    tags = TagWatch(api=None, settings=RemediationSettings(watch_tags=False),
+                           policy=Policy(), events=Events(),
+                           workloads=Workloads(deployment("q", plain_registry.ref("tw/quiet",
+                                                                                  "v1"))),
+                           resolver=resolver, pull_secrets=Secrets())
     mark = plain_registry.mark()
-    remediation.review()
-    assert plain_registry.requests_since(mark) == [] and remediation.rounds == 1
+    tags.review()
+    assert plain_registry.requests_since(mark) == [] and tags.rounds == 1

@@ -378,10 +378,11 @@ def _lead(config, api: KubeApi, controller: GateController, resolver, pull_secre
 
     from .namespaces import NamespaceCache
     from .remediation import Remediation
+    from .tagwatch import TagWatch
     from .workloadcache import WorkloadCache
 
     def factory():   # a client (and connection pool) of its own for each watch
-        from .pullsecrets import build_api_client
+        from archway.kubeclient import build_api_client
         return build_api_client(config.kubernetes)[0]
 
     learn = config.remediation.learn_failed_architectures
@@ -393,21 +394,26 @@ def _lead(config, api: KubeApi, controller: GateController, resolver, pull_secre
     for cache in caches:
         cache.ensure_started()
     controller.workloads = workloads if learn else None
-    remediation = Remediation(
-        api=api, settings=config.remediation, policy=Policy.from_config(config), events=events,
-        nodes=nodes, workloads=workloads, namespaces=namespaces, resolver=resolver,
-        pull_secrets=pull_secrets, exclude_namespaces=config.admission.exclude_namespaces,
-        round_seconds=config.registry.cache.tag_ttl_seconds,
-        resolve_timeout=config.registry.timeout_seconds * 2,
-        per_second=config.registry.prewarm.requests_per_second)
-    loop = threading.Thread(target=remediation.lead, args=(stop, factory),
-                            name="archway-remediation", daemon=True)
-    loop.start()
+    common = dict(api=api, settings=config.remediation, policy=Policy.from_config(config),
+                  events=events, workloads=workloads, namespaces=namespaces,
+                  exclude_namespaces=config.admission.exclude_namespaces)
+    loops = [threading.Thread(target=Remediation(nodes=nodes, **common).lead,
+                              args=(stop, factory), name="archway-remediation", daemon=True)]
+    if workloads is not None:
+        tags = TagWatch(resolver=resolver, pull_secrets=pull_secrets,
+                        round_seconds=config.registry.cache.tag_ttl_seconds,
+                        resolve_timeout=config.registry.timeout_seconds * 2,
+                        per_second=config.registry.prewarm.requests_per_second, **common)
+        loops.append(threading.Thread(target=tags.lead, args=(stop,), name="archway-tag-watch",
+                                      daemon=True))
+    for loop in loops:
+        loop.start()
     try:
         controller.lead(stop)
     finally:
         stop.set()
-        loop.join(10)
+        for loop in loops:
+            loop.join(10)
         controller.workloads = None
         for cache in caches:
             cache.stop()

@@ -22,6 +22,8 @@ from archway.registry.model import ImageInfo
 
 ANNOTATION_FAILED = "archway.dev/failed-architectures"
 ANNOTATION_EVIDENCE = "archway.dev/failed-images"
+# On a pod: the architectures a learned exclusion kept it off.
+ANNOTATION_EXCLUDED = "archway.dev/excluded-architectures"
 EXEC_FORMAT_ERROR = "exec format error"
 
 MAX_EVIDENCE = 16            # entries kept in archway.dev/failed-images (the newest)
@@ -192,6 +194,36 @@ def reset_reason(learned: Learned, images, results: Mapping) -> str:
             return (f"{evidence.image} now names {short_digest(result.digest)}, not "
                     f"{short_digest(evidence.digest)} which failed on {evidence.architecture}")
     return ""
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """What a learned exclusion does to one pod: the architectures of S it is kept off, and
+    what to tell (what was done, or why not)."""
+    excluded: frozenset[str] = frozenset()
+    note: str = ""
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return (self.note,) if self.note else ()
+
+
+def exclusion(archs: frozenset[str], learned: Learned | None, images, results: Mapping
+              ) -> Exclusion:
+    """The exclusion for a pod whose images share `archs` (S), given what its workload learned:
+    none while the evidence does not hold, nor when it would leave no architecture at all."""
+    if learned is None or not learned.architectures & archs:
+        return Exclusion()
+    failed = ", ".join(sorted(learned.architectures & archs))
+    reset = reset_reason(learned, images, results)
+    if reset:
+        return Exclusion(note=f"{learned.workload} failed on {failed} before, but {reset}")
+    if archs <= learned.architectures:
+        return Exclusion(note=f"{learned.workload} failed on every architecture its images "
+                              f"claim ({', '.join(sorted(archs))}); placed as the images claim")
+    return Exclusion(learned.architectures & archs,
+                     f"kept off {failed}: pods of {learned.workload} failed there with exec "
+                     f"format error")
 
 
 def short_digest(digest: str) -> str:

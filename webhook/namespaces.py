@@ -68,6 +68,18 @@ def _mapping(value: object) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def namespace_mode(namespace: str, base: Policy, cache, exclude_namespaces) -> str:
+    """enforce | audit | off for pods of `namespace`, as the leading gate controller acts on
+    them: off when excluded, labelled off, or being deleted (it takes no new Event, and its
+    workloads are going). `cache`: the NamespaceCache, or None (the config alone)."""
+    if namespace in exclude_namespaces:
+        return "off"
+    facts = cache.items.get(namespace) if cache is not None else None
+    if facts is not None and facts.terminating:
+        return "off"
+    return namespace_policy(base, facts).mode
+
+
 def namespace_policy(base: Policy, facts: NamespaceFacts | None) -> Policy:
     """The policy for pods of a namespace: the namespace's mode and preferences over `base`."""
     if facts is None:

@@ -21,15 +21,13 @@ from archway.logsafe import redact_url
 from archway.podview import NodeSelectorTerm, PodView, Requirement, Toleration
 from archway.registry.model import ImageInfo
 
-from .learning import Learned, reset_reason
+from .learning import ANNOTATION_EXCLUDED, Exclusion, Learned, exclusion
 
 ARCH_LABEL = "kubernetes.io/arch"
 # kubelet still sets the deprecated beta label; a pod selecting on it does constrain its arch.
 ARCH_KEYS = (ARCH_LABEL, "beta.kubernetes.io/arch")
 ANNOTATION_ARCHITECTURES = "archway.dev/architectures"
 ANNOTATION_IMAGES = "archway.dev/images"
-# The architectures a learned exclusion kept the pod off (webhook/learning.py).
-ANNOTATION_EXCLUDED = "archway.dev/excluded-architectures"
 DEFAULT_SCHEDULER = "default-scheduler"
 MODES = ("enforce", "audit", "off")
 
@@ -215,28 +213,11 @@ def decide(pod: PodView, results: dict, policy: Policy, *,
 
     An image missing from `results` counts as unresolved (the resolver ran out of time).
     `nodes`: the cluster's nodes when known (the node cache); None: the cluster is not consulted.
-    `learned`: the exclusion its workload learned from exec format errors (learning.py): the
-    pod is kept off those architectures while its evidence holds, unless that leaves none.
+    `learned`: what its workload learned from exec format errors (learning.exclusion).
     In audit mode the decision is made in full, then only its annotations are applied.
     """
     decision = _enforce(pod, results, policy, nodes, learned)
     return _audited(pod, results, decision) if policy.mode == "audit" else decision
-
-
-def _exclusion(archs: frozenset[str], learned: Learned | None, pod: PodView,
-               results: dict) -> tuple[frozenset[str], str]:
-    """(the archs of S to keep the pod off, what was done and why) for a learned exclusion."""
-    if learned is None or not learned.architectures & archs:
-        return frozenset(), ""
-    failed = _join(learned.architectures & archs)
-    reset = reset_reason(learned, pod.images, results)
-    if reset:
-        return frozenset(), f"{learned.workload} failed on {failed} before, but {reset}"
-    if archs <= learned.architectures:
-        return frozenset(), (f"{learned.workload} failed on every architecture its images claim "
-                             f"({_join(archs)}); placed as the images claim")
-    return learned.architectures & archs, (f"kept off {failed}: pods of {learned.workload} "
-                                          f"failed there with exec format error")
 
 
 def _enforce(pod: PodView, results: dict, policy: Policy,
@@ -268,8 +249,8 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
     mutated = pod.patchable_copy()
     spec = mutated.get("spec", {})
     reason = "no image told its architectures" if images else "pod has no images"
-    unschedulable = conflict = learned_note = ""
-    excluded: frozenset[str] = frozenset()
+    unschedulable = conflict = ""
+    learned_on = Exclusion()
 
     if archs is not None and not archs:
         message = "the pod's images share no CPU architecture: " + "; ".join(
@@ -281,8 +262,8 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
         reason = "no common architecture"
         _annotate(mutated, pod, results, archs)
     elif archs:
-        excluded, learned_note = _exclusion(archs, learned, pod, results)
-        placed = archs - excluded  # S without the architectures its workload failed on
+        learned_on = exclusion(archs, learned, pod.images, results)
+        placed = archs - learned_on.excluded   # S without where its workload failed
         allowed = placed           # where the pod may run: that, within its own constraint
         existing = pod_arch_constraint(pod)
         if existing is not None:
@@ -312,11 +293,8 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
                     return _deny(unschedulable + " (admission.deny_unschedulable is true)",
                                  warnings, archs, unschedulable=unschedulable)
                 warnings.insert(0, unschedulable + "; the pod would stay Pending")
-        if learned_note:
-            warnings.insert(0, learned_note)
-        _annotate(mutated, pod, results, archs)
-        if excluded:
-            mutated["metadata"]["annotations"][ANNOTATION_EXCLUDED] = ",".join(sorted(excluded))
+        warnings[:0] = learned_on.warnings
+        _annotate(mutated, pod, results, archs, learned_on.excluded)
 
     if policy.scheduler_name and pod.scheduler_name in ("", DEFAULT_SCHEDULER):
         mutated.setdefault("spec", spec)["schedulerName"] = policy.scheduler_name
@@ -328,7 +306,7 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
         outcome = "mutated" if patch else "unchanged"
     return Decision(allowed=True, patch=patch, warnings=tuple(warnings), architectures=archs,
                     outcome=outcome, reason=reason, unschedulable=unschedulable,
-                    conflict=conflict, excluded=excluded, learned=learned_note)
+                    conflict=conflict, excluded=learned_on.excluded, learned=learned_on.note)
 
 
 def _audited(pod: PodView, results: dict, decision: Decision) -> Decision:
@@ -477,13 +455,16 @@ def images_annotation(images, results: dict) -> str:
     return text
 
 
-def _annotate(mutated: dict, pod: PodView, results: dict, archs: frozenset[str]) -> None:
+def _annotate(mutated: dict, pod: PodView, results: dict, archs: frozenset[str],
+              excluded: frozenset[str] = frozenset()) -> None:
     metadata = mutated.setdefault("metadata", {})
     if not isinstance(metadata.get("annotations"), dict):
         metadata["annotations"] = {}
     if archs:
         metadata["annotations"][ANNOTATION_ARCHITECTURES] = ",".join(sorted(archs))
     metadata["annotations"][ANNOTATION_IMAGES] = images_annotation(pod.images, results)
+    if excluded:
+        metadata["annotations"][ANNOTATION_EXCLUDED] = ",".join(sorted(excluded))
 
 
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"

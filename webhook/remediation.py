@@ -1,6 +1,6 @@
-"""The closed loop: what the leading gate controller learns from what actually runs, and what it
-warns about before a reschedule breaks. Runs beside the gate controller's own work, in the same
-process and leadership (gatecontroller.py).
+"""The closed loop: what the leading gate controller learns from what actually runs. Runs beside
+the gate controller's own work, in the same process and leadership (gatecontroller.py), as does
+its other half, tagwatch.py (tags re-pushed without an architecture).
 
     every pod (paged list, then a watch; only failing pods are kept)
       -> a container status says exec format error on a node of arch X (node cache)
@@ -8,11 +8,6 @@ process and leadership (gatecontroller.py).
       -> enforce mode, remediation.learn_failed_architectures: X merged into the workload's
          archway.dev/failed-architectures (its own metadata: no rollout), with the evidence
       -> remediation.evict: the failing pod evicted (Eviction API: PodDisruptionBudgets hold)
-
-    every registry.cache.tag_ttl_seconds (remediation.watch_tags): the tags of every workload's
-    template checked at their registry (HEAD); a tag naming a digest that lacks an architecture
-    the previous one had -> Warning Event ArchitecturesDropped on each workload using it;
-    learned exclusions whose evidence no longer holds are removed (FailedArchitecturesReset).
 
 What a 10,000-pod cluster costs here: each status update is parsed once and its container
 statuses scanned (docs/benchmarks.md, figure 22); only failing pods are remembered, as a few
@@ -26,26 +21,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from archway import metrics
-from archway.errors import ArchwayError
 from archway.kubeapi import ApiError, KubeApi
 from archway.listwatch import ListWatch
-from archway.registry.reference import ImageReference, parse_reference
 
 from .events import EventSink
 from .learning import (
-    ANNOTATION_EVIDENCE,
     ANNOTATION_FAILED,
     Evidence,
     Failure,
     admitted_digests,
     exec_format_failures,
-    learned_from,
     merged_annotations,
-    reset_reason,
-    short_digest,
 )
+from .namespaces import namespace_mode
 from .placement import ANNOTATION_ARCHITECTURES, _join
-from .workloadcache import COLLECTIONS, WorkloadFacts, top_workload, workload_facts
+from .workloadcache import (
+    WorkloadFacts,
+    top_workload,
+    workload_facts,
+    workload_path,
+    workload_reference,
+)
 
 log = logging.getLogger("archway.remediation")
 
@@ -54,10 +50,7 @@ EVICT_RETRY_MIN_SECONDS = 2.0     # a PodDisruptionBudget that refused is asked 
 EVICT_RETRY_MAX_SECONDS = 30.0    # doubling up to this
 MAX_TRACKED = 10_000              # failing pods remembered at once (one of each is a few facts)
 MAX_PATCH_ATTEMPTS = 4            # a workload changed meanwhile (409): read it again and merge
-MIN_ROUND_SECONDS = 1.0
 REASON_EXEC_FORMAT = "ExecFormatError"
-REASON_DROPPED = "ArchitecturesDropped"
-REASON_RESET = "FailedArchitecturesReset"
 REASON_EVICTED = "EvictedExecFormatError"
 REASON_EVICTION_BLOCKED = "EvictionBlocked"
 
@@ -149,10 +142,8 @@ class FailingPods(ListWatch):
 
 class Remediation:
     def __init__(self, *, api: KubeApi, settings, policy, events: EventSink | None,
-                 nodes, workloads, namespaces=None, resolver=None, pull_secrets=None,
-                 exclude_namespaces=(), round_seconds: float = 300.0,
-                 resolve_timeout: float = 10.0, watch_seconds: int = 240,
-                 per_second: float = 5.0, clock: Callable[[], float] = time.monotonic):
+                 nodes, workloads, namespaces=None, exclude_namespaces=(),
+                 watch_seconds: int = 240, clock: Callable[[], float] = time.monotonic):
         self.api = api
         self.settings = settings           # config.RemediationSettings
         self.policy = policy               # placement.Policy: its mode, per namespace below
@@ -160,30 +151,18 @@ class Remediation:
         self.nodes = nodes                 # name -> NodeFacts (.items)
         self.workloads = workloads         # workloadcache.WorkloadCache; None: GETs only
         self.namespaces = namespaces       # NamespaceCache or None
-        self.resolver = resolver
-        self.pull_secrets = pull_secrets
         self.exclude_namespaces = frozenset(exclude_namespaces)
-        self.round_seconds = max(MIN_ROUND_SECONDS, round_seconds)
-        self.resolve_timeout = resolve_timeout
         self.watch_seconds = watch_seconds
-        self.per_second = per_second       # tag checks per registry host and second
-        self.rounds = 0
         self._clock = clock
         self._lock = threading.Condition()
         self._tracked: dict[str, _Tracked] = {}
         self._full_logged = False
-        self._by_reference: dict[str, list[tuple[WorkloadFacts, str]]] = {}
 
     # --- leading ---------------------------------------------------------------------------
     def lead(self, stop: threading.Event, api_client_factory) -> None:
-        """Watch, act and check tags until `stop`."""
+        """Watch and act until `stop`."""
         watch = FailingPods(self, api_client_factory, self.watch_seconds)
-        if self.resolver is not None:
-            self.resolver.tag_moved = self.tag_moved
         watch.ensure_started()
-        checker = threading.Thread(target=self._rounds, args=(stop,), daemon=True,
-                                   name="archway-tag-watch")
-        checker.start()
         try:
             self._work_loop(stop)
         finally:
@@ -191,9 +170,6 @@ class Remediation:
             with self._lock:
                 self._tracked.clear()
                 self._lock.notify_all()
-            checker.join(5)
-            if self.resolver is not None:
-                self.resolver.tag_moved = None
 
     def found(self, pods: list) -> None:
         """A full list: the failing pods of the cluster now."""
@@ -249,15 +225,7 @@ class Remediation:
 
     # --- one failing pod ---------------------------------------------------------------------
     def mode_of(self, namespace: str) -> str:
-        """enforce | audit | off for pods of `namespace`; off while it is being deleted (it
-        takes no new Event, and its workloads are going)."""
-        if namespace in self.exclude_namespaces:
-            return "off"
-        from .namespaces import namespace_policy
-        facts = self.namespaces.items.get(namespace) if self.namespaces is not None else None
-        if facts is not None and facts.terminating:
-            return "off"
-        return namespace_policy(self.policy, facts).mode
+        return namespace_mode(namespace, self.policy, self.namespaces, self.exclude_namespaces)
 
     def _handle(self, tracked: _Tracked) -> None:
         pod = tracked.pod
@@ -267,8 +235,7 @@ class Remediation:
         if self.namespaces is not None:
             self.namespaces.wait_synced(10.0)   # their mode; without it the config's
         tracked.next_look = None
-        node = self.nodes.items.get(pod.node)
-        arch = getattr(node, "arch", None)
+        arch = getattr(self.nodes.items.get(pod.node), "arch", None)
         mode = self.mode_of(pod.namespace)
         new = [f for f in pod.failures if (f.container, f.image) not in tracked.handled]
         tracked.handled |= {(f.container, f.image) for f in new}
@@ -288,27 +255,36 @@ class Remediation:
                         e)
             top, tracked.next_look = None, self._clock() + EVICT_RETRY_MAX_SECONDS
         for failure in new:
-            metrics.EXEC_FORMAT_ERRORS.labels(arch).inc()
-            log.warning("pod %s/%s: container %s (image %s) failed on node %s (%s) with exec "
-                        "format error: %s", pod.namespace, pod.name, failure.container,
-                        failure.image, pod.node, arch, failure.message)
-            self._event(pod.reference, "Warning", REASON_EXEC_FORMAT, "Detect",
-                        f"container {failure.container} (image {failure.image}) failed on node "
-                        f"{pod.node} ({arch}) with exec format error: its binaries are not "
-                        f"{arch} binaries ({failure.message})")
-            if top is not None:
-                self._event(_reference(top), "Warning", REASON_EXEC_FORMAT, "Detect",
-                            f"pods of image {failure.image} fail on {arch} with exec format "
-                            f"error: {_consequence(arch, mode, learn)}")
-        if learn and top is not None and not tracked.learned:
+            self._report(pod, failure, arch, top, _consequence(arch, mode, learn))
+        if learn and top is not None:
+            self._learn_and_evict(tracked, arch, top)
+
+    def _report(self, pod: FailingPod, failure: Failure, arch: str, top: WorkloadFacts | None,
+                consequence: str) -> None:
+        """The metric, a log line, the Events on the pod and on its workload."""
+        metrics.EXEC_FORMAT_ERRORS.labels(arch).inc()
+        log.warning("pod %s/%s: container %s (image %s) failed on node %s (%s) with exec "
+                    "format error: %s", pod.namespace, pod.name, failure.container,
+                    failure.image, pod.node, arch, failure.message)
+        self._event(pod.reference, "Warning", REASON_EXEC_FORMAT, "Detect",
+                    f"container {failure.container} (image {failure.image}) failed on node "
+                    f"{pod.node} ({arch}) with exec format error: its binaries are not "
+                    f"{arch} binaries ({failure.message})")
+        if top is not None:
+            self._event(workload_reference(top), "Warning", REASON_EXEC_FORMAT, "Detect",
+                        f"pods of image {failure.image} fail on {arch} with exec format "
+                        f"error: {consequence}")
+
+    def _learn_and_evict(self, tracked: _Tracked, arch: str, top: WorkloadFacts) -> None:
+        if not tracked.learned:
             try:
-                self.learn(top, arch, pod.evidence(arch))
+                self.learn(top, arch, tracked.pod.evidence(arch))
                 tracked.learned = True
             except ApiError as e:   # the apiserver is away: merged at the next look
                 log.warning("%s %s/%s: could not record what its pods taught: %s", top.kind,
                             top.namespace, top.object_name, e)
                 tracked.next_look = self._clock() + EVICT_RETRY_MAX_SECONDS
-        if self.settings.evict and learn and top is not None and tracked.learned:
+        if self.settings.evict and tracked.learned:
             self._maybe_evict(tracked, arch, top)
 
     def top_workload(self, pod: FailingPod) -> WorkloadFacts | None:
@@ -393,160 +369,10 @@ class Remediation:
                     f"evicted (remediation.evict): it fails on {arch} with exec format error; "
                     f"{top.display_name} recreates it on {_join(pod.architectures - failed)}")
 
-    # --- tags and resets, every round --------------------------------------------------------
-    def _rounds(self, stop: threading.Event) -> None:
-        began = self._clock()
-        while not stop.wait(0 if self.rounds == 0 else
-                            max(0.0, began + self.round_seconds - self._clock())):
-            began = self._clock()
-            try:
-                self.review(stop)
-            except Exception:
-                log.exception("reviewing the workloads' tags failed")
-
-    def review(self, stop: threading.Event | None = None) -> None:
-        """One round: the tags of every workload checked at their registry, then the learned
-        exclusions whose evidence no longer holds removed."""
-        if self.workloads is None:
-            return
-        self.workloads.wait_synced(30.0)
-        tops = [t for t in self.workloads.tops() if self.mode_of(t.namespace) != "off"]
-        results: dict[str, object] = {}
-        if self.settings.watch_tags and self.resolver is not None:
-            results = self._check_tags(tops, stop)
-        self.rounds += 1
-        if self.settings.learn_failed_architectures:
-            for top in tops:
-                learned = top.learned
-                if learned is None or self.mode_of(top.namespace) != "enforce":
-                    continue
-                why = reset_reason(learned, top.images, results)
-                if why:
-                    self.reset(top, why, results)
-
-    def _check_tags(self, tops: list[WorkloadFacts], stop) -> dict[str, object]:
-        """Each tag checked at its registry once (per set of credentials), paced as
-        pre-warming is: at most `per_second` checks a second per registry host. Returns what
-        the cache holds for them afterwards (a check still running leaves the answer before)."""
-        from .prewarm import _host, _Wanted, paced
-        by_reference: dict[str, list[tuple[WorkloadFacts, str]]] = {}
-        wanted: dict[tuple, _Wanted] = {}
-        for top in tops:
-            view = None
-            for image in top.images:
-                key = tag_key(image)
-                if key is None:
-                    continue
-                by_reference.setdefault(key, []).append((top, image))
-                view = view or top.template_view()
-                wanted.setdefault((image, top.namespace, top.service_account, top.pull_secrets),
-                                  _Wanted(image, view))
-        self._by_reference = by_reference   # read by tag_moved, in the resolver's threads
-        keyrings: dict[tuple, object] = {}
-
-        def keyring(pod):
-            group = (pod.namespace, pod.service_account, pod.pull_secret_names)
-            if group not in keyrings:
-                keyrings[group] = self.pull_secrets.credentials_for(
-                    pod, time.monotonic() + self.resolve_timeout / 2).keyring
-            return keyrings[group]
-        stop = stop or threading.Event()
-        begin = self._clock()
-        for offset, item in paced(list(wanted.values()), self.per_second, _host):
-            if stop.wait(max(0.0, begin + offset - self._clock())):
-                break
-            # timeout 0: the check starts and goes on; the observer hears of a move.
-            self.resolver.resolve_many([item.image], keyring=keyring(item.pod), timeout=0,
-                                       revalidate=frozenset([item.image]))
-        results: dict[str, object] = {}
-        for item in wanted.values():
-            results.update(self.resolver.resolve_many([item.image], keyring=keyring(item.pod),
-                                                      timeout=self.resolve_timeout))
-        return results
-
-    def tag_moved(self, ref: ImageReference, old, new) -> None:
-        """The resolver found `ref` naming another digest (the resolver.tag_moved observer)."""
-        lost = old.architectures - new.architectures
-        if not lost or not new.architectures:
-            return   # nothing dropped, or the new content records no architecture: unknown
-        concerned = self._by_reference.get(str(ref), [])
-        for arch in sorted(lost):
-            metrics.ARCHITECTURES_DROPPED.labels(arch).inc()
-        log.warning("tag %s moved from %s (%s) to %s (%s): %s dropped; %d workload(s) use it",
-                    ref, short_digest(old.digest or "?"), _join(old.architectures),
-                    short_digest(new.digest or "?"), _join(new.architectures), _join(lost),
-                    len(concerned))
-        for top, image in concerned:
-            if self.mode_of(top.namespace) == "off":
-                continue
-            self._event(_reference(top), "Warning", REASON_DROPPED, "Revalidate",
-                        f"tag {image} now names {short_digest(new.digest or '?')} "
-                        f"({_join(new.architectures)}), which lacks {_join(lost)} that "
-                        f"{short_digest(old.digest or '?')} had: its pods rescheduled onto "
-                        f"{_join(lost)} nodes will not start there (archway report lists the "
-                        f"workloads running on an architecture their tag no longer offers)")
-
-    def reset(self, top: WorkloadFacts, why: str, results: dict) -> bool:
-        """Remove a learned exclusion whose evidence no longer holds (read again first: it may
-        have been learned anew meanwhile)."""
-        path = workload_path(top.kind, top.namespace, top.object_name)
-        for _ in range(MAX_PATCH_ATTEMPTS):
-            try:
-                obj = self.api.request("GET", path)
-            except ApiError as e:
-                if e.status == 404:
-                    return False
-                raise
-            meta = obj.get("metadata") or {}
-            current = workload_facts(top.kind)(obj)
-            learned = learned_from(meta.get("annotations") or {}, top.display_name)
-            if current is None or learned is None or not reset_reason(learned, current.images,
-                                                                      results):
-                return False
-            try:
-                self.api.request("PATCH", path, content_type="application/merge-patch+json",
-                                 body={"metadata": {"resourceVersion": meta.get("resourceVersion"),
-                                                    "annotations": {ANNOTATION_FAILED: None,
-                                                                    ANNOTATION_EVIDENCE: None}}})
-            except ApiError as e:
-                if e.status == 409:
-                    continue
-                raise
-            log.info("%s %s/%s: learned exclusion of %s removed: %s", top.kind, top.namespace,
-                     top.object_name, _join(learned.architectures), why)
-            self._event(_reference(top), "Normal", REASON_RESET, "Reset",
-                        f"archway no longer keeps its pods off {_join(learned.architectures)}: "
-                        f"{why}")
-            return True
-        return False
-
     def _event(self, regarding: dict, event_type: str, reason: str, action: str,
                note: str) -> None:
         if self.events is not None:
             self.events.record(regarding, event_type, reason, action, note)
-
-
-def tag_key(image: str) -> str | None:
-    """How a tag of a registry is named in the resolver's observer (str of its reference);
-    None for what cannot move: a digest, or an image that is not a registry's (SIF URLs)."""
-    try:
-        ref = parse_reference(image)
-    except ArchwayError:
-        return None
-    if ref.digest or ref.scheme not in ("docker", "oras"):
-        return None
-    return str(ref)
-
-
-def workload_path(kind: str, namespace: str, name: str) -> str:
-    prefix, plural = COLLECTIONS[kind].rsplit("/", 1)
-    return f"{prefix}/namespaces/{namespace}/{plural}/{name}"
-
-
-def _reference(top: WorkloadFacts) -> dict:
-    group = "batch/v1" if top.kind in ("Job", "CronJob") else "apps/v1"
-    return {"apiVersion": group, "kind": top.kind, "namespace": top.namespace,
-            "name": top.object_name, "uid": top.uid}
 
 
 def _consequence(arch: str, mode: str, learn: bool) -> str:

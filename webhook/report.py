@@ -155,76 +155,96 @@ def _progress(text: str) -> None:
     print(f"archway report: {text}", file=sys.stderr, flush=True)
 
 
-def run(args) -> int:
-    from archway.config import load_config
-    from archway.extender.nodes import node_facts
-    from archway.registry.platforms import normalize
-    from archway.registry.resolver import Resolver
+class _Listing:
+    """The workloads `report` lists, and on the way who controls each ReplicaSet and Job and
+    where each pod runs."""
 
-    from .cluster import ClusterReader
-    from .pullsecrets import PullSecrets
+    def __init__(self):
+        self.workloads: list[Workload] = []
+        self.failed: list[str] = []
+        self.owners: dict[WorkloadKey, tuple[str, str] | None] = {}
+        self.placements: list[tuple] = []
 
-    config = load_config(args.config)
-    target = normalize("linux", args.target_arch).architecture if args.target_arch else None
-    reader = ClusterReader.from_config(config)
-    workloads, failed = [], []
-    owners: dict[WorkloadKey, tuple[str, str] | None] = {}
-    placements: list[tuple] = []
+    def read(self, reader, namespace: str | None) -> "_Listing":
+        for kind in REPORTED_KINDS:
+            try:
+                found = [w for obj in reader.workloads(kind, namespace) if self._seen(obj)
+                         for w in workloads_in([obj])]
+            except ArchwayError as e:
+                self.failed.append(kind)
+                _progress(f"skipped {kind}s: {e}")
+                continue
+            self.workloads += found
+            _progress(f"{len(found)} {kind}(s)")
+        if self.failed and len(self.failed) == len(REPORTED_KINDS):
+            raise ArchwayError("could not list any workload (see above)")
+        return self
 
-    def seen(obj: dict) -> bool:
+    def _seen(self, obj: dict) -> bool:
         """Remember who controls it and where a pod runs; True when it is reported itself."""
         meta = obj.get("metadata") or {}
         controller = controller_of(obj)
         ref = (str(controller.get("kind")), str(controller.get("name"))) if controller else None
         if obj["kind"] in ("ReplicaSet", "Job"):
-            owners[(obj["kind"], str(meta.get("namespace")), str(meta.get("name")))] = ref
+            self.owners[(obj["kind"], str(meta.get("namespace")), str(meta.get("name")))] = ref
         node = (obj.get("spec") or {}).get("nodeName") if obj["kind"] == "Pod" else None
         if node:
-            placements.append((meta.get("namespace"), meta.get("name"), ref, node))
+            self.placements.append((meta.get("namespace"), meta.get("name"), ref, node))
         return is_top_level(obj)
 
-    for kind in REPORTED_KINDS:
+    def running(self, reader) -> dict[WorkloadKey, frozenset[str]] | None:
+        """Workload -> the architectures its pods run on; None when the nodes cannot be read."""
+        from archway.extender.nodes import node_facts
         try:
-            found = [w for obj in reader.workloads(kind, args.namespace) if seen(obj)
-                     for w in workloads_in([obj])]
+            archs = {f.name: f.arch for f in map(node_facts, reader.nodes()) if f is not None}
         except ArchwayError as e:
-            failed.append(kind)
-            _progress(f"skipped {kind}s: {e}")
-            continue
-        workloads += found
-        _progress(f"{len(found)} {kind}(s)")
-    if failed and len(failed) == len(REPORTED_KINDS):
-        raise ArchwayError("could not list any workload (see above)")
-    try:
-        node_archs: dict[str, str | None] | None = {
-            f.name: f.arch for f in map(node_facts, reader.nodes()) if f is not None}
-    except ArchwayError as e:
-        node_archs = None
-        _progress(f"where pods run is not shown: {e}")
-    running = running_architectures(placements, owners, node_archs or {})
-    pods = [PodView.of(w.pod) for w in workloads]
+            _progress(f"where pods run is not shown: {e}")
+            return None
+        return running_architectures(self.placements, self.owners, archs)
+
+
+def _resolve(pods: list[PodView], reader, config, timeout: float) -> dict[int, dict]:
+    """Pod index -> its images' answers, read with its pull secrets. One resolution per set of
+    credentials (namespace, ServiceAccount, pull secrets): a namespace's workloads usually share
+    them, and the resolver's cache shares the rest."""
+    from archway.registry.resolver import Resolver
+
+    from .pullsecrets import PullSecrets
     resolver = Resolver(config.registry, sif=config.sif)
     secrets = PullSecrets(reader.api_client)
-    # One resolution per set of credentials (namespace, ServiceAccount, pull secrets): a
-    # namespace's workloads usually share them, and the resolver's cache shares the rest.
     groups: dict[tuple, list[int]] = {}
     for i, pod in enumerate(pods):
-        key = (pod.namespace, pod.service_account, pod.pull_secret_names)
-        groups.setdefault(key, []).append(i)
+        groups.setdefault((pod.namespace, pod.service_account, pod.pull_secret_names),
+                          []).append(i)
     results: dict[int, dict] = {}
     for n, members in enumerate(groups.values(), 1):
         first = pods[members[0]]
         images = [image for i in members for image in pods[i].images]
         _progress(f"reading {len(set(images))} image(s) of {len(members)} workload(s) in "
                   f"{first.namespace} ({n}/{len(groups)})")
-        credentials = secrets.credentials_for(first, time.monotonic() + args.timeout)
-        answers = resolver.resolve_many(images, timeout=args.timeout,
-                                 keyring=credentials.keyring)
+        credentials = secrets.credentials_for(first, time.monotonic() + timeout)
+        answers = resolver.resolve_many(images, timeout=timeout, keyring=credentials.keyring)
         for i in members:
             results[i] = answers
+    return results
+
+
+def run(args) -> int:
+    from archway.config import load_config
+    from archway.registry.platforms import normalize
+
+    from .cluster import ClusterReader
+
+    config = load_config(args.config)
+    target = normalize("linux", args.target_arch).architecture if args.target_arch else None
+    reader = ClusterReader.from_config(config)
+    listing = _Listing().read(reader, args.namespace)
+    running = listing.running(reader)
+    pods = [PodView.of(w.pod) for w in listing.workloads]
+    results = _resolve(pods, reader, config, args.timeout)
     rows = [assess(w, pods[i], results.get(i, {}), target,
-                   running.get((w.kind, w.namespace, w.name), frozenset()))
-            for i, w in enumerate(workloads)]
+                   (running or {}).get((w.kind, w.namespace, w.name), frozenset()))
+            for i, w in enumerate(listing.workloads)]
     stranded = [r for r in rows if r.not_offered]
     if stranded:
         _progress(f"{len(stranded)} workload(s) run on an architecture their images no longer "
@@ -236,9 +256,9 @@ def run(args) -> int:
                    "workloads": [row_json(r) for r in rows]}, sys.stdout, indent=2)
         print()
     else:
-        sys.stdout.write(table(rows, target, placements=node_archs is not None))
+        sys.stdout.write(table(rows, target, placements=running is not None))
         if target:
             counts = summary(rows)
             _progress(f"{counts.get('yes', 0)} of {len(rows)} workloads could move to {target}; "
                       f"{counts.get('no', 0)} could not; {counts.get('unknown', 0)} unknown")
-    return 1 if failed else 0
+    return 1 if listing.failed else 0

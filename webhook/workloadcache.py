@@ -57,33 +57,59 @@ class WorkloadFacts:
 
 
 def workload_facts(kind: str) -> Callable[[dict], WorkloadFacts | None]:
+    """The facts of an object of `kind` (None when it is no such object), for a WatchCache."""
     def facts(obj: dict) -> WorkloadFacts | None:
         meta = obj.get("metadata") if isinstance(obj, dict) else None
         if not isinstance(meta, dict) or not meta.get("name") or not meta.get("namespace"):
             return None
-        owner = next((ref for ref in meta.get("ownerReferences") or ()
-                      if isinstance(ref, dict) and ref.get("controller")), None)
-        annotations = _mapping(meta.get("annotations"))
-        template: object = obj
-        for key in TEMPLATE_PATHS[kind]:
-            template = template.get(key) if isinstance(template, dict) else None
-        spec = _mapping(template.get("spec") if isinstance(template, dict) else None)
-        images = tuple(dict.fromkeys(
-            c["image"] for key in ("initContainers", "containers")
-            for c in _list(spec.get(key))
-            if isinstance(c, dict) and isinstance(c.get("image"), str) and c["image"]))
+        spec = _template_spec(kind, obj)
         return WorkloadFacts(
             name=f"{meta['namespace']}/{meta['name']}", kind=kind, namespace=meta["namespace"],
-            object_name=meta["name"], uid=str(meta.get("uid") or ""),
-            owner=(str(owner.get("kind")), str(owner.get("name"))) if owner else None,
-            annotations=tuple(sorted((k, v) for k, v in annotations.items()
-                                     if isinstance(k, str) and k.startswith("archway.dev/")
-                                     and isinstance(v, str))),
-            images=images,
+            object_name=meta["name"], uid=str(meta.get("uid") or ""), owner=_controller(meta),
+            annotations=_archway_annotations(_mapping(meta.get("annotations"))),
+            images=_images(spec),
             service_account=str(spec.get("serviceAccountName") or spec.get("serviceAccount") or ""),
-            pull_secrets=tuple(s["name"] for s in spec.get("imagePullSecrets") or ()
+            pull_secrets=tuple(s["name"] for s in _list(spec.get("imagePullSecrets"))
                                if isinstance(s, dict) and isinstance(s.get("name"), str)))
     return facts
+
+
+def _controller(meta: dict) -> tuple[str, str] | None:
+    owner = next((ref for ref in _list(meta.get("ownerReferences"))
+                  if isinstance(ref, dict) and ref.get("controller")), None)
+    return (str(owner.get("kind")), str(owner.get("name"))) if owner else None
+
+
+def _archway_annotations(annotations: dict) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in annotations.items()
+                        if isinstance(k, str) and k.startswith("archway.dev/")
+                        and isinstance(v, str)))
+
+
+def _template_spec(kind: str, obj: dict) -> dict:
+    template: object = obj
+    for key in TEMPLATE_PATHS[kind]:
+        template = template.get(key) if isinstance(template, dict) else None
+    return _mapping(template.get("spec") if isinstance(template, dict) else None)
+
+
+def _images(spec: dict) -> tuple[str, ...]:
+    """The template's distinct images, initContainers first."""
+    return tuple(dict.fromkeys(
+        c["image"] for key in ("initContainers", "containers") for c in _list(spec.get(key))
+        if isinstance(c, dict) and isinstance(c.get("image"), str) and c["image"]))
+
+
+def workload_path(kind: str, namespace: str, name: str) -> str:
+    prefix, plural = WORKLOAD_LISTS[kind]
+    return f"{prefix}/namespaces/{namespace}/{plural}/{name}"
+
+
+def workload_reference(facts: WorkloadFacts) -> dict:
+    """The workload as what an Event is about."""
+    return {"apiVersion": WORKLOAD_LISTS[facts.kind][0].removeprefix("/apis/"),
+            "kind": facts.kind, "namespace": facts.namespace, "name": facts.object_name,
+            "uid": facts.uid}
 
 
 def _mapping(value: object) -> dict:

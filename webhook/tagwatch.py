@@ -1,0 +1,217 @@
+"""Dropped architectures raise the alarm before a reschedule breaks: every
+registry.cache.tag_ttl_seconds the leading gate controller checks the tag of every image in the
+cluster's workload templates at its registry (a HEAD; paced per registry host as pre-warming
+is), with the template's pull credentials.
+
+    the resolver's revalidation finds a tag naming another digest (Resolver.tag_moved)
+      -> it lacks an architecture the previous digest had
+      -> Warning Event ArchitecturesDropped on every workload whose template uses the tag,
+         archway_image_architectures_dropped_total (the chart's ArchwayImageDroppedArchitecture)
+
+The same round removes learned exclusions whose evidence no longer holds (learning.py:
+the failing image left the template or names another digest), with a Normal Event
+FailedArchitecturesReset. Runs beside remediation.py in the same leadership.
+"""
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from archway import metrics
+from archway.errors import ArchwayError
+from archway.kubeapi import ApiError, KubeApi
+from archway.registry.imageref import ImageReference
+from archway.registry.reference import KINDS, parse_reference
+
+from .events import EventSink
+from .learning import (
+    ANNOTATION_EVIDENCE,
+    ANNOTATION_FAILED,
+    learned_from,
+    reset_reason,
+    short_digest,
+)
+from .namespaces import namespace_mode
+from .placement import _join
+from .workloadcache import WorkloadFacts, workload_facts, workload_path, workload_reference
+
+log = logging.getLogger("archway.remediation")
+
+MIN_ROUND_SECONDS = 1.0
+MAX_PATCH_ATTEMPTS = 4            # a workload changed meanwhile (409): read it again
+REASON_DROPPED = "ArchitecturesDropped"
+REASON_RESET = "FailedArchitecturesReset"
+
+
+class TagWatch:
+    def __init__(self, *, api: KubeApi, settings, policy, events: EventSink | None,
+                 workloads, resolver, pull_secrets, namespaces=None, exclude_namespaces=(),
+                 round_seconds: float = 300.0, resolve_timeout: float = 10.0,
+                 per_second: float = 5.0, clock: Callable[[], float] = time.monotonic):
+        self.api = api
+        self.settings = settings           # config.RemediationSettings
+        self.policy = policy               # placement.Policy: its mode, per namespace
+        self.events = events
+        self.workloads = workloads         # workloadcache.WorkloadCache
+        self.resolver = resolver
+        self.pull_secrets = pull_secrets
+        self.namespaces = namespaces
+        self.exclude_namespaces = frozenset(exclude_namespaces)
+        self.round_seconds = max(MIN_ROUND_SECONDS, round_seconds)
+        self.resolve_timeout = resolve_timeout
+        self.per_second = per_second       # tag checks per registry host and second
+        self.rounds = 0
+        self._clock = clock
+        self._by_reference: dict[str, list[tuple[WorkloadFacts, str]]] = {}
+
+    def lead(self, stop: threading.Event) -> None:
+        """Rounds until `stop`; the resolver tells of moved tags meanwhile."""
+        self.resolver.tag_moved = self.tag_moved
+        try:
+            self._rounds(stop)
+        finally:
+            self.resolver.tag_moved = None
+
+    def mode_of(self, namespace: str) -> str:
+        return namespace_mode(namespace, self.policy, self.namespaces, self.exclude_namespaces)
+
+    def _rounds(self, stop: threading.Event) -> None:
+        began = self._clock()
+        while not stop.wait(0 if self.rounds == 0 else
+                            max(0.0, began + self.round_seconds - self._clock())):
+            began = self._clock()
+            try:
+                self.review(stop)
+            except Exception:
+                log.exception("reviewing the workloads' tags failed")
+
+    def review(self, stop: threading.Event | None = None) -> None:
+        """One round: the tags of every workload checked at their registry, then the learned
+        exclusions whose evidence no longer holds removed."""
+        self.workloads.wait_synced(30.0)
+        tops = [t for t in self.workloads.tops() if self.mode_of(t.namespace) != "off"]
+        results: dict[str, object] = {}
+        if self.settings.watch_tags:
+            results = self._check_tags(tops, stop)
+        self.rounds += 1
+        if self.settings.learn_failed_architectures:
+            for top in tops:
+                learned = top.learned
+                if learned is None or self.mode_of(top.namespace) != "enforce":
+                    continue
+                why = reset_reason(learned, top.images, results)
+                if why:
+                    self.reset(top, why, results)
+
+    def _check_tags(self, tops: list[WorkloadFacts], stop) -> dict[str, object]:
+        """Each tag checked at its registry once (per set of credentials), paced as
+        pre-warming is: at most `per_second` checks a second per registry host. Returns what
+        the cache holds for them afterwards (a check still running leaves the answer before)."""
+        from .prewarm import _host, _Wanted, paced
+        by_reference: dict[str, list[tuple[WorkloadFacts, str]]] = {}
+        wanted: dict[tuple, _Wanted] = {}
+        for top in tops:
+            view = None
+            for image in top.images:
+                key = tag_key(image)
+                if key is None:
+                    continue
+                by_reference.setdefault(key, []).append((top, image))
+                view = view or top.template_view()
+                wanted.setdefault((image, top.namespace, top.service_account, top.pull_secrets),
+                                  _Wanted(image, view))
+        self._by_reference = by_reference   # read by tag_moved, in the resolver's threads
+        keyrings: dict[tuple, object] = {}
+
+        def keyring(pod):
+            group = (pod.namespace, pod.service_account, pod.pull_secret_names)
+            if group not in keyrings:
+                keyrings[group] = self.pull_secrets.credentials_for(
+                    pod, time.monotonic() + self.resolve_timeout / 2).keyring
+            return keyrings[group]
+        stop = stop or threading.Event()
+        begin = self._clock()
+        for offset, item in paced(list(wanted.values()), self.per_second, _host):
+            if stop.wait(max(0.0, begin + offset - self._clock())):
+                break
+            # timeout 0: the check starts and goes on; the observer hears of a move.
+            self.resolver.resolve_many([item.image], keyring=keyring(item.pod), timeout=0,
+                                       revalidate=frozenset([item.image]))
+        results: dict[str, object] = {}
+        for item in wanted.values():
+            results.update(self.resolver.resolve_many([item.image], keyring=keyring(item.pod),
+                                                      timeout=self.resolve_timeout))
+        return results
+
+    def tag_moved(self, ref: ImageReference, old, new) -> None:
+        """The resolver found `ref` naming another digest (the resolver.tag_moved observer)."""
+        lost = old.architectures - new.architectures
+        if not lost or not new.architectures:
+            return   # nothing dropped, or the new content records no architecture: unknown
+        concerned = self._by_reference.get(str(ref), [])
+        for arch in sorted(lost):
+            metrics.ARCHITECTURES_DROPPED.labels(arch).inc()
+        log.warning("tag %s moved from %s (%s) to %s (%s): %s dropped; %d workload(s) use it",
+                    ref, short_digest(old.digest or "?"), _join(old.architectures),
+                    short_digest(new.digest or "?"), _join(new.architectures), _join(lost),
+                    len(concerned))
+        for top, image in concerned:
+            if self.mode_of(top.namespace) == "off":
+                continue
+            self._event(workload_reference(top), "Warning", REASON_DROPPED, "Revalidate",
+                        f"tag {image} now names {short_digest(new.digest or '?')} "
+                        f"({_join(new.architectures)}), which lacks {_join(lost)} that "
+                        f"{short_digest(old.digest or '?')} had: its pods rescheduled onto "
+                        f"{_join(lost)} nodes will not start there (archway report lists the "
+                        f"workloads running on an architecture their tag no longer offers)")
+
+    def reset(self, top: WorkloadFacts, why: str, results: dict) -> bool:
+        """Remove a learned exclusion whose evidence no longer holds (read again first: it may
+        have been learned anew meanwhile)."""
+        path = workload_path(top.kind, top.namespace, top.object_name)
+        for _ in range(MAX_PATCH_ATTEMPTS):
+            try:
+                obj = self.api.request("GET", path)
+            except ApiError as e:
+                if e.status == 404:
+                    return False
+                raise
+            meta = obj.get("metadata") or {}
+            current = workload_facts(top.kind)(obj)
+            learned = learned_from(meta.get("annotations") or {}, top.display_name)
+            if current is None or learned is None or not reset_reason(learned, current.images,
+                                                                      results):
+                return False
+            try:
+                self.api.request("PATCH", path, content_type="application/merge-patch+json",
+                                 body={"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                                                    "annotations": {ANNOTATION_FAILED: None,
+                                                                    ANNOTATION_EVIDENCE: None}}})
+            except ApiError as e:
+                if e.status == 409:
+                    continue
+                raise
+            log.info("%s %s/%s: learned exclusion of %s removed: %s", top.kind, top.namespace,
+                     top.object_name, _join(learned.architectures), why)
+            self._event(workload_reference(top), "Normal", REASON_RESET, "Reset",
+                        f"archway no longer keeps its pods off {_join(learned.architectures)}: "
+                        f"{why}")
+            return True
+        return False
+
+    def _event(self, regarding: dict, event_type: str, reason: str, action: str,
+               note: str) -> None:
+        if self.events is not None:
+            self.events.record(regarding, event_type, reason, action, note)
+
+
+def tag_key(image: str) -> str | None:
+    """How a tag is named in the resolver's observer (str of its reference); None for what
+    cannot move under a running workload: a digest, or a kind with no digest to check."""
+    try:
+        ref = parse_reference(image)
+    except ArchwayError:
+        return None
+    if ref.digest or KINDS[ref.scheme].head_digest is None:
+        return None
+    return str(ref)
