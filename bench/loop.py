@@ -227,10 +227,11 @@ def _pod_watch(plane: ControlPlane, namespaces: list[str], image: str,
 def _admission(plane: ControlPlane, namespaces: list[str], registry: RegistryServer,
                image: str, digest: str) -> Figure:
     from archway.config import RegistrySettings
+    from archway.kubeclient import build_api_client
     from archway.registry.resolver import Resolver
     from archway.webhook.learning import Evidence, merged_annotations
     from archway.webhook.placement import Policy
-    from archway.webhook.pullsecrets import PullCredentials, build_api_client
+    from archway.webhook.pullsecrets import PullCredentials
     from archway.webhook.service import AdmissionService
     from archway.webhook.workloadcache import WorkloadCache
 

@@ -15,8 +15,8 @@ import gc
 import sys
 import threading
 
+from archway.kubeclient import build_api_client
 from archway.listwatch import ListWatch
-from archway.webhook.pullsecrets import build_api_client
 from archway.webhook.remediation import FailingPods
 
 

@@ -21,7 +21,6 @@ from .loop import (
     probe,
     replica_sets,
 )
-from .test_gate import slow_registry
 from .test_rbac import identity_of
 from .test_tools import run_archway
 from .workloads import arches_of, create_deployment, gated, node_arch, wait_bound
