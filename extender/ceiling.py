@@ -16,8 +16,8 @@ log = logging.getLogger("archway.extender")
 
 
 def percent(fraction: float) -> str:
-    """0.08 -> "8%", 0.0014 -> "0.14%", 0.93456 -> "93.5%"."""
-    return f"{fraction * 100:.3g}%"
+    """0.0801 -> "8%", 0.0014 -> "0.14%", 0.93456 -> "93%", 0.005 -> "0.5%"."""
+    return f"{fraction * 100:.2g}%"
 
 
 def utilisation_ceiling(loads: dict[str, NodeLoad], names, ceiling: float
