@@ -251,13 +251,12 @@ def _closed_unanswered(error: BaseException) -> bool:
     """Did the peer close (or reset) the connection before sending a status line?"""
     seen: BaseException | None = error
     for _ in range(8):   # requests -> urllib3 -> http.client, as deep as they wrap
-        if isinstance(seen, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
-            return True
-        following = getattr(seen, "reason", None) or (seen.args[-1] if getattr(seen, "args", None)
-                                                     else None)
-        seen = following if isinstance(following, BaseException) else seen.__context__
         if seen is None:
             return False
+        if isinstance(seen, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
+            return True
+        following = getattr(seen, "reason", None) or (seen.args[-1] if seen.args else None)
+        seen = following if isinstance(following, BaseException) else seen.__context__
     return False
 
 
