@@ -9,6 +9,7 @@ landed (registry.connections), redirects are a pure decision (registry.redirects
 one CA bundle per set of CA files (registry.trust): this module puts them together.
 """
 import email.utils
+import http.client
 import http.cookiejar
 import json
 import threading
@@ -171,16 +172,31 @@ class HttpClient:
         return response
 
     def _exchange(self, method, url, headers, deadline, max_bytes, data=None) -> Response:
+        # A peer (a proxy, a load balancer) may close a kept-alive connection just as it is
+        # reused: the request then dies unanswered. An idempotent one is sent once more, on a
+        # new connection, as browsers and Go's HTTP client do.
+        try:
+            return self._exchange_once(method, url, headers, deadline, max_bytes, data)
+        except _Unanswered as e:
+            if method not in ("GET", "HEAD") or time.monotonic() >= deadline:
+                raise e.error from None
+            return self._exchange_once(method, url, headers, deadline, max_bytes, data,
+                                       last_try=True)
+
+    def _exchange_once(self, method, url, headers, deadline, max_bytes, data=None, *,
+                       last_try: bool = False) -> Response:
         netloc = authority(url)
         timeout = self._timeout(deadline, netloc)
         with self._lock:
             self.stats.requests += 1
         proxies = self.proxies.for_url(url)
+        answered = False
         try:
             with sockets_end_at(deadline), self.session.request(
                     method, url, headers=headers, data=data, timeout=timeout, stream=True,
                     allow_redirects=False, verify=self.verify_for(netloc),
                     proxies=proxies) as r:
+                answered = True
                 declared = r.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > max_bytes and r.status_code < 300:
                     raise ResponseTooLarge(
@@ -192,8 +208,10 @@ class HttpClient:
         except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
             if time.monotonic() >= deadline:   # the watchdog cut it, or a read timed out at it
                 raise DeadlineExceeded(f"deadline passed waiting for {netloc}") from None
-            raise _transport_error(e, netloc, timeout[1], next(iter(proxies.values()), None)
-                                   ) from None
+            error = _transport_error(e, netloc, timeout[1], next(iter(proxies.values()), None))
+            if not answered and not last_try and _closed_unanswered(e):
+                raise _Unanswered(error) from None
+            raise error from None
         except ValueError as e:   # e.g. requests parsing a malformed Location for its own use
             raise TransportError(f"{netloc} answered something archway cannot use: "
                                  f"{str(e)[:100]}", host=netloc) from None
@@ -219,6 +237,27 @@ class HttpClient:
             raise DeadlineExceeded(f"deadline passed before contacting {netloc}")
         limit = min(self.settings.timeout_seconds, remaining)
         return (limit, limit)
+
+
+class _Unanswered(Exception):
+    """The connection closed before any answer came: `error` is what to say if it stays so."""
+
+    def __init__(self, error: TransportError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _closed_unanswered(error: BaseException) -> bool:
+    """Did the peer close (or reset) the connection before sending a status line?"""
+    seen: BaseException | None = error
+    for _ in range(8):   # requests -> urllib3 -> http.client, as deep as they wrap
+        if seen is None:
+            return False
+        if isinstance(seen, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
+            return True
+        following = getattr(seen, "reason", None) or (seen.args[-1] if seen.args else None)
+        seen = following if isinstance(following, BaseException) else seen.__context__
+    return False
 
 
 def _transport_error(error: Exception, netloc: str, read_timeout: float,

@@ -598,3 +598,64 @@ def test_a_hosts_challenge_expires(poisoned):
     assert statuses("v2") == [200]        # remembered: the token up front
     clock.now += CHALLENGE_SECONDS + 1
     assert statuses("v3") == [401, 200]   # forgotten: asked again
+
+
+# --- a kept-alive connection the peer closed ------------------------------------------------------
+
+class ClosesKeptAliveConnections:
+    """Answers the first request of every connection (keep-alive), then closes that connection
+    when the next request arrives on it, without a word: a proxy or load balancer closing an idle
+    connection just as archway reuses it (seen with tinyproxy under load)."""
+
+    def __init__(self):
+        import socket as _socket
+        self.listener = _socket.create_server(("127.0.0.1", 0))
+        self.host = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            body = b'{"ok": true}'
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\nConnection: keep-alive\r\n\r\n%s" % (len(body), body))
+            conn.recv(65536)          # the next request on this connection: closed unanswered
+
+    def stop(self):
+        self.listener.close()
+
+
+@pytest.mark.parametrize("through", ["registry", "egress proxy"])
+def test_a_kept_alive_connection_closed_by_the_peer_is_retried_once_on_a_new_one(through):
+    from archway.config import ProxySettings
+    server = ClosesKeptAliveConnections()
+    try:
+        if through == "registry":
+            url, settings = f"http://{server.host}/v2/", RegistrySettings(
+                insecure_hosts=(server.host,), timeout_seconds=5)
+        else:   # plain HTTP through a proxy that answers for the registry itself
+            url, settings = "http://127.0.0.1:9/v2/", RegistrySettings(
+                insecure_hosts=("127.0.0.1:9",), timeout_seconds=5,
+                proxy=ProxySettings(url=f"http://{server.host}"))
+        http = HttpClient(settings)
+        for _ in range(3):
+            answer = http.get(url, max_bytes=1024, deadline=time.monotonic() + 5)
+            assert answer.status == 200 and answer.json() == {"ok": True}
+        assert server.connections == 3      # each reuse failed and was sent again, once
+    finally:
+        server.stop()
