@@ -25,6 +25,8 @@ COPY archway/ archway/
 COPY webhook/ webhook/
 COPY extender/ extender/
 COPY certs/ certs/
+COPY gate/ gate/
+COPY tools/ tools/
 RUN set -eu; \
     case "$TARGETARCH" in \
       amd64) machine=x86_64 ;; \

@@ -9,6 +9,7 @@ connection pools, cache) belongs to the worker that uses it.
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 
@@ -19,10 +20,11 @@ from werkzeug.exceptions import HTTPException
 from archway import __version__, metrics
 from archway.certs.selfsigned import tls_dir
 from archway.certs.x509 import CertificateError, load_cert, remaining
-from archway.extender.nodes import NodeCache
 from archway.extender.routes import register_extender
+from archway.gate import supervisor
 from archway.hostport import split_bind
 from archway.kubeclient import build_api_client
+from archway.nodes import NodeCache
 from archway.registry.resolver import Resolver
 from archway.registry.sharedlookups import SharedLookups
 from archway.webhook.app import register_webhook
@@ -44,8 +46,10 @@ class ServerState:
         self.config = config
         self.resolver = resolver
         self.node_cache = node_cache   # one list + watch of Nodes for both products
-        # The gate controller's status file (archway.webhook.supervisor); None: not run here.
-        self.controller_status = controller_status
+        # Whether the gate controller this server runs is up; None: it runs none here.
+        self.controller_up: Callable[[], bool] | None = None
+        if controller_status is not None:
+            self.controller_up = lambda: supervisor.is_up(supervisor.read_status(controller_status))
         # name -> callable returning None when fine, else why the process needs a restart
         # (/healthz fails: the kubelet restarts the pod); products may add.
         self.health_checks: dict[str, Callable[[], str | None]] = {}
@@ -85,6 +89,8 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
         register_webhook(app, state, pull_secrets)
     if "extender" in products:
         register_extender(app, config, resolver, node_cache=node_cache)
+    if controller_status is not None:
+        _controller_health(state, controller_status)
     _register_common(app, state)
     if state.fast_routes:
         app.wsgi_app = _FastRoutes(app.wsgi_app, state.fast_routes)  # type: ignore[method-assign]
@@ -92,6 +98,15 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
         app.wsgi_app = _MetricsListener(  # type: ignore[method-assign]
             app.wsgi_app, split_bind(config.server.metrics_bind)[1])
     return app
+
+
+def _controller_health(state: ServerState, status_path: str) -> None:
+    """The gate controller process this server runs: a fact on /readyz, a problem on /healthz
+    when nothing brings it back (archway.gate.supervisor)."""
+    state.readiness_facts["gate_controller_process"] = lambda: supervisor.process_fact(
+        supervisor.read_status(status_path), time.time())
+    state.health_checks["gate_controller"] = lambda: supervisor.process_problem(
+        supervisor.read_status(status_path), time.time())
 
 
 class _MetricsListener:

@@ -19,8 +19,8 @@ EXIT_BROKEN_PIPE = 141   # the reader of stdout went away (128 + SIGPIPE, as a s
 
 # Each module adds its own subcommands through `register(subparsers)`.
 _COMMAND_MODULES = ("archway.registry.inspect", "archway.serve", "archway.extender.schedconfig",
-                    "archway.certs.cli", "archway.webhook.explain", "archway.webhook.report",
-                    "archway.webhook.gatecli", "archway.completion")
+                    "archway.certs.cli", "archway.tools.explain", "archway.tools.report",
+                    "archway.gate.cli", "archway.completion")
 
 # What `--help` of each command shows under "examples:" (tests/test_cli.py parses every line
 # that starts with `archway`, so an example cannot drift from the options).

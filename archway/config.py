@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from archway.errors import ConfigError
+from archway.vocabulary import normal_architecture
 
 # The devices whose traffic counts: physical and bond interfaces, not loopback, pod veths and
 # CNI bridges (their bytes also cross a real interface, or never leave the node).
@@ -166,8 +167,7 @@ class AdmissionSettings:
 def _arch_name(value: Any, key: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{key}: architecture names must be non-empty strings, got {_shown(value)}")
-    from archway.registry.platforms import normalize  # aarch64 -> arm64, x86_64 -> amd64
-    return normalize("linux", value.strip()).architecture
+    return normal_architecture(value)   # aarch64 -> arm64, x86_64 -> amd64
 
 
 def _arch_weights(value: Any, key: str) -> tuple[tuple[str, int], ...]:

@@ -6,7 +6,8 @@ kube-system/x mutated" under archway's name). `archway serve` (and every CLI com
 its log through SafeFormatter, so every value logged anywhere is escaped once, here, whatever
 module logs it; `escape` is the same rule for text built outside logging. `redact_url` is the
 one rule for the user:password a URL may carry (a SIF image URL, a proxy): every message, warning
-and log line that shows such a URL shows it through this function.
+and log line that shows such a URL shows it through this function; `clip` is the one rule for
+text shown to a user in a bounded space (a warning, an annotation).
 """
 import logging
 import re
@@ -27,6 +28,16 @@ def escape(text: object) -> str:
     """`text` as one printable line: \\n, \\r, \\t and \\xNN / \\uNNNN for other controls."""
     text = str(text)
     return _CONTROL.sub(_escape_char, text) if _CONTROL.search(text) else text
+
+
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` with every character outside printable ASCII as `?`, cut to `limit` characters
+    (the last three `...` when cut): what an apiserver warning header or a short message may hold."""
+    text = _UNPRINTABLE.sub("?", text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def redact_url(text: str) -> str:

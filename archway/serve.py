@@ -16,8 +16,8 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
 from archway.errors import ConfigError
+from archway.gate.supervisor import STATUS_FILE
 from archway.hostport import join_host_port, split_bind
-from archway.webhook.supervisor import STATUS_FILE
 
 from .config import deprecations, load_config
 
@@ -99,8 +99,8 @@ def serve(config, bind: str | None = None) -> int:
 
 def _controller_supervisor(config, status_path: str):
     """The gate controller beside the webhook (a Kubernetes API is configured), kept running
-    by the master (archway.webhook.supervisor)."""
-    from archway.webhook.supervisor import Supervisor, start_process
+    by the master (archway.gate.supervisor)."""
+    from archway.gate.supervisor import Supervisor, start_process
 
     def dead(pid: int) -> None:
         from . import metrics

@@ -211,7 +211,7 @@ class _Nodes:
     """The node cache as prioritize reads it, already synced (bench only)."""
 
     def __init__(self, names):
-        from archway.extender.nodes import NodeFacts
+        from archway.nodes import NodeFacts
         self.nodes = {n: NodeFacts(n, "amd64", ()) for n in names}
 
     def ensure_started(self):

@@ -1,7 +1,7 @@
 """Figures 22, 22b and 23: what the closed loop (issue 24) costs, on a real control plane
 (tests/infra/controlplane.py: etcd, kube-apiserver, kube-controller-manager built from source).
 
-22:  the leading gate controller's pod watch (webhook/remediation.py FailingPods) at 10,000
+22:  the leading gate controller's pod watch (gate/remediation.py FailingPods) at 10,000
      pods: CPU per status update. Two watch processes side by side on the same apiserver and the
      same events: archway's, and one that parses the same list and watch and keeps nothing (what
      any watch of all pods costs); each pod's status is then updated once (10,000 updates, 1 in
@@ -230,7 +230,7 @@ def _admission(plane: ControlPlane, namespaces: list[str], registry: RegistrySer
     from archway.kubeclient import build_api_client
     from archway.registry.resolver import Resolver
     from archway.webhook.learning import Evidence, merged_annotations
-    from archway.webhook.placement import Policy
+    from archway.webhook.policy import Policy
     from archway.webhook.pullsecrets import PullCredentials
     from archway.webhook.service import AdmissionService
     from archway.webhook.workloadcache import WorkloadCache

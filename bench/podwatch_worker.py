@@ -15,9 +15,9 @@ import gc
 import sys
 import threading
 
+from archway.gate.remediation import FailingPods
 from archway.kubeclient import build_api_client
 from archway.listwatch import ListWatch
-from archway.webhook.remediation import FailingPods
 
 
 class Kept:

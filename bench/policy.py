@@ -10,7 +10,8 @@ import time
 from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
-from archway.webhook.placement import Policy, decide
+from archway.webhook.placement import decide
+from archway.webhook.policy import Policy
 
 from .lab import Lab
 from .report import Figure

@@ -144,7 +144,7 @@ def children(pid: int) -> list[int]:
 def _is_gate_controller(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"archway.webhook.gatecontroller" in f.read()
+            return b"archway.gate.controller" in f.read()
     except OSError:
         return False
 

@@ -19,7 +19,6 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from archway import metrics
 from archway.extender.ceiling import Ceiling
 from archway.extender.herd import Herd, PodWatch, added_traffic, pod_bandwidth, pod_key
-from archway.extender.nodes import NodeCache
 from archway.extender.traffic import (
     NEUTRAL_SCORE,
     TrafficPoller,
@@ -36,11 +35,12 @@ from archway.extender.wire import (
     host_priority_list_json,
     parse_extender_args,
 )
+from archway.nodes import NodeCache
 from archway.podview import PodShapeError, PodView
-from archway.registry.platforms import normalize
-from archway.webhook.placement import (
+from archway.vocabulary import (
     ANNOTATION_ARCHITECTURES,
     common_architectures,
+    parse_architectures,
     told_architectures,
 )
 
@@ -103,7 +103,7 @@ def annotated_architectures(pod: PodView) -> frozenset[str] | None:
     value = pod.annotations.get(ANNOTATION_ARCHITECTURES)
     if value is None:
         return None
-    archs = frozenset(normalize("linux", a).architecture for a in value.split(",") if a.strip())
+    archs = parse_architectures(value)
     return archs or None
 
 

@@ -9,7 +9,7 @@ the body and the reply is assembled from those original slices: byte-for-byte th
 scheduler sent, for the price of a memory copy.
 
 Memory stays near twice the body (the bytes and their text): each node is parsed, reduced to
-the facts the extender uses (archway.extender.nodes.NodeFacts) and dropped, instead of keeping
+the facts the extender uses (archway.nodes.NodeFacts) and dropped, instead of keeping
 every full Node object (about 4.5 times the body for 5,000 nodes).
 """
 import json
@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from archway.errors import ArchwayError
-
-from .nodes import NodeFacts, node_facts
+from archway.nodes import NodeFacts, node_facts
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _scan_value = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # json.loads' C scanner

@@ -5,12 +5,8 @@ The architecture part is what a node's `kubernetes.io/arch` label carries (GOARC
 import functools
 from dataclasses import dataclass
 
-_ARCH_ALIASES = {
-    "i386": "386", "i486": "386", "i586": "386", "i686": "386", "x86": "386",
-    "x86_64": "amd64", "x86-64": "amd64", "x64": "amd64",
-    "aarch64": "arm64", "armhf": "arm", "armel": "arm", "arm64le": "arm64",
-    "ppc64el": "ppc64le",
-}
+from archway.vocabulary import ARCH_ALIASES
+
 # Variants implied by Debian-style names, and the defaults containerd fills in or drops.
 _IMPLIED_VARIANT = {"armhf": "v7", "armel": "v6"}
 
@@ -30,7 +26,7 @@ class Platform:
 def normalize(os: str | None, architecture: str | None, variant: str | None = None) -> Platform:
     """Return the containerd-normalised platform (e.g. x86_64 -> amd64, armhf -> arm/v7)."""
     raw_arch = (architecture or "").strip().lower()
-    arch = _ARCH_ALIASES.get(raw_arch, raw_arch)
+    arch = ARCH_ALIASES.get(raw_arch, raw_arch)
     var = (variant or "").strip().lower() or _IMPLIED_VARIANT.get(raw_arch, "")
     if arch == "arm64" and var in ("v8", "8"):
         var = ""  # arm64/v8 is plain arm64

@@ -94,7 +94,7 @@ class Resolver:
         self._shared = shared  # lookups shared with the server's other worker processes
         self._library_host = urlsplit(self.sif.library_url).netloc or "library.sylabs.io"
         # Told (reference, old answer, new answer) when a revalidation finds a tag naming another
-        # digest: archway.webhook.remediation raises ArchitecturesDropped from it.
+        # digest: archway.gate.remediation raises ArchitecturesDropped from it.
         self.tag_moved: Callable[[ImageReference, ImageInfo, ImageInfo], None] | None = None
 
     @property

@@ -14,7 +14,7 @@ from archway.errors import AuthError, ProxyFailed, classify_error
 from archway.logs import JsonFormatter
 from archway.registry.credentials import Credential, Keyring
 from archway.registry.resolver import Resolver
-from archway.webhook.placement import Policy
+from archway.webhook.policy import Policy
 from tests.infra.forwardproxy import ForwardProxy
 from tests.infra.procs import free_port
 from tests.infra.registry import plain_registry, session_ca, test_ca, token_registry

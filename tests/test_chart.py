@@ -18,8 +18,9 @@ import yaml
 from archway.config import config_from_dict
 from archway.podview import PodView
 from archway.serve import GRACEFUL_TIMEOUT_SECONDS
+from archway.vocabulary import ARCH_KEYS
 from archway.webhook.admission import SKIP_ANNOTATION, parse_review, skip_reason
-from archway.webhook.placement import ARCH_KEYS, pod_arch_constraint
+from archway.webhook.archset import pod_arch_constraint
 from tests.infra.procs import REPO, require_binary
 from tests.test_operating import declared
 

@@ -13,8 +13,8 @@ from archway.cli import EXAMPLES, build_parser, subcommands
 from archway.completion import script
 from archway.errors import ArchwayError
 from archway.registry.inspect import pinned
-from archway.webhook.explain import load_manifests, manifest_files, read_sources
-from archway.webhook.workloads import workloads_in
+from archway.tools.explain import load_manifests, manifest_files, read_sources
+from archway.workloads import workloads_in
 from tests.infra.procs import REPO, require_binary
 
 DIGEST = "sha256:" + "ab" * 32
@@ -221,7 +221,7 @@ def test_explain_directory_errors_name_the_file(tmp_path, monkeypatch):
         read_sources(str(tmp_path))
     (tmp_path / "a.yaml").write_text("x" * 100)
     (tmp_path / "b.yaml").write_text("y" * 100)
-    monkeypatch.setattr("archway.webhook.explain.MAX_MANIFEST_BYTES", 150)
+    monkeypatch.setattr("archway.tools.explain.MAX_MANIFEST_BYTES", 150)
     with pytest.raises(ArchwayError, match=f"{tmp_path / 'b.yaml'} makes the manifests larger"):
         read_sources(str(tmp_path))
     (tmp_path / "b.yaml").write_text("kind: [unclosed")

@@ -14,7 +14,6 @@ import requests
 from flask import Flask
 
 from archway.config import RegistrySettings, config_from_dict
-from archway.extender.nodes import NodeCache, node_arch
 from archway.extender.routes import (
     Extender,
     annotated_architectures,
@@ -22,6 +21,7 @@ from archway.extender.routes import (
     register_extender,
     shared_architectures,
 )
+from archway.nodes import NodeCache, node_arch
 from archway.podview import PodShapeError, PodView
 from archway.registry.resolver import Resolver
 from tests.infra.apiserver import FakeApiServer
@@ -532,7 +532,7 @@ def test_served_filter_takes_a_body_far_above_the_admission_limit(served):
 
 
 def test_node_facts_keep_taints_and_a_cordon():
-    from archway.extender.nodes import CORDON_TAINT, node_facts
+    from archway.nodes import CORDON_TAINT, node_facts
     node = {"metadata": {"name": "n1", "labels": {"kubernetes.io/arch": "arm64"}},
             "spec": {"unschedulable": True, "taints": [
                 {"key": "kubernetes.io/arch", "value": "arm64", "effect": "NoSchedule"},

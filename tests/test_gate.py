@@ -13,22 +13,19 @@ from hypothesis import strategies as st
 
 from archway.config import KubernetesSettings
 from archway.errors import DeadlineExceeded, TransportError
+from archway.gate import release as gate
+from archway.gate.release import plan_release
 from archway.kubeapi import KubeApi
 from archway.kubeclient import build_api_client
+from archway.lease import LeaderElector, LeaseObserver, lease_path
 from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
-from archway.webhook import gate
+from archway.vocabulary import ARCH_LABEL, GATE, GATED_LABEL
 from archway.webhook.events import event
-from archway.webhook.gate import (
-    GATE,
-    GATED_LABEL,
-    NO_ARCHITECTURE,
-    gate_patch,
-    plan_release,
-)
-from archway.webhook.lease import LeaderElector, LeaseObserver, lease_path
-from archway.webhook.placement import ARCH_LABEL, Policy, decide
+from archway.webhook.patches import NO_ARCHITECTURE, gate_patch
+from archway.webhook.placement import decide
+from archway.webhook.policy import Policy
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.clock import ManualClock
 from tests.infra.kubevalidation import validate_event_create, validate_pod_update
@@ -515,7 +512,7 @@ def test_admit_mode_tells_the_owner_and_deny_mode_denies(api):
 # --- archway gate release-all (the uninstall hook) ------------------------------------------------
 
 def test_release_all_removes_only_archways_gate_from_every_pod(api):
-    from archway.webhook.gatecli import release_all
+    from archway.gate.cli import release_all
     server, kube = api
     base = "/api/v1/namespaces/team/pods"
     both = pod("reg/amd:1")
@@ -561,8 +558,8 @@ def test_controller_lists_again_after_410_and_releases_what_it_finds(stand_in):
     import threading
     import time
 
+    from archway.gate.controller import GateController
     from archway.webhook.events import EventSink
-    from archway.webhook.gatecontroller import GateController
     server, kube = stand_in
     resolver = FlakyResolver()
     controller = GateController(api=kube, resolver=resolver, pull_secrets=NoSecrets(),
@@ -643,8 +640,8 @@ def test_an_apiserver_without_kep_3838_gets_the_gate_removed_and_a_warning(stand
     import threading
     import time
 
+    from archway.gate.controller import GateController
     from archway.webhook.events import EventSink
-    from archway.webhook.gatecontroller import GateController
     server, kube = stand_in
     server.mutable_scheduling_directives = False
     resolver = FlakyResolver()

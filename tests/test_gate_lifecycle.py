@@ -19,8 +19,8 @@ import requests
 import yaml
 
 from archway.config import config_from_dict
-from archway.webhook import supervisor
-from archway.webhook.lease import lease_path
+from archway.gate import supervisor
+from archway.lease import lease_path
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.clock import ManualClock
 from tests.infra.kube import KubeError
@@ -212,7 +212,7 @@ def test_a_killed_controller_is_started_again_counted_and_shown(api, tmp_path):
 
 def test_the_controller_starts_from_a_directory_holding_an_archway_folder(api, tmp_path,
                                                                          monkeypatch):
-    """Issue 21, item 3: `python -m archway.webhook.gatecontroller` from a checkout imported
+    """Issue 21, item 3: `python -m archway.gate.controller` from a checkout imported
     the checkout's archway/ and died (No module named 'archway.webhook'); gating was off."""
     shadow = tmp_path / "checkout"
     (shadow / "archway").mkdir(parents=True)

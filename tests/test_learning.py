@@ -11,14 +11,15 @@ from archway.config import config_from_dict
 from archway.errors import ConfigError, DeadlineExceeded
 from archway.extender.ceiling import utilisation_ceiling
 from archway.extender.traffic import NodeLoad
+from archway.gate.release import plan_release
+from archway.gate.remediation import failing_pod
+from archway.gate.tagwatch import tag_key
 from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
-from archway.webhook.gate import plan_release
+from archway.tools.report import assess, running_architectures
+from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_EXCLUDED, ANNOTATION_FAILED
 from archway.webhook.learning import (
-    ANNOTATION_EVIDENCE,
-    ANNOTATION_EXCLUDED,
-    ANNOTATION_FAILED,
     MAX_EVIDENCE,
     Evidence,
     Learned,
@@ -28,12 +29,10 @@ from archway.webhook.learning import (
     merged_annotations,
     reset_reason,
 )
-from archway.webhook.placement import Policy, decide
-from archway.webhook.remediation import failing_pod
-from archway.webhook.report import assess, running_architectures
-from archway.webhook.tagwatch import tag_key
+from archway.webhook.placement import decide
+from archway.webhook.policy import Policy
 from archway.webhook.workloadcache import top_workload, workload_facts, workload_path
-from archway.webhook.workloads import workloads_in
+from archway.workloads import workloads_in
 from tests.test_service import Resolver, response, review, service
 
 D1 = "sha256:" + "1" * 64

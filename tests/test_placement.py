@@ -12,15 +12,11 @@ from archway.errors import AuthError, DeadlineExceeded, HostRefused, NotFound, R
 from archway.podview import PodShapeError, PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import normalize, parse_platform
+from archway.vocabulary import ANNOTATION_ARCHITECTURES, ANNOTATION_IMAGES, ARCH_LABEL
 from archway.webhook import placement
 from archway.webhook.admission import MAX_WARNING_CHARS, MAX_WARNINGS, cap_warnings
-from archway.webhook.placement import (
-    ANNOTATION_ARCHITECTURES,
-    ANNOTATION_IMAGES,
-    ARCH_LABEL,
-    Policy,
-    json_patch,
-)
+from archway.webhook.patches import json_patch
+from archway.webhook.policy import Policy
 
 SCHEMA_VERSIONS = ("1.30.0", "1.33.0")
 ALL_ARCHS = frozenset({"amd64", "arm64", "arm", "ppc64le", "s390x", "riscv64"})

@@ -459,7 +459,7 @@ def test_report_lists_each_workload_once_with_its_readiness_for_arm64(cluster, c
 
 def test_report_pages_through_long_lists(cluster, config_file, monkeypatch, capsys, apiserver):
     from archway import cli
-    from archway.webhook import cluster as cluster_module
+    from archway import cluster as cluster_module
     monkeypatch.setattr(cluster_module, "PAGE_SIZE", 1)
     mark = apiserver.audit_mark()
     assert cli.main(["report", "--json", "--config", config_file]) == 0
@@ -474,9 +474,9 @@ def test_report_pages_through_long_lists(cluster, config_file, monkeypatch, caps
 def test_explain_and_report_never_show_the_password_of_a_sif_url():
     from archway.errors import NotFound
     from archway.podview import PodView
-    from archway.webhook.explain import image_json
-    from archway.webhook.report import assess, row_json
-    from archway.webhook.workloads import workloads_in
+    from archway.tools.explain import image_json
+    from archway.tools.report import assess, row_json
+    from archway.workloads import workloads_in
     image = "https://robot:s3cret@files.example/tools/x.sif"
     row = image_json(image, NotFound("gone"))
     assert "s3cret" not in json.dumps(row) and row["image"] == "https://***@files.example/tools/x.sif"

@@ -6,12 +6,12 @@ import time
 
 import pytest
 
+from archway import cluster
+from archway.cluster import ClusterReader
 from archway.config import CacheSettings, RegistrySettings
 from archway.kubeclient import build_api_client
 from archway.registry.model import ImageInfo
 from archway.registry.resolver import Resolver
-from archway.webhook import cluster
-from archway.webhook.cluster import ClusterReader
 from archway.webhook.prewarm import Prewarmer, paced, wanted_images
 from archway.webhook.pullsecrets import PullSecrets
 from tests.infra.registry import basic_auth_registry, plain_registry, session_ca

@@ -15,7 +15,7 @@ from archway.registry.credentials import Keyring
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
 from archway.webhook.admission import MAX_WARNINGS
-from archway.webhook.placement import Policy
+from archway.webhook.policy import Policy
 from archway.webhook.pullsecrets import PullCredentials
 from archway.webhook.service import ANSWER_MARGIN_SECONDS, PULL_SECRETS_SHARE, AdmissionService
 from tests.infra.clock import ManualClock

@@ -1,6 +1,6 @@
 """Dropped architectures, against the real Debian registry: the resolver tells its observer when
 a revalidation finds a tag moved (the one seam in the registry layer), and the leader's rounds
-(webhook/tagwatch.py) turn a move that drops an architecture into ArchitecturesDropped on each
+(gate/tagwatch.py) turn a move that drops an architecture into ArchitecturesDropped on each
 workload using the tag, and remove learned exclusions whose evidence moved."""
 import threading
 import time
@@ -9,10 +9,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from archway.config import CacheSettings, RegistrySettings, RemediationSettings
+from archway.gate.tagwatch import TagWatch
 from archway.registry.resolver import Resolver
-from archway.webhook.placement import Policy
+from archway.webhook.policy import Policy
 from archway.webhook.pullsecrets import PullCredentials
-from archway.webhook.tagwatch import TagWatch
 from archway.webhook.workloadcache import workload_facts
 from tests.infra.registry import plain_registry
 from tests.test_cache import settle

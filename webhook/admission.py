@@ -5,10 +5,10 @@ HTTP status to answer with (400, or 413 when oversized); the app turns it into a
 """
 import base64
 import json
-import re
 from dataclasses import dataclass, field
 
 from archway.errors import ArchwayError
+from archway.logsafe import clip
 from archway.podview import PodShapeError, PodView
 
 from .placement import Decision
@@ -167,19 +167,12 @@ def allow_unchanged(request: AdmissionRequest) -> dict:
     return review_response(request, Decision(allowed=True))
 
 
-_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
-
-
 def cap_warnings(warnings) -> tuple[str, ...]:
     """At most MAX_WARNINGS printable lines of at most MAX_WARNING_CHARS, in the order given;
     the last line counts what was left out."""
-    warnings = [_clip(w) for w in warnings]
+    warnings = [clip(w, MAX_WARNING_CHARS) for w in warnings]
     if len(warnings) > MAX_WARNINGS:
         more = len(warnings) - (MAX_WARNINGS - 1)
         warnings = warnings[:MAX_WARNINGS - 1] + [f"... and {more} more warnings from archway"]
     return tuple(warnings)
 
-
-def _clip(text: str) -> str:
-    text = _UNPRINTABLE.sub("?", text)
-    return text if len(text) <= MAX_WARNING_CHARS else text[:MAX_WARNING_CHARS - 3] + "..."

@@ -46,7 +46,8 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
     app.extensions["archway.webhook"] = service
     prewarm = config.registry.prewarm
     if prewarm.enabled and getattr(pull_secrets, "api", None) is not None:
-        from .cluster import ClusterReader
+        from archway.cluster import ClusterReader
+
         from .prewarm import Prewarmer
         # Started by `archway serve` as each worker boots (archway.serve), never by a test app.
         app.extensions["archway.prewarm"] = Prewarmer(
@@ -58,9 +59,7 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
         # Whether this worker would gate a pod now (admission.unresolved: gate).
         state.readiness_facts["gate_controller"] = lambda: _leader_fact(gating)
         state.readiness_checks["gate_controller"] = _gate_readiness(
-            gating, state.controller_status, startup_seconds(config))
-    if state.controller_status is not None:
-        _controller_health(state)
+            gating, state.controller_up, startup_seconds(config))
     max_bytes = config.server.max_body_bytes
 
     def mutate_environ(environ: dict) -> tuple[int, bytes]:
@@ -108,21 +107,15 @@ def _leader_fact(gating) -> str:
     return f"no leader{why}: pods are admitted unplaced"
 
 
-def _gate_readiness(gating, controller_status: str | None, startup: float):
+def _gate_readiness(gating, controller_up, startup: float):
     """/readyz's check while a worker starts, for at most `startup` seconds: not ready until the
     Lease was read once, nor, when this server runs a controller that is up, until some
     controller leads. Then never again for this reason, whatever the Lease or the API do:
     readiness gates the admissions themselves, and a webhook without endpoints would hold up the
-    cluster's pods."""
-    from .supervisor import read_status
+    cluster's pods. `controller_up`: whether the controller this server runs is up (None: it
+    runs none)."""
     booted = time.monotonic()
     settled = False
-
-    def local_controller_up() -> bool:
-        if controller_status is None:
-            return False
-        status = read_status(controller_status)
-        return status is None or status.get("state") == "running"   # None: not written yet
 
     def check() -> str | None:
         nonlocal settled
@@ -131,23 +124,13 @@ def _gate_readiness(gating, controller_status: str | None, startup: float):
         starting = time.monotonic() - booted < startup
         if starting and not gating.has_read:
             return "reading the gate controller's Lease"
-        if starting and not gating.leader_fresh() and local_controller_up():
+        if starting and not gating.leader_fresh() and controller_up is not None \
+                and controller_up():
             return f"waiting for a gate controller to take the Lease (at most {startup:g} s)"
         settled = True
         return None
 
     return check
-
-
-def _controller_health(state) -> None:
-    """The gate controller process this server runs: a fact on /readyz, a problem on /healthz
-    when nothing brings it back (archway.webhook.supervisor)."""
-    from .supervisor import process_fact, process_problem, read_status
-    path = state.controller_status
-    state.readiness_facts["gate_controller_process"] = lambda: process_fact(
-        read_status(path), time.time())
-    state.health_checks["gate_controller"] = lambda: process_problem(read_status(path),
-                                                                     time.time())
 
 
 def _gate_support(config, pull_secrets):
@@ -156,9 +139,9 @@ def _gate_support(config, pull_secrets):
     if api_client is None:
         return None, None
     from archway.kubeapi import KubeApi
+    from archway.lease import LeaseObserver, lease_namespace, new_identity
 
     from .events import EventSink
-    from .lease import LeaseObserver, lease_namespace, new_identity
     api = KubeApi(api_client, timeout_seconds=5)
     gating = None
     if config.admission.unresolved == "gate":

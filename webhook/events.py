@@ -13,10 +13,9 @@ import time
 
 from archway.background import ProcessThread
 from archway.kubeapi import ApiError, KubeApi
+from archway.lease import micro_time
 from archway.podview import PodView
 from archway.registry.cache import TTLCache
-
-from .lease import micro_time
 
 log = logging.getLogger("archway.events")
 

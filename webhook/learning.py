@@ -19,11 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from archway.registry.model import ImageInfo
+from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED, parse_architectures
 
-ANNOTATION_FAILED = "archway.dev/failed-architectures"
-ANNOTATION_EVIDENCE = "archway.dev/failed-images"
-# On a pod: the architectures a learned exclusion kept it off.
-ANNOTATION_EXCLUDED = "archway.dev/excluded-architectures"
 EXEC_FORMAT_ERROR = "exec format error"
 
 MAX_EVIDENCE = 16            # entries kept in archway.dev/failed-images (the newest)
@@ -134,11 +131,6 @@ def admitted_digests(annotations: Mapping) -> dict[str, str]:
 
 # --- the workload's annotations ----------------------------------------------------------------
 
-def _arch_list(text: str) -> frozenset[str]:
-    from archway.registry.platforms import normalize
-    return frozenset(normalize("linux", a).architecture for a in text.split(",") if a.strip())
-
-
 def parse_evidence(text: str | None) -> tuple[tuple[Evidence, ...], str]:
     """(evidence, problem) of archway.dev/failed-images; problem is "" when it reads."""
     if not text:
@@ -156,7 +148,7 @@ def parse_evidence(text: str | None) -> tuple[tuple[Evidence, ...], str]:
 
 def learned_from(annotations: Mapping, workload: str) -> Learned | None:
     """The exclusion a workload's annotations hold; None when it holds none."""
-    archs = _arch_list(str(annotations.get(ANNOTATION_FAILED) or ""))
+    archs = parse_architectures(str(annotations.get(ANNOTATION_FAILED) or ""))
     if not archs:
         return None
     evidence, problem = parse_evidence(annotations.get(ANNOTATION_EVIDENCE))
@@ -167,7 +159,7 @@ def merged_annotations(annotations: Mapping, architecture: str,
                        evidence: list[Evidence]) -> dict[str, str] | None:
     """The two annotations with `architecture` and `evidence` merged in; None when they hold
     both already (nothing to write)."""
-    archs = _arch_list(str(annotations.get(ANNOTATION_FAILED) or ""))
+    archs = parse_architectures(str(annotations.get(ANNOTATION_FAILED) or ""))
     known, _ = parse_evidence(annotations.get(ANNOTATION_EVIDENCE))
     new = [e for e in dict.fromkeys(evidence) if e not in known]
     if architecture in archs and not new:

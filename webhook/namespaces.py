@@ -7,10 +7,10 @@ archway does not understand leaves the configured policy in force and says so on
 """
 from dataclasses import dataclass, replace
 
-from archway.registry.platforms import normalize
+from archway.vocabulary import normal_architecture
 from archway.watchcache import WatchCache
 
-from .placement import MODES, Policy
+from .policy import MODES, Policy
 
 LABEL_MODE = "archway.dev/mode"
 ANNOTATION_PREFERRED = "archway.dev/preferred-architectures"
@@ -37,7 +37,7 @@ def parse_preferred(text: str) -> tuple[tuple[str, int], ...]:
         arch, weight = arch.strip(), weight.strip()
         if not sep or not arch or not weight.isdigit() or not 1 <= int(weight) <= 100:
             raise ValueError(f"{part.strip()!r} is not ARCH=WEIGHT with a weight from 1 to 100")
-        weights[normalize("linux", arch).architecture] = int(weight)
+        weights[normal_architecture(arch)] = int(weight)
     return tuple(sorted(weights.items(), key=lambda item: (-item[1], item[0])))
 
 

@@ -20,8 +20,7 @@ from archway.errors import ArchwayError
 from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.reference import parse_reference
-
-from .workloads import TEMPLATE_PATHS, pod_of
+from archway.workloads import TEMPLATE_PATHS, pod_of
 
 log = logging.getLogger("archway.prewarm")
 

@@ -31,9 +31,10 @@ from .admission import (
     skip_reason,
 )
 from .events import REASON_UNSCHEDULABLE, owner_reference, pod_or_owner
-from .gate import gate_patch
 from .namespaces import NamespaceFacts, namespace_policy
-from .placement import Decision, Policy, decide, display_image, gated_warnings
+from .patches import gate_patch
+from .placement import Decision, decide, display_image, gated_warnings
+from .policy import Policy
 
 log = logging.getLogger("archway.admission")
 
@@ -73,7 +74,7 @@ class Workloads(Protocol):
 
 class Gating(Protocol):
     """admission.unresolved: gate -- is a gate controller alive to remove the gate? `deadline`:
-    the answer may wait until then for a fresh look (webhook/lease.py)."""
+    the answer may wait until then for a fresh look (archway/lease.py)."""
     def leader_fresh(self, deadline: float | None = None) -> bool: ...
 
 

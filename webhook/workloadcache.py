@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
+from archway.cluster import WORKLOAD_LISTS
 from archway.podview import PodView
 from archway.watchcache import WatchCache
+from archway.workloads import TEMPLATE_PATHS
 
-from .cluster import WORKLOAD_LISTS
 from .learning import Learned, learned_from
-from .workloads import TEMPLATE_PATHS
 
 # kind -> its collection (all namespaces)
 COLLECTIONS = {kind: f"{prefix}/{plural}" for kind, (prefix, plural) in WORKLOAD_LISTS.items()

@@ -31,7 +31,7 @@ def register(subparsers) -> None:
 
 def release_all(api) -> tuple[int, int]:
     """(released, failed): every gated pod of the cluster (`api`: a KubeApi), paged."""
-    from .gate import is_gated
+    from .release import is_gated
     released = failed = 0
     for page in api.pages("/api/v1/pods", 500, timeout=60):
         for pod in page.get("items") or []:
@@ -46,7 +46,7 @@ def release_all(api) -> tuple[int, int]:
 def _release(api, pod: dict) -> bool:
     from archway.kubeapi import ApiError
 
-    from .gate import gate_only_release, is_gated
+    from .release import gate_only_release, is_gated
     meta = pod.get("metadata") or {}
     path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
     for _ in range(_ATTEMPTS):

@@ -37,7 +37,7 @@ def start_process(config) -> subprocess.Popen:
     `-P`: the working directory is not put on sys.path, so a folder named `archway` there (a
     checkout) cannot replace the installed package; PYTHONPATH still counts (the image sets it).
     The config travels pickled on stdin (it is the server's own, already checked)."""
-    process = subprocess.Popen([sys.executable, "-P", "-m", "archway.webhook.gatecontroller"],
+    process = subprocess.Popen([sys.executable, "-P", "-m", "archway.gate.controller"],
                                stdin=subprocess.PIPE)
     assert process.stdin is not None
     try:
@@ -196,6 +196,12 @@ def read_status(path: str | None) -> dict | None:
     except (OSError, ValueError):
         return None
     return status if isinstance(status, dict) else None
+
+
+def is_up(status: dict | None) -> bool:
+    """Whether the controller is running, as far as its status file says (None: the file is not
+    written yet, which a starting server counts as up)."""
+    return status is None or status.get("state") == "running"
 
 
 def process_fact(status: dict | None, now: float) -> str:

@@ -18,41 +18,17 @@ from archway.errors import classify_error
 from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import Platform
-
-from .learning import Learned
-from .placement import (
-    ARCH_LABEL,
-    Decision,
-    Policy,
-    _join,
-    decide,
-    display_image,
+from archway.vocabulary import (
+    GATE,
+    GATED_LABEL,
+    join_architectures,
+    share_no_architecture,
     told_architectures,
 )
-
-GATE = "archway.dev/resolving"
-GATED_LABEL = "archway.dev/gated"     # lets the controller list and watch only gated pods
-# The value of an arch requirement no node matches: keeps a pod that can never run off every node.
-NO_ARCHITECTURE = "no-common-architecture"
-_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
-
-
-def gate_patch(pod: PodView, unplaced: tuple[dict, ...]) -> tuple[dict, ...]:
-    """JSON patch ops that gate `pod` at admission. `unplaced`: the patch of the admission's
-    decision, made before the images were known; of it only the schedulerName is set now (it
-    may not change once the pod exists; the placement comes with the release). Empty when
-    archway's gate is there already (a reinvocation)."""
-    if GATE in pod.scheduling_gates:
-        return ()
-    ops = [op for op in unplaced if op["path"] == "/spec/schedulerName"]
-    gates = [{"name": name} for name in pod.scheduling_gates] + [{"name": GATE}]
-    ops.append({"op": "add", "path": "/spec/schedulingGates", "value": gates})
-    if pod.labels:
-        ops.append({"op": "add", "path": "/metadata/labels/" + GATED_LABEL.replace("/", "~1"),
-                    "value": "true"})
-    else:
-        ops.append({"op": "add", "path": "/metadata/labels", "value": {GATED_LABEL: "true"}})
-    return tuple(ops)
+from archway.webhook.learning import Learned
+from archway.webhook.patches import require_no_node
+from archway.webhook.placement import Decision, decide, display_image
+from archway.webhook.policy import Policy
 
 
 def is_gated(pod: dict) -> bool:
@@ -94,7 +70,7 @@ def plan_release(obj: dict, results: dict, policy: Policy, *, expired: bool,
         archs = decision.architectures
         if archs and decision.excluded:
             archs = archs - decision.excluded
-        where = f"on {_join(archs)}" if archs else "without an arch constraint (no image told one)"
+        where = f"on {join_architectures(archs)}" if archs else "without an arch constraint (no image told one)"
         return Release(_released(obj, decision), "placed", "Normal", "Placed",
                        f"placed {where} after waiting {waited:.1f} s for its images", archs)
     why = "; ".join(f"{display_image(image)}: {classify_error(results.get(image)).words}"
@@ -107,11 +83,11 @@ def plan_release(obj: dict, results: dict, policy: Policy, *, expired: bool,
             return Release(_released(obj, with_fallback), "fallback", "Warning",
                            "ReleasedOnFallback",
                            f"released after {waited:.0f} s (admission.gate_max_seconds) placed on "
-                           f"{_join(archs)} (placement.fallback_architectures); unresolved: {why}",
+                           f"{join_architectures(archs)} (placement.fallback_architectures); unresolved: {why}",
                            archs)
     return Release(_released(obj, decision), "unplaced", "Warning", "ReleasedUnplaced",
                    f"released after {waited:.0f} s (admission.gate_max_seconds) "
-                   f"{'placed on ' + _join(decision.architectures) + ' by the images it read' if decision.architectures else 'without placement'}"
+                   f"{'placed on ' + join_architectures(decision.architectures) + ' by the images it read' if decision.architectures else 'without placement'}"
                    f"; unresolved: {why}", decision.architectures)
 
 
@@ -124,12 +100,11 @@ def gate_only_release(obj: dict) -> dict:
 def _hold(obj: dict, pod: PodView, results: dict, decision: Decision) -> Release:
     known = told_architectures({image: results.get(image) for image in pod.images})
     if decision.architectures == frozenset():
-        note = "its images share no CPU architecture: " + "; ".join(
-            f"{display_image(image)} ({', '.join(sorted(archs))})" for image, archs in known.items())
+        note = share_no_architecture(known, display_image)
     else:
         note = decision.message
     updated = _released(obj, Decision(allowed=True))
-    _require_no_node(updated["spec"])
+    require_no_node(updated["spec"])
     return Release(updated, "no_common_arch", "Warning", "NoCommonArchitecture",
                    note + "; it could never run, so it is kept off every node", frozenset())
 
@@ -147,21 +122,6 @@ def _released(obj: dict, decision: Decision) -> dict:
     if isinstance(labels, dict):
         labels.pop(GATED_LABEL, None)
     return updated
-
-
-def _require_no_node(spec: dict) -> None:
-    """Add an arch requirement no node meets: to every existing required term (ANDed there, so
-    each term then matches nothing), or as the only term when there is none."""
-    requirement = {"key": ARCH_LABEL, "operator": "In", "values": [NO_ARCHITECTURE]}
-    affinity = spec.setdefault("affinity", {})
-    node_affinity = affinity.setdefault("nodeAffinity", {})
-    required = node_affinity.get(_REQUIRED)
-    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
-    if terms:
-        for term in terms:
-            term.setdefault("matchExpressions", []).append(dict(requirement))
-    else:
-        node_affinity[_REQUIRED] = {"nodeSelectorTerms": [{"matchExpressions": [requirement]}]}
 
 
 def _fallback_info(image: str, archs: tuple[str, ...]) -> ImageInfo:

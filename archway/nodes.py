@@ -8,9 +8,8 @@ be hundreds of megabytes; these facts are a few hundred kilobytes).
 """
 from dataclasses import dataclass
 
-from archway.registry.platforms import normalize
+from archway.vocabulary import ARCH_KEYS, normal_architecture
 from archway.watchcache import WatchCache
-from archway.webhook.placement import ARCH_KEYS
 
 # What `kubectl cordon` (spec.unschedulable) means to the scheduler, as the node controller
 # writes it; counted even before the controller has added the taint.
@@ -20,7 +19,7 @@ CORDON_TAINT = ("node.kubernetes.io/unschedulable", "", "NoSchedule")
 def _normal_arch(value) -> str | None:
     if not isinstance(value, str) or not value.strip():
         return None
-    return normalize("linux", value).architecture  # normalize() is memoised
+    return normal_architecture(value)
 
 
 def node_arch(node: dict) -> str | None:

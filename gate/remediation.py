@@ -23,19 +23,17 @@ from dataclasses import dataclass
 from archway import metrics
 from archway.kubeapi import ApiError, KubeApi
 from archway.listwatch import ListWatch
-
-from .events import EventSink
-from .learning import (
-    ANNOTATION_FAILED,
+from archway.vocabulary import ANNOTATION_ARCHITECTURES, ANNOTATION_FAILED, join_architectures
+from archway.webhook.events import EventSink
+from archway.webhook.learning import (
     Evidence,
     Failure,
     admitted_digests,
     exec_format_failures,
     merged_annotations,
 )
-from .namespaces import namespace_mode
-from .placement import ANNOTATION_ARCHITECTURES, _join
-from .workloadcache import (
+from archway.webhook.namespaces import namespace_mode
+from archway.webhook.workloadcache import (
     WorkloadFacts,
     top_workload,
     workload_facts,
@@ -367,7 +365,7 @@ class Remediation:
                     pod.name, arch, top.display_name)
         self._event(pod.reference, "Normal", REASON_EVICTED, "Evict",
                     f"evicted (remediation.evict): it fails on {arch} with exec format error; "
-                    f"{top.display_name} recreates it on {_join(pod.architectures - failed)}")
+                    f"{top.display_name} recreates it on {join_architectures(pod.architectures - failed)}")
 
     def _event(self, regarding: dict, event_type: str, reason: str, action: str,
                note: str) -> None:

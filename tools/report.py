@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 from archway.errors import ArchwayError
 from archway.podview import PodView
-
-from .placement import common_architectures, display_image, pod_arch_constraint, told_architectures
-from .workloads import Workload, controller_of, is_top_level, workloads_in
+from archway.vocabulary import common_architectures, told_architectures
+from archway.webhook.archset import pod_arch_constraint
+from archway.webhook.placement import display_image
+from archway.workloads import Workload, controller_of, is_top_level, workloads_in
 
 # The order of the table: long-lived workloads first.
 REPORTED_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "CronJob", "Job", "ReplicaSet", "Pod")
@@ -194,7 +195,7 @@ class _Listing:
 
     def running(self, reader) -> dict[WorkloadKey, frozenset[str]] | None:
         """Workload -> the architectures its pods run on; None when the nodes cannot be read."""
-        from archway.extender.nodes import node_facts
+        from archway.nodes import node_facts
         try:
             archs = {f.name: f.arch for f in map(node_facts, reader.nodes()) if f is not None}
         except ArchwayError as e:
@@ -208,8 +209,7 @@ def _resolve(pods: list[PodView], reader, config, timeout: float) -> dict[int, d
     credentials (namespace, ServiceAccount, pull secrets): a namespace's workloads usually share
     them, and the resolver's cache shares the rest."""
     from archway.registry.resolver import Resolver
-
-    from .pullsecrets import PullSecrets
+    from archway.webhook.pullsecrets import PullSecrets
     resolver = Resolver(config.registry, sif=config.sif)
     secrets = PullSecrets(reader.api_client)
     groups: dict[tuple, list[int]] = {}
@@ -230,10 +230,9 @@ def _resolve(pods: list[PodView], reader, config, timeout: float) -> dict[int, d
 
 
 def run(args) -> int:
+    from archway.cluster import ClusterReader
     from archway.config import load_config
     from archway.registry.platforms import normalize
-
-    from .cluster import ClusterReader
 
     config = load_config(args.config)
     target = normalize("linux", args.target_arch).architecture if args.target_arch else None

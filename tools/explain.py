@@ -21,10 +21,11 @@ import yaml
 
 from archway.errors import ArchwayError
 from archway.podview import PodShapeError, PodView
-
-from .learning import ANNOTATION_FAILED, Learned
-from .placement import Decision, Policy, decide, display_image
-from .workloads import Workload, workloads_in
+from archway.vocabulary import ANNOTATION_FAILED
+from archway.webhook.learning import Learned
+from archway.webhook.placement import Decision, decide, display_image
+from archway.webhook.policy import Policy
+from archway.workloads import Workload, workloads_in
 
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 EXIT_OK, EXIT_CANNOT_RUN, EXIT_USAGE = 0, 1, 2
@@ -295,12 +296,11 @@ def explain_live_pod(name: str, namespace: str, config, policy: Policy,
                      timeout: float) -> Explanation:
     import time
 
-    from archway.extender.nodes import node_facts
+    from archway.cluster import ClusterReader
+    from archway.nodes import node_facts
     from archway.registry.resolver import Resolver
-
-    from .cluster import ClusterReader
-    from .namespaces import namespace_facts, namespace_policy
-    from .pullsecrets import PullSecrets
+    from archway.webhook.namespaces import namespace_facts, namespace_policy
+    from archway.webhook.pullsecrets import PullSecrets
 
     reader = ClusterReader.from_config(config)
     obj = reader.pod(namespace, name)
@@ -325,7 +325,7 @@ def explain_live_pod(name: str, namespace: str, config, policy: Policy,
 def live_workload(reader, pod: PodView):
     """The pod's top workload (workloadcache.WorkloadFacts) read through the API, or None (no
     controller, a kind archway does not know, or not readable)."""
-    from .workloadcache import pod_owner, top_workload, workload_facts
+    from archway.webhook.workloadcache import pod_owner, top_workload, workload_facts
 
     def lookup(kind: str, namespace: str, name: str):
         try:
@@ -338,7 +338,7 @@ def live_workload(reader, pod: PodView):
 def archway_events(reader, pod: PodView, workload: str | None = None) -> list[dict]:
     """archway's Events about the pod, its controller or its workload (admission Events go to
     the controller when the pod had no name yet; exec format errors also to the workload)."""
-    from .events import REPORTING_CONTROLLER
+    from archway.webhook.events import REPORTING_CONTROLLER
     names = {pod.name} | {o.name for o in pod.owner_references if o.controller}
     if workload:
         names.add(workload)

@@ -27,15 +27,15 @@ from dataclasses import dataclass, replace
 from archway import metrics
 from archway.errors import ArchwayError
 from archway.kubeapi import ApiError, KubeApi
+from archway.lease import LeaderElector, lease_namespace, new_identity, parse_time
 from archway.listwatch import ListWatch
 from archway.podview import PodShapeError, PodView
 from archway.registry.model import ImageInfo
 from archway.registry.reference import parse_reference
+from archway.webhook.events import EventSink, pod_reference
+from archway.webhook.policy import Policy
 
-from .events import EventSink, pod_reference
-from .gate import GATED_LABEL, Release, gate_only_release, is_gated, plan_release
-from .lease import LeaderElector, lease_namespace, new_identity, parse_time
-from .placement import Policy
+from .release import GATED_LABEL, Release, gate_only_release, is_gated, plan_release
 
 log = logging.getLogger("archway.gate")
 
@@ -309,8 +309,7 @@ def run(config, stop: threading.Event | None = None) -> None:
     """Elect, lead while elected, until `stop` (or SIGTERM) -- the controller process's main."""
     from archway.kubeclient import build_api_client
     from archway.registry.resolver import Resolver
-
-    from .pullsecrets import PullSecrets
+    from archway.webhook.pullsecrets import PullSecrets
 
     stop = stop or threading.Event()
     api_client, source = build_api_client(config.kubernetes)
@@ -374,12 +373,12 @@ def _lead(config, api: KubeApi, controller: GateController, resolver, pull_secre
           events: EventSink, stop: threading.Event) -> None:
     """One leadership: the gate controller's work, and beside it the closed loop
     (remediation.py) with the caches both read, built afresh for each leadership."""
-    from archway.extender.nodes import NodeCache
+    from archway.nodes import NodeCache
+    from archway.webhook.namespaces import NamespaceCache
+    from archway.webhook.workloadcache import WorkloadCache
 
-    from .namespaces import NamespaceCache
     from .remediation import Remediation
     from .tagwatch import TagWatch
-    from .workloadcache import WorkloadCache
 
     def factory():   # a client (and connection pool) of its own for each watch
         from archway.kubeclient import build_api_client

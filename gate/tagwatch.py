@@ -22,18 +22,11 @@ from archway.errors import ArchwayError
 from archway.kubeapi import ApiError, KubeApi
 from archway.registry.imageref import ImageReference
 from archway.registry.reference import KINDS, parse_reference
-
-from .events import EventSink
-from .learning import (
-    ANNOTATION_EVIDENCE,
-    ANNOTATION_FAILED,
-    learned_from,
-    reset_reason,
-    short_digest,
-)
-from .namespaces import namespace_mode
-from .placement import _join
-from .workloadcache import WorkloadFacts, workload_facts, workload_path, workload_reference
+from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED, join_architectures
+from archway.webhook.events import EventSink
+from archway.webhook.learning import learned_from, reset_reason, short_digest
+from archway.webhook.namespaces import namespace_mode
+from archway.webhook.workloadcache import WorkloadFacts, workload_facts, workload_path, workload_reference
 
 log = logging.getLogger("archway.remediation")
 
@@ -107,7 +100,7 @@ class TagWatch:
         """Each tag checked at its registry once (per set of credentials), paced as
         pre-warming is: at most `per_second` checks a second per registry host. Returns what
         the cache holds for them afterwards (a check still running leaves the answer before)."""
-        from .prewarm import _host, _Wanted, paced
+        from archway.webhook.prewarm import _host, _Wanted, paced
         by_reference: dict[str, list[tuple[WorkloadFacts, str]]] = {}
         wanted: dict[tuple, _Wanted] = {}
         for top in tops:
@@ -152,17 +145,17 @@ class TagWatch:
         for arch in sorted(lost):
             metrics.ARCHITECTURES_DROPPED.labels(arch).inc()
         log.warning("tag %s moved from %s (%s) to %s (%s): %s dropped; %d workload(s) use it",
-                    ref, short_digest(old.digest or "?"), _join(old.architectures),
-                    short_digest(new.digest or "?"), _join(new.architectures), _join(lost),
+                    ref, short_digest(old.digest or "?"), join_architectures(old.architectures),
+                    short_digest(new.digest or "?"), join_architectures(new.architectures), join_architectures(lost),
                     len(concerned))
         for top, image in concerned:
             if self.mode_of(top.namespace) == "off":
                 continue
             self._event(workload_reference(top), "Warning", REASON_DROPPED, "Revalidate",
                         f"tag {image} now names {short_digest(new.digest or '?')} "
-                        f"({_join(new.architectures)}), which lacks {_join(lost)} that "
+                        f"({join_architectures(new.architectures)}), which lacks {join_architectures(lost)} that "
                         f"{short_digest(old.digest or '?')} had: its pods rescheduled onto "
-                        f"{_join(lost)} nodes will not start there (archway report lists the "
+                        f"{join_architectures(lost)} nodes will not start there (archway report lists the "
                         f"workloads running on an architecture their tag no longer offers)")
 
     def reset(self, top: WorkloadFacts, why: str, results: dict) -> bool:
@@ -192,9 +185,9 @@ class TagWatch:
                     continue
                 raise
             log.info("%s %s/%s: learned exclusion of %s removed: %s", top.kind, top.namespace,
-                     top.object_name, _join(learned.architectures), why)
+                     top.object_name, join_architectures(learned.architectures), why)
             self._event(workload_reference(top), "Normal", REASON_RESET, "Reset",
-                        f"archway no longer keeps its pods off {_join(learned.architectures)}: "
+                        f"archway no longer keeps its pods off {join_architectures(learned.architectures)}: "
                         f"{why}")
             return True
         return False

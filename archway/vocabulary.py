@@ -1,0 +1,72 @@
+"""The words every room shares: the architecture label, the names archway writes on objects, and
+the arithmetic of architecture sets. Pure; the webhook, the gate controller, the extender and the
+operator tools all say these things the same way because they say them from here.
+"""
+from collections.abc import Iterable, Mapping
+
+ARCH_LABEL = "kubernetes.io/arch"
+# kubelet still sets the deprecated beta label; a pod selecting on it does constrain its arch.
+ARCH_KEYS = (ARCH_LABEL, "beta.kubernetes.io/arch")
+# Other names of an architecture, as containerd normalises them (GOARCH is the name).
+ARCH_ALIASES = {
+    "i386": "386", "i486": "386", "i586": "386", "i686": "386", "x86": "386",
+    "x86_64": "amd64", "x86-64": "amd64", "x64": "amd64",
+    "aarch64": "arm64", "armhf": "arm", "armel": "arm", "arm64le": "arm64",
+    "ppc64el": "ppc64le",
+}
+REQUIRED_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED_AFFINITY = "preferredDuringSchedulingIgnoredDuringExecution"
+
+# What admission wrote on a pod: the architectures its images share, and what each image runs on.
+ANNOTATION_ARCHITECTURES = "archway.dev/architectures"
+ANNOTATION_IMAGES = "archway.dev/images"
+# What a workload learned from exec format errors (learning.py), on the workload's own metadata.
+ANNOTATION_FAILED = "archway.dev/failed-architectures"
+ANNOTATION_EVIDENCE = "archway.dev/failed-images"
+# What admission kept a pod off, from what its workload learned.
+ANNOTATION_EXCLUDED = "archway.dev/excluded-architectures"
+# A pod archway could not place in time waits behind this scheduling gate; the label lets the
+# gate controller list and watch only gated pods.
+GATE = "archway.dev/resolving"
+GATED_LABEL = "archway.dev/gated"
+
+
+def normal_architecture(name: str) -> str:
+    """The architecture as a node's kubernetes.io/arch label says it: aarch64 -> arm64,
+    x86_64 -> amd64, lower case."""
+    raw = name.strip().lower()
+    return ARCH_ALIASES.get(raw, raw)
+
+
+def parse_architectures(text: str) -> frozenset[str]:
+    """`amd64, aarch64` -> {amd64, arm64}: a comma-separated list as an annotation holds it."""
+    return frozenset(normal_architecture(a) for a in text.split(",") if a.strip())
+
+
+def told_architectures(results: Mapping) -> dict[str, frozenset[str]]:
+    """image -> its architectures, for the images whose result names some: a failure (an
+    ArchwayError), a missing result or an image that records no architecture says nothing about
+    where the pod can run."""
+    told = {}
+    for image, result in results.items():
+        archs = getattr(result, "architectures", None)
+        if archs:
+            told[image] = archs
+    return told
+
+
+def common_architectures(told: Mapping[str, frozenset[str]]) -> frozenset[str] | None:
+    """S, the architectures every image of `told` runs on; None when no image told any."""
+    return frozenset.intersection(*told.values()) if told else None
+
+
+def join_architectures(archs: Iterable[str]) -> str:
+    """`amd64, arm64`: architectures as a message shows them, sorted."""
+    return ", ".join(sorted(archs))
+
+
+def share_no_architecture(told: Mapping[str, frozenset[str]], show=str) -> str:
+    """Why a pod can run nowhere: its images and what each runs on; `show` is how an image is
+    shown (a password in a SIF URL redacted)."""
+    return "the pod's images share no CPU architecture: " + "; ".join(
+        f"{show(image)} ({join_architectures(archs)})" for image, archs in told.items())
