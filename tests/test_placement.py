@@ -13,7 +13,7 @@ from archway.podview import PodShapeError, PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import normalize, parse_platform
 from archway.vocabulary import ANNOTATION_ARCHITECTURES, ANNOTATION_IMAGES, ARCH_LABEL
-from archway.webhook import placement
+from archway.webhook import archset, patches, placement
 from archway.webhook.admission import MAX_WARNING_CHARS, MAX_WARNINGS, cap_warnings
 from archway.webhook.patches import json_patch
 from archway.webhook.policy import Policy
@@ -28,7 +28,7 @@ def decide(pod: dict, results, policy, **kw):
 
 
 def pod_arch_constraint(pod: dict):
-    return placement.pod_arch_constraint(PodView.of(pod))
+    return archset.pod_arch_constraint(PodView.of(pod))
 
 
 def info(image, *platforms, source="oci-index"):
@@ -223,7 +223,7 @@ def test_existing_constraint_within_s_is_kept_and_only_annotated():
     assert d.allowed and not d.warnings and d.reason == "pod already constrains kubernetes.io/arch"
     assert d.patch == ({"op": "add", "path": "/metadata/annotations",
                         "value": {ANNOTATION_ARCHITECTURES: "amd64,arm,arm64",
-                                  ANNOTATION_IMAGES: placement.images_annotation(
+                                  ANNOTATION_IMAGES: patches.images_annotation(
                                       ["reg/multi:1"], RESULTS)}},)
 
 
@@ -681,12 +681,12 @@ def test_audit_mode_changes_no_placement_and_says_what_enforce_would_do(pod, res
 def test_images_annotation_is_bounded_and_marks_what_it_left_out():
     images = [f"reg/many-{i:03d}:{'x' * 100}" for i in range(100)]
     results = {im: info(im, "linux/amd64") for im in images}
-    text = placement.images_annotation(images, results)
+    text = patches.images_annotation(images, results)
     entries = json.loads(text)
-    assert len(text) <= placement.MAX_IMAGES_ANNOTATION_CHARS
+    assert len(text) <= patches.MAX_IMAGES_ANNOTATION_CHARS
     assert entries[-1] == {"truncated": 100 - (len(entries) - 1)}
     assert [e["image"] for e in entries[:-1]] == images[:len(entries) - 1]
-    (gone,) = json.loads(placement.images_annotation(["reg/gone:1"], {}))
+    (gone,) = json.loads(patches.images_annotation(["reg/gone:1"], {}))
     assert set(gone) == {"image", "error"} and gone["error"]
 
 
