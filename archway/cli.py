@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 
-from archway import __version__, logsafe
+from archway import __version__, logs
 from archway.errors import ArchwayError
 
 # Exit statuses every command shares (README): 0 done, 1 done but something failed (an image
@@ -116,8 +116,7 @@ def main(argv=None) -> int:
 def _run(argv) -> int:
     args = build_parser().parse_args(argv)
     # Every value logged is escaped (archway.logsafe): a pod name cannot forge a log line.
-    logsafe.configure(logging.DEBUG if args.verbose else logging.INFO,
-                      "%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(logging.DEBUG if args.verbose else logging.INFO)
     try:
         status = args.func(args)
         sys.stdout.flush()   # a reader that went away shows here, not at interpreter exit

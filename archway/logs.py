@@ -1,10 +1,16 @@
 """How archway's log lines look: plain text for people, or one JSON object per line for log
 pipelines (server.log_format). One formatter for archway's own loggers and gunicorn's, so a
-pipeline never meets a line of another shape."""
+pipeline never meets a line of another shape, and one `configure` for every process archway
+starts: the command line, `archway serve` and its gate controller."""
 import datetime as dt
 import json
 import logging
+import logging.config
 from typing import Any
+
+from archway import logsafe
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 # Attributes every LogRecord has; whatever else a record carries came from `extra=`.
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
@@ -46,3 +52,12 @@ def logging_dict(level: int) -> dict:
         "loggers": {name: {"level": level, "handlers": ["archway"], "propagate": False}
                     for name in ("gunicorn.error", "gunicorn.access")},
     }
+
+
+def configure(level: int, log_format: str = "text") -> None:
+    """This process's log lines in `log_format` (server.log_format): text, every value escaped
+    (archway.logsafe: a pod name cannot forge a line), or JSON lines."""
+    if log_format == "json":
+        logging.config.dictConfig(logging_dict(level))
+    else:
+        logsafe.configure(level, TEXT_FORMAT)

@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from archway.errors import ArchwayError
+from archway.vocabulary import PREFERRED_AFFINITY, REQUIRED_AFFINITY
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
@@ -262,24 +263,19 @@ def _term(value: Any, where: str) -> NodeSelectorTerm:
                             _requirements(term.get("matchFields"), f"{where}.matchFields"))
 
 
-# The node affinity the scheduler must honour (the "preferred" one only weighs).
-REQUIRED_NODE_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
-_PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
-
-
 def _required_terms(node_affinity: dict) -> tuple[NodeSelectorTerm, ...] | None:
-    if node_affinity.get(REQUIRED_NODE_AFFINITY) is None:
+    if node_affinity.get(REQUIRED_AFFINITY) is None:
         return None
-    where = f"spec.affinity.nodeAffinity.{REQUIRED_NODE_AFFINITY}"
-    required = _mapping(node_affinity[REQUIRED_NODE_AFFINITY], where)
+    where = f"spec.affinity.nodeAffinity.{REQUIRED_AFFINITY}"
+    required = _mapping(node_affinity[REQUIRED_AFFINITY], where)
     return tuple(_term(t, f"{where}.nodeSelectorTerms[{i}]") for i, t in
                  enumerate(_list(required.get("nodeSelectorTerms"), f"{where}.nodeSelectorTerms")))
 
 
 def _preferred_terms(node_affinity: dict) -> tuple[PreferredTerm, ...]:
-    where = f"spec.affinity.nodeAffinity.{_PREFERRED}"
+    where = f"spec.affinity.nodeAffinity.{PREFERRED_AFFINITY}"
     terms = []
-    for i, item in enumerate(_list(node_affinity.get(_PREFERRED), where)):
+    for i, item in enumerate(_list(node_affinity.get(PREFERRED_AFFINITY), where)):
         item = _mapping(item, f"{where}[{i}]")
         weight = item.get("weight", 0)
         if isinstance(weight, bool) or not isinstance(weight, int):

@@ -5,7 +5,6 @@ generated once into server.state_dir (archway.certs.selfsigned), so a newcomer c
 Nothing heavy is imported at module level: the CLI imports this module for every subcommand.
 """
 import logging
-import logging.config
 import os
 import shutil
 import sys
@@ -58,8 +57,8 @@ def serve(config, bind: str | None = None) -> int:
         raise ConfigError(f"server.metrics_bind {config.server.metrics_bind} must use "
                           f"another port than the serving address {bind}")
     if config.server.log_format == "json":   # before anything logs (the certificate below)
-        from archway.logs import logging_dict
-        logging.config.dictConfig(logging_dict(logging.getLogger().level))
+        from archway.logs import configure
+        configure(logging.getLogger().level, "json")
     tls = tls_files(config, host)
     has_api = _preflight(config, tls)
     # Before "serving" is said: an address already served fails here, naming it.

@@ -25,6 +25,9 @@ ANNOTATION_FAILED = "archway.dev/failed-architectures"
 ANNOTATION_EVIDENCE = "archway.dev/failed-images"
 # What admission kept a pod off, from what its workload learned.
 ANNOTATION_EXCLUDED = "archway.dev/excluded-architectures"
+# A Namespace's own policy: its mode, and the architectures its pods prefer.
+LABEL_MODE = "archway.dev/mode"
+ANNOTATION_PREFERRED = "archway.dev/preferred-architectures"
 # A pod archway could not place in time waits behind this scheduling gate; the label lets the
 # gate controller list and watch only gated pods.
 GATE = "archway.dev/resolving"

@@ -46,22 +46,18 @@ def release_all(api) -> tuple[int, int]:
 def _release(api, pod: dict) -> bool:
     from archway.kubeapi import ApiError
 
-    from .release import gate_only_release, is_gated
-    meta = pod.get("metadata") or {}
-    path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
+    from .put import put_release
+    from .release import gate_only_release
     for _ in range(_ATTEMPTS):
         try:
-            api.request("PUT", path, body=gate_only_release(pod))
-            return True
+            put = put_release(api, pod, gate_only_release(pod))
         except ApiError as e:
-            if e.status == 404:
-                return True
-            if e.status != 409:
-                log.error("cannot release %s/%s: %s", meta.get("namespace"), meta.get("name"), e)
-                return False
-            pod = api.request("GET", path)   # changed meanwhile: release what it is now
-            if not is_gated(pod):
-                return True
+            meta = pod.get("metadata") or {}
+            log.error("cannot release %s/%s: %s", meta.get("namespace"), meta.get("name"), e)
+            return False
+        if put.fresh is None:
+            return True
+        pod = put.fresh   # changed meanwhile: release what it is now
     return False
 
 

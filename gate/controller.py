@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from archway import metrics
+from archway import logs, metrics
 from archway.errors import ArchwayError
 from archway.kubeapi import ApiError, KubeApi
 from archway.lease import LeaderElector, lease_namespace, new_identity, parse_time
@@ -32,10 +32,12 @@ from archway.listwatch import ListWatch
 from archway.podview import PodShapeError, PodView
 from archway.registry.model import ImageInfo
 from archway.registry.reference import parse_reference
+from archway.vocabulary import GATED_LABEL
 from archway.webhook.events import EventSink, pod_reference
 from archway.webhook.policy import Policy
 
-from .release import GATED_LABEL, Release, gate_only_release, is_gated, plan_release
+from .put import put_release
+from .release import Release, gate_only_release, is_gated, plan_release
 
 log = logging.getLogger("archway.gate")
 
@@ -218,21 +220,9 @@ class GateController:
             self._lock.notify_all()
 
     def _update(self, p: Pending, updated: dict, release, outcome: str, waited: float = 0.0) -> bool:
-        meta = p.obj.get("metadata") or {}
-        path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
         try:
-            stored = self.api.request("PUT", path, body=updated)
+            put = put_release(self.api, p.obj, updated)
         except ApiError as e:
-            if e.status == 404:
-                return True  # deleted meanwhile: nothing to release
-            if e.status == 409:
-                # Changed since read: read it again and decide anew (another gate may be gone).
-                fresh = self.api.request("GET", path)
-                if not is_gated(fresh):
-                    return True
-                p.obj = fresh
-                p.next_try = 0.0
-                return False
             if e.status == 422 and release is not None and updated != gate_only_release(p.obj):
                 log.error("the apiserver refused archway's release of %s (%s): removing the "
                           "gate only", _name(p.obj), e.message)
@@ -241,6 +231,13 @@ class GateController:
                                   f"refused archway's placement ({e.message[:300]})")
                 return self._update(p, refused.pod, refused, "unplaced", waited)
             raise
+        if put.stored is None:
+            if put.fresh is None:
+                return True   # deleted or released meanwhile: nothing left to release
+            p.obj = put.fresh   # changed since read: decide anew at once
+            p.next_try = 0.0
+            return False
+        stored = put.stored
         metrics.GATE_RELEASES.labels(outcome).inc()
         metrics.GATE_WAIT.observe(waited)
         log.info("gate controller: %s %s after %.1f s%s", outcome, _name(p.obj), waited,
@@ -419,10 +416,9 @@ def _lead(config, api: KubeApi, controller: GateController, resolver, pull_secre
 
 
 def _main() -> None:
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parent = os.getppid()
     config = pickle.loads(sys.stdin.buffer.read())
+    logs.configure(logging.INFO, config.server.log_format)   # as `archway serve` logs
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

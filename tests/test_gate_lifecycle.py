@@ -284,3 +284,23 @@ def test_what_the_health_endpoints_say_about_the_controller_process():
         silent, now)
     assert supervisor.process_problem(dict(silent, state="stopped"), now) is None
     assert supervisor.process_fact(None, now) == "not run by this server"
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_the_controller_logs_in_the_servers_format(log_format):
+    """server.log_format reaches the controller's process: JSON lines for a log pipeline, or
+    text whose values are escaped as every other archway line is."""
+    import pickle
+    config = config_from_dict({"server": {"log_format": log_format},
+                               "kubernetes": {"enabled": "off"}})
+    out = subprocess.run([sys.executable, "-P", "-m", "archway.gate.controller"],
+                         input=pickle.dumps(config), capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    (line,) = out.stderr.decode().splitlines()
+    if log_format == "json":
+        entry = json.loads(line)
+        assert entry["logger"] == "archway.gate" and entry["level"] == "info"
+        assert entry["message"] == "gate controller not started: no Kubernetes API configured"
+    else:
+        assert line.endswith(" INFO archway.gate: gate controller not started: "
+                             "no Kubernetes API configured")

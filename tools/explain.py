@@ -21,7 +21,12 @@ import yaml
 
 from archway.errors import ArchwayError
 from archway.podview import PodShapeError, PodView
-from archway.vocabulary import ANNOTATION_FAILED
+from archway.vocabulary import (
+    ANNOTATION_FAILED,
+    join_architectures,
+    share_no_architecture,
+    told_architectures,
+)
 from archway.webhook.learning import Learned
 from archway.webhook.placement import Decision, decide, display_image
 from archway.webhook.policy import Policy
@@ -59,7 +64,7 @@ class Explanation:
         if not d.allowed:
             return d.message
         if d.architectures == frozenset():
-            return "the images share no CPU architecture"
+            return share_no_architecture(told_architectures(self.results), display_image)
         return d.conflict
 
 
@@ -169,7 +174,24 @@ def to_json(explanation: Explanation) -> dict:
 def to_text(explanation: Explanation) -> str:
     w, d = explanation.workload, explanation.decision
     lines = [f"{w.display_name}" + (f"  ({w.origin})" if w.origin else "")]
-    for image, result in explanation.results.items():
+    lines += _image_lines(explanation.results)
+    if explanation.cannot_run:
+        lines.append(f"  CANNOT RUN: {explanation.cannot_run}")
+    elif d.architectures is None:
+        lines.append("  runs on: unknown (no image told its architectures)")
+    else:
+        lines.append(f"  runs on: {join_architectures(d.architectures)}")
+    if explanation.learned is not None:
+        lines += _learned_lines(explanation.learned, d)
+    lines += _decision_lines(d)
+    if explanation.annotations is not None:
+        lines += _live_lines(explanation.annotations, explanation.events)
+    return "\n".join(lines) + "\n"
+
+
+def _image_lines(results: dict) -> list[str]:
+    lines = []
+    for image, result in results.items():
         row = image_json(image, result)
         shown = row["image"] + (f"  ->  {row['reference']}"
                                 if row["reference"] and row["reference"] != row["image"] else "")
@@ -179,45 +201,39 @@ def to_text(explanation: Explanation) -> str:
         else:
             lines.append(f"    architectures: {' '.join(row['architectures']) or 'unknown'}"
                          f"  ({row['source']}, {row['pinned'] or row['digest'] or 'no digest'})")
-    if not explanation.results:
-        lines.append("  no images")
-    if explanation.cannot_run:
-        lines.append(f"  CANNOT RUN: {explanation.cannot_run}")
-    elif d.architectures is None:
-        lines.append("  runs on: unknown (no image told its architectures)")
-    else:
-        lines.append(f"  runs on: {', '.join(sorted(d.architectures))}")
-    if explanation.learned is not None:
-        lines += _learned_lines(explanation.learned, d)
-    if d.would:
-        lines.append(f"  audit mode: enforce would have {d.would}")
+    return lines or ["  no images"]
+
+
+def _decision_lines(d: Decision) -> list[str]:
+    lines = [f"  audit mode: enforce would have {d.would}"] if d.would else []
     if d.patch:
         lines.append("  archway would apply this JSON patch:")
         lines += ["    " + line for line in yaml.safe_dump(
             list(d.patch), sort_keys=False, width=100).rstrip().splitlines()]
     elif d.allowed:
         lines.append(f"  archway would change nothing ({d.reason})")
-    lines += [f"  warning: {warning}" for warning in d.warnings]
-    if explanation.annotations is not None:
-        lines.append("  archway annotations on the pod:" if explanation.annotations
-                     else "  archway annotations on the pod: none")
-        lines += [f"    {key}: {value}" for key, value in sorted(explanation.annotations.items())]
-        for event in explanation.events:
-            lines.append(f"  event {event['type']} {event['reason']} on "
-                         f"{event['object']}: {event['message']}")
-    return "\n".join(lines) + "\n"
+    return lines + [f"  warning: {warning}" for warning in d.warnings]
+
+
+def _live_lines(annotations: dict, events) -> list[str]:
+    """What archway wrote on a live pod: its annotations and Events."""
+    lines = ["  archway annotations on the pod:" if annotations
+             else "  archway annotations on the pod: none"]
+    lines += [f"    {key}: {value}" for key, value in sorted(annotations.items())]
+    return lines + [f"  event {event['type']} {event['reason']} on "
+                    f"{event['object']}: {event['message']}" for event in events]
 
 
 def _learned_lines(learned: Learned, d: Decision) -> list[str]:
     lines = [f"  learned: {learned.workload} failed with exec format error on "
-             f"{', '.join(sorted(learned.architectures))} (annotation {ANNOTATION_FAILED})"]
+             f"{join_architectures(learned.architectures)} (annotation {ANNOTATION_FAILED})"]
     for e in learned.evidence:
         lines.append(f"    {e.architecture}: {display_image(e.image)}"
                      f"{'@' + e.digest if e.digest and '@' not in e.image else ''}")
     if learned.problem:
         lines.append(f"    {learned.problem}")
     if d.excluded:
-        lines.append(f"  kept off: {', '.join(sorted(d.excluded))} (new pods of "
+        lines.append(f"  kept off: {join_architectures(d.excluded)} (new pods of "
                      f"{learned.workload} are not placed there)")
     elif d.learned:
         lines.append(f"  not kept off: {d.learned}")

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from archway.registry.model import ImageInfo
-from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED, parse_architectures
+from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED, join_architectures, parse_architectures
 
 EXEC_FORMAT_ERROR = "exec format error"
 
@@ -212,7 +212,7 @@ def exclusion(archs: frozenset[str], learned: Learned | None, images, results: M
         return Exclusion(note=f"{learned.workload} failed on {failed} before, but {reset}")
     if archs <= learned.architectures:
         return Exclusion(note=f"{learned.workload} failed on every architecture its images "
-                              f"claim ({', '.join(sorted(archs))}); placed as the images claim")
+                              f"claim ({join_architectures(archs)}); placed as the images claim")
     return Exclusion(learned.architectures & archs,
                      f"kept off {failed}: pods of {learned.workload} failed there with exec "
                      f"format error")

@@ -7,13 +7,10 @@ archway does not understand leaves the configured policy in force and says so on
 """
 from dataclasses import dataclass, replace
 
-from archway.vocabulary import normal_architecture
+from archway.vocabulary import ANNOTATION_PREFERRED, LABEL_MODE, normal_architecture
 from archway.watchcache import WatchCache
 
 from .policy import MODES, Policy
-
-LABEL_MODE = "archway.dev/mode"
-ANNOTATION_PREFERRED = "archway.dev/preferred-architectures"
 
 
 @dataclass(frozen=True)
