@@ -1,20 +1,24 @@
 """archway: architecture-aware pod placement for Kubernetes.
 
-One import namespace over five folders (pyproject's package-dir): this package, archway/, is the
+One import namespace over seven folders (pyproject's package-dir): this package, archway/, is the
 core; the rooms are `archway.registry` (registry/: which CPU architectures an image supports),
-`archway.webhook` (webhook/: the admission webhook, and for now the gate and the operator tools),
-`archway.extender` (extender/: the scheduler extender) and `archway.certs` (certs/: TLS).
+`archway.webhook` (webhook/: the admission webhook), `archway.gate` (gate/: gated pods, their
+controller and its closed loop), `archway.tools` (tools/: explain and report), `archway.extender`
+(extender/: the scheduler extender) and `archway.certs` (certs/: TLS).
 
 The core has two floors:
-- the ground every room stands on: config, errors, logsafe (what a log line or message may
-  show), hostport, kubeclient and kubeapi (the Kubernetes API), listwatch and watchcache,
-  podview, metrics, background;
+- the ground every room stands on: vocabulary (architecture names and sets, the names archway
+  writes on objects), config, errors, logsafe (what a log line or message may show) and logs
+  (their format), hostport, kubeclient and kubeapi (the Kubernetes API), listwatch,
+  watchcache and lease, podview, nodes, workloads and cluster (reads of the cluster), metrics,
+  background;
 - the top, which puts the rooms together into programs: cli (the `archway` command), serve
   (`archway serve` under gunicorn), app (the Flask app of one worker), worker (the gunicorn
-  worker), addresses, logs, completion.
-Rooms import the ground floor and registry/ (webhook/ and extender/ still take a few names from
-each other, until the shared vocabulary is in the ground floor), never the top; nothing imports
-in a circle (tests/test_rooms.py). CONTRIBUTING.md has the map of where each kind of change goes.
+  worker), addresses, completion.
+Rooms import the ground floor and the rooms below them: registry/ and certs/ nothing else,
+webhook/ and extender/ registry/ (never each other), gate/ and tools/ the webhook's decision.
+Nothing but the top imports gate/ or tools/, no room imports the top, nothing imports in a
+circle (tests/test_rooms.py). CONTRIBUTING.md has the map of where each kind of change goes.
 """
 from importlib.metadata import PackageNotFoundError, version
 

@@ -1,6 +1,7 @@
 """The mutating admission webhook: POST /mutate reads a pod's images and places it on nodes of
-an architecture they all support (admission, service, placement, pullsecrets, namespaces, app).
+an architecture they all support.
 
-For now it also holds the gate (gate, gatecontroller, gatecli, lease, supervisor: pods gated on
-a cache miss, released by one elected controller) and the operator tools (explain, report,
-workloads, cluster), which move to rooms of their own (CONTRIBUTING.md)."""
+admission (AdmissionReview in and out, pure) -> service (parse, skip, resolve, decide, reply; no
+HTTP) -> placement (the decision, pure: policy, archset, patches) ; app (the HTTP side);
+pullsecrets, namespaces, workloadcache and learning (what the decision reads of the cluster);
+events, prewarm."""
