@@ -1,5 +1,5 @@
 """The closed loop: what the leading gate controller learns from what actually runs. Runs beside
-the gate controller's own work, in the same process and leadership (gatecontroller.py), as does
+the gate controller's own work, in the same process and leadership (controller.py), as does
 its other half, tagwatch.py (tags re-pushed without an architecture).
 
     every pod (paged list, then a watch; only failing pods are kept)

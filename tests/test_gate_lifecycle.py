@@ -91,7 +91,7 @@ class Archway:
         for task in os.listdir(f"/proc/{self.server.proc.pid}/task"):
             with open(f"/proc/{self.server.proc.pid}/task/{task}/children") as f:
                 pids += [int(p) for p in f.read().split()]
-        return [p for p in pids if b"gatecontroller" in _cmdline(p)]
+        return [p for p in pids if b"archway.gate.controller" in _cmdline(p)]
 
     def log(self) -> str:
         with open(self.log_path, encoding="utf-8", errors="replace") as f:

@@ -28,7 +28,7 @@ _MAX_IMAGE_CHARS = 60
 
 
 class NodeLike(Protocol):
-    """What the decision reads of a node (extender.nodes.NodeFacts has it)."""
+    """What the decision reads of a node (archway.nodes.NodeFacts has it)."""
     @property
     def arch(self) -> str | None: ...
     @property
