@@ -19,9 +19,9 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from archway import metrics
 from archway.extender.ceiling import Ceiling
 from archway.extender.herd import Herd, PodWatch, added_traffic, pod_bandwidth, pod_key
+from archway.extender.prometheus import TrafficPoller
 from archway.extender.traffic import (
     NEUTRAL_SCORE,
-    TrafficPoller,
     TrafficScale,
     load_score,
     node_loads,

@@ -11,8 +11,9 @@ from flask import Flask
 from prometheus_client import REGISTRY
 
 from archway.config import DEFAULT_PROMETHEUS_QUERY, config_from_dict
+from archway.extender.prometheus import TrafficPoller
 from archway.extender.routes import register_extender
-from archway.extender.traffic import NEUTRAL_SCORE, TrafficPoller, node_scores, node_traffic
+from archway.extender.traffic import NEUTRAL_SCORE, node_scores, node_traffic
 from tests.infra.controlplane import ControlPlane
 from tests.infra.procs import poll
 from tests.infra.prometheus import FAKE_RATES, prometheus_stack, short_window

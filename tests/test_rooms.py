@@ -22,9 +22,7 @@ MAX_MODULE_LINES = 450
 MAX_COMPLEXITY = 20   # radon's cyclomatic complexity (branches and boolean operators)
 
 # Left for the second round of issue 23, which splits these modules and functions.
-LONG_MODULES = {
-    "extender/traffic.py": 471,    # pure scoring and the cross-process poller
-}
+LONG_MODULES: dict[str, int] = {}
 COMPLEX_FUNCTIONS = {
     "tools/explain.py:to_text": 21,
 }

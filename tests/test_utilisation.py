@@ -20,13 +20,9 @@ from archway.config import (
     config_from_dict,
 )
 from archway.extender.herd import ANNOTATION_BANDWIDTH
+from archway.extender.prometheus import combined_query
 from archway.extender.routes import register_extender
-from archway.extender.traffic import (
-    TrafficScale,
-    combined_query,
-    node_scores,
-    utilisation_score,
-)
+from archway.extender.traffic import TrafficScale, node_scores, utilisation_score
 from tests.infra.controlplane import ControlPlane
 from tests.infra.kube import KubeError
 from tests.infra.procs import REPO, free_port, poll, wait_for_port
