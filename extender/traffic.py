@@ -9,8 +9,8 @@ import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-MAX_SCORE = 10          # extenderv1.MaxExtenderPriority
-NEUTRAL_SCORE = 5       # no data: neither favour nor avoid the node
+from .wire import MAX_SCORE, NEUTRAL_SCORE
+
 LARGEST = sys.float_info.max   # every traffic and capacity figure is finite, at most this
 
 

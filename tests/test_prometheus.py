@@ -114,8 +114,8 @@ def test_nodenames_prioritize_with_a_node_cache_gives_the_pure_functions_scores(
         snapshot = extender.traffic.fresh_snapshot()
         assert scores == dict(zip(NODE_NAMES, node_scores(snapshot.traffic, NODE_NAMES)))
         # The cached nodes were answered from the precomputed book, the unknown one per call.
-        (version, nodes), book = extender._book
-        assert version == snapshot.version and set(book.entries) == set(NODE_NAMES[:3])
+        (version, nodes), book = extender.traffic_score._book
+        assert version == snapshot.version and set(book.table.entries) == set(NODE_NAMES[:3])
 
 
 def test_address_matching_of_instance_against_node_addresses(prom):
