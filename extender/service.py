@@ -44,8 +44,6 @@ class Extender:
                  traffic: TrafficPoller | None = None):
         self.config = config
         self._resolver = resolver
-        if node_cache is None and config.extender.node_cache:
-            node_cache = NodeCache(lambda: _cluster_client(config.kubernetes))
         self.node_cache = node_cache
         self.traffic = traffic or TrafficPoller(config.prometheus, shared_dir=_shared_dir())
         self.traffic_score = TrafficScore(config, self.traffic, node_cache,

@@ -14,6 +14,8 @@ from archway.config import DEFAULT_PROMETHEUS_QUERY, config_from_dict
 from archway.extender.prometheus import TrafficPoller
 from archway.extender.routes import register_extender
 from archway.extender.traffic import NEUTRAL_SCORE, node_scores, node_traffic
+from archway.kubeclient import build_api_client
+from archway.nodes import NodeCache
 from tests.infra.controlplane import ControlPlane
 from tests.infra.procs import poll
 from tests.infra.prometheus import FAKE_RATES, prometheus_stack, short_window
@@ -31,6 +33,13 @@ def _pod():
         return json.load(f)["Pod"]
 
 
+def node_cache(config) -> NodeCache | None:
+    """The node cache archway.app builds and hands the extender for this config."""
+    if not (config.extender.node_cache and config.kubernetes.enabled != "off"):
+        return None
+    return NodeCache(lambda: build_api_client(config.kubernetes)[0])
+
+
 @contextmanager
 def extender_client(prometheus_url, kubeconfig=None, **prometheus):
     config = config_from_dict({
@@ -38,7 +47,7 @@ def extender_client(prometheus_url, kubeconfig=None, **prometheus):
         "extender": {"node_cache": kubeconfig is not None},
         "kubernetes": {"kubeconfig": kubeconfig} if kubeconfig else {"enabled": "off"}})
     app = Flask("test-prometheus")
-    register_extender(app, config, None)
+    register_extender(app, config, None, node_cache=node_cache(config))
     extender = app.extensions["archway.extender"]
     try:
         yield app.test_client(), extender
