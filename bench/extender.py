@@ -14,8 +14,8 @@ import json
 import time
 
 from archway.config import config_from_dict
-from archway.extender.routes import Extender
-from archway.extender.traffic import TrafficSnapshot
+from archway.extender.prometheus import TrafficSnapshot
+from archway.extender.service import Extender
 from archway.extender.wire import parse_extender_args
 from tests.infra.apiserver import FakeApiServer
 

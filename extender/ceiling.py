@@ -3,7 +3,7 @@ is busier than the ceiling (FailedNodes: load passes, so preemption may still we
 every candidate is: then all pass and the log line says so. A node whose utilisation is unknown
 (no link speed, no traffic series) is never turned away.
 
-The ceiling reads the traffic sample prioritize scores with (traffic.py's poller); while that
+The ceiling reads the traffic sample prioritize scores with (prometheus.py's poller); while that
 sample is older than prometheus.stale_after_seconds, or before the first one, it is not applied:
 an outage of Prometheus costs archway's opinion, never the cluster's scheduling. The decision is
 `utilisation_ceiling`, pure; `Ceiling` gathers its input and says when it goes blind.
@@ -41,7 +41,7 @@ def utilisation_ceiling(loads: dict[str, NodeLoad], names, ceiling: float
 class Ceiling:
     def __init__(self, ceiling: float, traffic, prometheus_settings):
         self.ceiling = ceiling
-        self.traffic = traffic                 # traffic.TrafficPoller
+        self.traffic = traffic                 # prometheus.TrafficPoller
         self.settings = prometheus_settings    # config.PrometheusSettings
         self._blind = False                    # no fresh sample: said once, until one comes
 

@@ -22,6 +22,9 @@ from typing import cast
 from archway.errors import ArchwayError
 from archway.nodes import NodeFacts, node_facts
 
+MAX_SCORE = 10          # extenderv1.MaxExtenderPriority: a HostPriority's score is 0..10
+NEUTRAL_SCORE = 5       # no data: neither favour nor avoid the node
+
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _scan_value = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # json.loads' C scanner
 _scan_string = json.decoder.scanstring  # type: ignore[attr-defined]

@@ -14,13 +14,13 @@ import requests
 from flask import Flask
 
 from archway.config import RegistrySettings, config_from_dict
-from archway.extender.routes import (
-    Extender,
+from archway.extender.archfilter import (
     annotated_architectures,
     filter_by_arch,
-    register_extender,
     shared_architectures,
 )
+from archway.extender.routes import register_extender
+from archway.extender.service import Extender
 from archway.nodes import NodeCache, node_arch
 from archway.podview import PodShapeError, PodView
 from archway.registry.resolver import Resolver

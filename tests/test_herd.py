@@ -20,16 +20,13 @@ from archway.extender.herd import (
     parse_bandwidth,
     pod_key,
 )
+from archway.extender.prometheus import SharedSnapshot, TrafficPoller, combined_query, split_answer
 from archway.extender.traffic import (
     MAX_SCORE,
     NodeLoad,
-    SharedSnapshot,
-    TrafficPoller,
     TrafficScale,
-    combined_query,
     load_score,
     node_scores,
-    split_answer,
     utilisation_score,
 )
 from archway.registry.http import Response

@@ -11,8 +11,11 @@ from flask import Flask
 from prometheus_client import REGISTRY
 
 from archway.config import DEFAULT_PROMETHEUS_QUERY, config_from_dict
+from archway.extender.prometheus import TrafficPoller
 from archway.extender.routes import register_extender
-from archway.extender.traffic import NEUTRAL_SCORE, TrafficPoller, node_scores, node_traffic
+from archway.extender.traffic import NEUTRAL_SCORE, node_scores, node_traffic
+from archway.kubeclient import build_api_client
+from archway.nodes import NodeCache
 from tests.infra.controlplane import ControlPlane
 from tests.infra.procs import poll
 from tests.infra.prometheus import FAKE_RATES, prometheus_stack, short_window
@@ -30,6 +33,13 @@ def _pod():
         return json.load(f)["Pod"]
 
 
+def node_cache(config) -> NodeCache | None:
+    """The node cache archway.app builds and hands the extender for this config."""
+    if not (config.extender.node_cache and config.kubernetes.enabled != "off"):
+        return None
+    return NodeCache(lambda: build_api_client(config.kubernetes)[0])
+
+
 @contextmanager
 def extender_client(prometheus_url, kubeconfig=None, **prometheus):
     config = config_from_dict({
@@ -37,7 +47,7 @@ def extender_client(prometheus_url, kubeconfig=None, **prometheus):
         "extender": {"node_cache": kubeconfig is not None},
         "kubernetes": {"kubeconfig": kubeconfig} if kubeconfig else {"enabled": "off"}})
     app = Flask("test-prometheus")
-    register_extender(app, config, None)
+    register_extender(app, config, None, node_cache=node_cache(config))
     extender = app.extensions["archway.extender"]
     try:
         yield app.test_client(), extender
@@ -113,8 +123,8 @@ def test_nodenames_prioritize_with_a_node_cache_gives_the_pure_functions_scores(
         snapshot = extender.traffic.fresh_snapshot()
         assert scores == dict(zip(NODE_NAMES, node_scores(snapshot.traffic, NODE_NAMES)))
         # The cached nodes were answered from the precomputed book, the unknown one per call.
-        (version, nodes), book = extender._book
-        assert version == snapshot.version and set(book.entries) == set(NODE_NAMES[:3])
+        (version, nodes), book = extender.traffic_score._book
+        assert version == snapshot.version and set(book.table.entries) == set(NODE_NAMES[:3])
 
 
 def test_address_matching_of_instance_against_node_addresses(prom):

@@ -1,11 +1,8 @@
 """The shape of the code, checked (issue 23): every production module short enough to hold in
-one's head, every function simple enough to follow, no import circles, and registry/'s floors
-as registry/__init__.py documents them. Each test names what it checks: the five production
-packages; tests/ and bench/ are not held to these limits.
-
-What is over a limit today is listed below by name, with its figure when it was listed: a
-shrinking allow-list. An entry that is no longer over its limit fails the test until it is
-removed, so the list can only get shorter."""
+one's head, every function simple enough to follow, no import circles, each room importing only
+the rooms below it, and registry/'s floors as registry/__init__.py documents them. Each test
+names what it checks: the seven production packages; tests/ and bench/ are not held to these
+limits."""
 import ast
 import os
 import re
@@ -21,11 +18,6 @@ PACKAGES = {"archway": "archway", "registry": "archway.registry", "webhook": "ar
 MAX_MODULE_LINES = 450
 MAX_COMPLEXITY = 20   # radon's cyclomatic complexity (branches and boolean operators)
 
-# Left for the second round of issue 23, which splits these modules and functions.
-LONG_MODULES = {
-    "extender/traffic.py": 471,    # pure scoring and the cross-process poller
-}
-COMPLEX_FUNCTIONS: dict[str, int] = {}
 # Which rooms each room may import ("core": archway/'s ground floor). The products, webhook/ and
 # extender/, never meet but in the core; the gate stands on the webhook's decision, the tools on
 # both; nothing but the top imports the gate or the tools.
@@ -75,9 +67,7 @@ def test_the_limits_cover_every_production_package():
 def test_no_module_is_over_450_lines(folder):
     long = {path: len(source(path).splitlines()) for path in modules(folder)}
     long = {path: lines for path, lines in long.items() if lines > MAX_MODULE_LINES}
-    listed = {path for path in LONG_MODULES if path.startswith(folder + "/")}
-    assert set(long) - listed == set(), f"split these by job: {long}"
-    assert listed - set(long) == set(), "no longer too long: remove them from LONG_MODULES"
+    assert long == {}, "split these by job"
 
 
 @pytest.mark.parametrize("folder", PACKAGES)
@@ -86,9 +76,7 @@ def test_no_function_is_over_complexity_20(folder):
              for visitor in [ComplexityVisitor.from_code(source(path))]
              for name, complexity in functions(visitor.functions + visitor.classes)}
     over = {name: complexity for name, complexity in found.items() if complexity > MAX_COMPLEXITY}
-    listed = {name for name in COMPLEX_FUNCTIONS if name.startswith(folder + "/")}
-    assert set(over) - listed == set(), f"make these simpler: {over}"
-    assert listed - set(over) == set(), "simple enough now: remove them from COMPLEX_FUNCTIONS"
+    assert over == {}, "make these simpler"
 
 
 def import_graph() -> dict[str, set[str]]:

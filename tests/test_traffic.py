@@ -1,5 +1,5 @@
-"""The pure half of webhook/traffic.py: reading Prometheus answers, matching series to nodes,
-scoring. No I/O here (the real Prometheus is in test_prometheus.py)."""
+"""The pure half of extender/traffic.py and extender/prometheus.py: reading Prometheus answers,
+matching series to nodes, scoring. No I/O here (the real Prometheus is in test_prometheus.py)."""
 import math
 
 import pytest
@@ -7,18 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from archway.config import PrometheusSettings
+from archway.extender.prometheus import PrometheusError, TrafficPoller, parse_vector
 from archway.extender.traffic import (
     MAX_SCORE,
     NEUTRAL_SCORE,
-    PrometheusError,
-    TrafficPoller,
     TrafficScale,
     instance_host,
     match_by_address,
     match_by_name,
     node_scores,
     node_traffic,
-    parse_vector,
 )
 from archway.registry.http import Response
 from tests.infra.clock import ManualClock

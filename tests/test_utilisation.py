@@ -20,13 +20,11 @@ from archway.config import (
     config_from_dict,
 )
 from archway.extender.herd import ANNOTATION_BANDWIDTH
+from archway.extender.prometheus import combined_query
 from archway.extender.routes import register_extender
-from archway.extender.traffic import (
-    TrafficScale,
-    combined_query,
-    node_scores,
-    utilisation_score,
-)
+from archway.extender.traffic import TrafficScale, node_scores, utilisation_score
+from archway.kubeclient import build_api_client
+from archway.nodes import NodeCache
 from tests.infra.controlplane import ControlPlane
 from tests.infra.kube import KubeError
 from tests.infra.procs import REPO, free_port, poll, wait_for_port
@@ -65,6 +63,13 @@ def prom(prometheus_stack):
     return prometheus_stack
 
 
+def node_cache(config) -> NodeCache | None:
+    """The node cache archway.app builds and hands the extender for this config."""
+    if not (config.extender.node_cache and config.kubernetes.enabled != "off"):
+        return None
+    return NodeCache(lambda: build_api_client(config.kubernetes)[0])
+
+
 @contextmanager
 def extender_client(prometheus_url, kubeconfig=None, extender=None, **prometheus):
     config = config_from_dict({
@@ -72,7 +77,7 @@ def extender_client(prometheus_url, kubeconfig=None, extender=None, **prometheus
         "extender": {"node_cache": kubeconfig is not None, **(extender or {})},
         "kubernetes": {"kubeconfig": kubeconfig} if kubeconfig else {"enabled": "off"}})
     app = Flask("test-utilisation")
-    register_extender(app, config, None)
+    register_extender(app, config, None, node_cache=node_cache(config))
     ext = app.extensions["archway.extender"]
     try:
         yield app.test_client(), ext
