@@ -23,7 +23,6 @@ from archway.certs.x509 import CertificateError, load_cert, remaining
 from archway.extender.routes import register_extender
 from archway.gate import supervisor
 from archway.hostport import split_bind
-from archway.kubeclient import build_api_client
 from archway.nodes import NodeCache
 from archway.registry.resolver import Resolver
 from archway.registry.sharedlookups import SharedLookups
@@ -76,9 +75,7 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
     if resolver is None:
         resolver = Resolver(config.registry, sif=config.sif,
                             shared=SharedLookups(lookups_dir) if lookups_dir else None)
-    node_cache = None
-    if config.extender.node_cache and config.kubernetes.enabled != "off":
-        node_cache = NodeCache(lambda: build_api_client(config.kubernetes)[0])
+    node_cache = NodeCache.for_config(config)
     state = ServerState(config, resolver, node_cache, controller_status)
     metrics.started(__version__)
     app.extensions["archway"] = state

@@ -92,6 +92,15 @@ class NodeCache(WatchCache[NodeFacts]):
                          request_timeout_seconds=request_timeout_seconds,
                          max_backoff_seconds=max_backoff_seconds)
 
+    @classmethod
+    def for_config(cls, config) -> "NodeCache | None":
+        """The process's one node cache, shared by the webhook and the extender; None when
+        extender.node_cache is off or no Kubernetes API is to be used (kubernetes.enabled)."""
+        if not (config.extender.node_cache and config.kubernetes.enabled != "off"):
+            return None
+        from archway.kubeclient import build_api_client
+        return cls(lambda: build_api_client(config.kubernetes)[0])
+
     @property
     def nodes(self) -> dict[str, NodeFacts]:
         return self.items

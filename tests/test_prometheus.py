@@ -33,13 +33,6 @@ def _pod():
         return json.load(f)["Pod"]
 
 
-def node_cache(config) -> NodeCache | None:
-    """The node cache archway.app builds and hands the extender for this config."""
-    if not (config.extender.node_cache and config.kubernetes.enabled != "off"):
-        return None
-    return NodeCache(lambda: build_api_client(config.kubernetes)[0])
-
-
 @contextmanager
 def extender_client(prometheus_url, kubeconfig=None, **prometheus):
     config = config_from_dict({
@@ -47,7 +40,7 @@ def extender_client(prometheus_url, kubeconfig=None, **prometheus):
         "extender": {"node_cache": kubeconfig is not None},
         "kubernetes": {"kubeconfig": kubeconfig} if kubeconfig else {"enabled": "off"}})
     app = Flask("test-prometheus")
-    register_extender(app, config, None, node_cache=node_cache(config))
+    register_extender(app, config, None, node_cache=NodeCache.for_config(config))
     extender = app.extensions["archway.extender"]
     try:
         yield app.test_client(), extender

@@ -63,13 +63,6 @@ def prom(prometheus_stack):
     return prometheus_stack
 
 
-def node_cache(config) -> NodeCache | None:
-    """The node cache archway.app builds and hands the extender for this config."""
-    if not (config.extender.node_cache and config.kubernetes.enabled != "off"):
-        return None
-    return NodeCache(lambda: build_api_client(config.kubernetes)[0])
-
-
 @contextmanager
 def extender_client(prometheus_url, kubeconfig=None, extender=None, **prometheus):
     config = config_from_dict({
@@ -77,7 +70,7 @@ def extender_client(prometheus_url, kubeconfig=None, extender=None, **prometheus
         "extender": {"node_cache": kubeconfig is not None, **(extender or {})},
         "kubernetes": {"kubeconfig": kubeconfig} if kubeconfig else {"enabled": "off"}})
     app = Flask("test-utilisation")
-    register_extender(app, config, None, node_cache=node_cache(config))
+    register_extender(app, config, None, node_cache=NodeCache.for_config(config))
     ext = app.extensions["archway.extender"]
     try:
         yield app.test_client(), ext
