@@ -1,7 +1,7 @@
 """Gating a pod archway could not place in time, and the one update that releases it. Pure.
 
 The webhook admits such a pod with archway's scheduling gate and a label the controller selects
-on (`gate_patch`). Once its images are known, or when admission.gate_max_seconds has passed, the
+on (webhook/patches.py `gate_patch`). Once its images are known, or when admission.gate_max_seconds has passed, the
 controller sends ONE update (`plan_release`) that the apiserver accepts for a gated pod
 (KEP-3838, pkg/apis/core/validation ValidatePodUpdate): placement through `placement.decide`,
 the same decision as the webhook's, which only ever adds nodeSelector keys, sets required node
