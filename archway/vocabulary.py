@@ -4,6 +4,8 @@ operator tools all say these things the same way because they say them from here
 """
 from collections.abc import Iterable, Mapping
 
+from archway.logsafe import redact_url
+
 ARCH_LABEL = "kubernetes.io/arch"
 # kubelet still sets the deprecated beta label; a pod selecting on it does constrain its arch.
 ARCH_KEYS = (ARCH_LABEL, "beta.kubernetes.io/arch")
@@ -68,8 +70,8 @@ def join_architectures(archs: Iterable[str]) -> str:
     return ", ".join(sorted(archs))
 
 
-def share_no_architecture(told: Mapping[str, frozenset[str]], show=str) -> str:
-    """Why a pod can run nowhere: its images and what each runs on; `show` is how an image is
-    shown (a password in a SIF URL redacted)."""
+def share_no_architecture(told: Mapping[str, frozenset[str]]) -> str:
+    """Why a pod can run nowhere: its images (a password in a SIF URL redacted) and what each
+    runs on."""
     return "the pod's images share no CPU architecture: " + "; ".join(
-        f"{show(image)} ({join_architectures(archs)})" for image, archs in told.items())
+        f"{redact_url(image)} ({join_architectures(archs)})" for image, archs in told.items())

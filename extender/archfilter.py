@@ -8,6 +8,7 @@ from archway.podview import PodView
 from archway.vocabulary import (
     ANNOTATION_ARCHITECTURES,
     common_architectures,
+    join_architectures,
     parse_architectures,
     told_architectures,
 )
@@ -28,7 +29,7 @@ def shared_architectures(results: dict) -> tuple[frozenset[str] | None, str]:
     told = told_architectures(results)
     if not told:
         return None, "no image told its architectures"
-    detail = "; ".join(f"{image}: {', '.join(sorted(archs))}" for image, archs in told.items())
+    detail = "; ".join(f"{image}: {join_architectures(archs)}" for image, archs in told.items())
     return common_architectures(told), detail
 
 
@@ -57,7 +58,7 @@ def filter_by_arch(pod_archs: frozenset[str] | None, node_archs, names, *,
         for name in names:
             outcome.unresolvable[name] = reason
         return outcome
-    wanted = ", ".join(sorted(pod_archs))
+    wanted = join_architectures(pod_archs)
     reasons: dict[str, str] = {}
     keep, unresolvable = outcome.keep, outcome.unresolvable
     for i, arch in enumerate(node_archs):

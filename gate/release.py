@@ -100,7 +100,7 @@ def gate_only_release(obj: dict) -> dict:
 def _hold(obj: dict, pod: PodView, results: dict, decision: Decision) -> Release:
     known = told_architectures({image: results.get(image) for image in pod.images})
     if decision.architectures == frozenset():
-        note = share_no_architecture(known, display_image)
+        note = share_no_architecture(known)
     else:
         note = decision.message
     updated = _released(obj, Decision(allowed=True))

@@ -64,7 +64,7 @@ class Explanation:
         if not d.allowed:
             return d.message
         if d.architectures == frozenset():
-            return share_no_architecture(told_architectures(self.results), display_image)
+            return share_no_architecture(told_architectures(self.results))
         return d.conflict
 
 

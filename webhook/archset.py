@@ -7,7 +7,7 @@ ORed, the requirements inside one term are ANDed, and a term with no requirement
 from dataclasses import dataclass
 
 from archway.podview import NodeSelectorTerm, PodView, Requirement
-from archway.vocabulary import ARCH_KEYS
+from archway.vocabulary import ARCH_KEYS, join_architectures
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class ArchSet:
         return self.complement or bool(self.values - archs)
 
     def describe(self) -> str:
-        listed = ", ".join(sorted(self.values)) or "nothing"
+        listed = join_architectures(self.values) or "nothing"
         return f"any but {listed}" if self.complement else listed
 
 

@@ -206,7 +206,7 @@ def exclusion(archs: frozenset[str], learned: Learned | None, images, results: M
     none while the evidence does not hold, nor when it would leave no architecture at all."""
     if learned is None or not learned.architectures & archs:
         return Exclusion()
-    failed = ", ".join(sorted(learned.architectures & archs))
+    failed = join_architectures(learned.architectures & archs)
     reset = reset_reason(learned, images, results)
     if reset:
         return Exclusion(note=f"{learned.workload} failed on {failed} before, but {reset}")

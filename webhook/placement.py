@@ -100,7 +100,7 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
         placed = _Placed("no image told its architectures" if pod.images else "pod has no images")
     elif not archs:
         if policy.deny_on_empty:
-            return _deny(share_no_architecture(known, display_image), warnings, archs)
+            return _deny(share_no_architecture(known), warnings, archs)
         warnings.insert(0, "the images share no CPU architecture; admitted without an arch "
                            "constraint")
         annotate(mutated, pod, results, archs)
