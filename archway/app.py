@@ -41,14 +41,12 @@ def products_of(choice: str) -> tuple[str, ...]:
 class ServerState:
     """What the routes of one worker share."""
 
-    def __init__(self, config, resolver, node_cache=None, controller_status: str | None = None):
+    def __init__(self, config, resolver, node_cache=None):
         self.config = config
         self.resolver = resolver
         self.node_cache = node_cache   # one list + watch of Nodes for both products
         # Whether the gate controller this server runs is up; None: it runs none here.
         self.controller_up: Callable[[], bool] | None = None
-        if controller_status is not None:
-            self.controller_up = lambda: supervisor.is_up(supervisor.read_status(controller_status))
         # name -> callable returning None when fine, else why the process needs a restart
         # (/healthz fails: the kubelet restarts the pod); products may add.
         self.health_checks: dict[str, Callable[[], str | None]] = {}
@@ -76,18 +74,18 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
         resolver = Resolver(config.registry, sif=config.sif,
                             shared=SharedLookups(lookups_dir) if lookups_dir else None)
     node_cache = NodeCache.for_config(config)
-    state = ServerState(config, resolver, node_cache, controller_status)
+    state = ServerState(config, resolver, node_cache)
     metrics.started(__version__)
     app.extensions["archway"] = state
     state.readiness_checks["registry.ca_file"] = lambda: _unreadable(config.registry.ca_file)
     # An expired certificate fails every client's calls; a failing probe makes that visible.
     state.readiness_checks["serving_certificate"] = lambda: _certificate_problem(config.server)
+    if controller_status is not None:
+        _controller_health(state, controller_status)
     if "webhook" in products:
         register_webhook(app, state, pull_secrets)
     if "extender" in products:
         register_extender(app, config, resolver, node_cache=node_cache)
-    if controller_status is not None:
-        _controller_health(state, controller_status)
     _register_common(app, state)
     if state.fast_routes:
         app.wsgi_app = _FastRoutes(app.wsgi_app, state.fast_routes)  # type: ignore[method-assign]
@@ -98,8 +96,10 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
 
 
 def _controller_health(state: ServerState, status_path: str) -> None:
-    """The gate controller process this server runs: a fact on /readyz, a problem on /healthz
-    when nothing brings it back (archway.gate.supervisor)."""
+    """The gate controller process this server runs: whether it is up (the webhook's readiness
+    asks), a fact on /readyz, a problem on /healthz when nothing brings it back
+    (archway.gate.supervisor)."""
+    state.controller_up = lambda: supervisor.is_up(supervisor.read_status(status_path))
     state.readiness_facts["gate_controller_process"] = lambda: supervisor.process_fact(
         supervisor.read_status(status_path), time.time())
     state.health_checks["gate_controller"] = lambda: supervisor.process_problem(
