@@ -7,6 +7,7 @@ own; the leading gate controller uses the same caches to learn (remediation.py) 
 workloads a moved tag concerns. Only a few facts are kept per object, so a cluster of 10,000
 ReplicaSets costs a few megabytes, not the objects.
 """
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -160,7 +161,6 @@ class WorkloadCache:
             cache.ensure_started()
 
     def wait_synced(self, timeout: float) -> bool:
-        import time
         end = time.monotonic() + max(0.0, timeout)
         return all([cache.wait_synced(end - time.monotonic()) for cache in self.caches.values()])
 
