@@ -308,6 +308,9 @@ class _Gunicorn(BaseApplication):
         node_cache = app.extensions["archway"].node_cache
         if node_cache is not None:
             node_cache.ensure_started()
+        extender = app.extensions.get("archway.extender")
+        if extender is not None:
+            extender.start()
         prewarm = app.extensions.get("archway.prewarm")
         if prewarm is not None:
             prewarm.start()

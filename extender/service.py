@@ -55,6 +55,11 @@ class Extender:
         limit = config.extender.max_utilisation
         self.ceiling = Ceiling(limit, self.traffic, config.prometheus) if limit else None
 
+    def start(self) -> None:
+        """Read traffic from the worker's boot on: a worker that has served no call yet must not
+        answer the scheduler's first prioritize without the sample its peers already have."""
+        self.traffic_score.start()
+
     def stop(self) -> None:
         """Stop the background parts: the traffic poller, the node cache and the signals'."""
         for part in (self.traffic, self.node_cache, *self.signals):

@@ -60,10 +60,14 @@ class TrafficScore:
         if self.pod_watch is not None:
             self.pod_watch.stop()
 
-    def scores(self, args: ExtenderArgs) -> SignalScores | None:
+    def start(self) -> None:
+        """The poller and the pod watch: as a worker boots (archway.serve), else on first use."""
         self.traffic.ensure_started()
         if self.pod_watch is not None:
             self.pod_watch.ensure_started()
+
+    def scores(self, args: ExtenderArgs) -> SignalScores | None:
+        self.start()
         snapshot = self.traffic.fresh_snapshot()
         if snapshot is None:
             return None   # no sample younger than prometheus.stale_after_seconds: no opinion

@@ -2,6 +2,7 @@
 calls the extender (running as the chart's scheduler ServiceAccount), which filters nodes by
 architecture and scores them by link utilisation read from a real Prometheus."""
 import re
+import time
 
 import pytest
 import requests
@@ -51,8 +52,20 @@ def busy_only(exporters, prometheus, busy: str) -> None:
     prometheus.wait_for(query, at_least=len(exporters.nodes), check=settled, timeout=20)
 
 
-def extender_sees(archway, busy: str) -> None:
-    """Wait until the extender's own prioritize ranks `busy` below every other amd64 node."""
+def extender_sees(archway, busy: str, since: float) -> None:
+    """Wait until every worker of the extender scores with a sample taken after `since` (one
+    worker queries Prometheus, the others read its snapshot within a second: the scheduler's
+    call may reach any of them), and its prioritize ranks `busy` below every other amd64 node."""
+    def every_worker_fresh():
+        text = archway.extender.get("/metrics").text
+        # One series per process that loaded the metrics: the master's too, which never scores.
+        workers = set(re.findall(r'archway_prometheus_poller\{pid="(\d+)"\}', text)) \
+            - {str(archway.extender.process.pid)}
+        sampled = {pid: float(at) for pid, at in re.findall(
+            r'archway_prometheus_snapshot_timestamp_seconds\{pid="(\d+)"\} (\S+)', text)}
+        return bool(workers) and all(sampled.get(pid, 0.0) >= since for pid in workers)
+    wait_until(every_worker_fresh, timeout=20, what="every extender worker to read a new sample")
+
     def ranked():
         args = {"Pod": {"metadata": {"name": "probe", "namespace": "default",
                                      "annotations": {"archway.dev/architectures": "amd64"}},
@@ -71,7 +84,7 @@ def test_the_second_scheduler_binds_to_the_quieter_node_of_the_right_architectur
     chosen = []
     for round_, busy in enumerate(("amd64-1", "amd64-2", "amd64-1")):
         busy_only(exporters, prometheus, busy)
-        extender_sees(archway, busy)
+        extender_sees(archway, busy, since=time.time())
         name = f"round-{round_}"
 
         def placed(name=name):
