@@ -253,20 +253,20 @@ def _serving_certificate(server):
         with open(path, "rb") as f:
             return path, load_cert(f.read(1024 * 1024))
     except (OSError, CertificateError):
-        return f"serving certificate {path} cannot be read"
+        return "the serving certificate cannot be read"   # /readyz: no paths shown
 
 
 def _certificate_problem(server) -> str | None:
     found = _serving_certificate(server)
     if not isinstance(found, tuple):
         return found
-    path, cert = found
+    _, cert = found
     if remaining(cert).total_seconds() <= 0:
-        return f"serving certificate {path} expired at {cert.not_valid_after_utc:%Y-%m-%d %H:%M}Z"
+        return f"the serving certificate expired at {cert.not_valid_after_utc:%Y-%m-%d %H:%M}Z"
     return None
 
 
 def _unreadable(path: str | None) -> str | None:
     if path and not os.access(os.path.expanduser(path), os.R_OK):
-        return f"{path} is not readable"
+        return "the file is not readable"   # the check's name says which; /readyz shows no paths
     return None

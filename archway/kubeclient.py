@@ -22,6 +22,7 @@ IN_CLUSTER_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/names
 # secrets, two watches held open, the Lease and the Events. More connections than this are
 # still made when needed, but closed after use (with a urllib3 warning line each).
 POOL_SIZE = 32
+IN_CLUSTER = "in-cluster service account"   # where build_api_client found the API, in a pod
 
 _built: dict[tuple, tuple[object | None, str]] = {}
 _lock = threading.Lock()
@@ -58,6 +59,14 @@ def no_api_configured(source: str, option: str = "kubernetes.kubeconfig in the c
     return ArchwayError(f"no Kubernetes API: {source}")
 
 
+def api_kind(source: str, *, connected: bool) -> str:
+    """What an unauthenticated reader (/readyz) may learn of build_api_client's second value:
+    the kind of source, never a file's path nor why it is unusable (the start-up log says)."""
+    if connected:
+        return "in-cluster" if source == IN_CLUSTER else "kubeconfig"
+    return source if source in ("none", "disabled") else "unusable (see the log)"
+
+
 def in_cluster_namespace() -> str | None:
     """The namespace of the pod this process runs in (its service account's), else None."""
     try:
@@ -79,7 +88,7 @@ def _build(kubeconfig: str | None) -> tuple[object | None, str]:
     except ConfigException:
         pass
     else:
-        return _api_client(configuration), "in-cluster service account"
+        return _api_client(configuration), IN_CLUSTER
     named = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
     default = os.path.expanduser(named or "~/.kube/config")
     if os.path.exists(default):

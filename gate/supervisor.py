@@ -9,8 +9,9 @@
 What it is doing goes into a small JSON file in the server's run directory, its mtime touched at
 every turn: the workers read it for /readyz (a fact, never a reason to refuse admissions: the
 webhook answers correctly without its own controller) and /healthz (failing when nobody brings
-the controller back: the master stopped turning, or it has been down for DOWN_LIMIT_SECONDS, so
-the kubelet restarts the pod). `process_problem` and `process_fact` decide that, without I/O.
+the controller back: the master stopped turning, or no controller has stayed up (run
+STABLE_SECONDS) for DOWN_LIMIT_SECONDS, across restarts: a crash loop counts as down, so the
+kubelet restarts the pod). `process_problem` and `process_fact` decide that, without I/O.
 """
 import json
 import logging
@@ -26,7 +27,7 @@ log = logging.getLogger("archway.gate")
 RESTART_MIN_SECONDS = 1.0
 RESTART_MAX_SECONDS = 30.0
 STABLE_SECONDS = 60.0         # a controller that ran this long starts the back-off afresh
-DOWN_LIMIT_SECONDS = 90.0     # down this long (several restarts failed): /healthz fails
+DOWN_LIMIT_SECONDS = 90.0     # no controller stayed up this long (restarts failed): /healthz fails
 HEARTBEAT_LIMIT_SECONDS = 15.0  # the master has not looked for this long: /healthz fails
 STATUS_FILE = "gate-controller.json"
 
@@ -86,6 +87,9 @@ class Supervisor:
         self._started_at = 0.0
         self._next_start = 0.0
         self._since = wall()           # wall time of the last change of state
+        # wall time since which no controller has stayed up (run STABLE_SECONDS); None while
+        # one has. Kept across restarts: a controller dying at every launch stays down.
+        self._down_since: float | None = wall()
         self._last_exit: str | None = None
         self._stopping = False
 
@@ -97,8 +101,12 @@ class Supervisor:
         if self.process is not None:
             code = self.process.poll()
             if code is None:
-                if self._failures and now - self._started_at >= STABLE_SECONDS:
+                if now - self._started_at >= STABLE_SECONDS:
                     self._failures = 0
+                    if self._down_since is not None:
+                        self._down_since = None
+                        self._write("running")
+                        return
                 self._touch()
                 return
             self._died(code, now)
@@ -128,6 +136,8 @@ class Supervisor:
         if self._on_exit is not None:
             self._on_exit(pid)
         self._last_exit = describe_exit(code)
+        if self._down_since is None:
+            self._down_since = self._wall()
         delay = min(RESTART_MAX_SECONDS, RESTART_MIN_SECONDS * 2 ** self._failures)
         self._failures += 1
         self._next_start = now + delay
@@ -163,7 +173,7 @@ class Supervisor:
         if self.status_path is None:
             return
         status = {"state": state, "pid": self.process.pid if self.process else None,
-                  "since": self._since, "restarts": self.restarts, "last_exit": self._last_exit,
+                  "since": self._since, "down_since": self._down_since, "restarts": self.restarts, "last_exit": self._last_exit,
                   "next_start": (self._wall() + max(0.0, self._next_start - self._clock())
                                  if state == "restarting" else None)}
         temporary = f"{self.status_path}.{os.getpid()}.tmp"
@@ -221,16 +231,19 @@ def process_fact(status: dict | None, now: float) -> str:
 
 
 def process_problem(status: dict | None, now: float) -> str | None:
-    """Why /healthz fails: the controller is down and nothing brings it back."""
+    """Why /healthz fails: the controller is down and nothing brings it back. Down is since
+    the last controller that stayed up, whatever started and died since (a crash loop)."""
     if status is None or status.get("state") == "stopped":
         return None
     silent = now - float(status.get("heartbeat") or now)
     if silent > HEARTBEAT_LIMIT_SECONDS:
         return (f"the server's master has not looked after the gate controller for "
                 f"{silent:.0f} s")
-    if status.get("state") == "restarting":
-        down = now - float(status.get("since") or now)
+    down_since = status.get("down_since")
+    if down_since is not None:
+        down = now - float(down_since)
         if down > DOWN_LIMIT_SECONDS:
-            return (f"the gate controller has not been running for {down:.0f} s "
-                    f"({status.get('last_exit')})")
+            restarts = int(status.get("restarts") or 0)
+            return (f"no gate controller has stayed up for {down:.0f} s ({restarts} "
+                    f"restart{'s' if restarts != 1 else ''}, last: {status.get('last_exit')})")
     return None

@@ -266,6 +266,45 @@ def test_the_supervisor_backs_off_and_starts_afresh_after_a_stable_run(tmp_path)
     assert json.loads(open(status).read())["state"] == "stopped"
 
 
+def test_a_controller_dying_at_every_launch_fails_healthz_after_the_limit(tmp_path,
+                                                                          monkeypatch):
+    """Issue 30, finding 6: the supervisor reset "down since" at every launch, so a crash loop
+    (its back-off at most 30 s) never reached the 90 s limit: /healthz stayed 200 for ever. The
+    limits shrunk here: back-off at most 0.2 s, a stable run 3 s, the limit 1.5 s."""
+    from archway.app import create_app
+    from archway.webhook.pullsecrets import PullSecrets
+    monkeypatch.setattr(supervisor, "RESTART_MIN_SECONDS", 0.05)
+    monkeypatch.setattr(supervisor, "RESTART_MAX_SECONDS", 0.2)
+    monkeypatch.setattr(supervisor, "STABLE_SECONDS", 3.0)
+    monkeypatch.setattr(supervisor, "DOWN_LIMIT_SECONDS", 1.5)
+    status = str(tmp_path / "status.json")
+    config = config_from_dict({"server": {"state_dir": str(tmp_path / "state")},
+                               "kubernetes": {"enabled": "off"}})
+    client = create_app(config, pull_secrets=PullSecrets(None, source="disabled"),
+                        controller_status=status).test_client()
+    program = ["false"]                               # dies at once, every time
+    started = time.monotonic()
+    keeper = supervisor.Supervisor(lambda: subprocess.Popen(program), status)
+
+    def healthz(code: int):
+        keeper.tick()                                 # the master's loop
+        answer = client.get("/healthz")
+        return answer.status_code == code and answer.get_json()
+
+    try:
+        assert healthz(200)
+        failing = wait_until(lambda: healthz(503), 30, "/healthz to fail in the crash loop")
+        assert time.monotonic() - started >= supervisor.DOWN_LIMIT_SECONDS
+        assert keeper.restarts >= 3
+        assert "no gate controller has stayed up for" in failing["problems"]["gate_controller"]
+        # A controller that stays up (STABLE_SECONDS) ends it.
+        program[:] = ["sleep", "60"]
+        wait_until(lambda: healthz(200), 30, "/healthz to pass once a controller stayed up")
+        assert keeper.process is not None and keeper.process.poll() is None
+    finally:
+        keeper.stop()
+
+
 def test_what_the_health_endpoints_say_about_the_controller_process():
     now = 10_000.0
     running = {"state": "running", "pid": 7, "since": now - 30, "restarts": 2,
@@ -276,9 +315,11 @@ def test_what_the_health_endpoints_say_about_the_controller_process():
     assert supervisor.process_fact(down, now) == (
         "not running: killed by SIGKILL; starting again in 4 s, restarted 2 times")
     assert supervisor.process_problem(down, now) is None   # being brought back: liveness holds
-    long_down = dict(down, since=now - supervisor.DOWN_LIMIT_SECONDS - 1)
-    assert "has not been running for 91 s (killed by SIGKILL)" in supervisor.process_problem(
-        long_down, now)
+    long_down = dict(down, down_since=now - supervisor.DOWN_LIMIT_SECONDS - 1)
+    assert "no gate controller has stayed up for 91 s (2 restarts, last: killed by SIGKILL)" \
+        in supervisor.process_problem(long_down, now)
+    # a crash loop seen between two deaths: running, but none stayed up since
+    assert supervisor.process_problem(dict(long_down, state="running"), now)
     silent = dict(running, heartbeat=now - supervisor.HEARTBEAT_LIMIT_SECONDS - 5)
     assert "has not looked after the gate controller for 20 s" in supervisor.process_problem(
         silent, now)

@@ -181,6 +181,8 @@ def test_no_api_configured(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert build_api_client(k8s_settings()) == (
         None, f"KUBECONFIG names {tmp_path / 'absent'}, which does not exist")
+    assert PullSecrets(None, source=build_api_client(k8s_settings())[1]).api_kind == (
+        "unusable (see the log)")             # /readyz: never the path (issue 30)
     monkeypatch.delenv("KUBECONFIG")
     client, source = build_api_client(k8s_settings())
     assert client is None and source == "none"
@@ -188,6 +190,10 @@ def test_no_api_configured(monkeypatch, tmp_path):
     assert creds.warnings == ("pull secrets not read (no Kubernetes API configured): regcred",)
     assert build_api_client(k8s_settings(enabled="off")) == (None, "disabled")
     off = PullSecrets(None, source="disabled")
+    assert (off.api_kind, PullSecrets(None, source="none").api_kind) == ("disabled", "none")
+    from archway.kubeclient import IN_CLUSTER, api_kind
+    assert api_kind(IN_CLUSTER, connected=True) == "in-cluster"
+    assert api_kind(f"kubeconfig {tmp_path}/config", connected=True) == "kubeconfig"
     assert off.credentials_for(pod("regcred"), time.monotonic() + 1).warnings == ()
 
 

@@ -54,7 +54,7 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
             lambda: ClusterReader(pull_secrets.api.client), state.resolver, pull_secrets,
             per_second=prewarm.requests_per_second,
             exclude_namespaces=config.admission.exclude_namespaces)
-    state.readiness_facts["kubernetes_api"] = lambda: pull_secrets.source
+    state.readiness_facts["kubernetes_api"] = lambda: pull_secrets.api_kind
     if gating is not None:
         # Whether this worker would gate a pod now (admission.unresolved: gate).
         state.readiness_facts["gate_controller"] = lambda: _leader_fact(gating)

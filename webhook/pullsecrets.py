@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from archway.errors import ArchwayError, ConfigError
 from archway.kubeapi import ApiError, KubeApi
-from archway.kubeclient import build_api_client
+from archway.kubeclient import api_kind, build_api_client
 from archway.podview import PodView
 from archway.registry.cache import TTLCache
 from archway.registry.credentials import MAX_CONFIG_BYTES, Keyring
@@ -54,6 +54,11 @@ class PullSecrets:
         self.cache_seconds = cache_seconds
         self._clock = clock
         self._cache = TTLCache(10_000, clock)
+
+    @property
+    def api_kind(self) -> str:
+        """Where the API was found, as /readyz may show it: "kubeconfig", "in-cluster"..."""
+        return api_kind(self.source, connected=self.api is not None)
 
     @classmethod
     def from_config(cls, config) -> "PullSecrets":
