@@ -18,7 +18,7 @@ import pytest
 from archway.certs import x509 as cx
 from archway.certs.selfsigned import ensure_self_signed
 from archway.certs.tls import ReloadingContext, server_context
-from tests.infra.procs import REPO, Server, free_port, require_binary
+from tests.infra.procs import REPO, Server, free_port, require_binary, wait_until
 
 SERVICE, NAMESPACE = "archway", "archway-system"
 SVC_NAMES = ["archway", "archway.archway-system", "archway.archway-system.svc",
@@ -361,7 +361,8 @@ def test_served_rotation_is_picked_up_without_failed_handshakes(served):
     for t in threads:
         t.start()
     try:
-        time.sleep(0.3)
+        # handshakes with the old certificate first (asserted below)
+        wait_until(lambda: len(results) >= 4 or failures, 30, "handshakes before the swap")
         new = cx.issue_serving_cert(served["ca"], served["hosts"], days=2)
         swapped_at = time.monotonic()
         _kubelet_style_dir(served["mount"], {"tls.crt": new.cert_pem, "tls.key": new.key_pem})

@@ -162,11 +162,16 @@ zmodload zsh/zpty
 zpty z 'zsh -f -i'
 zpty -w z 'PS1="> "; autoload -Uz compinit; compinit -u -D; source %(script)s; echo READY'
 zpty -r z line '*READY*'
-for typed in "$@"; do
+while (( $# )); do
+    typed=$1; shown=$2; shift 2
     zpty -w -n z "$typed"$'\t'
-    sleep 1
     out=""
-    while zpty -r -t z chunk; do out+=$chunk; done
+    # read until the completion shows (at most 30 s: a busy machine), never a fixed pause
+    for i in {1..300}; do
+        while zpty -r -t z chunk; do out+=$chunk; done
+        [[ ${out//$'\r'/} == *"$shown"* ]] && break
+        sleep 0.1
+    done
     print -r -- "<<$typed>>${out//$'\r'/}"
     zpty -w -n z $'\C-u'
     sleep 0.2
@@ -180,10 +185,13 @@ def test_zsh_completion_in_a_real_interactive_zsh(completion_scripts, tmp_path):
     """A real interactive zsh (zsh/zpty) with compinit, TAB pressed after each line."""
     driver = tmp_path / "driver.zsh"
     driver.write_text(ZSH_DRIVER % {"script": shlex.quote(completion_scripts["zsh"])})
-    typed = ["archway certs ", "archway certs gen", "archway serve --product ",
-             "archway -v completion z", "archway explain -f dep"]
-    out = subprocess.run([require_binary("zsh"), "-f", str(driver), *typed], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60)
+    typed = {"archway certs ": "generate", "archway certs gen": "archway certs generate",
+             "archway serve --product ": "webhook",
+             "archway -v completion z": "archway -v completion zsh",
+             "archway explain -f dep": "archway explain -f deploy.yaml"}   # line: what shows
+    out = subprocess.run([require_binary("zsh"), "-f", str(driver),
+                          *(word for pair in typed.items() for word in pair)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=240)
     answers = dict(part.split(">>", 1) for part in out.stdout.split("<<")[1:])
     assert "bootstrap" in answers["archway certs "] and "generate" in answers["archway certs "]
     assert "archway certs generate" in answers["archway certs gen"]     # completed in place

@@ -18,6 +18,7 @@ from archway.registry.hostpolicy import HostPolicy
 from archway.registry.http import HttpClient
 from archway.registry.oci import RegistryClient
 from archway.registry.reference import parse_reference
+from tests.infra.procs import wait_until
 from tests.infra.registry import plain_registry
 
 
@@ -64,9 +65,13 @@ def test_callers_of_one_name_share_the_lookup_in_flight():
     threads = [threading.Thread(target=caller) for _ in range(20)]
     for t in threads:
         t.start()
-    while len(entered) < len(threads):
-        time.sleep(0.01)
-    time.sleep(0.3)   # each caller is past its first line: waiting on the one lookup
+    # Released once every caller waits on the one lookup (a caller still on its way when the
+    # answer came would start a second one): the lookup's Event counts its waiters.
+    def waiting() -> int:
+        return sum(len(lookup.done._cond._waiters)  # type: ignore[attr-defined]
+                   for lookup in list(lookups._in_flight.values()))
+    wait_until(lambda: len(entered) == len(threads) and waiting() == len(threads), 10,
+               "every caller to wait on the one lookup")
     silent.release()
     for t in threads:
         t.join(5)

@@ -361,8 +361,11 @@ def test_410_gone_makes_the_cache_list_again(tmp_path):
         assert cache.wait_synced(5)
         lists = cache.lists
         server.faults["/api/v1/nodes"] = 500           # the watch drops and cannot come back...
+        asked = len(server.requests)
         try:
-            time.sleep(1.5)
+            # its watch timed out (1 s) and the next attempt was refused: the cache is away
+            wait_until(lambda: any(m == "GET" and p.startswith("/api/v1/nodes")
+                                   for m, p in server.requests[asked:]), 15, "a refused watch")
             missed = copy.deepcopy(node)
             missed["metadata"]["name"] = "missed-while-away"
             server.put("/api/v1/nodes/missed-while-away", missed)

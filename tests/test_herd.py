@@ -30,6 +30,7 @@ from archway.extender.traffic import (
     utilisation_score,
 )
 from archway.registry.http import Response
+from tests.infra.procs import wait_until
 
 # --- the curve --------------------------------------------------------------------------------------
 
@@ -299,10 +300,8 @@ def test_pod_watch_lists_in_pages_and_keeps_only_what_it_uses(tmp_path):
                 "metadata": {"name": "late"},
                 "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}})
             uid = late["metadata"]["uid"]
-            for _ in range(100):
-                if herd.placement(uid) is not None:
-                    break
-                time.sleep(0.05)
-            assert herd.placement(uid).node == "n1" and herd.running["n1"] == 4
+            wait_until(lambda: herd.placement(uid) is not None and herd.running.get("n1") == 4,
+                       30, "the late pod through the watch")
+            assert herd.placement(uid).node == "n1"
         finally:
             watch.stop()

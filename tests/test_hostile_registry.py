@@ -39,7 +39,7 @@ from archway.registry.redirects import redirect_step
 from archway.registry.reference import parse_reference
 from archway.registry.sifsources import resolve_https
 from tests.infra.faults import BlackHole, DripServer, ScriptedServer
-from tests.infra.procs import REPO
+from tests.infra.procs import REPO, wait_until
 from tests.infra.registry import test_ca
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
@@ -589,7 +589,7 @@ def test_a_hostile_realm_of_one_repository_never_stops_another_on_the_same_host(
     assert resolve("team/app:v2").architectures == {"arm64"}
     with ThreadPoolExecutor(1) as pool:
         hanging = pool.submit(resolve, "evil/hang:1")
-        time.sleep(0.5)   # its token request is held by the black hole now
+        wait_until(lambda: hang.accepted >= 1, 10, "the token request to reach the black hole")
         started = time.monotonic()
         assert resolve("team/app:v3").architectures == {"arm64"}
         assert time.monotonic() - started < 1.5

@@ -217,7 +217,9 @@ def test_prometheus_down_gives_neutral_scores_200s_a_metric_and_one_log_line(pro
             assert set(scores.values()) == {NEUTRAL_SCORE}
             assert time.monotonic() - stopped >= 1.0     # the last answer served until stale
             assert _metric("archway_prometheus_up") == 0
-            assert _metric("archway_prometheus_query_errors_total") >= errors_before + 2
+            # a failed query each refresh (0.2 s), counted by the poller's thread
+            assert poll(lambda: _metric("archway_prometheus_query_errors_total"),
+                        lambda errors: errors >= errors_before + 2, timeout=10) >= errors_before + 2
             failures = [r for r in caplog.records if "query failed" in r.getMessage()]
             assert len(failures) == 1, [r.getMessage() for r in failures]
             assert "cannot reach" in extender.traffic.last_error

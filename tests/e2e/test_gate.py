@@ -41,7 +41,9 @@ def test_a_pod_gated_on_a_slow_registry_is_placed_and_bound_once_the_registry_is
     time.sleep(2 * DEADLINE)
     still = kube.get(pod_path(namespace, "slow"))
     assert gated(still) and not still["spec"].get("nodeName"), "a gated pod must not be bound"
-    assert metric(archway.webhook, "archway_gated_pods") >= 1
+    # the gate controller's gauge, set once its watch has seen the pod
+    kube.wait_for(lambda: metric(archway.webhook, "archway_gated_pods") >= 1, timeout=30,
+                  what="archway_gated_pods counting the pod")
 
     slow_registry.delay = 0.0
     (bound,) = wait_bound(kube, namespace, "slow", 1, timeout=30)
@@ -53,8 +55,11 @@ def test_a_pod_gated_on_a_slow_registry_is_placed_and_bound_once_the_registry_is
     (event,) = events(kube, namespace, "slow")
     assert (event["type"], event["reason"]) == ("Normal", "Placed")
     assert "amd64, arm64" in event["note"] and "waiting" in event["note"]
-    assert metric(archway.webhook, "archway_gate_releases_total", outcome="placed") >= 1
-    assert metric(archway.webhook, "archway_gate_wait_seconds_count") >= 1
+    # counted by the controller's process around the release: waited for, not assumed
+    kube.wait_for(lambda: metric(archway.webhook, "archway_gate_releases_total",
+                                 outcome="placed") >= 1
+                  and metric(archway.webhook, "archway_gate_wait_seconds_count") >= 1,
+                  timeout=30, what="the release counted")
 
 
 def test_another_controllers_gate_stays_when_archway_releases_its_own(
@@ -132,4 +137,6 @@ def test_a_pod_gated_on_a_registry_that_never_answers_is_released_at_gate_max_se
     (event,) = events(kube, namespace, "dead")
     assert (event["type"], event["reason"]) == ("Warning", "ReleasedUnplaced")
     assert image in event["note"]
-    assert metric(short_gate, "archway_gate_releases_total", outcome="unplaced") == 1
+    kube.wait_for(lambda: metric(short_gate, "archway_gate_releases_total",
+                                 outcome="unplaced") == 1, timeout=30,
+                  what="the unplaced release counted")

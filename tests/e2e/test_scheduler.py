@@ -113,10 +113,15 @@ def test_the_second_scheduler_never_binds_to_a_node_of_another_architecture(
         bound = wait_bound(kube, namespace, f"p{i}", 1)[0]
         assert arches_of(kube, [bound]) == {"amd64"}
         assert bound["spec"]["schedulerName"] == archway.scheduler_name
-    # The default scheduler never touched them: the Scheduled events come from archway's.
-    events = kube.items(f"/api/v1/namespaces/{namespace}/events",
-                        fieldSelector="reason=Scheduled")
-    assert events and {e.get("reportingComponent") or e["source"].get("component")
-                       for e in events} == {archway.scheduler_name}
+    # The default scheduler never touched them: the Scheduled events come from archway's. A
+    # scheduler writes its Events in the background after the bind: waited for, one per pod.
+    def scheduled():
+        found = kube.items(f"/api/v1/namespaces/{namespace}/events",
+                           fieldSelector="reason=Scheduled")
+        named = {e.get("involvedObject", {}).get("name") for e in found}
+        return found if named >= {f"p{i}" for i in range(4)} else None
+    events = kube.wait_for(scheduled, timeout=30, what="a Scheduled Event for each pod")
+    assert {e.get("reportingComponent") or e["source"].get("component")
+            for e in events} == {archway.scheduler_name}
     assert kube.get(pod_path(namespace, "p0"))["metadata"]["annotations"][
         "archway.dev/architectures"] == "amd64"

@@ -3,7 +3,6 @@ and `archway report`."""
 import json
 import os
 import subprocess
-import time
 
 import yaml
 
@@ -64,11 +63,22 @@ def test_pre_warming_after_a_start_places_pods_of_running_workloads_through_a_re
         wait_bound(kube, namespace, "warm", 1)
     finally:
         mark = images.registry.mark()
+        log = archway.webhook.process.log
+        logged = os.path.getsize(log)        # the restarted server appends to the same file
         archway.restart_webhook()
     # Pre-warming reads the running workload's image without any admission asking for it.
     kube.wait_for(lambda: images.registry.manifest_gets(mark, "e2e/arm64"), timeout=20,
                   what="pre-warming to read the workload's image")
-    time.sleep(1)
+
+    with open(archway.webhook.config_path) as f:
+        workers = yaml.safe_load(f)["server"]["workers"]
+
+    def prewarmed() -> bool:
+        """Each worker has said it is done (its lookups settled, answers in its cache)."""
+        with open(log, "rb") as f:
+            f.seek(logged)
+            return f.read().count(b"pre-warming done: ") >= workers
+    kube.wait_for(prewarmed, timeout=30, what="pre-warming done in both workers")
     slow_registry.delay = 3.0      # now the registry is too slow for any admission
     kube.patch(f"/apis/apps/v1/namespaces/{namespace}/deployments/warm/scale",
                {"spec": {"replicas": 3}})
