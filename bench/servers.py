@@ -17,7 +17,7 @@ from tests.infra.procs import REPO, Server, free_port
 
 # `admission <ns/name> uid=... images=N ... warnings=W 0.4 ms` (webhook/service.py, one per admission)
 _ADMISSION_LINE = re.compile(r"archway\.admission: admission .* (?P<ms>\d+(?:\.\d+)?) ms(?: dry-run)?$")
-# `filter <ns/name>: archs=... (12.3 ms)` (webhook/extender.py, one per filter call)
+# `filter <ns/name>: archs=... (12.3 ms)` (extender/routes.py, one per filter call)
 _FILTER_LINE = re.compile(r"archway\.extender: filter .*\((?P<ms>\d+(?:\.\d+)?) ms\)$")
 
 

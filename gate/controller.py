@@ -5,7 +5,7 @@ whenever a Kubernetes API is configured; among the replicas only the holder of t
 
     lead -> sweep every pod carrying the gate (paged list) -> watch the gated ones (label)
          -> per pod: resolve its images with its pull secrets, retrying with back-off
-         -> plan_release (gate.py, pure) -> ONE update (PUT at the resourceVersion read)
+         -> plan_release (release.py, pure) -> ONE update (PUT at the resourceVersion read)
          -> an Event on the pod
 
 Never stuck: a pod is released at admission.gate_max_seconds after its creation whatever the

@@ -227,7 +227,7 @@ def test_alert_expressions_pass_promtool(render, tmp_path):
     url = gated["annotations"]["runbook_url"]
     assert url.endswith("/docs/runbooks/ArchwayPodsGatedTooLong.md")
     assert os.path.exists(os.path.join(REPO, "docs", "runbooks", "ArchwayPodsGatedTooLong.md"))
-    # The metric names are the ones archway exports (webhook/metrics.py, webhook/traffic.py).
+    # The metric names are the ones archway exports (archway/metrics.py declares them all).
     assert 'archway_admissions_total' in alerts["ArchwayHighFailOpenRate"]
     assert 'outcome="fail_open"' in alerts["ArchwayHighFailOpenRate"]
     assert "archway_prometheus_up" in alerts["ArchwayPrometheusDataStale"]

@@ -1,5 +1,6 @@
 """The package layout users rely on: one import namespace, and a CLI that starts light."""
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -58,3 +59,68 @@ def test_every_public_exception_is_an_archway_error():
     for expected in ("archway.kubeapi.ApiError", "archway.certs.x509.CertificateError",
                      "archway.registry.dns.LookupTimeout", "archway.extender.wire.MalformedExtenderArgs"):
         assert expected in checked
+
+
+# --- what comments and documents name is in the tree ---------------------------------------------
+
+ROOMS = ("archway", "webhook", "extender", "registry", "certs", "gate", "tools")
+TOP = ROOMS + ("tests", "bench", "charts", "docs", "scripts")
+# A path under one of this repository's folders, naming a file by its kind (an image name such as
+# archway/multi has no extension). bench/results/ is written by the benchmarks, never kept.
+NAMED_PATH = re.compile(r"(?<![\w/.:-])((?:" + "|".join(TOP)
+                        + r")/[\w./-]*\.(?:py|md|yaml|yml|json|sh|tpl|lua|toml))\b")
+BARE_MODULE = re.compile(r"(?<![\w/.-])([a-z_]\w*\.py)\b")
+TEXT_KINDS = (".py", ".md", ".yaml", ".yml", ".json", ".sh", ".tpl", ".toml", ".lua", ".txt")
+
+
+def repository_files() -> list[str]:
+    found = []
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+        found += [os.path.relpath(os.path.join(root, f), REPO) for f in files]
+    return found
+
+
+def stale_names(files: list[str]) -> list[str]:
+    """Where a comment, docstring or document names a path that is not in the tree: every
+    `room/…/file.ext`, and in a production module every bare `module.py`, which must be in its
+    own folder, the core's, or another room's."""
+    present = set(files)
+    in_rooms = {os.path.basename(f) for f in files if f.split(os.sep)[0] in ROOMS}
+    stale = []
+    for path in files:
+        if not path.endswith(TEXT_KINDS) or path.startswith(os.path.join("bench", "results")):
+            continue
+        with open(os.path.join(REPO, path), encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+        production = path.split(os.sep)[0] in ROOMS and path.endswith(".py")
+        for number, line in enumerate(lines, 1):
+            for match in NAMED_PATH.finditer(line):
+                named = match.group(1)
+                if named not in present and not named.startswith("bench/results/"):
+                    stale.append(f"{path}:{number}: {named}")
+            if production:
+                for match in BARE_MODULE.finditer(line):
+                    if match.group(1) not in in_rooms:
+                        stale.append(f"{path}:{number}: {match.group(1)}")
+    return stale
+
+
+def test_every_path_a_comment_or_document_names_is_in_the_tree():
+    """Issue 30: five comments named modules that had moved (the gate controller's gate.py,
+    config.py, extender.py, metrics.py and traffic.py under webhook's folder)."""
+    assert stale_names(repository_files()) == []
+
+
+def test_stale_names_sees_a_moved_module():
+    files = repository_files()
+    present = [f for f in files if f != os.path.join("gate", "release.py")]
+    assert any(s.startswith("gate/controller.py:") and s.endswith("release.py")
+               for s in stale_names(present))
+
+
+def test_the_readme_layout_lists_every_room():
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        layout = f.read().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `([\w/]+)/` \|", layout, re.M))
+    assert set(ROOMS) <= listed, set(ROOMS) - listed
