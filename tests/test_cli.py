@@ -58,6 +58,29 @@ def test_every_help_shows_examples_that_parse(path):
             assert line.startswith(f"archway {path}") or f" {path} " in f" {' '.join(archway_argv(line))} ", line
 
 
+def test_every_command_and_only_they_have_examples():
+    assert set(every_command()) == set(EXAMPLES)
+
+
+def test_a_command_without_examples_breaks_no_other_command(monkeypatch):
+    """Issue 30: a subcommand missing from EXAMPLES made build_parser raise KeyError, so every
+    `archway` command failed; now only the tests above fail for it."""
+    import types
+
+    import archway.cli as cli
+    def register(subparsers):
+        subparsers.add_parser("unlisted").set_defaults(func=lambda args: 0)
+
+    module = types.ModuleType("tests.unlisted_command")
+    module.register = register  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(cli, "_COMMAND_MODULES", (*cli._COMMAND_MODULES, module.__name__))
+    parser = cli.build_parser()
+    assert parser.parse_args(["inspect", "nginx"]).func
+    assert parser.parse_args(["unlisted"]).func
+    assert "unlisted" not in EXAMPLES
+
+
 def test_an_example_that_does_not_parse_is_caught():
     """Control for the test above: a wrong option in an example fails to parse."""
     with pytest.raises(SystemExit):
