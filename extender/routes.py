@@ -79,8 +79,8 @@ def read_body(environ: dict, limit: int, deadline: float) -> bytes:
 def register_extender(app: Flask, config, resolver, *, extender: Extender | None = None,
                       node_cache: NodeCache | None = None) -> None:
     """Add POST /scheduler/filter and /scheduler/prioritize to `app`. `resolver` is a
-    archway.registry.resolver.Resolver, a zero-argument factory of one, or None (pod arch then comes
-    from the webhook's annotation only). `node_cache`: the process's one NodeCache (archway.app
+    archway.registry.resolver.Resolver or None (pod arch then comes from the webhook's
+    annotation only). `node_cache`: the process's one NodeCache (archway.app
     builds it when extender.node_cache is on and there is cluster access), None: names the
     scheduler sends pass the filter. `extender` replaces the one built from `config`."""
     extender = extender or Extender(config, resolver, node_cache=node_cache)

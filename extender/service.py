@@ -43,7 +43,7 @@ class Extender:
     def __init__(self, config, resolver, *, node_cache: NodeCache | None = None,
                  traffic: TrafficPoller | None = None):
         self.config = config
-        self._resolver = resolver
+        self.resolver = resolver       # None: pods are filtered by their annotation only
         self.node_cache = node_cache
         self.traffic = traffic or TrafficPoller(config.prometheus, shared_dir=_shared_dir())
         self.traffic_score = TrafficScore(config, self.traffic, node_cache,
@@ -65,15 +65,6 @@ class Extender:
         for part in (self.traffic, self.node_cache, *self.signals):
             if part is not None:
                 part.stop()
-
-    @property
-    def resolver(self):
-        # create_app may hand over a factory so the resolver (and its threads) is built after
-        # gunicorn forks the worker, not in the master.
-        resolver = self._resolver
-        if resolver is not None and not hasattr(resolver, "resolve_many") and callable(resolver):
-            resolver = self._resolver = resolver()
-        return resolver
 
     # --- filter ------------------------------------------------------------------------------
     def pod_architectures(self, pod: PodView,
