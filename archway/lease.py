@@ -193,11 +193,6 @@ class LeaseObserver:
         since = self._leaderless_since
         return since is None or self._clock() - since < self.duration
 
-    def wait_first_read(self, timeout: float) -> bool:
-        self.start()
-        with self._changed:
-            return self._changed.wait_for(lambda: self._reads_done > 0, timeout)
-
     def refresh(self) -> None:
         try:
             lease = self.api.request("GET", self.path, timeout=max(1.0, self.duration / 3))

@@ -60,11 +60,6 @@ class ReloadingContext:
         self._next_check = clock() + check_interval
         self.reloads = 0
 
-    @property
-    def active(self) -> ssl.SSLContext:
-        """The context whose certificate new handshakes get."""
-        return self._active
-
     def _on_client_hello(self, sock, server_name, _initial):
         # An exception here would abort the handshake: log it and serve what we have.
         try:

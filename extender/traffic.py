@@ -143,12 +143,3 @@ def scores_of(loads: dict[str, NodeLoad], scale: TrafficScale, names) -> dict[st
     scores higher, a node without traffic data gets NEUTRAL_SCORE. The extender's ScoreBook
     keeps these per snapshot."""
     return {n: load_score(loads[n], scale) if n in loads else NEUTRAL_SCORE for n in names}
-
-
-def node_scores(traffic: dict[str, float], node_names, *, capacity: dict[str, float] | None = None,
-                match: str = "name", node_addresses=None) -> list[int]:
-    """scores_of for one sample, in the order of `node_names`."""
-    names = list(node_names)
-    loads = node_loads(traffic, capacity or {}, names, match=match, node_addresses=node_addresses)
-    scores = scores_of(loads, TrafficScale.of(traffic.values()), names)
-    return [scores[n] for n in names]

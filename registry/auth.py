@@ -204,7 +204,6 @@ class RegistryAuth:
         # registry netloc -> (a challenge whose token it accepted, remembered until)
         self._challenges: dict[str, tuple[Challenge, float]] = {}
         self._fetching: dict[tuple, threading.Lock] = {}   # key -> lock held while fetching
-        self.token_requests = 0
 
     # -- used by the registry client
     def authorization(self, ref: ImageReference, keyring: Keyring, deadline) -> Authorization:
@@ -313,8 +312,6 @@ class RegistryAuth:
     def _fetch_token(self, realm: str, parts: SplitResult, service, scope, credential, ref,
                      deadline) -> tuple[str, float]:
         url, headers, form = token_request(realm, parts, service, scope, credential)
-        with self._lock:
-            self.token_requests += 1
         try:
             response = self.http.get(url, headers=headers, deadline=deadline, data=form,
                                      method="POST" if form else "GET",

@@ -25,7 +25,6 @@ MAX_CONFIG_BYTES = 1024 * 1024   # a Kubernetes Secret cannot be larger
 # useless to anyone trying to guess a password from a fingerprint that ended up in a log.
 _FINGERPRINT_KEY = secrets.token_bytes(32)
 
-normalize_registry_key = registry_key   # the name the pull-secret code has always used
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from archway.errors import ArchwayError, ConfigError
-from archway.registry.credentials import Credential, Keyring, normalize_registry_key
+from archway.registry.credentials import Credential, Keyring
+from archway.registry.imagematch import registry_key
 
 SECRET = "s3cr3t-Pa55:with-colon"
 
@@ -172,8 +173,8 @@ def test_from_file(tmp_path):
     ("http://[::1]:5000/v2", "[::1]:5000"), ("reg.example.com/some/path", "reg.example.com/some/path"),
     ("https://quay.io/v2/team/", "quay.io/team/"), ("*.azurecr.io", "*.azurecr.io"),
 ])
-def test_normalize_registry_key(key, expected):
-    assert normalize_registry_key(key) == expected
+def test_registry_key(key, expected):
+    assert registry_key(key) == expected
 
 
 def keyring_of(*keys_and_users) -> Keyring:

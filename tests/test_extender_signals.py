@@ -21,8 +21,8 @@ from archway.extender.signals import (
     combined,
     combined_score,
 )
-from archway.extender.traffic import node_scores
 from archway.extender.wire import MAX_SCORE, NEUTRAL_SCORE, ExtenderArgs, parse_extender_args
+from tests.test_traffic import node_scores
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "extender")
 NAMES = ["node-a", "node-b", "node-c", "node-d"]       # node-d: no traffic series

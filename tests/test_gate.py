@@ -379,7 +379,9 @@ def test_an_observer_without_a_leader_reads_again_for_a_question_asked_after_the
     import time
     _, kube = api
     observer = LeaseObserver(kube, "archway", duration_seconds=15)
-    assert observer.wait_first_read(5) and not observer.leader_fresh() and observer.eager
+    observer.start()
+    wait_until(lambda: observer.has_read, 5, "the observer's first read")
+    assert not observer.leader_fresh() and observer.eager
     LeaderElector(kube, "archway", identity="a", duration_seconds=15).try_acquire_or_renew()
     assert observer.leader_fresh(time.monotonic() + 2)
     assert not observer.eager and observer.has_read

@@ -13,12 +13,13 @@ from prometheus_client import REGISTRY
 from archway.config import DEFAULT_PROMETHEUS_QUERY, config_from_dict
 from archway.extender.prometheus import TrafficPoller
 from archway.extender.routes import register_extender
-from archway.extender.traffic import NEUTRAL_SCORE, node_scores, node_traffic
+from archway.extender.traffic import NEUTRAL_SCORE, node_traffic
 from archway.kubeclient import build_api_client
 from archway.nodes import NodeCache
 from tests.infra.controlplane import ControlPlane
 from tests.infra.procs import poll
 from tests.infra.prometheus import FAKE_RATES, prometheus_stack, short_window
+from tests.test_traffic import node_scores
 
 pytestmark = pytest.mark.slow
 

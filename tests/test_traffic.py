@@ -15,11 +15,22 @@ from archway.extender.traffic import (
     instance_host,
     match_by_address,
     match_by_name,
-    node_scores,
+    node_loads,
     node_traffic,
+    scores_of,
 )
 from archway.registry.http import Response
 from tests.infra.clock import ManualClock
+
+
+def node_scores(traffic: dict[str, float], node_names, *, capacity: dict[str, float] | None = None,
+                match: str = "name", node_addresses=None) -> list[int]:
+    """scores_of for one sample, in the order of `node_names` (what the extender's ScoreBook
+    keeps per snapshot, for the tests to compare with)."""
+    names = list(node_names)
+    loads = node_loads(traffic, capacity or {}, names, match=match, node_addresses=node_addresses)
+    scores = scores_of(loads, TrafficScale.of(traffic.values()), names)
+    return [scores[n] for n in names]
 
 
 def vector(*series):

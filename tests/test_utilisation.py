@@ -22,7 +22,7 @@ from archway.config import (
 from archway.extender.herd import ANNOTATION_BANDWIDTH
 from archway.extender.prometheus import combined_query
 from archway.extender.routes import register_extender
-from archway.extender.traffic import TrafficScale, node_scores, utilisation_score
+from archway.extender.traffic import TrafficScale, utilisation_score
 from archway.kubeclient import build_api_client
 from archway.nodes import NodeCache
 from tests.infra.controlplane import ControlPlane
@@ -35,6 +35,7 @@ from tests.infra.prometheus import (
     prometheus_stack,
     short_window,
 )
+from tests.test_traffic import node_scores
 
 pytestmark = pytest.mark.slow
 
