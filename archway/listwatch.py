@@ -84,6 +84,18 @@ class ListWatch:
             stream.close()   # ends a read waiting for the next event
         self._runner.join(5)
 
+    def feeding(self, work: Callable[[], None], forget: Callable[[], None]) -> None:
+        """`work()` with this list + watch feeding it; then the watch stopped and what it fed
+        forgotten (`forget()`): one leadership of a loop that acts on what it is fed (the gate
+        controller's, remediation's). The next leadership has a watch and a first list of its
+        own: one of a previous leadership, still ending, cannot feed it."""
+        self.ensure_started()
+        try:
+            work()
+        finally:
+            self.stop()
+            forget()
+
     # --- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
         try:

@@ -85,19 +85,16 @@ class GateController:
 
     # --- leading --------------------------------------------------------------------------
     def lead(self, stop: threading.Event) -> None:
-        """Act until `stop` is set (leadership lost or the server stopping). Each leadership has
-        its own watch: one of a previous leadership, still ending, cannot act again."""
-        watch = GatedPods(self)
-        watch.ensure_started()
-        try:
-            self._work_loop(stop)
-        finally:
-            watch.stop()
-            with self._lock:
-                self.pending.clear()
-                self._lock.notify_all()
-            metrics.GATED_PODS.set(0)
-            metrics.GATE_OLDEST.set(0)
+        """Act until `stop` is set (leadership lost or the server stopping), fed by a watch of
+        this leadership's own."""
+        GatedPods(self).feeding(lambda: self._work_loop(stop), self._forget)
+
+    def _forget(self) -> None:
+        with self._lock:
+            self.pending.clear()
+            self._lock.notify_all()
+        metrics.GATED_PODS.set(0)
+        metrics.GATE_OLDEST.set(0)
 
     def found(self, gated: list[dict]) -> None:
         """A full list: every pod carrying archway's gate, label or not (what a leader starts

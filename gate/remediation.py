@@ -158,16 +158,14 @@ class Remediation:
 
     # --- leading ---------------------------------------------------------------------------
     def lead(self, stop: threading.Event, api_client_factory) -> None:
-        """Watch and act until `stop`."""
-        watch = FailingPods(self, api_client_factory, self.watch_seconds)
-        watch.ensure_started()
-        try:
-            self._work_loop(stop)
-        finally:
-            watch.stop()
-            with self._lock:
-                self._tracked.clear()
-                self._lock.notify_all()
+        """Watch and act until `stop`, fed by a watch of this leadership's own."""
+        FailingPods(self, api_client_factory, self.watch_seconds).feeding(
+            lambda: self._work_loop(stop), self._forget)
+
+    def _forget(self) -> None:
+        with self._lock:
+            self._tracked.clear()
+            self._lock.notify_all()
 
     def found(self, pods: list) -> None:
         """A full list: the failing pods of the cluster now."""
