@@ -26,11 +26,11 @@ from archway.extender.traffic import (
     NodeLoad,
     TrafficScale,
     load_score,
-    node_scores,
     utilisation_score,
 )
 from archway.registry.http import Response
 from tests.infra.procs import wait_until
+from tests.test_traffic import node_scores
 
 # --- the curve --------------------------------------------------------------------------------------
 
