@@ -12,7 +12,11 @@ Here the main loop does those steps itself, non-blocking, each under a deadline:
               (HEADER_TIMEOUT_SECONDS, then BODY_TIMEOUT_SECONDS)
            -> a pool thread, which finds the whole request already read
 
-A kept-alive connection goes through the same steps from its next request's first byte. A
+A kept-alive connection goes through the same steps from its next request's first byte. When a
+request began arriving (its connection's accept, or a kept-alive request's first byte) goes to
+the app in the WSGI environ (archway.deadline.ARRIVED): a request that waited in the queue for a
+thread, behind others held by slow lookups, has that much less time before the apiserver gives
+up on it, and the webhook counts its deadline from there. A
 worker holds at most MAX_CONNECTIONS connections and PREREAD_BUDGET_BYTES of partial requests:
 past either, the oldest partial request (else the oldest idle kept-alive connection) is closed
 to make room. Every cut is counted in archway_client_connections_cut_total{reason} and
@@ -33,8 +37,10 @@ import re
 import selectors
 import socket
 import ssl
+import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from functools import partial
 
 from gunicorn import http
@@ -42,6 +48,7 @@ from gunicorn.sock import ssl_context
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from archway import metrics
+from archway.deadline import ARRIVED
 from archway.logs import JsonFormatter
 from archway.logsafe import SafeFormatter, escape
 
@@ -82,12 +89,13 @@ def body_to_preread(head: bytes, limit: int) -> int:
 
 class _Arrival:
     """A connection whose request (or TLS handshake) is still arriving."""
-    __slots__ = ("buf", "conn", "deadline", "need", "scanned", "stage")
+    __slots__ = ("arrived", "buf", "conn", "deadline", "need", "scanned", "stage")
 
-    def __init__(self, conn: TConn, stage: str, deadline: float):
+    def __init__(self, conn: TConn, stage: str, arrived: float, timeout: float):
         self.conn = conn
         self.stage = stage          # "handshake", "header" or "body": what a timeout cut off
-        self.deadline = deadline
+        self.arrived = arrived      # time.monotonic() when the request began arriving
+        self.deadline = arrived + timeout
         self.buf = bytearray()
         self.scanned = 0            # where to resume looking for the end of the head
         self.need: int | None = None  # total bytes of head + pre-read body, once the head is in
@@ -100,6 +108,7 @@ class GuardedThreadWorker(ThreadWorker):
     #: server.max_body_bytes (the extender's larger bodies are read by their thread).
     preread_limit = 3 * 1024 * 1024
     sockets: list   # the listeners this worker polls (gunicorn's Worker sets them)
+    wsgi: Callable  # the app (gunicorn's Worker.load_wsgi sets it)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -186,9 +195,9 @@ class GuardedThreadWorker(ThreadWorker):
             conn.sock = ssl_context(self.cfg).wrap_socket(
                 client, server_side=True, do_handshake_on_connect=False,
                 suppress_ragged_eofs=self.cfg.suppress_ragged_eofs)
-            arrival = _Arrival(conn, "handshake", now + HANDSHAKE_TIMEOUT_SECONDS)
+            arrival = _Arrival(conn, "handshake", now, HANDSHAKE_TIMEOUT_SECONDS)
         else:
-            arrival = _Arrival(conn, "header", now + HEADER_TIMEOUT_SECONDS)
+            arrival = _Arrival(conn, "header", now, HEADER_TIMEOUT_SECONDS)
         self.arrivals[conn] = arrival
         self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_event, arrival))
         self._advance(arrival)   # a fast client's ClientHello is usually here already
@@ -200,7 +209,7 @@ class GuardedThreadWorker(ThreadWorker):
             self.keepalived_conns.remove(conn)
         except ValueError:
             return   # closed to make room earlier in this batch of events
-        arrival = _Arrival(conn, "header", time.monotonic() + HEADER_TIMEOUT_SECONDS)
+        arrival = _Arrival(conn, "header", time.monotonic(), HEADER_TIMEOUT_SECONDS)
         self.arrivals[conn] = arrival
         self.poller.modify(conn.sock, selectors.EVENT_READ, partial(self._on_event, arrival))
         self._advance(arrival)
@@ -215,7 +224,7 @@ class GuardedThreadWorker(ThreadWorker):
             ahead = conn.parser.unreader.take_buffered()
             if ahead or (isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending()):
                 conn.sock.setblocking(False)
-                arrival = _Arrival(conn, "header", time.monotonic() + HEADER_TIMEOUT_SECONDS)
+                arrival = _Arrival(conn, "header", time.monotonic(), HEADER_TIMEOUT_SECONDS)
                 arrival.buf += ahead
                 self.buffered += len(ahead)
                 self.arrivals[conn] = arrival
@@ -295,7 +304,21 @@ class GuardedThreadWorker(ThreadWorker):
             conn.initialized = True
         conn.data_ready = True
         conn.parser.unreader.unread(bytes(arrival.buf))
+        conn.arrived = arrival.arrived   # read by handle_request, in the thread
         self.enqueue_req(conn)
+
+    # --- in a pool thread ---------------------------------------------------------------------
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        self.wsgi = with_arrival(self.wsgi)
+
+    def handle_request(self, req, conn: TConn):
+        """One request, in a pool thread: the app's environ learns when it arrived."""
+        _this_request.arrived = getattr(conn, "arrived", None)
+        try:
+            return super().handle_request(req, conn)
+        finally:
+            _this_request.arrived = None
 
     # --- cutting off ------------------------------------------------------------------------------
     def _forget(self, arrival: _Arrival) -> None:
@@ -373,6 +396,20 @@ class GuardedThreadWorker(ThreadWorker):
             self._close(arrival, f"{arrival.stage}_timeout")
         if self._cuts and now >= self._next_log:
             self._log_cuts(now)
+
+
+# The request the pool thread is handling: gunicorn builds its environ inside handle_request.
+_this_request = threading.local()
+
+
+def with_arrival(app):
+    """`app` (WSGI), told in environ[ARRIVED] when the thread's request began arriving."""
+    def stamped(environ, start_response):
+        arrived = getattr(_this_request, "arrived", None)
+        if arrived is not None:
+            environ[ARRIVED] = arrived
+        return app(environ, start_response)
+    return stamped
 
 
 def _own_listener(shared) -> socket.socket | None:

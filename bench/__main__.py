@@ -34,6 +34,7 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "gate": "gate",
     "bodies": "bodies",
     "extender": "extender",
+    "burst": "burst",
     "kube": "kube",
     "loop": "loop",
 }

@@ -123,10 +123,63 @@ def test_the_deadline_is_shared_between_the_api_and_the_registries():
     service(resolver, secrets, clock).review(review("reg/a:1"), started=START)
     (pod, secrets_deadline), = secrets.calls
     assert isinstance(pod, PodView) and pod.namespace == "shop"
-    assert secrets_deadline == START + 3.0 * PULL_SECRETS_SHARE
+    assert secrets_deadline == pytest.approx(START + 0.5 + 2.5 * PULL_SECRETS_SHARE)
     (images, keyring, timeout), = resolver.calls
     assert images == ("reg/a:1",) and keyring is secrets.keyring
-    assert abs(timeout - (3.0 - ANSWER_MARGIN_SECONDS - 0.5)) < 1e-9
+    assert timeout == pytest.approx(3.0 - ANSWER_MARGIN_SECONDS - 0.5)
+
+
+class Gating:
+    def __init__(self):
+        self.asked = []
+
+    def leader_fresh(self, deadline=None):
+        self.asked.append(deadline)
+        return True
+
+
+def test_a_request_that_waited_for_a_thread_gets_only_what_is_left():
+    clock = ManualClock(START + 2.0)    # two of its three seconds went in the queue
+    resolver, secrets = Resolver(clock=clock), Secrets()
+    service(resolver, secrets, clock).review(review("reg/a:1"), started=START)
+    assert secrets.calls[0][1] == pytest.approx(START + 2.0 + 1.0 * PULL_SECRETS_SHARE)
+    assert resolver.calls[0][2] == pytest.approx(1.0 - ANSWER_MARGIN_SECONDS)
+
+
+def test_a_request_with_no_time_left_is_gated_at_once_from_what_the_cache_knows():
+    """Queued past its deadline: the API is not asked, the resolver answers from its cache
+    (timeout 0; the lookups it starts fill the cache), and an image it does not know gates the
+    pod, while one it knows places it."""
+    clock = ManualClock(START + 3.5)
+    known = info("reg/arm:1", "linux/arm64")
+    resolver, secrets = Resolver({"reg/arm:1": known}, clock=clock), Secrets()
+    svc = service(resolver, secrets, clock, unresolved="gate", gating=Gating())
+    gated = response(svc.review(review("reg/new:1"), started=START))
+    assert gated["auditAnnotations"]["outcome"] == "gated"
+    placed = response(svc.review(review("reg/arm:1"), started=START))
+    assert placed["auditAnnotations"] == {"outcome": "mutated", "architectures": "arm64"}
+    assert [call[2] for call in resolver.calls] == [0.0, 0.0]
+    assert [deadline for _, deadline in secrets.calls] == [START + 3.5] * 2   # no time for reads
+
+
+@pytest.mark.parametrize("unresolved, outcome, allowed", [("admit", "fail_open", True),
+                                                          ("deny", "denied", False)])
+def test_with_no_time_left_the_configured_policy_answers(unresolved, outcome, allowed):
+    clock = ManualClock(START + 10.0)
+    svc = service(Resolver(clock=clock), clock=clock, unresolved=unresolved,
+                  policy=Policy(fail_closed=unresolved == "deny"))
+    answer = response(svc.review(review("reg/new:1"), started=START))
+    assert answer["allowed"] is allowed and answer["auditAnnotations"]["outcome"] == outcome
+
+
+def test_the_apiservers_timeout_bounds_the_deadline():
+    clock = ManualClock(START)
+    resolver = Resolver(clock=clock)
+    svc = service(resolver, clock=clock)
+    svc.review(review("reg/a:1"), started=START, timeout=2.0)    # ?timeout=2s: 1.5 s to use
+    svc.review(review("reg/a:1"), started=START, timeout=30.0)   # longer than archway's own
+    assert [call[2] for call in resolver.calls] == [
+        pytest.approx(1.5 - ANSWER_MARGIN_SECONDS), pytest.approx(3.0 - ANSWER_MARGIN_SECONDS)]
 
 
 def test_skipped_requests_read_nothing():

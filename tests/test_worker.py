@@ -1,9 +1,17 @@
-"""archway.worker's pure parts: which body the main loop reads, and the per-worker listener."""
+"""archway.worker's pure parts: which body the main loop reads, and the per-worker listener;
+and, under a real gunicorn, when a request arrived as the app is told it."""
+import json
 import socket
+import sys
+import threading
+import time
 
 import pytest
+import requests
 
+from archway.deadline import ARRIVED
 from archway.worker import _own_listener, body_to_preread
+from tests.infra.procs import REPO, Server, free_port
 
 
 @pytest.mark.parametrize("head, expected", [
@@ -37,3 +45,43 @@ def test_a_workers_own_listener_shares_the_address_and_sends_without_delay():
         shared.close()
         if own is not None:
             own.close()
+
+
+def echo_arrival(environ, start_response):
+    """A WSGI app for the test below: when the request arrived, and when a thread took it."""
+    taken = time.monotonic()
+    time.sleep(0.5)
+    body = json.dumps({"arrived": environ.get(ARRIVED), "taken": taken}).encode()
+    start_response("200 OK", [("Content-Type", "application/json"),
+                              ("Content-Length", str(len(body)))])
+    return [body]
+
+
+@pytest.mark.slow
+def test_the_app_is_told_when_a_request_arrived_not_when_a_thread_took_it(tmp_path):
+    """gunicorn with archway's worker and one thread, three requests at once: two wait in the
+    queue, and the app sees that wait (CLOCK_MONOTONIC is the machine's, so the test can compare
+    it with its own)."""
+    port = free_port()
+    with Server([sys.executable, "-m", "gunicorn", "--worker-class",
+                 "archway.worker.GuardedThreadWorker", "--workers", "1", "--threads", "1",
+                 "--bind", f"127.0.0.1:{port}", "tests.test_worker:echo_arrival"],
+                port=port, log_path=str(tmp_path / "gunicorn.log"), cwd=REPO, ready_timeout=30):
+        seen: list[dict] = []
+
+        def get():
+            sent = time.monotonic()
+            seen.append(dict(requests.get(f"http://127.0.0.1:{port}/", timeout=30).json(),
+                             sent=sent))
+
+        threads = [threading.Thread(target=get) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert len(seen) == 3
+    for request in seen:
+        assert request["arrived"] is not None, "the worker did not tell when it arrived"
+        assert request["sent"] <= request["arrived"] <= request["taken"]
+    waits = sorted(r["taken"] - r["arrived"] for r in seen)
+    assert waits[-1] >= 0.9     # behind two others, 0.5 s each

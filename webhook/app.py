@@ -11,6 +11,7 @@ import time
 from flask import Flask, Response, request
 
 from archway import metrics
+from archway.deadline import ARRIVED, caller_timeout
 from archway.kubeclient import build_api_client
 
 from .namespaces import NamespaceCache
@@ -64,8 +65,12 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
 
     def mutate_environ(environ: dict) -> tuple[int, bytes]:
         """POST /mutate from its WSGI environ: (status, JSON body). archway.app calls it ahead
-        of Flask (the warm path without the framework's request and response objects)."""
-        start = time.monotonic()
+        of Flask (the warm path without the framework's request and response objects). The
+        deadline counts from the request's arrival (archway.worker), else from now, and stops
+        short of the apiserver's `?timeout=`."""
+        start = environ.get(ARRIVED)
+        if not isinstance(start, float):
+            start = time.monotonic()
         sock = environ.get("gunicorn.socket")
         if sock is not None:
             sock.settimeout(_BODY_READ_TIMEOUT_SECONDS)
@@ -80,7 +85,9 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
         # (archway.worker). A chunked body (no Content-Length) is cut one byte over the limit
         # and refused by the service.
         body = stream.read(max_bytes + 1)
-        answer = service.review(body, started=start, peer=environ.get("REMOTE_ADDR") or "-")
+        answer = service.review(body, started=start,
+                                timeout=caller_timeout(environ.get("QUERY_STRING") or ""),
+                                peer=environ.get("REMOTE_ADDR") or "-")
         return answer.status, _json(answer.body)
 
     def mutate():

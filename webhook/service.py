@@ -2,6 +2,12 @@
 
     parse -> skip -> resolve (pull secrets, then the images, under the deadline) -> decide -> reply
 
+The deadline counts from the request's arrival and stops short of the apiserver's own timeout
+(archway/deadline.py): a request that waited for a thread gets only what is left, and one with
+nothing left is answered at once from what the cache knows (an image not in it: the gate, or
+admission.unresolved), never left for the apiserver to admit unplaced. Lookups it started go on
+in the background and fill the cache.
+
 The Flask view (app.py) only reads the body and writes the answer; everything admission means
 happens here, so it is tested without a server. The resolver and the pull-secret reader are
 small interfaces (`resolve_many`, `credentials_for`) handed in; `decide` is the pure placement
@@ -15,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from archway import metrics
+from archway.deadline import answer_by, share_of
 from archway.errors import classify_error
 from archway.podview import PodView
 from archway.registry.credentials import Keyring
@@ -38,7 +45,7 @@ from .policy import Policy
 
 log = logging.getLogger("archway.admission")
 
-# Share of the admission deadline the Kubernetes API reads may use: registries need the rest.
+# Share of the time left the Kubernetes API reads may use: registries need the rest.
 PULL_SECRETS_SHARE = 0.4
 # Kept back from the deadline to build and send the answer.
 ANSWER_MARGIN_SECONDS = 0.05
@@ -140,10 +147,15 @@ class AdmissionService:
                    unresolved=config.admission.unresolved, gating=gating, events=events,
                    gate_max_seconds=config.admission.gate_max_seconds, workloads=workloads)
 
-    def review(self, body: bytes, *, started: float | None = None, peer: str = "-") -> Answer:
+    def review(self, body: bytes, *, started: float | None = None, timeout: float | None = None,
+               peer: str = "-") -> Answer:
         """Answer one AdmissionReview body. `started`: clock() when the request arrived (the
-        deadline counts from there)."""
-        start = self.clock() if started is None else started
+        deadline counts from there); `timeout`: the seconds the caller gives the call (the
+        apiserver's `?timeout=`), None: not said."""
+        now = self.clock()
+        start = now if started is None or started > now else started
+        due = answer_by(now, start, self.deadline_seconds, timeout)
+        api_by = share_of(now, due, PULL_SECRETS_SHARE)   # the Kubernetes API reads, all told
         try:
             request = parse_review(body, self.max_body_bytes)
         except AdmissionError as e:
@@ -159,7 +171,7 @@ class AdmissionService:
 
         pod = request.pod
         assert pod is not None  # every pod CREATE carries one; the rest was skipped
-        policy, policy_warnings = self.policy_for(pod.namespace, start)
+        policy, policy_warnings = self.policy_for(pod.namespace, api_by)
         if policy.mode == "off":
             log.info("admission %s uid=%s unchanged: namespace label archway.dev/mode=off",
                      request.display_name, request.uid)
@@ -167,12 +179,12 @@ class AdmissionService:
             return Answer(200, allow_unchanged(request))
         resolution = Resolution({})
         try:
-            resolution = self.resolve(pod, start)
+            resolution = self.resolve(pod, due, api_by)
             decision = decide(pod, resolution.results, policy, nodes=self.known_nodes(),
-                              learned=self.learned_for(pod, start))
+                              learned=self.learned_for(pod, api_by))
             outcome = decision.outcome
             if outcome == "fail_open":
-                decision = self._unresolved(request, decision, start + self.deadline_seconds)
+                decision = self._unresolved(request, decision, due)
                 outcome = decision.outcome
         except Exception:  # a bug must not turn into a 500: the apiserver would apply failurePolicy
             log.exception("admission %s uid=%s failed", request.display_name, request.uid)
@@ -186,26 +198,24 @@ class AdmissionService:
         return Answer(200, review_response(request, decision, warnings=warnings,
                                                     audit_annotations=_audit(decision, outcome)))
 
-    def policy_for(self, namespace: str, start: float) -> tuple[Policy, tuple[str, ...]]:
+    def policy_for(self, namespace: str, api_by: float) -> tuple[Policy, tuple[str, ...]]:
         """The configured policy with the namespace's label and annotation over it, and what of
         them was ignored. Right after start-up the first list may still be on its way: it may
-        use the share of the deadline the pull secrets get, never more."""
+        wait until `api_by` (the Kubernetes API's share of the time), never more."""
         cache = self.namespaces
-        if cache is None or not cache.wait_synced(
-                start + self.deadline_seconds * PULL_SECRETS_SHARE - self.clock()):
+        if cache is None or not cache.wait_synced(api_by - self.clock()):
             return self.policy, ()
         facts: NamespaceFacts | None = cache.items.get(namespace)
         return namespace_policy(self.policy, facts), facts.problems if facts else ()
 
-    def learned_for(self, pod: PodView, start: float):
+    def learned_for(self, pod: PodView, api_by: float):
         """What the pod's workload learned (learning.Learned), from the workload caches: no
-        request per admission. Right after start-up their first lists may use the share of the
-        deadline the pull secrets get, never more; a pod with no controller costs nothing."""
+        request per admission. Right after start-up their first lists may wait until `api_by`,
+        never more; a pod with no controller costs nothing."""
         cache = self.workloads
         if cache is None or not pod.owner_references:
             return None
-        if not cache.wait_synced(start + self.deadline_seconds * PULL_SECRETS_SHARE
-                                 - self.clock()):
+        if not cache.wait_synced(api_by - self.clock()):
             return None
         top = cache.top_of(pod)
         return top.learned if top is not None else None
@@ -228,17 +238,17 @@ class AdmissionService:
                                    decision.unschedulable
                                    + ": the pod stays Pending until such a node joins")
 
-    def resolve(self, pod: PodView, start: float) -> Resolution:
-        """The images' results and the credential warnings; the API reads may use a share of
-        the deadline, the registries get what is left."""
+    def resolve(self, pod: PodView, due: float, api_by: float) -> Resolution:
+        """The images' results and the credential warnings, by `due`; the API reads may go on
+        until `api_by`, the registries get the rest. With no time left, the cache answers alone
+        (the lookups it starts go on in the background)."""
         images = pod.images
         if not images:
             return Resolution({})
-        credentials = self.pull_secrets.credentials_for(
-            pod, start + self.deadline_seconds * PULL_SECRETS_SHARE)
-        deadline = start + self.deadline_seconds - ANSWER_MARGIN_SECONDS
+        credentials = self.pull_secrets.credentials_for(pod, api_by)
+        timeout = max(0.0, due - ANSWER_MARGIN_SECONDS - self.clock())
         results = self.resolver.resolve_many(images, keyring=credentials.keyring,
-                                             timeout=deadline - self.clock(),
+                                             timeout=timeout,
                                              revalidate=pod.always_pulled, limit=self.max_images)
         return Resolution(results, tuple(credentials.warnings))
 
