@@ -126,7 +126,12 @@ ARCHITECTURES_DROPPED = Counter(
 REMEDIATION_EVICTIONS = Counter(
     "archway_remediation_evictions_total",
     "Evictions of pods failing with exec format error (remediation.evict), by outcome: evicted, "
-    "blocked (a PodDisruptionBudget refused it for now; asked again), failed", ["outcome"])
+    "blocked (a PodDisruptionBudget refused it for now; asked again), refused (403: not asked "
+    "again), abandoned (still blocked after the last try), failed", ["outcome"])
+REMEDIATION_LOG_READS = Counter(
+    "archway_remediation_log_reads_total",
+    "Tails of failed containers' logs read for an exec format error (a status saying nothing of "
+    "why), by outcome: matched, unmatched, failed", ["outcome"])
 
 # --- registry and cache -------------------------------------------------------------------------
 CACHE_LOOKUPS = Counter(
