@@ -117,8 +117,8 @@ GATE_CONTROLLER_RESTARTS = Counter(
 # --- the closed loop (remediation; the leading gate controller) --------------------------------
 EXEC_FORMAT_ERRORS = Counter(
     "archway_exec_format_errors_total",
-    "Containers seen failing to start with exec format error, by the architecture of their "
-    "node (each container of a pod counted once)", ["architecture"])
+    "Containers seen failing to start with exec format error (in their status or log), by the "
+    "architecture of their node (each container of a pod counted once)", ["architecture"])
 ARCHITECTURES_DROPPED = Counter(
     "archway_image_architectures_dropped_total",
     "Tags found naming a new digest that lacks an architecture the previous digest had, by the "

@@ -127,9 +127,8 @@ class Remediation:
         self.exclude_namespaces = frozenset(exclude_namespaces)
         self.watch_seconds = watch_seconds
         # Logs are read only while learning is on (the chart grants pods/log get only then).
-        self.log_reader = log_reader if log_reader is not None else (
-            ApiLogReader(api) if settings.learn_failed_architectures and settings.read_logs
-            else None)
+        self.log_reader = (log_reader or ApiLogReader(api)) \
+            if settings.learn_failed_architectures and settings.read_logs else None
         self.log_budget = LogReadBudget(clock=clock)
         self.evictions = Evictions(api, self._event, clock)
         self._clock = clock
