@@ -159,6 +159,9 @@ class Remediation:
             self.failing(pod)
 
     def failing(self, pod: FailingPod) -> None:
+        if not pod.failures and self.log_reader is None:
+            self.gone(pod.uid)   # a failure whose words are only in a log no one reads
+            return
         with self._lock:
             tracked = self._tracked.get(pod.uid)
             if tracked is None:
