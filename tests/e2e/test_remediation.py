@@ -133,7 +133,10 @@ def test_a_repushed_tag_resets_the_exclusion_and_one_without_arm64_raises_the_al
     kube.wait_for(lambda: FAILED not in (kube.get(deployment_path(namespace, "app"))["metadata"]
                                          .get("annotations") or {}),
                   timeout=10 * TAG_TTL, what="the leader to remove the learned exclusion")
-    (reset,) = events(kube, namespace, "FailedArchitecturesReset", "Deployment", "app")
+    # The Event is written after the patch: waited for, not assumed.
+    (reset,) = kube.wait_for(lambda: events(kube, namespace, "FailedArchitecturesReset",
+                                            "Deployment", "app"), timeout=20,
+                             what="the FailedArchitecturesReset Event")
     assert "arm64" in reset["note"] and fixed[:19] in reset["note"]
     assert not events(kube, namespace, "ArchitecturesDropped")   # nothing was dropped then
 
