@@ -284,6 +284,11 @@ class Remediation:
             try:
                 wording = self.log_reader.wording(pod.namespace, pod.name, read)  # type: ignore[union-attr]
             except ApiError as e:
+                if e.status == 403:   # not granted (the chart's rbac off?): asked no more
+                    log.warning("archway may not read pods/log (%s): exec format errors are "
+                                "read in statuses only until the leader starts again", e)
+                    self.log_reader = None
+                    return
                 log.warning("pod %s/%s: the log of its failed container %s could not be read: "
                             "%s", pod.namespace, pod.name, read.container, e)
                 continue
@@ -305,7 +310,7 @@ class Remediation:
         if top is not None:
             self._event(workload_reference(top), "Warning", REASON_EXEC_FORMAT, "Detect",
                         f"pods of image {failure.image} fail on {arch} with exec format "
-                        f"error: {consequence}")
+                        f"error (read in their {failure.source}): {consequence}")
 
     def _apply(self, lesson: _Lesson) -> None:
         top = lesson.top

@@ -403,3 +403,29 @@ def test_a_disruption_budget_that_never_allows_is_asked_a_bounded_number_of_time
     (note,) = [e[3] for e in events.of("NotEvicted")]
     assert f"still refused after {MAX_TRIES} asks" in note
     assert kube.get(pod_path(namespace, pod["metadata"]["name"]))    # never evicted
+
+
+def test_without_the_pods_log_grant_the_loop_asks_once_and_reads_statuses_only(
+        control_plane, closed_loop):
+    """The real reader, refused by the real authorizer (the chart's rbac.create off, say): one
+    refusal, then no more asking. RBAC refuses before the apiserver would ask any kubelet."""
+    kube = control_plane.kube
+    namespace = control_plane.new_namespace("loop-log-403")
+    loop, events, clock, user = closed_loop(namespace, read_logs=True)   # no pods/log rule
+    pods = deployment(kube, namespace, "ungranted", replicas=2)
+    wait_cached(kube, loop, namespace, pods)
+    for pod in pods:
+        crash_loop(kube, namespace, pod)
+    failed = metric("archway_remediation_log_reads_total", outcome="failed")
+    mark = control_plane.audit_mark()
+    look(loop, kube, namespace)
+    clock.now += 120
+    crash_loop(kube, namespace, pods[1], restarts=4)
+    look(loop, kube, namespace)
+    asked = {uri for _, uri in control_plane.requests_since(mark, user=user) if "/log?" in uri}
+    assert len(asked) == 1 and loop.log_reader is None    # one pod's log asked, once
+    assert metric("archway_remediation_log_reads_total", outcome="failed") == failed + 1
+    # A status that says it is still read.
+    crash_loop(kube, namespace, pods[0], restarts=5, message="exec /app: exec format error")
+    look(loop, kube, namespace)
+    assert deployment_annotations(kube, namespace, "ungranted").get(FAILED) == "arm64"
