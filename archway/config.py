@@ -278,6 +278,9 @@ class RemediationSettings:
     # (annotation archway.dev/failed-architectures on the workload).
     learn_failed_architectures: bool = True
     evict: bool = False                   # evict the failing pods (Eviction API, PDBs respected)
+    # With learning on: a failed container whose status says nothing of why (containerd + runc)
+    # has the tail of its log read for the words (pods/log get).
+    read_logs: bool = True
     # The gate controller's leader checks the tags of the cluster's workloads every
     # registry.cache.tag_ttl_seconds: a tag moved to a digest lacking an architecture the old one
     # had raises ArchitecturesDropped.

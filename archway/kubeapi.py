@@ -52,6 +52,18 @@ class KubeApi:
             raise ApiError(0, "NotJSON", f"{method} {path}: the answer is not a JSON object")
         return answer
 
+    def read_text(self, method: str, path: str, *, query: dict | None = None,
+                  timeout: float | None = None, max_bytes: int = 65536) -> str:
+        """A text answer (a container's log), cut at `max_bytes` (not an error: the caller
+        asked for so much and no more), undecodable bytes replaced."""
+        response = self._call(method, path, None, query, "application/json",
+                              timeout or self.timeout_seconds)
+        try:
+            data = response.read(max_bytes)
+        finally:
+            response.release_conn()
+        return data.decode("utf-8", "replace")
+
     def pages(self, path: str, page_size: int, *, timeout: float | None = None) -> Iterator[dict]:
         """The pages of a list, `page_size` objects each (limit/continue), each page at most
         MAX_LIST_BYTES; the last one's metadata has the list's resourceVersion."""

@@ -117,8 +117,8 @@ GATE_CONTROLLER_RESTARTS = Counter(
 # --- the closed loop (remediation; the leading gate controller) --------------------------------
 EXEC_FORMAT_ERRORS = Counter(
     "archway_exec_format_errors_total",
-    "Containers seen failing to start with exec format error, by the architecture of their "
-    "node (each container of a pod counted once)", ["architecture"])
+    "Containers seen failing to start with exec format error (in their status or log), by the "
+    "architecture of their node (each container of a pod counted once)", ["architecture"])
 ARCHITECTURES_DROPPED = Counter(
     "archway_image_architectures_dropped_total",
     "Tags found naming a new digest that lacks an architecture the previous digest had, by the "
@@ -126,7 +126,12 @@ ARCHITECTURES_DROPPED = Counter(
 REMEDIATION_EVICTIONS = Counter(
     "archway_remediation_evictions_total",
     "Evictions of pods failing with exec format error (remediation.evict), by outcome: evicted, "
-    "blocked (a PodDisruptionBudget refused it for now; asked again), failed", ["outcome"])
+    "blocked (a PodDisruptionBudget refused it for now; asked again), refused (403: not asked "
+    "again), abandoned (still blocked after the last try), failed", ["outcome"])
+REMEDIATION_LOG_READS = Counter(
+    "archway_remediation_log_reads_total",
+    "Tails of failed containers' logs read for an exec format error (a status saying nothing of "
+    "why), by outcome: matched, unmatched, failed", ["outcome"])
 
 # --- registry and cache -------------------------------------------------------------------------
 CACHE_LOOKUPS = Counter(

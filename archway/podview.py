@@ -111,6 +111,8 @@ class PodView:
     preferred_terms: tuple[PreferredTerm, ...]
     tolerations: tuple[Toleration, ...]
     patchable: Mapping[str, Any]   # the pod cut down to what a decision may change (see above)
+    uid: str = ""
+    being_deleted: bool = False                # metadata.deletionTimestamp is set
 
     @classmethod
     def of(cls, obj: Any, *, namespace: str = "", name: str = "") -> "PodView":
@@ -146,6 +148,8 @@ class PodView:
             preferred_terms=_preferred_terms(node_affinity),
             tolerations=_tolerations(spec.get("tolerations")),
             patchable=MappingProxyType(_patchable(pod, metadata, spec)),
+            uid=_text(metadata, "uid", "metadata"),
+            being_deleted=bool(metadata.get("deletionTimestamp")),
         )
 
     @cached_property

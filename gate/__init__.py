@@ -2,4 +2,5 @@
 time) are placed and released by the gate controller; the one leading controller also learns from
 what runs (remediation, tagwatch). controller (the process, one leader by a Lease), release (the
 one update that releases a pod, pure), cli (`archway gate release-all`), supervisor (keeps the
-controller's process running), remediation and tagwatch (the closed loop)."""
+controller's process running), remediation and tagwatch (the closed loop; remediation stands on
+failingpods, logreads and eviction)."""

@@ -2,100 +2,54 @@
 the gate controller's own work, in the same process and leadership (controller.py), as does
 its other half, tagwatch.py (tags re-pushed without an architecture).
 
-    every pod (paged list, then a watch; only failing pods are kept)
-      -> a container status says exec format error on a node of arch X (node cache)
+    every pod (paged list, then a watch; only failing pods are kept: failingpods.py)
+      -> a container status says exec format error on a node of arch X (node cache), or a
+         failed container whose status says nothing has it in its log's tail (logreads.py)
       -> Warning Event ExecFormatError on the pod and on its workload, the metric
       -> enforce mode, remediation.learn_failed_architectures: X merged into the workload's
-         archway.dev/failed-architectures (its own metadata: no rollout), with the evidence
+         archway.dev/failed-architectures (its own metadata: no rollout), with the evidence;
+         only from a pod its workload made (workloadcache.controlling_workload)
       -> remediation.evict: the failing pod evicted (Eviction API: PodDisruptionBudgets hold)
 
 What a 10,000-pod cluster costs here: each status update is parsed once and its container
 statuses scanned (docs/benchmarks.md, figure 22); only failing pods are remembered, as a few
-facts each. The decisions are pure (learning.py, workloadcache.top_workload); this module is the
-I/O around them.
+facts each. The pods that came due together are one round: each workload is read (and patched)
+once per round, however many of its replicas fail. The decisions are pure (learning.py,
+failingpods.py, workloadcache.controlling_workload); this module is the I/O around them.
 """
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
 from archway import metrics
 from archway.kubeapi import ApiError, KubeApi
 from archway.listwatch import ListWatch
-from archway.vocabulary import ANNOTATION_ARCHITECTURES, ANNOTATION_FAILED, join_architectures
+from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED
 from archway.webhook.events import EventSink
-from archway.webhook.learning import (
-    Evidence,
-    Failure,
-    admitted_digests,
-    exec_format_failures,
-    merged_annotations,
-)
+from archway.webhook.learning import Evidence, Failure, merged_annotations
 from archway.webhook.namespaces import namespace_mode
 from archway.webhook.workloadcache import (
     WorkloadFacts,
-    top_workload,
-    workload_facts,
+    controlling_workload,
     workload_path,
     workload_reference,
 )
 
+from .eviction import Evictions
+from .failingpods import FailingPod, failing_pod
+from .logreads import ApiLogReader, LogReadBudget, LogReader
+
 log = logging.getLogger("archway.remediation")
 
 PAGE_SIZE = 500
-EVICT_RETRY_MIN_SECONDS = 2.0     # a PodDisruptionBudget that refused is asked again after this,
-EVICT_RETRY_MAX_SECONDS = 30.0    # doubling up to this
+RETRY_SECONDS = 30.0              # a workload that could not be read or written: looked at again
 MAX_TRACKED = 10_000              # failing pods remembered at once (one of each is a few facts)
 MAX_PATCH_ATTEMPTS = 4            # a workload changed meanwhile (409): read it again and merge
+MAX_EPISODES = 16                 # failed instances remembered per pod as read
 REASON_EXEC_FORMAT = "ExecFormatError"
-REASON_EVICTED = "EvictedExecFormatError"
-REASON_EVICTION_BLOCKED = "EvictionBlocked"
-
-
-@dataclass(frozen=True)
-class FailingPod:
-    """What is kept of a pod whose container failed with exec format error."""
-    namespace: str
-    name: str
-    uid: str
-    node: str
-    owner: tuple[str, str] | None
-    architectures: frozenset[str] | None     # archway.dev/architectures: what its images claim
-    digests: tuple[tuple[str, str], ...]     # image -> digest archway admitted it with
-    failures: tuple[Failure, ...]
-
-    @property
-    def reference(self) -> dict:
-        return {"apiVersion": "v1", "kind": "Pod", "namespace": self.namespace,
-                "name": self.name, "uid": self.uid}
-
-    def evidence(self, arch: str) -> list[Evidence]:
-        admitted = dict(self.digests)
-        return [Evidence(f.image, f.digest or admitted.get(f.image), arch) for f in self.failures]
-
-
-def failing_pod(obj: dict) -> FailingPod | None:
-    """The facts of a bound pod with an exec format error, not being deleted; None for every
-    other pod (almost all of them: this runs on every status update of the cluster)."""
-    failures = exec_format_failures(obj)
-    meta = obj.get("metadata") or {}
-    node = (obj.get("spec") or {}).get("nodeName")
-    # A pod being deleted is on its way out (its namespace may be too: no Event would be taken).
-    if not failures or not isinstance(node, str) or not node or meta.get("deletionTimestamp"):
-        return None
-    owner = next((ref for ref in meta.get("ownerReferences") or ()
-                  if isinstance(ref, dict) and ref.get("controller")), None)
-    annotations = meta.get("annotations")
-    annotations = annotations if isinstance(annotations, dict) else {}
-    claimed = annotations.get(ANNOTATION_ARCHITECTURES)
-    return FailingPod(
-        namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""),
-        uid=str(meta.get("uid") or ""), node=node,
-        owner=(str(owner.get("kind")), str(owner.get("name"))) if owner else None,
-        architectures=frozenset(a for a in claimed.split(",") if a) if isinstance(claimed, str)
-        else None,
-        digests=tuple(sorted(admitted_digests(annotations).items())), failures=failures)
 
 
 @dataclass
@@ -105,7 +59,27 @@ class _Tracked:
     due: bool = True
     next_look: float | None = None    # monotonic time to look again (an eviction to retry...)
     learned: bool = False             # its failures are merged into its workload
+    read: tuple[str, ...] = ()        # the failed instances whose log was read
+    log_failures: tuple[Failure, ...] = ()     # what their logs said
     evict_tries: int = 0
+    evict_done: bool = False          # evicted, or given up: never asked again
+
+    @property
+    def failures(self) -> tuple[Failure, ...]:
+        return self.pod.failures + self.log_failures
+
+    def unread(self) -> list:
+        said = {f.container for f in self.failures}
+        return [r for r in self.pod.log_reads if r.episode not in self.read
+                and r.container not in said]
+
+
+@dataclass
+class _Lesson:
+    """What one round learned about one workload: written with one read and one patch."""
+    top: WorkloadFacts
+    evidence: dict[str, list[Evidence]] = field(default_factory=dict)   # arch -> evidence
+    pods: list[tuple[_Tracked, str]] = field(default_factory=list)      # (pod, its node's arch)
 
 
 class FailingPods(ListWatch):
@@ -141,7 +115,8 @@ class FailingPods(ListWatch):
 class Remediation:
     def __init__(self, *, api: KubeApi, settings, policy, events: EventSink | None,
                  nodes, workloads, namespaces=None, exclude_namespaces=(),
-                 watch_seconds: int = 240, clock: Callable[[], float] = time.monotonic):
+                 watch_seconds: int = 240, log_reader: LogReader | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.api = api
         self.settings = settings           # config.RemediationSettings
         self.policy = policy               # placement.Policy: its mode, per namespace below
@@ -151,6 +126,11 @@ class Remediation:
         self.namespaces = namespaces       # NamespaceCache or None
         self.exclude_namespaces = frozenset(exclude_namespaces)
         self.watch_seconds = watch_seconds
+        # Logs are read only while learning is on (the chart grants pods/log get only then).
+        self.log_reader = (log_reader or ApiLogReader(api)) \
+            if settings.learn_failed_architectures and settings.read_logs else None
+        self.log_budget = LogReadBudget(clock=clock)
+        self.evictions = Evictions(api, self._event, clock)
         self._clock = clock
         self._lock = threading.Condition()
         self._tracked: dict[str, _Tracked] = {}
@@ -177,18 +157,22 @@ class Remediation:
             self.failing(pod)
 
     def failing(self, pod: FailingPod) -> None:
+        if not pod.failures and self.log_reader is None:
+            self.gone(pod.uid)   # a failure whose words are only in a log no one reads
+            return
         with self._lock:
             tracked = self._tracked.get(pod.uid)
             if tracked is None:
                 if len(self._tracked) >= MAX_TRACKED:
                     if not self._full_logged:
                         self._full_logged = True
-                        log.warning("more than %d pods fail with exec format error: the others "
-                                    "are looked at once some of these are gone", MAX_TRACKED)
+                        log.warning("more than %d pods fail: the others are looked at once some "
+                                    "of these are gone", MAX_TRACKED)
                     return
                 tracked = self._tracked[pod.uid] = _Tracked(pod)
             tracked.pod = pod
-            if {(f.container, f.image) for f in pod.failures} - tracked.handled:
+            if {(f.container, f.image) for f in pod.failures} - tracked.handled \
+                    or (self.log_reader is not None and tracked.unread()):
                 tracked.due = True
                 self._lock.notify_all()
 
@@ -198,115 +182,174 @@ class Remediation:
 
     def _work_loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            with self._lock:
-                now = self._clock()
-                due = [t for t in self._tracked.values()
-                       if t.due or (t.next_look is not None and t.next_look <= now)]
-                if not due:
-                    waits = [t.next_look - now for t in self._tracked.values()
-                             if t.next_look is not None]
-                    self._lock.wait(min([0.5] + [max(0.01, w) for w in waits]))
-                    continue
-                for t in due:
-                    t.due = False
-            for tracked in due:
-                try:
-                    self._handle(tracked)
-                except ApiError as e:
-                    log.warning("exec format error of pod %s/%s: %s", tracked.pod.namespace,
-                                tracked.pod.name, e)
-                except Exception:
-                    log.exception("exec format error of pod %s/%s", tracked.pod.namespace,
-                                  tracked.pod.name)
+            due = self.take_due(wait=True)
+            if due:
+                self.round(due)
+
+    def take_due(self, wait: bool = False) -> list[_Tracked]:
+        """The tracked pods to look at now; with `wait`, none after waiting a little for one."""
+        with self._lock:
+            now = self._clock()
+            due = [t for t in self._tracked.values()
+                   if t.due or (t.next_look is not None and t.next_look <= now)]
+            if not due and wait:
+                waits = [t.next_look - now for t in self._tracked.values()
+                         if t.next_look is not None]
+                self._lock.wait(min([0.5] + [max(0.01, w) for w in waits]))
+            for t in due:
+                t.due = False
+            return due
+
+    def round(self, due: list[_Tracked]) -> None:
+        """The pods due now: each reported, then what they taught written, one read and at most
+        one patch per workload, then evicted."""
+        lessons: dict[str, _Lesson] = {}
+        for tracked in due:
+            self._guarded(tracked.pod, partial(self._handle, tracked, lessons))
+        for lesson in lessons.values():
+            self._guarded(lesson.pods[0][0].pod, partial(self._apply, lesson))
+
+    @staticmethod
+    def _guarded(pod: FailingPod, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except ApiError as e:
+            log.warning("failing pod %s/%s: %s", pod.namespace, pod.name, e)
+        except Exception:
+            log.exception("failing pod %s/%s", pod.namespace, pod.name)
 
     # --- one failing pod ---------------------------------------------------------------------
     def mode_of(self, namespace: str) -> str:
         return namespace_mode(namespace, self.policy, self.namespaces, self.exclude_namespaces)
 
-    def _handle(self, tracked: _Tracked) -> None:
+    def _handle(self, tracked: _Tracked, lessons: dict[str, _Lesson]) -> None:
+        pod = tracked.pod
+        arch = self._arch_to_act_on(tracked)
+        if arch is None:
+            return
+        top = self.top_workload(pod)
+        if top is None and pod.owner is not None and not self.workloads_synced():
+            tracked.next_look = self._clock() + RETRY_SECONDS   # its controller may be news
+            return
+        if self.log_reader is not None:
+            self._read_logs(tracked, top.name if top is not None else f"pod {pod.uid}")
+        new = [f for f in tracked.failures if (f.container, f.image) not in tracked.handled]
+        tracked.handled |= {(f.container, f.image) for f in new}
+        if new:
+            tracked.learned = False
+        mode = self.mode_of(pod.namespace)
+        learn = self.settings.learn_failed_architectures and mode == "enforce"
+        for failure in new:
+            self._report(pod, failure, arch, top, _consequence(arch, mode, learn))
+        if learn and top is not None and tracked.failures:
+            self._add_lesson(lessons, tracked, arch, top)
+
+    def _arch_to_act_on(self, tracked: _Tracked) -> str | None:
+        """The architecture of the pod's node, when the pod is to be acted on at all."""
         pod = tracked.pod
         if not self.nodes.wait_synced(10.0):
-            tracked.next_look = self._clock() + EVICT_RETRY_MAX_SECONDS   # no node cache yet
-            return
+            tracked.next_look = self._clock() + RETRY_SECONDS   # no node cache yet
+            return None
         if self.namespaces is not None:
             self.namespaces.wait_synced(10.0)   # their mode; without it the config's
         tracked.next_look = None
         arch = getattr(self.nodes.items.get(pod.node), "arch", None)
-        mode = self.mode_of(pod.namespace)
-        new = [f for f in pod.failures if (f.container, f.image) not in tracked.handled]
-        tracked.handled |= {(f.container, f.image) for f in new}
-        if new:
-            tracked.learned = False
-        if arch is None or mode == "off":
-            if arch is None and new:
-                log.warning("pod %s/%s fails with exec format error on node %s, whose "
-                            "architecture archway does not know: nothing learned", pod.namespace,
-                            pod.name, pod.node)
-            return
-        learn = self.settings.learn_failed_architectures and mode == "enforce"
-        try:
-            top = self.top_workload(pod)
-        except ApiError as e:   # Events on the pod still go out; the rest is tried again
-            log.warning("pod %s/%s: its workload could not be read: %s", pod.namespace, pod.name,
-                        e)
-            top, tracked.next_look = None, self._clock() + EVICT_RETRY_MAX_SECONDS
-        for failure in new:
-            self._report(pod, failure, arch, top, _consequence(arch, mode, learn))
-        if learn and top is not None:
-            self._learn_and_evict(tracked, arch, top)
+        if arch is None and tracked.failures:
+            log.warning("pod %s/%s fails on node %s, whose architecture archway does not know: "
+                        "nothing learned", pod.namespace, pod.name, pod.node)
+        return arch if self.mode_of(pod.namespace) != "off" else None
+
+    def _add_lesson(self, lessons: dict[str, _Lesson], tracked: _Tracked, arch: str,
+                    top: WorkloadFacts) -> None:
+        if tracked.learned and (tracked.evict_done or not self.settings.evict):
+            return   # nothing left to do for it
+        lesson = lessons.setdefault(f"{top.kind}/{top.name}", _Lesson(top))
+        if not tracked.learned:
+            lesson.evidence.setdefault(arch, []).extend(tracked.pod.evidence(arch,
+                                                                             tracked.failures))
+        lesson.pods.append((tracked, arch))
+
+    def _read_logs(self, tracked: _Tracked, workload: str) -> None:
+        """The log tails of its failed containers whose status says nothing, each failed
+        instance once, within the budget (a read over it waits for the next look)."""
+        pod = tracked.pod
+        for read in tracked.unread():
+            wait = self.log_budget.take(workload)
+            if wait:
+                tracked.next_look = self._clock() + wait
+                return
+            tracked.read = (tracked.read + (read.episode,))[-MAX_EPISODES:]
+            try:
+                wording = self.log_reader.wording(pod.namespace, pod.name, read)  # type: ignore[union-attr]
+            except ApiError as e:
+                if e.status == 403:   # not granted (the chart's rbac off?): asked no more
+                    log.warning("archway may not read pods/log (%s): exec format errors are "
+                                "read in statuses only until the leader starts again", e)
+                    self.log_reader = None
+                    return
+                log.warning("pod %s/%s: the log of its failed container %s could not be read: "
+                            "%s", pod.namespace, pod.name, read.container, e)
+                continue
+            if wording is not None:
+                tracked.log_failures += (Failure(read.container, read.image, read.digest,
+                                                 wording, source="log"),)
 
     def _report(self, pod: FailingPod, failure: Failure, arch: str, top: WorkloadFacts | None,
                 consequence: str) -> None:
         """The metric, a log line, the Events on the pod and on its workload."""
         metrics.EXEC_FORMAT_ERRORS.labels(arch).inc()
         log.warning("pod %s/%s: container %s (image %s) failed on node %s (%s) with exec "
-                    "format error: %s", pod.namespace, pod.name, failure.container,
-                    failure.image, pod.node, arch, failure.message)
+                    "format error (read in its %s)", pod.namespace, pod.name, failure.container,
+                    failure.image, pod.node, arch, failure.source)
         self._event(pod.reference, "Warning", REASON_EXEC_FORMAT, "Detect",
                     f"container {failure.container} (image {failure.image}) failed on node "
                     f"{pod.node} ({arch}) with exec format error: its binaries are not "
-                    f"{arch} binaries ({failure.message})")
+                    f"{arch} binaries ({failure.where})")
         if top is not None:
             self._event(workload_reference(top), "Warning", REASON_EXEC_FORMAT, "Detect",
                         f"pods of image {failure.image} fail on {arch} with exec format "
-                        f"error: {consequence}")
+                        f"error (read in their {failure.source}): {consequence}")
 
-    def _learn_and_evict(self, tracked: _Tracked, arch: str, top: WorkloadFacts) -> None:
-        if not tracked.learned:
+    def _apply(self, lesson: _Lesson) -> None:
+        top = lesson.top
+        if lesson.evidence:
             try:
-                self.learn(top, arch, tracked.pod.evidence(arch))
-                tracked.learned = True
+                self.learn(top, lesson.evidence)
             except ApiError as e:   # the apiserver is away: merged at the next look
                 log.warning("%s %s/%s: could not record what its pods taught: %s", top.kind,
                             top.namespace, top.object_name, e)
-                tracked.next_look = self._clock() + EVICT_RETRY_MAX_SECONDS
-        if self.settings.evict and tracked.learned:
-            self._maybe_evict(tracked, arch, top)
+                for tracked, _ in lesson.pods:
+                    tracked.next_look = self._clock() + RETRY_SECONDS
+                return
+        for tracked, arch in lesson.pods:
+            tracked.learned = True
+            if self.settings.evict and not tracked.evict_done:
+                self.evictions.maybe_evict(tracked, arch, top)
 
     def top_workload(self, pod: FailingPod) -> WorkloadFacts | None:
-        """The pod's workload, from the caches; a link they do not hold yet is read."""
-        def lookup(kind: str, namespace: str, name: str) -> WorkloadFacts | None:
-            found = self.workloads.lookup(kind, namespace, name) \
-                if self.workloads is not None else None
-            if found is not None:
-                return found
-            try:
-                obj = self.api.request("GET", workload_path(kind, namespace, name))
-            except ApiError as e:
-                if e.status == 404:
-                    return None
-                raise
-            return workload_facts(kind)(obj)
-        return top_workload(pod.namespace, pod.owner, lookup)
+        """The pod's workload, from the caches, when its controller chain is real
+        (controlling_workload): a pod anyone may create names whom it likes."""
+        if self.workloads is None:
+            return None
+        return controlling_workload(pod.namespace, pod.owner, dict(pod.labels),
+                                    self.workloads.lookup)
 
-    def learn(self, top: WorkloadFacts, arch: str, evidence: list[Evidence]) -> bool:
-        """Merge `arch` and its evidence into the workload's own annotations (never its pod
-        template: no rollout); True when something was written."""
+    def workloads_synced(self) -> bool:
+        return self.workloads is None or self.workloads.wait_synced(10.0)
+
+    def learn(self, top: WorkloadFacts, evidence: dict[str, list[Evidence]]) -> bool:
+        """Merge each architecture and its evidence into the workload's own annotations (never
+        its pod template: no rollout); True when something was written. Nothing is read when
+        the cache's copy holds it all already."""
+        if _merged(dict(top.annotations), evidence) is None:
+            return False
         path = workload_path(top.kind, top.namespace, top.object_name)
         for _ in range(MAX_PATCH_ATTEMPTS):
             obj = self.api.request("GET", path)
             meta = obj.get("metadata") or {}
-            merged = merged_annotations(meta.get("annotations") or {}, arch, evidence)
+            if (meta.get("uid") or "") != top.uid:
+                return False    # another object under its name now: it taught nothing
+            merged = _merged(meta.get("annotations") or {}, evidence)
             if merged is None:
                 return False
             try:
@@ -318,57 +361,29 @@ class Remediation:
                     continue
                 raise
             log.warning("%s %s/%s: learned that its pods fail on %s; new pods are kept off it "
-                        "(%s=%s)", top.kind, top.namespace, top.object_name, arch,
-                        ANNOTATION_FAILED, merged[ANNOTATION_FAILED])
+                        "(%s=%s)", top.kind, top.namespace, top.object_name,
+                        ",".join(sorted(evidence)), ANNOTATION_FAILED, merged[ANNOTATION_FAILED])
             return True
-        log.warning("%s %s/%s changed %d times while archway merged %s into %s: tried again at "
-                    "the next failure", top.kind, top.namespace, top.object_name,
-                    MAX_PATCH_ATTEMPTS, arch, ANNOTATION_FAILED)
+        log.warning("%s %s/%s changed %d times while archway merged what it learned into %s: "
+                    "tried again at the next failure", top.kind, top.namespace, top.object_name,
+                    MAX_PATCH_ATTEMPTS, ANNOTATION_FAILED)
         return False
-
-    def _maybe_evict(self, tracked: _Tracked, arch: str, top: WorkloadFacts) -> None:
-        pod = tracked.pod
-        learned = top.learned
-        failed = (learned.architectures if learned is not None else frozenset()) | {arch}
-        if pod.architectures is None or not pod.architectures - failed:
-            return   # no architecture left to recreate it on: evicting would only repeat this
-        if tracked.next_look is not None and tracked.next_look > self._clock():
-            return
-        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/eviction"
-        body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": pod.name, "namespace": pod.namespace},
-                # This pod, not one recreated under its name since (StatefulSets reuse names).
-                "deleteOptions": {"preconditions": {"uid": pod.uid}}}
-        try:
-            self.api.request("POST", path, body=body)
-        except ApiError as e:
-            if e.status in (404, 409):     # gone, or replaced meanwhile
-                tracked.next_look = None
-                return
-            outcome = "blocked" if e.status == 429 else "failed"
-            metrics.REMEDIATION_EVICTIONS.labels(outcome).inc()
-            delay = min(EVICT_RETRY_MAX_SECONDS, EVICT_RETRY_MIN_SECONDS * 2 ** tracked.evict_tries)
-            tracked.evict_tries += 1
-            tracked.next_look = self._clock() + delay
-            if e.status == 429:
-                self._event(pod.reference, "Warning", REASON_EVICTION_BLOCKED, "Evict",
-                            f"not evicted yet ({e.message[:300] or 'disruption budget'}): "
-                            f"archway asks again, at most every {EVICT_RETRY_MAX_SECONDS:g} s")
-            else:
-                log.warning("evicting pod %s/%s failed: %s", pod.namespace, pod.name, e)
-            return
-        tracked.next_look = None
-        metrics.REMEDIATION_EVICTIONS.labels("evicted").inc()
-        log.warning("pod %s/%s evicted: it fails on %s; %s recreates it elsewhere", pod.namespace,
-                    pod.name, arch, top.display_name)
-        self._event(pod.reference, "Normal", REASON_EVICTED, "Evict",
-                    f"evicted (remediation.evict): it fails on {arch} with exec format error; "
-                    f"{top.display_name} recreates it on {join_architectures(pod.architectures - failed)}")
 
     def _event(self, regarding: dict, event_type: str, reason: str, action: str,
                note: str) -> None:
         if self.events is not None:
             self.events.record(regarding, event_type, reason, action, note)
+
+
+def _merged(annotations: dict, evidence: dict[str, list[Evidence]]) -> dict[str, str] | None:
+    """The annotations with every architecture's evidence merged in; None: nothing new."""
+    changed = None
+    for arch, found in sorted(evidence.items()):
+        merged = merged_annotations(annotations, arch, found)
+        if merged is not None:
+            annotations = changed = {**annotations, **merged}
+    return None if changed is None else {k: changed[k] for k in (ANNOTATION_FAILED,
+                                                                  ANNOTATION_EVIDENCE)}
 
 
 def _consequence(arch: str, mode: str, learn: bool) -> str:

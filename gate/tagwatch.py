@@ -3,7 +3,9 @@ registry.cache.tag_ttl_seconds the leading gate controller checks the tag of eve
 cluster's workload templates at its registry (a HEAD; paced per registry host as pre-warming
 is), with the template's pull credentials.
 
-    the resolver's revalidation finds a tag naming another digest (Resolver.tag_moved)
+    the resolver's revalidation finds a tag naming another digest (Resolver.tag_moved), or
+    the round finds it naming another digest than the cluster's pods were admitted with
+    (their archway.dev/images: a baseline that outlives the leader and its cache)
       -> it lacks an architecture the previous digest had
       -> Warning Event ArchitecturesDropped on every workload whose template uses the tag,
          archway_image_architectures_dropped_total (the chart's ArchwayImageDroppedArchitecture)
@@ -12,6 +14,7 @@ The same round removes learned exclusions whose evidence no longer holds (learni
 the failing image left the template or names another digest), with a Normal Event
 FailedArchitecturesReset. Runs beside remediation.py in the same leadership.
 """
+import dataclasses
 import logging
 import threading
 import time
@@ -20,17 +23,21 @@ from collections.abc import Callable
 from archway import metrics
 from archway.errors import ArchwayError
 from archway.kubeapi import ApiError, KubeApi
+from archway.podview import PodView
 from archway.registry.imageref import ImageReference
+from archway.registry.model import ImageInfo
+from archway.registry.pacing import image_host, paced
 from archway.registry.reference import KINDS, parse_reference
 from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED, join_architectures
 from archway.webhook.events import EventSink
-from archway.webhook.learning import learned_from, reset_reason, short_digest
+from archway.webhook.learning import admitted_digests, learned_from, reset_reason, short_digest
 from archway.webhook.namespaces import namespace_mode
 from archway.webhook.workloadcache import WorkloadFacts, workload_facts, workload_path, workload_reference
 
 log = logging.getLogger("archway.remediation")
 
 MIN_ROUND_SECONDS = 1.0
+PAGE_SIZE = 500                   # pods listed a page at a time for their admitted digests
 MAX_PATCH_ATTEMPTS = 4            # a workload changed meanwhile (409): read it again
 REASON_DROPPED = "ArchitecturesDropped"
 REASON_RESET = "FailedArchitecturesReset"
@@ -56,6 +63,9 @@ class TagWatch:
         self.rounds = 0
         self._clock = clock
         self._by_reference: dict[str, list[tuple[WorkloadFacts, str]]] = {}
+        self._keyrings: dict[tuple, object] = {}
+        self._alarmed: set[tuple[str, str, str]] = set()   # (tag, old digest, new digest)
+        self._alarm_lock = threading.Lock()   # the resolver's threads alarm too (tag_moved)
 
     def lead(self, stop: threading.Event) -> None:
         """Rounds until `stop`; the resolver tells of moved tags meanwhile."""
@@ -84,8 +94,11 @@ class TagWatch:
         self.workloads.wait_synced(30.0)
         tops = [t for t in self.workloads.tops() if self.mode_of(t.namespace) != "off"]
         results: dict[str, object] = {}
+        self._keyrings = {}     # credentials are read again each round
         if self.settings.watch_tags:
             results = self._check_tags(tops, stop)
+            if self.api is not None:
+                self._compare_with_admitted(results)
         self.rounds += 1
         if self.settings.learn_failed_architectures:
             for top in tops:
@@ -100,9 +113,8 @@ class TagWatch:
         """Each tag checked at its registry once (per set of credentials), paced as
         pre-warming is: at most `per_second` checks a second per registry host. Returns what
         the cache holds for them afterwards (a check still running leaves the answer before)."""
-        from archway.webhook.prewarm import _host, _Wanted, paced
         by_reference: dict[str, list[tuple[WorkloadFacts, str]]] = {}
-        wanted: dict[tuple, _Wanted] = {}
+        wanted: dict[tuple, tuple[str, PodView]] = {}
         for top in tops:
             view = None
             for image in top.images:
@@ -112,36 +124,85 @@ class TagWatch:
                 by_reference.setdefault(key, []).append((top, image))
                 view = view or top.template_view()
                 wanted.setdefault((image, top.namespace, top.service_account, top.pull_secrets),
-                                  _Wanted(image, view))
+                                  (image, view))
         self._by_reference = by_reference   # read by tag_moved, in the resolver's threads
-        keyrings: dict[tuple, object] = {}
-
-        def keyring(pod):
-            group = (pod.namespace, pod.service_account, pod.pull_secret_names)
-            if group not in keyrings:
-                keyrings[group] = self.pull_secrets.credentials_for(
-                    pod, time.monotonic() + self.resolve_timeout / 2).keyring
-            return keyrings[group]
         stop = stop or threading.Event()
         begin = self._clock()
-        for offset, item in paced(list(wanted.values()), self.per_second, _host):
+        for offset, (image, pod) in paced(list(wanted.values()), self.per_second,
+                                          lambda item: image_host(item[0])):
             if stop.wait(max(0.0, begin + offset - self._clock())):
                 break
             # timeout 0: the check starts and goes on; the observer hears of a move.
-            self.resolver.resolve_many([item.image], keyring=keyring(item.pod), timeout=0,
-                                       revalidate=frozenset([item.image]))
+            self.resolver.resolve_many([image], keyring=self._keyring(pod), timeout=0,
+                                       revalidate=frozenset([image]))
         results: dict[str, object] = {}
-        for item in wanted.values():
-            results.update(self.resolver.resolve_many([item.image], keyring=keyring(item.pod),
+        for image, pod in wanted.values():
+            results.update(self.resolver.resolve_many([image], keyring=self._keyring(pod),
                                                       timeout=self.resolve_timeout))
         return results
 
+    def _keyring(self, pod: PodView):
+        group = (pod.namespace, pod.service_account, pod.pull_secret_names)
+        if group not in self._keyrings:
+            self._keyrings[group] = self.pull_secrets.credentials_for(
+                pod, time.monotonic() + self.resolve_timeout / 2).keyring
+        return self._keyrings[group]
+
+    def admitted(self) -> dict[tuple[str, str], set[str]]:
+        """(namespace, image) -> the digests the cluster's pods were admitted with (their
+        archway.dev/images), listed a page at a time."""
+        found: dict[tuple[str, str], set[str]] = {}
+        for page in self.api.pages("/api/v1/pods", PAGE_SIZE):
+            for obj in page.get("items") or ():
+                meta = obj.get("metadata") if isinstance(obj, dict) else None
+                if not isinstance(meta, dict) or meta.get("deletionTimestamp"):
+                    continue
+                annotations = meta.get("annotations")
+                for image, digest in admitted_digests(annotations if isinstance(
+                        annotations, dict) else {}).items():
+                    found.setdefault((str(meta.get("namespace") or ""), image), set()).add(digest)
+        return found
+
+    def _compare_with_admitted(self, results: dict[str, object]) -> None:
+        """A tag naming another digest than pods of the workloads using it were admitted with:
+        the same alarm as a move the resolver saw, whatever this leader saw before (a re-push
+        before its first round, or before it led)."""
+        admitted = self.admitted()
+        for key, users in self._by_reference.items():
+            for top, image in users:
+                new = results.get(image)
+                if not isinstance(new, ImageInfo) or not new.digest:
+                    continue
+                for digest in sorted(admitted.get((top.namespace, image), set()) - {new.digest}):
+                    old = self._content_of(image, digest, top.template_view())
+                    if old is not None:
+                        self._alarm(key, old, new)
+
+    def _content_of(self, image: str, digest: str, pod: PodView) -> ImageInfo | None:
+        """What `image` at `digest` holds (a digest reference: read once, cached for good)."""
+        try:
+            pinned = str(dataclasses.replace(parse_reference(image), tag=None, digest=digest))
+        except (ArchwayError, ValueError):
+            return None
+        answer = self.resolver.resolve_many([pinned], keyring=self._keyring(pod),
+                                            timeout=self.resolve_timeout)[pinned]
+        return answer if isinstance(answer, ImageInfo) else None
+
     def tag_moved(self, ref: ImageReference, old, new) -> None:
         """The resolver found `ref` naming another digest (the resolver.tag_moved observer)."""
+        self._alarm(str(ref), old, new)
+
+    def _alarm(self, ref: str, old: ImageInfo, new: ImageInfo) -> None:
+        """ArchitecturesDropped when `new` lacks an architecture `old` had: once per move."""
         lost = old.architectures - new.architectures
         if not lost or not new.architectures:
             return   # nothing dropped, or the new content records no architecture: unknown
-        concerned = self._by_reference.get(str(ref), [])
+        move = (ref, old.digest or "", new.digest or "")
+        with self._alarm_lock:
+            if move in self._alarmed:
+                return
+            self._alarmed.add(move)
+        concerned = self._by_reference.get(ref, [])
         for arch in sorted(lost):
             metrics.ARCHITECTURES_DROPPED.labels(arch).inc()
         log.warning("tag %s moved from %s (%s) to %s (%s): %s dropped; %d workload(s) use it",

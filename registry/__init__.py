@@ -7,6 +7,7 @@ there is no circle and each floor can be read, and tested, without the ones abov
 the highest one it imports.
 
   9  inspect          `archway inspect IMAGE...`
+  8  pacing           lookups paced per registry host
   8  resolver         cached, single-flight, concurrent lookups under one deadline
   7  reference        the kinds of image reference, keyed by scheme; parse_reference
   6  access           an image through its mirrors, with each credential a node would try

@@ -70,6 +70,7 @@ CASES = {
                                    "--set", "config.remediation.watch_tags=false"],
     "remediation-evict": ["--set", "config.remediation.evict=true",
                           "--set-json", "config.extender.max_utilisation=0.8"],
+    "remediation-no-logs": ["--set", "config.remediation.read_logs=false"],
     "unresolved-admit": ["--set", "config.admission.unresolved=admit",
                          "--set", "config.placement.fallback_architectures={amd64}"],
     "no-renewal-custom-config": ["--set", "tls.bootstrap.renewal.enabled=false",
@@ -1192,7 +1193,8 @@ def test_pre_warming_off_drops_the_workload_list_rules(render):
 
 def test_remediation_rbac_follows_its_switches(render):
     """Least privilege: patch on the workload kinds only while archway learns, get always (the
-    Events name a failing pod's workload), pods/eviction only with remediation.evict."""
+    Events name a failing pod's workload), pods/eviction only with remediation.evict, pods/log
+    only while it learns with remediation.read_logs."""
     def rules(case):
         return one(render(case), "ClusterRole", f"{RELEASE}-archway-gate-controller")["rules"]
 
@@ -1205,6 +1207,13 @@ def test_remediation_rbac_follows_its_switches(render):
     assert verbs("remediation-evict", "pods/eviction") == [["create"]]
     assert verbs("remediation-off", "deployments") == [["get"]]
     assert verbs("remediation-off", "pods/eviction") == []
+    # A failed container's log (pods/log get) only while learning with read_logs (the default).
+    assert verbs("default", "pods/log") == [["get"]]
+    assert verbs("remediation-off", "pods/log") == []
+    assert verbs("remediation-off-prewarm-on", "pods/log") == []
+    assert verbs("remediation-no-logs", "pods/log") == []
+    assert not config_from_dict(archway_configs(render("remediation-no-logs"))["webhook.yaml"]
+                                ).remediation.read_logs
     for case in ("default", "remediation-evict", "remediation-off"):
         assert not [r for r in rules(case) if {"update", "delete", "*"} & set(r["verbs"])
                     and r["resources"] != ["pods"]]

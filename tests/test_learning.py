@@ -11,8 +11,8 @@ from archway.config import config_from_dict
 from archway.errors import ConfigError, DeadlineExceeded
 from archway.extender.ceiling import utilisation_ceiling
 from archway.extender.traffic import NodeLoad
+from archway.gate.failingpods import failing_pod
 from archway.gate.release import plan_release
-from archway.gate.remediation import failing_pod
 from archway.gate.tagwatch import tag_key
 from archway.podview import PodView
 from archway.registry.model import ImageInfo
@@ -76,7 +76,7 @@ def a_pod(status_=None, *, node="arm64-1", owner=("ReplicaSet", "web-5d8"), dele
 
 @pytest.mark.parametrize("where", [("state", "waiting"), ("state", "terminated"),
                                    ("lastState", "terminated")])
-def test_each_place_the_kubelet_writes_the_error_is_read(where):
+def test_each_place_a_status_may_carry_the_error_is_read(where):
     (failure,) = exec_format_failures(a_pod(status("exec /bin/app: exec format error", where)))
     assert (failure.container, failure.image, failure.digest) == ("app", IMAGE, D1)
     assert failure.message == "exec /bin/app: exec format error"
@@ -119,13 +119,15 @@ def test_the_digest_of_an_image_id(image_id, digest):
 def test_failing_pod_keeps_a_few_facts_of_bound_pods_not_being_deleted():
     pod = a_pod(status("exec format error"))
     failing = failing_pod(pod)
-    assert (failing.namespace, failing.name, failing.uid, failing.node, failing.owner) == (
-        "shop", "web-5d8-x", "u-1", "arm64-1", ("ReplicaSet", "web-5d8"))
+    assert (failing.namespace, failing.name, failing.uid, failing.node) == (
+        "shop", "web-5d8-x", "u-1", "arm64-1")
+    assert (failing.owner.kind, failing.owner.name, failing.owner.uid) == ("ReplicaSet",
+                                                                           "web-5d8", "o")
     assert failing.architectures == {"amd64", "arm64"}
     # The kubelet's image ID first; the digest admission resolved for the ones without.
-    assert failing.evidence("arm64") == [Evidence(IMAGE, D1, "arm64")]
+    assert failing.evidence("arm64", failing.failures) == [Evidence(IMAGE, D1, "arm64")]
     no_id = failing_pod(a_pod(status("exec format error", image_id="")))
-    assert no_id.evidence("arm64") == [Evidence(IMAGE, D2, "arm64")]
+    assert no_id.evidence("arm64", no_id.failures) == [Evidence(IMAGE, D2, "arm64")]
     assert failing_pod(a_pod(status("exec format error"), node=None)) is None
     assert failing_pod(a_pod(status("exec format error"), deleting=True)) is None
     assert failing_pod(a_pod(status("all fine"))) is None

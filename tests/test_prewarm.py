@@ -11,8 +11,9 @@ from archway.cluster import ClusterReader
 from archway.config import CacheSettings, RegistrySettings
 from archway.kubeclient import build_api_client
 from archway.registry.model import ImageInfo
+from archway.registry.pacing import paced
 from archway.registry.resolver import Resolver
-from archway.webhook.prewarm import Prewarmer, paced, wanted_images
+from archway.webhook.prewarm import Prewarmer, wanted_images
 from archway.webhook.pullsecrets import PullSecrets
 from tests.infra.registry import basic_auth_registry, plain_registry, session_ca
 
@@ -114,7 +115,8 @@ def test_prewarm_reads_every_kind_in_pages_with_pull_secrets_at_its_pace(
 
 def test_paced_interleaves_hosts_and_spaces_each_host():
     items = [type("W", (), {"image": f"{host}/app:{i}"})() for host in ("a", "b") for i in range(3)]
-    schedule = [(at, item.image) for at, item in paced(items, 10.0, lambda i: i.split("/")[0])]
+    schedule = [(at, item.image) for at, item in paced(items, 10.0,
+                                                                 lambda i: i.image.split("/")[0])]
     assert schedule == [(0.0, "a/app:0"), (0.0, "b/app:0"), (0.1, "a/app:1"), (0.1, "b/app:1"),
                         (pytest.approx(0.2), "a/app:2"), (pytest.approx(0.2), "b/app:2")]
 

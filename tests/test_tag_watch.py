@@ -1,7 +1,9 @@
 """Dropped architectures, against the real Debian registry: the resolver tells its observer when
 a revalidation finds a tag moved (the one seam in the registry layer), and the leader's rounds
 (gate/tagwatch.py) turn a move that drops an architecture into ArchitecturesDropped on each
-workload using the tag, and remove learned exclusions whose evidence moved."""
+workload using the tag, and remove learned exclusions whose evidence moved. On the real control
+plane: the baseline is what the pods were admitted with, so a re-push before the first round or
+before a new leader is caught."""
 import threading
 import time
 
@@ -79,8 +81,8 @@ class Workloads:
         return next((f for f in self.facts if (f.kind, f.object_name) == (kind, name)), None)
 
 
-def deployment(name, image, annotations=None):
-    return {"kind": "Deployment", "metadata": {"name": name, "namespace": "shop",
+def deployment(name, image, annotations=None, namespace="shop"):
+    return {"kind": "Deployment", "metadata": {"name": name, "namespace": namespace,
                                                "uid": f"uid-{name}",
                                                "annotations": annotations or {}},
             "spec": {"template": {"spec": {"containers": [{"name": "c", "image": image}]}}}}
@@ -167,3 +169,75 @@ def test_with_watch_tags_off_the_rounds_ask_no_registry(plain_registry):
     mark = plain_registry.mark()
     tags.review()
     assert plain_registry.requests_since(mark) == [] and tags.rounds == 1
+
+
+# --- the baseline is what pods were admitted with, whatever this leader saw -----------------
+
+def admin_api(control_plane):
+    from archway.config import config_from_dict
+    from archway.kubeapi import KubeApi
+    from archway.kubeclient import build_api_client
+    config = config_from_dict({"kubernetes": {"kubeconfig": control_plane.admin_kubeconfig}})
+    return KubeApi(build_api_client(config.kubernetes)[0])
+
+
+def admitted_pod(control_plane, namespace: str, image: str, digest: str) -> None:
+    """A pod of the workload as archway's admission annotated it (archway.dev/images)."""
+    import json
+    control_plane.kube.create(f"/api/v1/namespaces/{namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "web-", "annotations": {
+            "archway.dev/images": json.dumps([{"image": image, "digest": digest}])}},
+        "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": image}]}})
+
+
+def leader(control_plane, registry, namespace: str, image: str, events: Events) -> TagWatch:
+    """A new leader's tag watch: a resolver (and cache) of its own, as a new process has."""
+    return TagWatch(api=admin_api(control_plane),
+                    settings=RemediationSettings(learn_failed_architectures=False),
+                    policy=Policy(), events=events,
+                    workloads=Workloads(deployment("web", image, namespace=namespace)),
+                    resolver=resolver_for(registry), pull_secrets=Secrets())
+
+
+def alarms(events: Events) -> list:
+    return [e for e in events.sent if e[3] == "ArchitecturesDropped"]
+
+
+def test_a_tag_repushed_before_the_first_round_raises_the_alarm(plain_registry, control_plane):
+    first = plain_registry.push_index("tw/early", "v1", ["linux/amd64", "linux/arm64"]).digest
+    image = plain_registry.ref("tw/early", "v1")
+    namespace = control_plane.new_namespace("tw-early")
+    admitted_pod(control_plane, namespace, image, first)
+    moved = plain_registry.push_image("tw/early", "v1", "linux/amd64")   # before any look
+    events, before = Events(), dropped("arm64")
+    tags = leader(control_plane, plain_registry, namespace, image, events)
+    tags.review()
+    (alarm,) = alarms(events)
+    assert alarm[1] == "web" and first[:19] in alarm[4] and moved[:19] in alarm[4]
+    assert "lacks arm64" in alarm[4] and dropped("arm64") == before + 1
+    tags.review()                                          # one move, one alarm
+    assert len(alarms(events)) == 1 and dropped("arm64") == before + 1
+
+
+def test_a_new_leader_catches_a_repush_its_predecessor_never_saw(plain_registry, control_plane):
+    first = plain_registry.push_index("tw/handover", "v1", ["linux/amd64", "linux/arm64"]).digest
+    image = plain_registry.ref("tw/handover", "v1")
+    namespace = control_plane.new_namespace("tw-handover")
+    admitted_pod(control_plane, namespace, image, first)
+    old_events = Events()
+    leader(control_plane, plain_registry, namespace, image, old_events).review()
+    assert alarms(old_events) == []                        # nothing moved while it led
+    moved = plain_registry.push_image("tw/handover", "v1", "linux/amd64")
+    events = Events()
+    leader(control_plane, plain_registry, namespace, image, events).review()
+    (alarm,) = alarms(events)
+    assert alarm[1] == "web" and moved[:19] in alarm[4] and "lacks arm64" in alarm[4]
+    # A pod admitted with the new digest, once the old pods are gone, is no alarm.
+    for pod in control_plane.kube.items(f"/api/v1/namespaces/{namespace}/pods"):
+        control_plane.kube.delete(f"/api/v1/namespaces/{namespace}/pods/"
+                                  f"{pod['metadata']['name']}", gracePeriodSeconds=0)
+    admitted_pod(control_plane, namespace, image, moved)
+    calm = Events()
+    leader(control_plane, plain_registry, namespace, image, calm).review()
+    assert alarms(calm) == []

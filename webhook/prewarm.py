@@ -8,10 +8,8 @@ secrets, paced per registry host (`registry.prewarm.requests_per_second` lookups
 manifest request). /readyz does not wait for it. The processes of one server share their lookups
 (registry/sharedlookups.py), so the registry sees each image about once per server.
 """
-import heapq
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from archway import metrics
@@ -19,7 +17,7 @@ from archway.background import ProcessThread
 from archway.errors import ArchwayError
 from archway.podview import PodView
 from archway.registry.model import ImageInfo
-from archway.registry.reference import parse_reference
+from archway.registry.pacing import image_host, paced
 from archway.workloads import TEMPLATE_PATHS, pod_of
 
 log = logging.getLogger("archway.prewarm")
@@ -51,31 +49,6 @@ def wanted_images(objects, exclude_namespaces=()) -> list[_Wanted]:
     return list(found.values())
 
 
-def paced(wanted: list[_Wanted], per_second: float, host_of) -> list[tuple[float, _Wanted]]:
-    """(start offset in seconds, image) so that no host gets more than `per_second` lookups a
-    second; hosts interleave, so a host with many images does not hold back the others."""
-    lines: dict[str, deque] = {}
-    for item in wanted:
-        lines.setdefault(host_of(item.image), deque()).append(item)
-    step = 1.0 / per_second
-    heap = [(0.0, host) for host in lines]
-    heapq.heapify(heap)
-    schedule = []
-    while heap:
-        at, host = heapq.heappop(heap)
-        schedule.append((at, lines[host].popleft()))
-        if lines[host]:
-            heapq.heappush(heap, (at + step, host))
-    return schedule
-
-
-def _host(image: str) -> str:
-    try:
-        return parse_reference(image).host
-    except ArchwayError:
-        return ""
-
-
 class Prewarmer:
     def __init__(self, reader_factory, resolver, pull_secrets, *, per_second: float,
                  exclude_namespaces=(), clock=time.monotonic, sleep=time.sleep):
@@ -105,7 +78,8 @@ class Prewarmer:
         metrics.PREWARM_IMAGES.labels("found").set(len(wanted))
         log.info("pre-warming %d images of %d workloads and pods", len(wanted), len(objects))
         begin = self._clock()
-        for started, (offset, item) in enumerate(paced(wanted, self.per_second, _host), 1):
+        schedule = paced(wanted, self.per_second, lambda w: image_host(w.image))
+        for started, (offset, item) in enumerate(schedule, 1):
             wait = begin + offset - self._clock()
             if wait > 0:
                 self._sleep(wait)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from archway.cluster import WORKLOAD_LISTS
-from archway.podview import PodView
+from archway.podview import OwnerReference, PodView
 from archway.watchcache import WatchCache
 from archway.workloads import TEMPLATE_PATHS
 
@@ -25,6 +25,11 @@ COLLECTIONS = {kind: f"{prefix}/{plural}" for kind, (prefix, plural) in WORKLOAD
 # What a workload's owner chain may pass through on the way to the top: a ReplicaSet
 # (Deployment), a Job (CronJob). Nothing deeper exists among these kinds.
 MAX_CHAIN = 3
+# The kinds whose controllers make pods: a pod's first link is one of them, never a Deployment or
+# a CronJob (theirs are a ReplicaSet's, a Job's).
+POD_CONTROLLERS = ("ReplicaSet", "Job", "StatefulSet", "DaemonSet")
+# A label selector as requirements (key, operator, values); matchLabels are In requirements.
+Selector = tuple[tuple[str, str, tuple[str, ...]], ...]
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class WorkloadFacts:
     images: tuple[str, ...] = ()           # its pod template's, initContainers first
     service_account: str = ""              # the template's, for its pull credentials
     pull_secrets: tuple[str, ...] = ()
+    owner_uid: str = ""                    # its controller's uid
+    selector: Selector | None = None       # spec.selector; None: it has none
 
     @property
     def display_name(self) -> str:
@@ -71,8 +78,47 @@ def workload_facts(kind: str) -> Callable[[dict], WorkloadFacts | None]:
             images=_images(spec),
             service_account=str(spec.get("serviceAccountName") or spec.get("serviceAccount") or ""),
             pull_secrets=tuple(s["name"] for s in _list(spec.get("imagePullSecrets"))
-                               if isinstance(s, dict) and isinstance(s.get("name"), str)))
+                               if isinstance(s, dict) and isinstance(s.get("name"), str)),
+            owner_uid=_controller_uid(meta),
+            selector=_selector(_mapping(obj.get("spec")).get("selector")))
     return facts
+
+
+def _controller_uid(meta: dict) -> str:
+    owner = next((ref for ref in _list(meta.get("ownerReferences"))
+                  if isinstance(ref, dict) and ref.get("controller")), None)
+    return str(owner.get("uid") or "") if owner else ""
+
+
+def _selector(selector: object) -> Selector | None:
+    if not isinstance(selector, dict):
+        return None
+    labels = _mapping(selector.get("matchLabels"))
+    return tuple([(str(k), "In", (str(v),)) for k, v in sorted(labels.items())] + [
+        (str(e.get("key")), str(e.get("operator")),
+         tuple(str(v) for v in _list(e.get("values"))))
+        for e in _list(selector.get("matchExpressions")) if isinstance(e, dict)])
+
+
+def selector_matches(selector: Selector | None, labels: Mapping[str, str]) -> bool:
+    """Whether a label selector selects these labels (metav1.LabelSelector's rules); no
+    selector selects nothing."""
+    if selector is None:
+        return False
+    for key, operator, values in selector:
+        if operator == "In":
+            ok = key in labels and labels[key] in values
+        elif operator == "NotIn":
+            ok = key not in labels or labels[key] not in values
+        elif operator == "Exists":
+            ok = key in labels
+        elif operator == "DoesNotExist":
+            ok = key not in labels
+        else:
+            ok = False
+        if not ok:
+            return False
+    return True
 
 
 def _controller(meta: dict) -> tuple[str, str] | None:
@@ -139,6 +185,28 @@ def top_workload(namespace: str, owner: tuple[str, str] | None,
         if facts.owner is None or facts.owner[0] not in COLLECTIONS:
             return facts   # the top, or controlled by a kind archway does not know (kept)
         facts = lookup(facts.owner[0], namespace, facts.owner[1])
+    return None
+
+
+def controlling_workload(namespace: str, owner: OwnerReference | None,
+                         labels: Mapping[str, str], lookup: Lookup) -> WorkloadFacts | None:
+    """The top of a pod's controller chain when the chain is real, None otherwise: the pod's
+    controller is a ReplicaSet, Job, StatefulSet or DaemonSet that exists with the uid the pod
+    names and a selector that selects the pod's labels, and each link above it has the uid its
+    child names. Anyone who may create a pod may write any ownerReference on it: what a pod
+    teaches its workload must come from a pod that workload made."""
+    if owner is None or owner.kind not in POD_CONTROLLERS or not owner.uid:
+        return None
+    facts = lookup(owner.kind, namespace, owner.name)
+    if facts is None or facts.uid != owner.uid or not selector_matches(facts.selector, labels):
+        return None
+    for _ in range(MAX_CHAIN):
+        if facts.owner is None or facts.owner[0] not in COLLECTIONS:
+            return facts
+        above = lookup(facts.owner[0], namespace, facts.owner[1])
+        if above is None or above.uid != facts.owner_uid:
+            return None
+        facts = above
     return None
 
 

@@ -1,5 +1,13 @@
-"""What the closed-loop tests write as the kubelet would, and how they look at what archway did:
-container statuses through pods/status, dry-run probes of admission, archway's metrics."""
+"""What the closed-loop tests write in place of a kubelet (these nodes have none), and how they look
+at what archway did: container statuses through pods/status, dry-run probes of admission,
+archway's metrics.
+
+A real kubelet with containerd + runc writes no message for an exec format error (`terminated:
+{exitCode: 1, reason: Error}`; the words are in the container's log), except for a container
+with `terminationMessagePolicy: FallbackToLogsOnError`, whose last log lines become the message:
+the pods here ask for that (preferring_arm64), so the status carries the words as a real
+kubelet's would. The path with no message (archway reads the log) is tests/test_closed_loop.py's;
+a real node's e2e test reads a real log."""
 import datetime
 import json
 import re
@@ -8,7 +16,7 @@ from tests.infra.kube import Kube, pod_path
 
 from .workloads import deployment, node_arch, pods_of
 
-EXEC_FORMAT = "exec /bin/app: exec format error"
+EXEC_FORMAT = "exec /bin/app: exec format error\n"   # runc, in the container's log
 
 
 def now() -> str:
@@ -17,11 +25,11 @@ def now() -> str:
 
 def crash_with_exec_format_error(kube: Kube, namespace: str, pod: dict, *, restarts: int = 3,
                                  message: str = EXEC_FORMAT) -> dict:
-    """What the kubelet writes for a container whose binary is for another CPU: the last run
-    terminated with the error, the container now backing off (the status subresource, as the
-    kubelet writes it). The image ID names the digest archway admitted the pod with. The phase
-    is Running (the kubelet's for a restarting container): Pending pods bypass disruption
-    budgets."""
+    """What a real kubelet writes for a container whose binary is for another CPU and whose
+    terminationMessagePolicy is FallbackToLogsOnError: the last run terminated with exit code 1,
+    reason Error, its log's last lines (`message`) as the message; the container now backing
+    off. The image ID names the digest archway admitted the pod with. The phase is Running (the
+    kubelet's for a restarting container): Pending pods bypass disruption budgets."""
     container = pod["spec"]["containers"][0]
     admitted = json.loads(pod["metadata"]["annotations"]["archway.dev/images"])
     digest = next(e["digest"] for e in admitted if e["image"] == container["image"])
@@ -51,8 +59,12 @@ def mark_ready(kube: Kube, namespace: str, pod: dict) -> dict:
 
 def preferring_arm64(name: str, image: str, replicas: int) -> dict:
     """A Deployment whose pods prefer arm64 nodes (cheaper, say): every replica lands there while
-    nothing keeps it off. No grace period: with no kubelet, an evicted pod goes at once."""
+    nothing keeps it off. No grace period: with no kubelet, an evicted pod goes at once. Its
+    containers' failures leave their last log lines as the status' message
+    (FallbackToLogsOnError: see crash_with_exec_format_error)."""
     body = deployment(name, [image], replicas=replicas, terminationGracePeriodSeconds=0)
+    for container in body["spec"]["template"]["spec"]["containers"]:
+        container["terminationMessagePolicy"] = "FallbackToLogsOnError"
     body["spec"]["template"]["spec"]["affinity"] = {"nodeAffinity": {
         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
             "matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In",

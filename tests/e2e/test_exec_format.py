@@ -1,5 +1,6 @@
 """Exec format errors teach placement, through the real apiserver, controller-manager and
-scheduler: the test writes what the kubelet would (a container status through pods/status), and
+scheduler: the test writes the container statuses a real kubelet would (through pods/status: no
+kubelet runs here; tests/e2e/loop.py says which statuses, and why they carry a message), and
 looks at what an operator sees: Events, the Deployment's annotations, where the next pods go,
 `archway explain`, the metric."""
 import json
@@ -139,7 +140,8 @@ def test_an_init_containers_exec_format_error_counts_and_other_failures_do_not(
         archway, kube, namespace, images):
     image = images.ref("e2e/multi", images.fresh("e2e/multi"))
     body = preferring_arm64("app", image, replicas=1)
-    body["spec"]["template"]["spec"]["initContainers"] = [{"name": "setup", "image": image}]
+    body["spec"]["template"]["spec"]["initContainers"] = [
+        {"name": "setup", "image": image, "terminationMessagePolicy": "FallbackToLogsOnError"}]
     create_deployment(kube, namespace, body)
     (pod,) = wait_bound(kube, namespace, "app", 1)
     name = pod["metadata"]["name"]
@@ -147,9 +149,8 @@ def test_an_init_containers_exec_format_error_counts_and_other_failures_do_not(
     crash_with_exec_format_error(kube, namespace, pod, message="exec /bin/app: no such file")
     kube.patch(pod_path(namespace, name) + "/status", {"status": {"initContainerStatuses": [{
         "name": "setup", "image": image, "imageID": "", "ready": False, "restartCount": 1,
-        "state": {"terminated": {"exitCode": 128, "reason": "StartError",
-                                 "message": "failed to create containerd task: exec: "
-                                            "\"/setup\": exec format error: unknown"}}}]}})
+        "state": {"terminated": {"exitCode": 1, "reason": "Error",
+                                 "message": "exec /setup: exec format error\n"}}}]}})
     (event,) = kube.wait_for(lambda: events(kube, namespace, "ExecFormatError", "Pod", name),
                              timeout=20, what="the init container's Event")
     assert "container setup" in event["note"]
@@ -231,7 +232,8 @@ def test_the_webhooks_account_may_learn_but_not_rewrite_workloads(archway, kube)
     for verb, resource, group in (("watch", "replicasets", "apps"), ("watch", "cronjobs", "batch"),
                                   ("get", "replicasets", "apps"), ("get", "jobs", "batch"),
                                   ("patch", "deployments", "apps"), ("patch", "cronjobs", "batch"),
-                                  ("patch", "statefulsets", "apps")):
+                                  ("patch", "statefulsets", "apps"),
+                                  ("get", "pods/log", "")):   # a failed container's log tail
         assert client.can_i(verb, resource, group=group, namespace="default"), (verb, resource)
     for verb, resource, group in (("update", "deployments", "apps"),
                                   ("delete", "deployments", "apps"),

@@ -1,0 +1,66 @@
+"""What the closed loop keeps of a failing pod (remediation.py): a few facts, decided from one
+status update, pure. This runs on every pod status update of the cluster, so a pod that is not
+failing costs a scan of its container statuses and nothing more."""
+from dataclasses import dataclass
+
+from archway.podview import OwnerReference, PodShapeError, PodView
+from archway.vocabulary import ANNOTATION_ARCHITECTURES
+from archway.webhook.learning import (
+    Evidence,
+    Failure,
+    LogRead,
+    admitted_digests,
+    exec_format_failures,
+    log_reads,
+)
+
+
+@dataclass(frozen=True)
+class FailingPod:
+    """A bound pod with a container that failed with exec format error (its status says so), or
+    failed with a status that says nothing of why (`log_reads`: its log may)."""
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    owner: OwnerReference | None              # its controller, as the pod claims it
+    labels: tuple[tuple[str, str], ...]       # what its controller's selector must select
+    architectures: frozenset[str] | None      # archway.dev/architectures: what its images claim
+    digests: tuple[tuple[str, str], ...]      # image -> digest archway admitted it with
+    failures: tuple[Failure, ...]
+    log_reads: tuple[LogRead, ...] = ()
+
+    @property
+    def reference(self) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod", "namespace": self.namespace,
+                "name": self.name, "uid": self.uid}
+
+    def evidence(self, arch: str, failures: tuple[Failure, ...]) -> list[Evidence]:
+        admitted = dict(self.digests)
+        return [Evidence(f.image, f.digest or admitted.get(f.image), arch) for f in failures]
+
+
+def failing_pod(obj: dict) -> FailingPod | None:
+    """The facts of a bound pod, not being deleted, with an exec format error in its status or
+    a container that failed saying nothing; None for every other pod (almost all of them)."""
+    failures = exec_format_failures(obj)
+    said = {f.container for f in failures}
+    reads = tuple(r for r in log_reads(obj) if r.container not in said)
+    if not failures and not reads:
+        return None
+    try:
+        pod = PodView.of(obj)
+    except PodShapeError:
+        return None
+    # A pod being deleted is on its way out (its namespace may be too: no Event would be taken).
+    if not pod.node_name or pod.being_deleted:
+        return None
+    claimed = pod.annotations.get(ANNOTATION_ARCHITECTURES)
+    return FailingPod(
+        namespace=pod.namespace, name=pod.name, uid=pod.uid, node=pod.node_name,
+        owner=next((o for o in pod.owner_references if o.controller), None),
+        labels=tuple(sorted(pod.labels.items())),
+        architectures=frozenset(a for a in claimed.split(",") if a) if claimed is not None
+        else None,
+        digests=tuple(sorted(admitted_digests(pod.annotations).items())), failures=failures,
+        log_reads=reads)
