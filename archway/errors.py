@@ -90,6 +90,18 @@ class CredentialProviderError(AuthError):
         self.reason = reason   # timeout, exit_status, invalid_response, output_too_large, exec_error
 
 
+# Failures that no wait can change: the reference cannot be parsed, or archway's own host policy
+# refuses its host (a metadata or link-local address, deny_hosts, allow_hosts, plain http). A
+# registry that times out, is down, answers 5xx, or has not got the tag yet (404) may answer later.
+_NEVER_RESOLVES = (InvalidReference, HostRefused)
+
+
+def never_resolves(error: BaseException | None) -> bool:
+    """Whether an image whose lookup failed with `error` can never be read, however long the pod
+    waits (None: no answer came in time, which says nothing)."""
+    return isinstance(error, _NEVER_RESOLVES)
+
+
 # --- naming a failed image resolution: a metric label and a few words for a warning ---------
 
 @dataclass(frozen=True)

@@ -108,8 +108,8 @@ GATE_WAIT = Histogram("archway_gate_wait_seconds",
 GATE_RELEASES = Counter(
     "archway_gate_releases_total",
     "Gated pods released, by outcome: placed, fallback (placement.fallback_architectures), "
-    "unplaced (admission.gate_max_seconds passed), no_common_arch (kept off every node), "
-    "deleted (deleted while gated)", ["outcome"])
+    "unplaced (admission.gate_max_seconds passed, or an image can never be read), "
+    "no_common_arch (kept off every node), deleted (deleted while gated)", ["outcome"])
 GATE_CONTROLLER_RESTARTS = Counter(
     "archway_gate_controller_restarts_total",
     "Times archway serve started its gate controller process again after it died")

@@ -25,17 +25,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from archway import logs, metrics
-from archway.errors import ArchwayError
 from archway.kubeapi import ApiError, KubeApi
 from archway.lease import LeaderElector, lease_namespace, new_identity, parse_time
 from archway.listwatch import ListWatch
 from archway.podview import PodShapeError, PodView
-from archway.registry.model import ImageInfo
-from archway.registry.reference import parse_reference
 from archway.vocabulary import GATED_LABEL
 from archway.webhook.events import EventSink, pod_reference
 from archway.webhook.policy import Policy
 
+from .fairqueue import Candidate, FairShare, pod_hosts
 from .put import put_release
 from .release import Release, gate_only_release, is_gated, plan_release
 
@@ -56,6 +54,7 @@ class Pending:
     tries: int = 0
     busy: bool = False
     hosts: frozenset[str] = frozenset()   # the registries its images come from
+    namespace: str = ""
 
 
 class GateController:
@@ -82,6 +81,7 @@ class GateController:
         self._clock = clock
         self._lock = threading.Condition()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gate")
+        self._fair = FairShare(workers)   # a pod starts only on a free thread, in its order
 
     # --- leading --------------------------------------------------------------------------
     def lead(self, stop: threading.Event) -> None:
@@ -128,7 +128,7 @@ class GateController:
         if current is None:
             created = parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
             self.pending[uid] = Pending(pod, created if created is not None else self._wall(),
-                                        hosts=_hosts(pod))
+                                        hosts=pod_hosts(pod), namespace=_name(pod).split("/")[0])
         else:
             current.obj = pod
         metrics.GATED_PODS.set(len(self.pending))
@@ -139,16 +139,27 @@ class GateController:
             with self._lock:
                 oldest = min((p.created for p in self.pending.values()), default=None)
                 metrics.GATE_OLDEST.set(0 if oldest is None else max(0.0, self._wall() - oldest))
-                due = [(uid, p) for uid, p in self.pending.items()
-                       if not p.busy and p.next_try <= now]
-                for _, p in due:
-                    p.busy = True
-                if not due:
-                    waits = [p.next_try - now for p in self.pending.values() if not p.busy]
+                started = self._start_due(now)
+                if not started:
+                    # Until a pod arrives, a try ends (a free thread, a host under its cap) or
+                    # a back-off ends; due pods held back by those are not a reason to spin.
+                    waits = [p.next_try - now for p in self.pending.values()
+                             if not p.busy and p.next_try > now]
                     self._lock.wait(min([0.5] + [max(0.01, w) for w in waits]))
                     continue
-            for uid, p in due:
+            for uid, p in started:
                 self._pool.submit(self._attempt, uid, p)
+
+    def _start_due(self, now: float) -> list[tuple[str, Pending]]:
+        """The due pods to try now, as many as threads are free, in fairqueue's order (under
+        the lock)."""
+        chosen = self._fair.start(
+            Candidate(uid, p.namespace, p.hosts, (p.next_try, p.created), self._expired(p))
+            for uid, p in self.pending.items() if not p.busy and p.next_try <= now)
+        started = [(c.key, self.pending[c.key]) for c in chosen]
+        for _, p in started:
+            p.busy = True
+        return started
 
     def _expired(self, p: Pending) -> bool:
         return self._wall() - p.created >= self.max_seconds
@@ -165,6 +176,7 @@ class GateController:
             done = False
         with self._lock:
             p.busy = False
+            self._fair.finish(p.hosts, p.namespace)
             if done:
                 self.pending.pop(uid, None)
             else:
@@ -188,8 +200,7 @@ class GateController:
         credentials = self.pull_secrets.credentials_for(view, start + timeout * 0.4)
         results = self.resolver.resolve_many(view.images, keyring=credentials.keyring,
                                              timeout=max(0.05, start + timeout - time.monotonic()))
-        if p.tries:
-            self._wake(results)
+        self._heard(results)
         waited = max(0.0, self._wall() - p.created)
         top = None
         if self.workloads is not None and view.owner_references:
@@ -203,16 +214,15 @@ class GateController:
             return False
         return self._update(p, release.pod, release, release.outcome, waited)
 
-    def _wake(self, results: dict) -> None:
-        """A retry got answers: those registries are back. Every pod waiting on one of them
-        retries now instead of at the end of its back-off."""
-        answered = _hosts_of(image for image, result in results.items()
-                             if isinstance(result, ImageInfo))
-        if not answered:
-            return
+    def _heard(self, results: dict) -> None:
+        """Which registries answered this try and which did not (fairqueue orders and caps
+        pods by it). A registry that gave no answer before and answers now is back: every pod
+        waiting on it retries now instead of at the end of its back-off."""
         with self._lock:
-            for p in self.pending.values():
-                if not p.busy and p.next_try > 0 and p.hosts & answered:
+            back = self._fair.heard(results, lambda: set().union(
+                *(p.hosts for p in self.pending.values())))
+            for p in self.pending.values() if back else ():
+                if not p.busy and p.next_try > 0 and p.hosts & back:
                     p.next_try = 0.0
             self._lock.notify_all()
 
@@ -268,23 +278,6 @@ class GatedPods(ListWatch):
 
     def _on_event(self, kind: str, obj: dict) -> None:
         self.controller.changed(kind, obj)
-
-
-def _hosts(pod: dict) -> frozenset[str]:
-    try:
-        return _hosts_of(PodView.of(pod).images)
-    except PodShapeError:
-        return frozenset()
-
-
-def _hosts_of(images) -> frozenset[str]:
-    hosts = set()
-    for image in images:
-        try:
-            hosts.add(parse_reference(image).host)
-        except ArchwayError:
-            continue
-    return frozenset(hosts)
 
 
 def _uid(pod: dict) -> str:

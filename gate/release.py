@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import jsonpatch
 
-from archway.errors import classify_error
+from archway.errors import classify_error, never_resolves
 from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import Platform
@@ -55,8 +55,9 @@ def plan_release(obj: dict, results: dict, policy: Policy, *, expired: bool,
                  fallback: tuple[str, ...] = (), waited: float = 0.0,
                  learned: Learned | None = None) -> Release | None:
     """The release of gated pod `obj` given its images' `results`; None: keep waiting (an image
-    is unresolved and the pod has not waited admission.gate_max_seconds yet). `learned`: what
-    its workload learned from exec format errors, as at admission."""
+    is unresolved, may still be read, and the pod has not waited admission.gate_max_seconds
+    yet). An image that can never be read (errors.never_resolves) is not waited for. `learned`:
+    what its workload learned from exec format errors, as at admission."""
     pod = PodView.of(obj)
     policy = replace(policy, fail_closed=False)  # a gated pod exists: it can no longer be denied
     failed = unresolved(pod, results)
@@ -64,7 +65,8 @@ def plan_release(obj: dict, results: dict, policy: Policy, *, expired: bool,
     if not decision.allowed or decision.architectures == frozenset():
         # More answers cannot help: a common architecture only ever shrinks as images are added.
         return _hold(obj, pod, results, decision)
-    if failed and not expired:
+    hopeless = bool(failed) and all(never_resolves(results.get(image)) for image in failed)
+    if failed and not expired and not hopeless:
         return None
     if not failed:
         archs = decision.architectures
@@ -75,6 +77,8 @@ def plan_release(obj: dict, results: dict, policy: Policy, *, expired: bool,
                        f"placed {where} after waiting {waited:.1f} s for its images", archs)
     why = "; ".join(f"{display_image(image)}: {classify_error(results.get(image)).words}"
                     for image in failed)
+    when = (f"released after {waited:.0f} s (admission.gate_max_seconds)" if expired else
+            "released at once (an image can never be read)")
     if fallback:
         assumed = dict(results, **{image: _fallback_info(image, fallback) for image in failed})
         with_fallback = decide(pod, assumed, policy, learned=learned)
@@ -82,11 +86,11 @@ def plan_release(obj: dict, results: dict, policy: Policy, *, expired: bool,
             archs = with_fallback.architectures
             return Release(_released(obj, with_fallback), "fallback", "Warning",
                            "ReleasedOnFallback",
-                           f"released after {waited:.0f} s (admission.gate_max_seconds) placed on "
+                           f"{when} placed on "
                            f"{join_architectures(archs)} (placement.fallback_architectures); unresolved: {why}",
                            archs)
     return Release(_released(obj, decision), "unplaced", "Warning", "ReleasedUnplaced",
-                   f"released after {waited:.0f} s (admission.gate_max_seconds) "
+                   f"{when} "
                    f"{'placed on ' + join_architectures(decision.architectures) + ' by the images it read' if decision.architectures else 'without placement'}"
                    f"; unresolved: {why}", decision.architectures)
 

@@ -4,6 +4,7 @@ for hypothesis; tests/e2e proves the same releases against the real apiserver); 
 elector and observer, Events and release-all against a real apiserver of this module's own; the
 stand-in for the faults it cannot be made to produce (a 503, a 410 relist, 1.26's validation)."""
 import copy
+import re
 
 import jsonpatch
 import kubernetes_validate
@@ -12,7 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from archway.config import KubernetesSettings
-from archway.errors import DeadlineExceeded, TransportError
+from archway.errors import (
+    DeadlineExceeded,
+    HostRefused,
+    InvalidReference,
+    NotFound,
+    RegistryError,
+    TransportError,
+)
 from archway.gate import release as gate
 from archway.gate.release import plan_release
 from archway.kubeapi import KubeApi
@@ -208,6 +216,32 @@ def test_unresolved_image_waits_until_expired_then_releases_unplaced_or_on_fallb
     assert other.outcome == "unplaced"
 
 
+def test_an_image_that_can_never_be_read_is_not_waited_for():
+    """Issue 30, finding 6: an invalid reference or a host archway's policy refuses held its pod
+    gated for the whole admission.gate_max_seconds; such a pod is released at once, saying why.
+    A registry that may answer later keeps the gate as before."""
+    old = pod("reg/multi:1", "169.254.169.254/app:1", "Reg/Bad:1")
+    results = {"reg/multi:1": MULTI, "169.254.169.254/app:1": HostRefused("link-local: refused"),
+               "Reg/Bad:1": InvalidReference("malformed")}
+    released = plan_release(old, results, Policy(), expired=False, waited=0.4)
+    check_release(old, released)
+    assert (released.outcome, released.reason) == ("unplaced", "ReleasedUnplaced")
+    assert released.note.startswith("released at once (an image can never be read) placed on "
+                                     "amd64, arm64 by the images it read; unresolved: ")
+    assert "169.254.169.254/app:1: host not allowed by archway's config" in released.note
+    assert "Reg/Bad:1: invalid image reference" in released.note
+    assert "gate_max_seconds" not in released.note
+    fallback = plan_release(old, results, Policy(), expired=False, fallback=("arm64",))
+    assert fallback.outcome == "fallback" and fallback.architectures == {"arm64"}
+    assert fallback.note.startswith("released at once (an image can never be read) placed on arm64")
+    # One image that may still answer: the pod waits for it, as for any registry that is down.
+    for transient in (DOWN, DeadlineExceeded("slow"), None, NotFound("not pushed yet", status=404),
+                      RegistryError("bad gateway", status=502)):
+        waiting = dict(results, **{"reg/multi:1": transient})
+        assert plan_release(old, waiting, Policy(), expired=False) is None, transient
+        assert "gate_max_seconds" in plan_release(old, waiting, Policy(), expired=True).note
+
+
 def test_images_without_a_common_architecture_are_kept_off_every_node_at_once():
     old = pod("reg/amd:1", "reg/arm:1", "reg/down:1", affinity=required(
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}))
@@ -253,6 +287,25 @@ def test_every_release_is_an_update_the_apiserver_accepts(images, selector, affi
 
 
 # --- events ----------------------------------------------------------------------------------------
+
+def test_event_notes_escape_control_characters_and_fit_in_1024_bytes():
+    """Issue 30, finding 6: a note kept the raw CR/LF of an image reference, and `kubectl
+    describe` showed a line of the pod author's choosing."""
+    forged = "reg/app\r\nNormal  Placed  placed on amd64\x1b[2J\x85\u2028:1"
+    body = event(regarding={"kind": "Pod", "name": "p", "namespace": "team"},
+                 event_type="Warning", reason="ReleasedUnplaced", action="Release",
+                 note=f"released; unresolved: {forged}: invalid image reference",
+                 instance="archway-0_1_abc", now=1.7e9)
+    assert body["note"] == ("released; unresolved: reg/app\\r\\nNormal  Placed  placed on "
+                            "amd64\\x1b[2J\\x85\\u2028:1: invalid image reference")
+    assert not re.search("[\x00-\x1f\x7f-\x9f\u2028\u2029]", body["note"])
+    # The apiserver's 1 kB is bytes (Go's len): a note of wide characters is cut to fit.
+    wide = event(regarding={"kind": "Pod", "name": "p", "namespace": "team"},
+                 event_type="Warning", reason="R", action="Release", note="é" * 1000,
+                 instance="i", now=1.7e9)
+    assert len(wide["note"].encode()) <= 1024 and wide["note"].endswith("é...")
+    assert validate_event_create(wide, "team") == []
+
 
 def test_events_pass_the_strict_events_k8s_io_v1_validation():
     body = event(regarding={"apiVersion": "v1", "kind": "Pod", "namespace": "team", "name": "p",

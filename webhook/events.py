@@ -1,7 +1,8 @@
 """Events (`events.k8s.io/v1`) that tell a human what archway did to a pod or its owner.
 
 `event` builds the object the apiserver's strict events.k8s.io/v1 validation accepts (eventTime,
-reportingController, reportingInstance, action, reason, type; note at most 1 kB); `EventSink`
+reportingController, reportingInstance, action, reason, type; note at most 1 kB, its control
+characters escaped as a log line's are: a reference may hold CR/LF); `EventSink`
 posts them from a background thread through a bounded queue, so neither an admission nor a
 release ever waits on it, and a flood of them drops the excess instead of growing memory. The
 same note about the same object is sent once per few minutes: a controller retrying 100
@@ -14,6 +15,7 @@ import time
 from archway.background import ProcessThread
 from archway.kubeapi import ApiError, KubeApi
 from archway.lease import micro_time
+from archway.logsafe import escape
 from archway.podview import PodView
 from archway.registry.cache import TTLCache
 
@@ -30,8 +32,9 @@ def event(*, regarding: dict, event_type: str, reason: str, action: str, note: s
           instance: str, now: float) -> dict:
     """An events.k8s.io/v1 Event about `regarding` (an ObjectReference with namespace)."""
     name = regarding.get("name") or "object"
-    if len(note) > NOTE_LIMIT:
-        note = note[:NOTE_LIMIT - 3] + "..."
+    note = escape(note)   # `kubectl describe` prints it as it is: no line of the pod's choosing
+    if len(note.encode()) > NOTE_LIMIT:   # the apiserver counts bytes
+        note = note.encode()[:NOTE_LIMIT - 3].decode(errors="ignore") + "..."
     return {
         "apiVersion": "events.k8s.io/v1", "kind": "Event",
         # client-go's naming: the object's name and a nanosecond stamp, unique per object.

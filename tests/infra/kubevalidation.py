@@ -307,7 +307,7 @@ def validate_event_create(event: dict, namespace: str) -> list[FieldError]:
         elif len(value) > limit:
             errors.append(FieldError("Invalid", internal, f"can have at most {limit} characters",
                                      ""))
-    if len(event.get("note") or "") > 1024:
+    if len((event.get("note") or "").encode()) > 1024:   # Go's len: bytes
         errors.append(FieldError("Invalid", "message", "can have at most 1024 characters", ""))
     for field in ("deprecatedFirstTimestamp", "deprecatedLastTimestamp", "deprecatedCount",
                   "deprecatedSource"):
