@@ -36,6 +36,7 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "extender": "extender",
     "kube": "kube",
     "loop": "loop",
+    "scale": "scale",
 }
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
