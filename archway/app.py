@@ -85,7 +85,8 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
     if "webhook" in products:
         register_webhook(app, state, pull_secrets)
     if "extender" in products:
-        register_extender(app, config, resolver, node_cache=node_cache)
+        register_extender(app, config, resolver, node_cache=node_cache,
+                          fast_routes=state.fast_routes)
     _register_common(app, state)
     if state.fast_routes:
         app.wsgi_app = _FastRoutes(app.wsgi_app, state.fast_routes)  # type: ignore[method-assign]

@@ -18,7 +18,11 @@ F = TypeVar("F")
 class WatchCache(ListWatch, Generic[F]):
     """`items` (name -> fact) is replaced, never mutated, so request threads read it without a
     lock; `version` changes whenever a fact changes (a status heartbeat that changes no fact
-    does not). `path` is the collection (/api/v1/nodes)."""
+    does not). `path` is the collection (/api/v1/nodes). Listed in pages, each cut down to its
+    facts before the next is read: 5,000 full Nodes are ~60 MB of JSON in one answer (near the
+    64 MiB cap of one response) and hundreds of thousands of objects at once."""
+
+    page_size = 500
 
     def __init__(self, api_client_factory, *, what: str, path: str,
                  facts: Callable[[dict], F | None], **kwargs):
@@ -32,12 +36,11 @@ class WatchCache(ListWatch, Generic[F]):
     def _on_no_cluster(self) -> None:
         log.info("no Kubernetes cluster configured: the %s stays empty", self.what)
 
+    def _slim(self, obj: dict):
+        return self._facts(obj)
+
     def _on_list(self, items: list) -> None:
-        facts = {}
-        for item in items:
-            fact = self._facts(item)
-            if fact is not None:
-                facts[fact.name] = fact  # type: ignore[attr-defined]
+        facts = {fact.name: fact for fact in items}   # already _slim's facts, Nones dropped
         self._replace(facts)
         if not self.synced:
             log.info("%s synced: %d items", self.what, len(facts))

@@ -37,6 +37,7 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "burst": "burst",
     "kube": "kube",
     "loop": "loop",
+    "scale": "scale",
 }
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

@@ -21,15 +21,17 @@ def build_scheduler_config(*, scheduler_name: str = "archway-scheduler",
                            weight: int = 1, node_cache_capable: bool = True,
                            http_timeout: str = "3s", lease_name: str = "archway-scheduler",
                            lease_namespace: str = "archway", ca_pem: bytes | None = None,
-                           insecure: bool = False) -> dict:
+                           insecure: bool = False, prioritize: bool = True) -> dict:
     """A kubescheduler.config.k8s.io/v1 KubeSchedulerConfiguration with one profile and archway
     as its extender. `ignorable: true`: when archway is down the pod is scheduled without its
     opinion instead of staying Pending. The lease is the second scheduler's own, so it never
     contends with the default scheduler's leader election. httpTimeout 3s leaves room above the
-    extender's own deadline (extender.deadline_seconds, 2 s) for the answer to travel."""
+    extender's own deadline (extender.deadline_seconds, 2 s) for the answer to travel.
+    `prioritize` False: no prioritizeVerb (nor its weight), for an archway without a score signal
+    (no prometheus.url): its answers would be neutral, one call per pod for nothing."""
     if not scheduler_name:
         raise ConfigError("the scheduler name must not be empty")
-    if not isinstance(weight, int) or isinstance(weight, bool) or weight <= 0:
+    if prioritize and (not isinstance(weight, int) or isinstance(weight, bool) or weight <= 0):
         raise ConfigError(f"weight must be a positive integer (kube-scheduler requires it with a "
                           f"prioritizeVerb), got {weight!r}")
     if not _DURATION.match(http_timeout or ""):
@@ -67,6 +69,8 @@ def build_scheduler_config(*, scheduler_name: str = "archway-scheduler",
             "httpTimeout": http_timeout,
         }],
     }
+    if not prioritize:
+        del document["extenders"][0]["prioritizeVerb"], document["extenders"][0]["weight"]
     if tls is not None:
         document["extenders"][0]["tlsConfig"] = tls
     return document
@@ -92,6 +96,10 @@ def register(subparsers) -> None:
                              "sidecar with server.tls false)")
     parser.add_argument("--weight", type=int, default=1,
                         help="multiplier of archway's 0-10 scores (default: %(default)s)")
+    parser.add_argument("--prioritize", action=argparse.BooleanOptionalAction, default=True,
+                        help="call archway's prioritize (its scores need prometheus.url; without "
+                             "it they are neutral: --no-prioritize saves a call per pod) "
+                             "(default: on)")
     parser.add_argument("--node-cache-capable", action=argparse.BooleanOptionalAction, default=True,
                         help="send node names instead of whole Node objects; archway then keeps a "
                              "node cache (default: on)")
@@ -125,6 +133,6 @@ def _run(args) -> int:
         scheduler_name=args.scheduler_name, extender_url=args.extender_url, weight=args.weight,
         node_cache_capable=args.node_cache_capable, http_timeout=args.http_timeout,
         lease_name=args.lease_name, lease_namespace=args.lease_namespace, ca_pem=ca_pem,
-        insecure=args.insecure)
+        insecure=args.insecure, prioritize=args.prioritize)
     sys.stdout.write(to_yaml(document))
     return 0

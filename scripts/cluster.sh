@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A real Kubernetes control plane on this machine with archway installed by its Helm chart:
 #
-#   bash scripts/cluster.sh up [--archway-config FILE] [--values FILE]   (last line: export KUBECONFIG=...)
+#   bash scripts/cluster.sh up [--archway-config FILE] [--values FILE] [--kwok-nodes N]
+#                                          (last line: export KUBECONFIG=...)
 #   bash scripts/cluster.sh status
 #   bash scripts/cluster.sh down
 #
@@ -10,9 +11,11 @@
 # several architectures (2 amd64, 2 arm64, 1 ppc64le) are API objects, no kubelet runs. The chart
 # is installed with `helm install --no-hooks`, its hooks' commands run here as their
 # ServiceAccounts, and `archway serve` (webhook, extender) and the second kube-scheduler run here
-# as the chart's ServiceAccounts. FILE: a YAML fragment of archway's configuration deep-merged
-# over the chart's (e.g. registry.insecure_hosts). State and logs: ~/.local/state/archway/cluster
-# ($ARCHWAY_CLUSTER_DIR). Details: docs/real-control-plane.md.
+# as the chart's ServiceAccounts. --kwok-nodes N adds N Nodes simulated by KWOK
+# (scripts/kwok-build.sh, tests/infra/kwok.py: amd64, arm64 and some ppc64le, Ready, labelled
+# archway.dev/simulated=kwok; pods bound to them become Running). FILE: a YAML fragment of
+# archway's configuration deep-merged over the chart's (e.g. registry.insecure_hosts). State and
+# logs: ~/.local/state/archway/cluster ($ARCHWAY_CLUSTER_DIR). Details: docs/real-control-plane.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/venv.sh

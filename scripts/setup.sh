@@ -29,6 +29,7 @@ install_what_the_tests_start() {
   apt_install buildah mmdebstrap qemu-user-static binfmt-support arch-test   # the image
   $sudo bash scripts/install-helm.sh "$ARCHWAY_VENV/bin/python"             # helm v3
   bash scripts/k8s-build.sh >/dev/null     # etcd, kube-apiserver, ... from source (cached)
+  bash scripts/kwok-build.sh >/dev/null    # KWOK: simulated Nodes at scale (cached)
 }
 # ===============================================================================================
 

@@ -45,7 +45,8 @@ CASES = {
     "scheduler-name-on": ["--set", "scheduler.setSchedulerName=true",
                           "--set", "scheduler.name=arch-aware", "--set", "scheduler.extender.port=9444",
                           "--set", "scheduler.extender.nodeCacheCapable=false",
-                          "--set", "scheduler.extender.weight=3"],
+                          "--set", "scheduler.extender.weight=3",
+                          "--set", "config.prometheus.url=http://prometheus.monitoring:9090"],
     "monitoring": ["--set", "metrics.serviceMonitor.enabled=true", "--set", "scheduler.enabled=true",
                    "--set", "metrics.prometheusRule.enabled=true",
                    "--set", "scheduler.extender.exposeMetrics=true"],
@@ -491,7 +492,8 @@ def key_order(value):
 
 
 @pytest.mark.parametrize("case, kwargs", [
-    ("scheduler-on", dict(http_timeout="3s", lease_namespace=NS)),
+    # No config.prometheus.url: no score signal, so no prioritizeVerb (a neutral call per pod).
+    ("scheduler-on", dict(http_timeout="3s", lease_namespace=NS, prioritize=False)),
     ("scheduler-name-on", dict(scheduler_name="arch-aware", lease_name="arch-aware",
                                extender_url="http://127.0.0.1:9444/scheduler", weight=3,
                                node_cache_capable=False, http_timeout="3s", lease_namespace=NS)),
@@ -521,8 +523,9 @@ def test_scheduler_config_matches_archway_scheduler_config(render, case, kwargs)
     from archway.app import create_app
     routes = {rule.rule for rule in create_app(sidecar).url_map.iter_rules()}
     assert routes == {f"/scheduler/{extender['filterVerb']}",
-                      f"/scheduler/{extender['prioritizeVerb']}",
+                      f"/scheduler/{extender.get('prioritizeVerb', 'prioritize')}",
                       "/healthz", "/readyz", "/metrics"}
+    assert ("prioritizeVerb" in extender) == bool(sidecar.prometheus.url)
 
     # The profile's name is the one the webhook injects (when it injects one).
     webhook = config_from_dict(archway_configs(docs)["webhook.yaml"])

@@ -243,6 +243,32 @@ def test_only_post_is_routed(client):
     assert client.get("/scheduler/filter").status_code == 405
 
 
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_archway_serve_answers_the_extender_ahead_of_flask(verb):
+    """Like POST /mutate (figure 1): Flask's request and response objects are a third of a warm
+    call. Everything else on those paths still reaches Flask (GET's 405)."""
+    import io
+
+    from archway.app import create_app
+    app = create_app(config_from_dict({"kubernetes": {"enabled": "off"}, "server": {"tls": False},
+                                       "extender": {"node_cache": False}}), product="extender")
+    fast = app.wsgi_app
+    flask_calls = []
+    inner = fast.flask_app
+    fast.flask_app = lambda environ, start: (flask_calls.append(environ["REQUEST_METHOD"]),
+                                             inner(environ, start))[1]
+    body = raw("filter-nodenames.json")
+    answers = []
+    for method in ("POST", "GET"):
+        environ = {"REQUEST_METHOD": method, "PATH_INFO": f"/scheduler/{verb}",
+                   "SERVER_NAME": "localhost", "SERVER_PORT": "80", "wsgi.url_scheme": "http",
+                   "CONTENT_LENGTH": str(len(body)), "CONTENT_TYPE": "application/json",
+                   "wsgi.input": io.BytesIO(body), "wsgi.errors": io.StringIO()}
+        out = b"".join(fast(environ, lambda status, headers: answers.append(status)))
+    assert answers == ["200 OK", "405 METHOD NOT ALLOWED"] and flask_calls == ["GET"], answers
+    assert json.loads(out)["error"].startswith("Method Not Allowed: GET")
+
+
 # --- prioritize without Prometheus ----------------------------------------------------------------
 
 @pytest.mark.parametrize("fixture", ["filter-nodes.json", "filter-nodenames.json"])
@@ -317,6 +343,26 @@ def test_nodenames_filter_reads_arch_from_the_node_cache(cached, apiserver):
     # One list, then watches (which re-start every second here): never a GET per node or call.
     lists, gets = node_reads(apiserver, mark)
     assert len(lists) == 1 and gets == [], (lists, gets)
+    assert "limit=500" in lists[0]   # in pages, not one answer of every Node
+
+
+def test_the_node_cache_lists_in_pages_and_keeps_every_node(apiserver):
+    """limit/continue through the real apiserver: each page is cut down to the nodes' facts
+    before the next is read (5,000 full Nodes are ~60 MB in one answer, near its 64 MiB cap)."""
+    mark = apiserver.audit_mark()
+    cache = node_cache_of(apiserver.admin_kubeconfig)
+    cache.page_size = 2
+    try:
+        assert cache.wait_synced(10)
+        every = {n["metadata"]["name"] for n in apiserver.kube.items("/api/v1/nodes")}
+        assert len(every) >= 4 and set(cache.nodes) >= every
+        lists, _ = node_reads(apiserver, mark)
+        assert len(lists) == (len(every) + 1) // 2, lists
+        assert all("limit=2" in uri for uri in lists)
+        assert sum("continue=" in uri for uri in lists) == len(lists) - 1
+        assert cache.nodes[ARM64].arch == "arm64"
+    finally:
+        cache.stop()
 
 
 def test_watch_events_update_the_cache(cached, apiserver):

@@ -58,6 +58,16 @@ def test_defaults_exactly():
     check_known_fields(doc)
 
 
+def test_without_prioritize_no_verb_and_no_weight():
+    doc = build_scheduler_config(prioritize=False, weight=0)   # the weight is then unused
+    assert list(doc["extenders"][0]) == ["urlPrefix", "filterVerb", "enableHTTPS",
+                                         "nodeCacheCapable", "ignorable", "httpTimeout"]
+    check_known_fields(doc)
+    result = run_cli("--no-prioritize")
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout) == build_scheduler_config(prioritize=False)
+
+
 def test_cli_prints_the_default_document_as_yaml():
     result = run_cli()
     assert result.returncode == 0, result.stderr

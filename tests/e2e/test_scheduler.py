@@ -6,6 +6,7 @@ import time
 
 import pytest
 import requests
+import yaml
 
 from tests.infra.kube import pod_path
 from tests.infra.procs import wait_until
@@ -30,11 +31,28 @@ def traffic(archway, control_plane, tmp_path_factory):
         archway.restart_extender({"prometheus": {
             "url": prometheus.url, "window": "3s", "refresh_seconds": 1,
             "stale_after_seconds": 30}})
+        asks_scores(control_plane, True)
         yield exporters, prometheus
     finally:
+        asks_scores(control_plane, False)
         archway.restart_extender()
         prometheus.stop()
         exporters.stop()
+
+
+def asks_scores(plane, on: bool, name: str = "archway-scheduler") -> None:
+    """The second scheduler restarted with the extender's prioritizeVerb (and weight), as the
+    chart renders it with config.prometheus.url (test_chart), or without, as installed here."""
+    path = plane.path(f"{name}.config.yaml")
+    with open(path) as f:
+        config = yaml.safe_load(f)
+    [extender] = config["extenders"]
+    extender.pop("prioritizeVerb", None), extender.pop("weight", None)
+    if on:
+        extender.update(prioritizeVerb="prioritize", weight=1)
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f)
+    plane.restart_scheduler(name)
 
 
 def busy_only(exporters, prometheus, busy: str) -> None:

@@ -39,6 +39,7 @@ from .controlplane import (
     tail,
 )
 from .kube import Kube, KubeError
+from .kwok import describe_kwok_nodes, start_kwok_nodes
 from .procs import REPO, free_port
 
 CHART = os.path.join(REPO, "charts", "archway")
@@ -426,6 +427,10 @@ def _up(args) -> int:
     try:
         print("cluster.sh: building or finding the control plane binaries ...", file=sys.stderr)
         plane.start()
+        if args.kwok_nodes:
+            step = f"{args.kwok_nodes} KWOK Nodes"
+            print(f"cluster.sh: control plane up; {step} ...", file=sys.stderr)
+            simulated = start_kwok_nodes(plane, args.kwok_nodes)
         step = "archway (helm install, hooks, archway serve, second scheduler)"
         print(f"cluster.sh: control plane up ({plane.server}); installing archway ...",
               file=sys.stderr)
@@ -443,6 +448,8 @@ def _up(args) -> int:
         return 1
     assert install.webhook and install.extender
     print(f"cluster.sh: nodes: {', '.join(f'{n} ({a})' for n, a in plane.nodes)}", file=sys.stderr)
+    if args.kwok_nodes:
+        print(f"cluster.sh: {describe_kwok_nodes(simulated)}", file=sys.stderr)
     print(f"cluster.sh: archway webhook {install.webhook.url} (log {install.webhook.process.log}),"
           f" extender {install.extender.url}, second scheduler '{install.scheduler_name}'",
           file=sys.stderr)
@@ -506,6 +513,9 @@ def main(argv=None) -> int:
                          "the chart renders (e.g. registry.insecure_hosts)")
     up.add_argument("--values", metavar="FILE", action="append",
                     help="extra Helm values for the chart (repeatable)")
+    up.add_argument("--kwok-nodes", metavar="N", type=int, default=0,
+                    help="also N Nodes simulated by KWOK (amd64, arm64, some ppc64le; pods "
+                         "bound to them become Running)")
     up.set_defaults(func=_up)
     sub.add_parser("down", help="stop every process it started and remove its state"
                    ).set_defaults(func=_down)

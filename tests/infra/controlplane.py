@@ -346,6 +346,9 @@ class ControlPlane:
             f"--root-ca-file={self.ca_path}",
             f"--service-account-private-key-file={self.path('pki', 'sa.key')}",
             f"--cert-dir={self.path('controller-manager-certs')}", "--v=1",
+            # Its default client limit (20/s, burst 30) throttles pod creation at ~18/s: a
+            # scale test would measure that (docs/real-control-plane.md, KWOK).
+            "--kube-api-qps=200", "--kube-api-burst=400",
         ], lambda: _healthz(port), 60)
 
     def _start_scheduler(self, token: str) -> None:

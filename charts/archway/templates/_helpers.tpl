@@ -320,8 +320,11 @@ profiles:
 extenders:
   - urlPrefix: {{ printf "http://127.0.0.1:%d/scheduler" (int .Values.scheduler.extender.port) }}
     filterVerb: filter
+    {{- /* Scores need a signal: without Prometheus they are neutral, a call per pod for nothing. */}}
+    {{- if ((.Values.config).prometheus).url }}
     prioritizeVerb: prioritize
     weight: {{ int .Values.scheduler.extender.weight }}
+    {{- end }}
     enableHTTPS: false
     nodeCacheCapable: {{ .Values.scheduler.extender.nodeCacheCapable }}
     ignorable: true
