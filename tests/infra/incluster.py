@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import yaml
 
@@ -71,6 +73,7 @@ class InClusterInstall(ChartInstall):
         self.node = node
         self.image_tag = ""
         self.scheduler_tag = ""
+        self.timings: dict[str, float] = {}     # seconds per step, for `up` to report
 
     @property
     def values(self) -> dict:
@@ -86,23 +89,39 @@ class InClusterInstall(ChartInstall):
     def load_images(self) -> None:
         path, name = archway_image_archive()
         self.image_tag = name.rsplit(":", 1)[1]
-        done = self.node.ctr("images", "import", path, timeout=300)
-        if done.returncode != 0:
-            raise ControlPlaneError(f"ctr images import {path}: {done.stderr.strip()}")
         assert self.kube is not None
         self.scheduler_tag = self.kube.get("/version")["gitVersion"]
-        scheduler = OciImage.of({"/usr/local/bin/kube-scheduler": self.plane.binary("kube-scheduler")},
+        archives = (path, self.scheduler_archive())
+        with ThreadPoolExecutor(len(archives)) as pool:     # both at once: ~1/3 less time
+            results = list(pool.map(lambda a: self.node.ctr("images", "import", a, timeout=300),
+                                    archives))
+        for archive, done in zip(archives, results, strict=True):
+            if done.returncode != 0:
+                raise ControlPlaneError(f"ctr images import {archive}: {done.stderr.strip()}")
+
+    def scheduler_archive(self) -> str:
+        """The built kube-scheduler as an image (made once per binary, kept with archway's)."""
+        binary = self.plane.binary("kube-scheduler")
+        stamp = f"{self.scheduler_tag}-{machine_arch()}-{int(os.stat(binary).st_mtime)}"
+        path = os.path.join(IMAGE_CACHE, f"kube-scheduler-{stamp}.oci.tar")
+        if not os.path.exists(path):
+            os.makedirs(IMAGE_CACHE, exist_ok=True)
+            image = OciImage.of({"/usr/local/bin/kube-scheduler": binary},
                                 entrypoint=["/usr/local/bin/kube-scheduler"], user="65532:65532")
-        self.node.import_image(scheduler, f"{SCHEDULER_IMAGE}:{self.scheduler_tag}")
+            image.write_archive(path, f"{SCHEDULER_IMAGE}:{self.scheduler_tag}")
+        return path
 
     def install(self) -> "InClusterInstall":
+        started = time.monotonic()
         self.load_images()
+        self.timings["images"] = time.monotonic() - started
         values_file = self.plane.path("values.yaml")
         with open(values_file, "w") as f:
             yaml.safe_dump(self.values, f)
         self.helm("install", self.release, os.path.join(REPO, "charts", "archway"),
                   "--create-namespace", "--values", values_file, "--wait", "--wait-for-jobs",
                   "--timeout", HELM_TIMEOUT)
+        self.timings["helm install --wait"] = time.monotonic() - started - self.timings["images"]
         self.wait_until_webhook_acts(timeout=60)
         self.save_in_cluster()
         return self
@@ -123,4 +142,5 @@ def describe(install: InClusterInstall) -> list[str]:
     return [f"archway in the cluster: image {ARCHWAY_IMAGE}:{install.image_tag}, Deployments "
             f"{', '.join(names.get('Deployment', []))} in {install.namespace}; webhook through "
             f"Service {', '.join(names.get('Service', []))}; second scheduler "
-            f"'{install.scheduler_name}'"]
+            f"'{install.scheduler_name}'",
+            "took: " + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in install.timings.items())]

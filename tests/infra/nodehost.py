@@ -94,15 +94,18 @@ class HostRecord:
     cgroup_root: str
     bridge: str
     state_dir: str
-    run_dir: str = ""      # the node's sockets (a unix socket path is at most 104 bytes)
+    # Folders of the node's own outside state_dir (short paths: a unix socket's path has at
+    # most 104 bytes): removed whole; what mounts under them or names them is the node's.
+    owned: list[str] = field(default_factory=list)
     sysctls: dict[str, str | None] = field(default_factory=dict)
     existing_dirs: list[str] = field(default_factory=list)
     existing_chains: dict[str, list[str]] = field(default_factory=dict)   # "tool table" -> names
     existing_netns: list[str] = field(default_factory=list)
 
     @classmethod
-    def take(cls, cgroup_root: str, bridge: str, state_dir: str, run_dir: str = "") -> "HostRecord":
-        record = cls(cgroup_root, bridge, state_dir, run_dir)
+    def take(cls, cgroup_root: str, bridge: str, state_dir: str,
+             owned: list[str] | None = None) -> "HostRecord":
+        record = cls(cgroup_root, bridge, state_dir, list(owned or []))
         record.sysctls = {name: read_sysctl(name) for name in SYSCTLS}
         record.existing_dirs = [d for d in HARD_CODED if os.path.lexists(d)]
         record.existing_chains = {f"{tool} {table}": chains(tool, table)
@@ -140,12 +143,11 @@ def leftovers(record: HostRecord) -> list[str]:
     if os.path.exists(f"/sys/class/net/{record.bridge}"):
         found.append(f"bridge {record.bridge}")
     found += [f"cgroup {d}" for d in cgroup_dirs(record.cgroup_root) if os.path.isdir(d)]
-    found += [f"mount {m}" for m in mounts_under([record.state_dir, *HARD_CODED])]
+    found += [f"mount {m}" for m in mounts_under([record.state_dir, *record.owned, *HARD_CODED])]
     found += [f"netns {n}" for n in _netns_files() if n not in record.existing_netns]
     found += [f"folder {d}" for d in HARD_CODED
               if os.path.lexists(d) and d not in record.existing_dirs]
-    if record.run_dir and os.path.lexists(record.run_dir):
-        found.append(f"folder {record.run_dir}")
+    found += [f"folder {d}" for d in record.owned if os.path.lexists(d)]
     found += [f"process {pid} ({name})" for pid, name in processes_of(record)]
     found += [f"sysctl {name}={read_sysctl(name)} (was {value})"
               for name, value in record.sysctls.items()
@@ -175,7 +177,7 @@ def processes_of(record: HostRecord) -> list[tuple[int, str]]:
                         pids.update(int(p) for p in f.read().split())
                 except OSError:
                     pass
-    markers = [m.encode() for m in (record.state_dir, record.run_dir) if m]
+    markers = [m.encode() for m in (record.state_dir, *record.owned)]
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -214,7 +216,7 @@ def _ancestors() -> set[int]:
 def undo(record: HostRecord) -> None:
     """Put this machine back as `record` found it (every step tolerates a partial start)."""
     _kill_processes(record)
-    for target in mounts_under([record.state_dir, *HARD_CODED]):
+    for target in mounts_under([record.state_dir, *record.owned, *HARD_CODED]):
         _run("umount", "-l", target)
     for netns in _netns_files():
         if netns not in record.existing_netns:
@@ -231,8 +233,8 @@ def undo(record: HostRecord) -> None:
                 os.unlink(folder)
             else:
                 shutil.rmtree(folder, ignore_errors=True)
-    if record.run_dir:
-        shutil.rmtree(record.run_dir, ignore_errors=True)
+    for folder in record.owned:
+        shutil.rmtree(folder, ignore_errors=True)
     for name, value in record.sysctls.items():
         if value is not None and read_sysctl(name) != value:
             write_sysctl(name, value)

@@ -54,9 +54,11 @@ def node_address() -> str:
     return words[words.index("src") + 1]
 
 
-def run_dir_for(node_dir: str) -> str:
-    """The node's sockets' folder: short, as a unix socket path has at most 104 bytes."""
-    return f"/run/archway-node-{hashlib.sha256(node_dir.encode()).hexdigest()[:10]}"
+def owned_dirs(node_dir: str) -> tuple[str, str]:
+    """(sockets, kubelet root) of the node in `node_dir`: short paths of its own (a unix socket's
+    path has at most 104 bytes; the kubelet makes sockets under its root)."""
+    tag = hashlib.sha256(node_dir.encode()).hexdigest()[:10]
+    return f"/run/archway-node-{tag}", f"/var/lib/archway-node-{tag}"
 
 
 def api_only_nodes(arch: str | None = None) -> tuple:
@@ -78,7 +80,7 @@ class RealNode:
         self.ip = plane.node_ip
         self.registries = list(insecure_registries)
         self.dir = plane.path("node")
-        self.run_dir = run_dir_for(self.dir)
+        self.run_dir, self.kubelet_dir = owned_dirs(self.dir)
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.dir, *parts)
@@ -90,7 +92,7 @@ class RealNode:
     # --- lifecycle -------------------------------------------------------------------------
     def start(self, ready_timeout: float = 120.0) -> "RealNode":
         os.makedirs(self.dir, exist_ok=True)
-        record = HostRecord.take(CGROUP_ROOT, BRIDGE, self.dir, self.run_dir)
+        record = HostRecord.take(CGROUP_ROOT, BRIDGE, self.dir, list(owned_dirs(self.dir)))
         with open(self.path("host-record.json"), "w") as f:
             json.dump(record.as_dict(), f)
         self.install_guard()
@@ -234,8 +236,9 @@ class RealNode:
         }
 
     def start_kubelet(self) -> None:
-        for folder in ("pod-logs", "volume-plugins", "kubelet", "kubelet-certs"):
+        for folder in ("pod-logs", "volume-plugins", "kubelet-certs"):
             os.makedirs(self.path(folder), exist_ok=True)
+        os.makedirs(self.kubelet_dir, mode=0o700, exist_ok=True)
         for hierarchy in os.listdir("/sys/fs/cgroup"):     # the kubelet wants its root to exist
             folder = os.path.join("/sys/fs/cgroup", hierarchy)
             if os.path.isdir(folder) and hierarchy != "unified":
@@ -247,7 +250,7 @@ class RealNode:
         port = self.plane.ports["kubelet-healthz"]
         self.plane._launch("kubelet", [
             self.plane.binary("kubelet"), f"--config={config}", f"--kubeconfig={client}",
-            f"--root-dir={self.path('kubelet')}", f"--cert-dir={self.path('kubelet-certs')}",
+            f"--root-dir={self.kubelet_dir}", f"--cert-dir={self.path('kubelet-certs')}",
             f"--hostname-override={self.name}", f"--node-ip={self.ip}", "--v=1",
         ], lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"), 90)
 

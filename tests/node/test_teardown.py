@@ -20,7 +20,7 @@ from tests.infra.realnode import (
     RealNode,
     api_only_nodes,
     node_address,
-    run_dir_for,
+    owned_dirs,
     teardown,
 )
 
@@ -33,13 +33,16 @@ def cluster_sh(state_dir, *args, timeout=400) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-def test_up_real_node_then_down_leaves_nothing_behind(tmp_path, session_node, node_registry):
+def test_up_in_cluster_then_down_leaves_nothing_behind(tmp_path, session_node, node_registry):
+    """`up --in-cluster` (so pods run: netns, veths, volume mounts, container cgroups), then
+    `down`."""
     session_node.stop()                     # one real node per machine at a time
     state = tmp_path / "cluster"
-    before = HostRecord.take(CGROUP_ROOT, BRIDGE, str(state / "node"), run_dir_for(str(state / "node")))
+    node_dir = str(state / "node")
+    before = HostRecord.take(CGROUP_ROOT, BRIDGE, node_dir, list(owned_dirs(node_dir)))
     fragment = tmp_path / "archway.yaml"
     fragment.write_text(yaml.safe_dump({"registry": {"insecure_hosts": [node_registry.host]}}))
-    up = cluster_sh(state, "up", "--real-node", "--archway-config", str(fragment))
+    up = cluster_sh(state, "up", "--in-cluster", "--archway-config", str(fragment))
     try:
         assert up.returncode == 0, up.stderr[-3000:]
         assert up.stdout.strip().splitlines()[-1] == f"export KUBECONFIG={state}/admin.kubeconfig"
@@ -53,6 +56,10 @@ def test_up_real_node_then_down_leaves_nothing_behind(tmp_path, session_node, no
         assert sorted(ready) == sorted([f"{machine_arch()}-node", *(n for n, _ in api_only_nodes())])
         hosts = os.listdir(state / "node" / "containerd" / "certs.d")
         assert hosts == [node_registry.host]
+        running = [p for p in kube.items("/api/v1/namespaces/archway-system/pods")
+                   if p["status"].get("phase") == "Running"]
+        assert len(running) >= 3, [p["metadata"]["name"] for p in running]   # webhook x2, scheduler
+        assert "archway in the cluster" in up.stderr
         status = cluster_sh(state, "status")
         assert "kubelet" in status.stdout and "containerd" in status.stdout, status.stdout
         assert leftovers(before), "the node changed nothing this test could see"
@@ -68,7 +75,8 @@ def test_a_node_whose_kubelet_fails_to_start_is_cleaned_up(tmp_path, session_nod
     plane = ControlPlane(str(tmp_path / "plane"), node_ip=node_address(),
                          nodes=api_only_nodes()).start()
     try:
-        before = HostRecord.take(CGROUP_ROOT, BRIDGE, plane.path("node"), run_dir_for(plane.path("node")))
+        node_dir = plane.path("node")
+        before = HostRecord.take(CGROUP_ROOT, BRIDGE, node_dir, list(owned_dirs(node_dir)))
         broken = tmp_path / "bin"
         broken.mkdir()
         for name in os.listdir(plane.bin_dir):
