@@ -21,6 +21,8 @@ def pytest_collection_modifyitems(items):
         if str(item.fspath).startswith(here) and "session_node" in item.fixturenames:
             item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.realnode)
+            # containerd, the kubelet, iptables and cgroups: only root may start a node.
+            item.add_marker(pytest.mark.skipif(os.geteuid() != 0, reason="a real node needs root"))
 
 
 class SessionNode:
