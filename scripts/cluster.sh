@@ -2,6 +2,8 @@
 # A real Kubernetes control plane on this machine with archway installed by its Helm chart:
 #
 #   bash scripts/cluster.sh up [--archway-config FILE] [--values FILE]   (last line: export KUBECONFIG=...)
+#   bash scripts/cluster.sh up --real-node ...    one real node of this machine's architecture
+#   bash scripts/cluster.sh up --in-cluster ...   that node, and archway's image installed on it by helm
 #   bash scripts/cluster.sh status
 #   bash scripts/cluster.sh down
 #
@@ -12,7 +14,9 @@
 # ServiceAccounts, and `archway serve` (webhook, extender) and the second kube-scheduler run here
 # as the chart's ServiceAccounts. FILE: a YAML fragment of archway's configuration deep-merged
 # over the chart's (e.g. registry.insecure_hosts). State and logs: ~/.local/state/archway/cluster
-# ($ARCHWAY_CLUSTER_DIR). Details: docs/real-control-plane.md.
+# ($ARCHWAY_CLUSTER_DIR). --real-node: containerd, a kubelet and kube-proxy run pods for real
+# (root only; the API-only Nodes of the other architectures stay); --in-cluster: archway's image
+# built from this checkout, `helm install --wait` with hooks. Details: docs/real-control-plane.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/venv.sh
