@@ -4,6 +4,8 @@
 #
 #   bash scripts/build-image.sh --push REF [--platforms linux/amd64,linux/arm64] [--insecure-registry]
 #                               [--refresh-base]
+#   bash scripts/build-image.sh --oci-archive FILE:NAME [--platforms ...]   (no registry: an OCI
+#        archive whose image is named NAME, e.g. for `ctr images import`)
 #
 # It builds the repository's Dockerfile, the very file `docker buildx build --platform ...` builds,
 # with buildah (vfs storage, chroot isolation). The Dockerfile's bases are made here instead of
@@ -17,14 +19,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 usage() {
-  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit "${1:-2}"
 }
 
-ref="" platforms="linux/amd64,linux/arm64" tls_verify=true refresh=false
+ref="" archive="" platforms="linux/amd64,linux/arm64" tls_verify=true refresh=false
 while (($#)); do
   case "$1" in
     --push) ref="${2:?--push needs an image reference}"; shift 2 ;;
+    --oci-archive) archive="${2:?--oci-archive needs FILE:NAME}"; shift 2 ;;
     --platforms) platforms="${2:?--platforms needs a list}"; shift 2 ;;
     --insecure-registry) tls_verify=false; shift ;;
     --refresh-base) refresh=true; shift ;;
@@ -32,7 +35,7 @@ while (($#)); do
     *) echo "build-image.sh: unknown argument '$1'" >&2; usage ;;
   esac
 done
-[ -n "$ref" ] || { echo "build-image.sh: --push REF is required" >&2; usage; }
+[ -n "$ref$archive" ] || { echo "build-image.sh: --push REF or --oci-archive FILE:NAME is required" >&2; usage; }
 
 # The Debian release: the last word of the Dockerfile's default base (python:3.11-slim-bookworm).
 suite=$(sed -n 's/^ARG BASE=.*-\([a-z]*\)$/\1/p' Dockerfile)
@@ -141,6 +144,12 @@ for arch in "${arches[@]}"; do
   echo "build-image.sh: linux/$arch image built in $(($(seconds) - start)) s" >&2
 done
 
+if [ -n "$archive" ]; then
+  rm -f "${archive%%:*}"
+  "${buildah[@]}" manifest push --quiet --all "$list" "oci-archive:$archive"
+  echo "build-image.sh: wrote ${archive%%:*} (${platforms})" >&2
+  exit 0
+fi
 digestfile="$cache/pushed-digest-$$"
 "${buildah[@]}" manifest push --quiet --all --tls-verify="$tls_verify" --digestfile "$digestfile" \
   "$list" "docker://$ref"

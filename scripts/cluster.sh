@@ -3,6 +3,8 @@
 #
 #   bash scripts/cluster.sh up [--archway-config FILE] [--values FILE] [--kwok-nodes N]
 #                                          (last line: export KUBECONFIG=...)
+#   bash scripts/cluster.sh up --real-node ...    one real node of this machine's architecture
+#   bash scripts/cluster.sh up --in-cluster ...   that node, and archway's image installed on it by helm
 #   bash scripts/cluster.sh status
 #   bash scripts/cluster.sh down
 #
@@ -11,11 +13,14 @@
 # several architectures (2 amd64, 2 arm64, 1 ppc64le) are API objects, no kubelet runs. The chart
 # is installed with `helm install --no-hooks`, its hooks' commands run here as their
 # ServiceAccounts, and `archway serve` (webhook, extender) and the second kube-scheduler run here
-# as the chart's ServiceAccounts. --kwok-nodes N adds N Nodes simulated by KWOK
-# (scripts/kwok-build.sh, tests/infra/kwok.py: amd64, arm64 and some ppc64le, Ready, labelled
-# archway.dev/simulated=kwok; pods bound to them become Running). FILE: a YAML fragment of
-# archway's configuration deep-merged over the chart's (e.g. registry.insecure_hosts). State and
-# logs: ~/.local/state/archway/cluster ($ARCHWAY_CLUSTER_DIR). Details: docs/real-control-plane.md.
+# as the chart's ServiceAccounts. FILE: a YAML fragment of archway's configuration deep-merged
+# over the chart's (e.g. registry.insecure_hosts). State and logs: ~/.local/state/archway/cluster
+# ($ARCHWAY_CLUSTER_DIR). --real-node: containerd, a kubelet and kube-proxy run pods for real
+# (root only; the API-only Nodes of the other architectures stay); --in-cluster: archway's image
+# built from this checkout, `helm install --wait` with hooks. --kwok-nodes N adds N Nodes
+# simulated by KWOK (scripts/kwok-build.sh, tests/infra/kwok.py: amd64, arm64 and some ppc64le,
+# Ready, labelled archway.dev/simulated=kwok; pods bound to them become Running).
+# Details: docs/real-control-plane.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/venv.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds a real Kubernetes control plane from the Go module proxy and prints the folder that holds
-# it: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl, cached under
-# ~/.cache/archway/k8s/<version>/ (a second run builds nothing).
+# Builds a real Kubernetes control plane and node from the Go module proxy and prints the folder
+# that holds it: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet
+# and kube-proxy, cached under ~/.cache/archway/k8s/<version>/ (a second run builds nothing; a
+# cache missing some of them builds only those).
 #   scripts/k8s-build.sh            the pinned version below
 #   ARCHWAY_K8S_VERSION=v1.36.3 ARCHWAY_ETCD_VERSION=v3.6.16 scripts/k8s-build.sh
 # `go install k8s.io/kubernetes/cmd/...@v` refuses the module (its go.mod replaces every staging
@@ -13,10 +14,13 @@ K8S=${ARCHWAY_K8S_VERSION:-v1.37.2}
 ETCD=${ARCHWAY_ETCD_VERSION:-v3.7.3}
 CACHE=${ARCHWAY_K8S_CACHE:-$HOME/.cache/archway/k8s}
 out="$CACHE/$K8S"
-binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+kube_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
+binaries=(etcd "${kube_binaries[@]}")
 
-complete() { for b in "${binaries[@]}"; do [ -x "$out/$b" ] || return 1; done; }
-if complete; then echo "$out"; exit 0; fi
+missing() { for b in "$@"; do [ -x "$out/$b" ] || echo "$b"; done; }
+mapfile -t missing_kube < <(missing "${kube_binaries[@]}")
+mapfile -t missing_etcd < <(missing etcd)
+if ((${#missing_kube[@]} + ${#missing_etcd[@]} == 0)); then echo "$out"; exit 0; fi
 
 say() { echo "k8s-build: $*" >&2; }
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=-mod=mod CGO_ENABLED=0
@@ -32,7 +36,8 @@ step() {  # step NAME CMD...: runs CMD in the wrapper folder, its output into th
   fi
 }
 
-# --- kube-apiserver, kube-controller-manager, kube-scheduler, kubectl -------------------------
+# --- kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy ----
+mkdir -p "$work/bin"
 mod=k8s; mkdir -p "$work/$mod"
 # Any go reads the module's go.mod; the build needs one at least as new as its `go` line.
 any_go=$(command -v go || echo /usr/local/go/bin/go)
@@ -61,6 +66,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 EOF
 # The version stamp hack/lib/version.sh writes: without it /version says v0.0.0-master, helm's
@@ -70,13 +77,15 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitVersion=$K8S -X $pkg.gitMajor=1 -X $pkg.gitMinor=${minor_patch%%.*}"
   ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 done
-step "resolving k8s.io/kubernetes $K8S and its staging modules ($staging_version)" go mod tidy -e
-step "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl" \
-  go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$ldflags" -o "$work/bin/" \
-  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+if ((${#missing_kube[@]})); then
+  step "resolving k8s.io/kubernetes $K8S and its staging modules ($staging_version)" go mod tidy -e
+  step "building ${missing_kube[*]}" \
+    go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$ldflags" -o "$work/bin/" \
+    "${missing_kube[@]/#/k8s.io/kubernetes/cmd/}"
+fi
 
 # --- etcd ------------------------------------------------------------------------------------
+if ((${#missing_etcd[@]})); then
 mod=etcd; mkdir -p "$work/$mod"
 etcd_mod=$(go mod download -json "go.etcd.io/etcd/server/v3@$ETCD" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
 [ -n "$etcd_mod" ] || { say "the module proxy does not serve go.etcd.io/etcd/server/v3@$ETCD"; exit 1; }
@@ -109,8 +118,9 @@ func main() { etcdmain.Main(os.Args) }
 EOF
 step "resolving go.etcd.io/etcd/server/v3 $ETCD" go mod tidy -e
 step "building etcd" go build -trimpath -ldflags "-s -w" -o "$work/bin/etcd" .
+fi
 
 mkdir -p "$out"
-for b in "${binaries[@]}"; do mv "$work/bin/$b" "$out/$b"; done
-say "built ${binaries[*]} into $out"
+for b in "${missing_kube[@]}" "${missing_etcd[@]}"; do mv "$work/bin/$b" "$out/$b"; done
+say "built ${missing_kube[*]} ${missing_etcd[*]} into $out"
 echo "$out"

@@ -27,8 +27,9 @@ install_what_the_tests_start() {
   apt_install siftool squashfs-tools e2fsprogs         # SIF images
   apt_install openssl wrk zsh                          # certificates, load, shell completion
   apt_install buildah mmdebstrap qemu-user-static binfmt-support arch-test   # the image
+  apt_install containerd runc containernetworking-plugins iptables   # a real node (kubelet)
   $sudo bash scripts/install-helm.sh "$ARCHWAY_VENV/bin/python"             # helm v3
-  bash scripts/k8s-build.sh >/dev/null     # etcd, kube-apiserver, ... from source (cached)
+  bash scripts/k8s-build.sh >/dev/null     # etcd, kube-apiserver, ..., kubelet from source (cached)
   bash scripts/kwok-build.sh >/dev/null    # KWOK: simulated Nodes at scale (cached)
 }
 # ===============================================================================================
@@ -87,7 +88,7 @@ fi
 # Debian starts the servers it installs where an init system runs; the tests start their own
 # instances. Stop only those whose package this run installed: one that was there before may
 # be the user's own.
-for service in docker-registry prometheus prometheus-node-exporter tinyproxy; do
+for service in docker-registry prometheus prometheus-node-exporter tinyproxy containerd; do
   for package in "${installed[@]}"; do
     if [ "$package" = "$service" ]; then
       $sudo service "$service" stop >/dev/null 2>&1 || true

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import requests
 import yaml
 
+from . import realnode
 from .controlplane import (
     ControlPlane,
     ControlPlaneError,
@@ -422,22 +423,35 @@ def _up(args) -> int:
     for path in args.values or []:
         with open(path) as f:
             values = deep_merge(values, yaml.safe_load(f) or {})
-    plane = ControlPlane(state_dir)
+    args.real_node = args.real_node or args.in_cluster
+    plane = ControlPlane(state_dir, **realnode.plane_options(args.real_node))
     step = "control plane"
     try:
         print("cluster.sh: building or finding the control plane binaries ...", file=sys.stderr)
         plane.start()
+        node = simulated = None
+        if args.real_node:
+            step = "real node (containerd, kubelet, kube-proxy)"
+            node = realnode.start_for(plane, fragment)
         if args.kwok_nodes:
             step = f"{args.kwok_nodes} KWOK Nodes"
             print(f"cluster.sh: control plane up; {step} ...", file=sys.stderr)
             simulated = start_kwok_nodes(plane, args.kwok_nodes)
-        step = "archway (helm install, hooks, archway serve, second scheduler)"
+        kwok_lines = [describe_kwok_nodes(simulated)] if simulated else []
         print(f"cluster.sh: control plane up ({plane.server}); installing archway ...",
               file=sys.stderr)
+        if args.in_cluster:
+            step = "archway in the cluster (image, helm install with hooks)"
+            from . import incluster
+            in_cluster = incluster.InClusterInstall(plane, node, archway_config=fragment,
+                                                    values=values).install()
+            return _report(plane, state_dir, kwok_lines + incluster.describe(in_cluster))
+        step = "archway (helm install, hooks, archway serve, second scheduler)"
         install = ChartInstall(plane, archway_config=fragment, values=values).install()
-    except (ControlPlaneError, KubeError, OSError) as e:
-        print(f"cluster.sh: up failed at: {step}: {e}", file=sys.stderr)
+    except Exception as e:   # whatever failed, nothing of the cluster or its node stays
+        print(f"cluster.sh: up failed at: {step}: {type(e).__name__}: {e}", file=sys.stderr)
         print(f"cluster.sh: logs are in {plane.path('logs')}; cleaning up", file=sys.stderr)
+        realnode.teardown(plane)
         plane.stop()
         keep = os.path.join(os.path.dirname(state_dir), "cluster-failed-logs")
         shutil.rmtree(keep, ignore_errors=True)
@@ -447,12 +461,17 @@ def _up(args) -> int:
         shutil.rmtree(state_dir, ignore_errors=True)
         return 1
     assert install.webhook and install.extender
-    print(f"cluster.sh: nodes: {', '.join(f'{n} ({a})' for n, a in plane.nodes)}", file=sys.stderr)
-    if args.kwok_nodes:
-        print(f"cluster.sh: {describe_kwok_nodes(simulated)}", file=sys.stderr)
-    print(f"cluster.sh: archway webhook {install.webhook.url} (log {install.webhook.process.log}),"
-          f" extender {install.extender.url}, second scheduler '{install.scheduler_name}'",
-          file=sys.stderr)
+    return _report(plane, state_dir, kwok_lines + [
+        f"archway webhook {install.webhook.url} (log {install.webhook.process.log}), extender "
+        f"{install.extender.url}, second scheduler '{install.scheduler_name}'"])
+
+
+def _report(plane: ControlPlane, state_dir: str, about_archway: list[str]) -> int:
+    nodes = [f"{n} ({a})" for n, a in plane.nodes] + [
+        f"{n} ({a}, real)" for n, a in realnode.real_nodes(plane)]
+    print(f"cluster.sh: nodes: {', '.join(nodes)}", file=sys.stderr)
+    for line in about_archway:
+        print(f"cluster.sh: {line}", file=sys.stderr)
     print(f"cluster.sh: kubectl: {_kubectl_on_path(plane.binary('kubectl'))}", file=sys.stderr)
     print(f"cluster.sh: state and logs in {state_dir}; stop with: bash scripts/cluster.sh down",
           file=sys.stderr)
@@ -480,8 +499,12 @@ def _down(args) -> int:
         shutil.rmtree(args.state_dir, ignore_errors=True)
         return 0
     plane = ControlPlane.load(args.state_dir)
+    left = realnode.teardown(plane)
     plane.stop()
     shutil.rmtree(args.state_dir, ignore_errors=True)
+    if left:
+        print("cluster.sh: could not remove: " + "; ".join(left), file=sys.stderr)
+        return 1
     print(f"cluster.sh: stopped and removed {args.state_dir}", file=sys.stderr)
     return 0
 
@@ -516,6 +539,12 @@ def main(argv=None) -> int:
     up.add_argument("--kwok-nodes", metavar="N", type=int, default=0,
                     help="also N Nodes simulated by KWOK (amd64, arm64, some ppc64le; pods "
                          "bound to them become Running)")
+    up.add_argument("--real-node", action="store_true",
+                    help="one real node of this machine's architecture (containerd, kubelet, "
+                         "kube-proxy) instead of its API-only Nodes")
+    up.add_argument("--in-cluster", action="store_true",
+                    help="archway's image built from this checkout and installed by helm on the "
+                         "real node, hooks and all (implies --real-node)")
     up.set_defaults(func=_up)
     sub.add_parser("down", help="stop every process it started and remove its state"
                    ).set_defaults(func=_down)

@@ -43,6 +43,9 @@ CONTROLLERS = ("deployment-controller", "replicaset-controller", "statefulset-co
                "serviceaccount-controller", "serviceaccount-token-controller",
                "root-ca-certificate-publisher-controller", "clusterrole-aggregation-controller")
 
+# A Service has no endpoints without them (a real node runs what a Service selects).
+SERVICE_CONTROLLERS = ("endpoints-controller", "endpointslice-controller")
+
 # (name, arch): the cluster's Nodes.
 DEFAULT_NODES = (("amd64-1", "amd64"), ("amd64-2", "amd64"), ("arm64-1", "arm64"),
                  ("arm64-2", "arm64"), ("ppc64le-1", "ppc64le"))
@@ -144,8 +147,12 @@ def kubeconfig(path: str, server: str, ca_path: str, token: str, user: str = "ad
 
 class ControlPlane:
     def __init__(self, state_dir: str, bin_dir: str | None = None, *, nodes=DEFAULT_NODES,
-                 audit: bool = True):
+                 audit: bool = True, node_ip: str | None = None):
         self.state_dir = os.path.abspath(state_dir)
+        # With a real node (realnode.py): its address, where pods reach the apiserver through the
+        # `kubernetes` Service; the Node authorizer and the Service controllers come with it.
+        self.node_ip = node_ip
+        self.ca: CertificateAuthority | None = None
         self.bin_dir = bin_dir
         self.nodes = nodes
         self.audit = audit   # every request in audit.log (Metadata level): what tests count
@@ -177,11 +184,15 @@ class ControlPlane:
         """A CA, the apiserver's serving pair, the ServiceAccount signing key and static tokens
         for the admin and the two components (their bootstrap RBAC roles bind these users)."""
         pki = self.path("pki")
-        ca = CertificateAuthority(pki, name="ca", days=365)
+        ca = self.ca = CertificateAuthority(pki, name="ca", days=365)
         os.replace(ca.cert_path, self.ca_path)
         serving = ca.issue("apiserver", hosts=("127.0.0.1", "localhost", "10.0.0.1", "kubernetes",
-                                              "kubernetes.default", "kubernetes.default.svc"),
+                                              "kubernetes.default", "kubernetes.default.svc",
+                                              *([self.node_ip] if self.node_ip else [])),
                            days=365)
+        # What the apiserver shows a kubelet's port (logs, exec): an admin's client certificate.
+        kubelet_client = ca.issue("apiserver-kubelet-client", hosts=(), client=True, days=365,
+                                  organizations=("system:masters",))
         # The front proxy's CA and client: the aggregation layer and every component's delegated
         # authentication read them from kube-system/extension-apiserver-authentication.
         front = CertificateAuthority(pki, name="front-proxy-ca", days=365)
@@ -202,6 +213,7 @@ class ControlPlane:
                 f.write(f"{tokens[user]},{user},uid-{user.split(':')[1]}\n")
         os.chmod(self.path("pki", "tokens.csv"), 0o600)
         return {"cert": serving.cert_path, "key": serving.key_path, "front_ca": front.cert_path,
+                "kubelet_cert": kubelet_client.cert_path, "kubelet_key": kubelet_client.key_path,
                 "proxy_cert": proxy_client.cert_path, "proxy_key": proxy_client.key_path, **tokens}
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -270,12 +282,10 @@ class ControlPlane:
         self._launch("kube-apiserver", [
             self.binary("kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.ports['apiserver']}",
-            # A loopback advertise address is refused by the default endpoint reconciler.
-            "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+            f"--secure-port={self.ports['apiserver']}", *self._address_flags(files),
             f"--tls-cert-file={files['cert']}", f"--tls-private-key-file={files['key']}",
             f"--client-ca-file={self.ca_path}", f"--token-auth-file={self.path('pki', 'tokens.csv')}",
-            "--authorization-mode=RBAC", "--anonymous-auth=false",
+            "--anonymous-auth=false",
             f"--requestheader-client-ca-file={files['front_ca']}",
             "--requestheader-allowed-names=front-proxy-client",
             "--requestheader-username-headers=X-Remote-User",
@@ -293,6 +303,20 @@ class ControlPlane:
             "--profiling=false", "--v=1", *self._audit_flags(),
         ], lambda: requests.get(f"{self.server}/readyz", verify=self.ca_path, timeout=2,
                                 headers={"Authorization": f"Bearer {admin}"}).text == "ok", 90)
+
+    def _address_flags(self, files: dict) -> list[str]:
+        if not self.node_ip:
+            # A loopback advertise address is refused by the default endpoint reconciler.
+            return ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                    "--endpoint-reconciler-type=none", "--authorization-mode=RBAC"]
+        # Pods reach it through the `kubernetes` Service, whose endpoint is the node's address;
+        # kubectl logs/exec dial the node's InternalIP, with a client certificate.
+        return ["--bind-address=0.0.0.0", f"--advertise-address={self.node_ip}",
+                "--endpoint-reconciler-type=lease", "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-client-certificate={files['kubelet_cert']}",
+                f"--kubelet-client-key={files['kubelet_key']}"]
 
     def _audit_flags(self) -> list[str]:
         if not self.audit:
@@ -340,7 +364,7 @@ class ControlPlane:
         self._launch("kube-controller-manager", [
             self.binary("kube-controller-manager"), f"--kubeconfig={config}",
             "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={port}",
-            f"--controllers={','.join(CONTROLLERS)}",
+            f"--controllers={','.join(CONTROLLERS + (SERVICE_CONTROLLERS if self.node_ip else ()))}",
             # Each controller acts as its own ServiceAccount, under its bootstrap role.
             "--use-service-account-credentials=true",
             f"--root-ca-file={self.ca_path}",
@@ -472,7 +496,7 @@ class ControlPlane:
 
     # --- state ---------------------------------------------------------------------------
     def save(self) -> None:
-        state = {"bin_dir": self.bin_dir, "ports": self.ports,
+        state = {"bin_dir": self.bin_dir, "ports": self.ports, "node_ip": self.node_ip,
                  "processes": [vars(p) for p in self.processes.values()],
                  "token": self.kube.token if self.kube else None}
         with open(self.path("processes.json"), "w") as f:
@@ -485,6 +509,7 @@ class ControlPlane:
             state = json.load(f)
         plane.bin_dir = state["bin_dir"]
         plane.ports = state["ports"]
+        plane.node_ip = state.get("node_ip")
         plane.processes = {p["name"]: Process(**p) for p in state["processes"]}
         if state.get("token"):
             plane.kube = Kube(plane.server, state["token"], plane.ca_path)

@@ -44,14 +44,15 @@ def require_binary(name: str) -> str:
 class Server:
     """A child process started with Popen (never through a shell) and stopped by its own PID."""
 
-    def __init__(self, args, *, port: int, log_path: str, env=None, cwd=None, ready_timeout=15.0):
+    def __init__(self, args, *, port: int, log_path: str, env=None, cwd=None, ready_timeout=15.0,
+                 host: str = "127.0.0.1"):
         self.port = port
         self.log_path = log_path
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      cwd=cwd, start_new_session=True)
         try:
-            wait_for_port(port, timeout=ready_timeout, proc=self.proc)
+            wait_for_port(port, host=host, timeout=ready_timeout, proc=self.proc)
         except Exception:
             self.stop()
             raise RuntimeError(f"{args[0]} did not start; log:\n{self.log()}") from None

@@ -284,8 +284,11 @@ class RegistryServer:
                  auth: str | None = None, users: dict | None = None,
                  token_server: TokenServer | None = None, schema1: bool = True,
                  anonymous_pull: bool = False, token_expires_in: int | None = 300,
-                 token_realm_host: str = "127.0.0.1", mirror_of: "RegistryServer | None" = None):
+                 token_realm_host: str = "127.0.0.1", mirror_of: "RegistryServer | None" = None,
+                 address: str = "127.0.0.1"):
         self.binary = require_binary("docker-registry")
+        # Where it listens: this machine's own address when pods on a real node read it.
+        self.address = address
         self.directory = str(directory)
         os.makedirs(self.directory, exist_ok=True)
         self.port = free_port()
@@ -314,7 +317,8 @@ class RegistryServer:
         if mirror_of is not None and mirror_of.ca is not None:   # the mirror must trust its upstream
             env = {**os.environ, "SSL_CERT_FILE": mirror_of.ca.cert_path}
         self.server = Server([self.binary, "serve", config_path], port=self.port, env=env,
-                             log_path=os.path.join(self.directory, "registry.log"))
+                             log_path=os.path.join(self.directory, "registry.log"),
+                             host=self.address)
 
     # -- setup
     def _config(self, schema1: bool) -> dict:
@@ -325,7 +329,7 @@ class RegistryServer:
             "storage": {"filesystem": {"rootdirectory": os.path.join(self.directory, "data")},
                         "delete": {"enabled": True}, "maintenance": {
                             "uploadpurging": {"enabled": False}}},
-            "http": {"addr": f"127.0.0.1:{self.port}", "secret": uuid.uuid4().hex,
+            "http": {"addr": f"{self.address}:{self.port}", "secret": uuid.uuid4().hex,
                      "headers": {"X-Content-Type-Options": ["nosniff"]}},
             "health": {"storagedriver": {"enabled": False}},
         }
@@ -377,7 +381,7 @@ class RegistryServer:
     @property
     def host(self) -> str:
         """host:port as it appears in image references."""
-        return f"127.0.0.1:{self.port}"
+        return f"{self.address}:{self.port}"
 
     @property
     def url(self) -> str:

@@ -108,18 +108,22 @@ class CertificateAuthority:
 
     def issue(self, name: str, hosts=DEFAULT_HOSTS, *, client: bool = False, days: int = 2,
               key_kind: str = "ec", not_before: datetime.datetime | None = None,
-              not_after: datetime.datetime | None = None) -> IssuedCert:
+              not_after: datetime.datetime | None = None,
+              organizations: tuple[str, ...] = ()) -> IssuedCert:
         """Sign a leaf certificate for `hosts` (IP addresses or DNS names).
 
         `client=True` makes a client-auth certificate (CN = name, no SAN needed). `not_before` /
-        `not_after` let a test make expired or not-yet-valid certificates.
+        `not_after` let a test make expired or not-yet-valid certificates. `organizations` are
+        the subject's O= (Kubernetes reads them as the user's groups).
         """
         key = new_key(key_kind)
         now = _now()
         usage = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else [ExtendedKeyUsageOID.SERVER_AUTH]
         builder = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, o)
+                                     for o in organizations]
+                                    + [x509.NameAttribute(NameOID.COMMON_NAME, name)]))
             .issuer_name(self.cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())

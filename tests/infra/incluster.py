@@ -1,0 +1,146 @@
+"""archway installed in the cluster the way users install it, on the real node (realnode.py):
+its image built from this checkout (scripts/build-image.sh, cached by the content of the tree)
+and imported into the node's containerd, the second scheduler's image made from the built
+kube-scheduler, then `helm install --wait` WITH its hooks (the certificate Job runs on the node),
+the webhook reached by the apiserver through the chart's Service and archway reaching the
+apiserver from its pods through the `kubernetes` Service.
+
+    install = InClusterInstall(plane, node, archway_config={...}).install()
+    install.uninstall()                 # `helm uninstall --wait`: its pre-delete hooks run as Jobs
+"""
+import hashlib
+import json
+import os
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import yaml
+
+from .cluster import ChartInstall, deep_merge
+from .controlplane import ControlPlane, ControlPlaneError
+from .nodeimages import OciImage, machine_arch
+from .procs import REPO
+from .realnode import RealNode
+
+# What the Dockerfile copies: the image changes only when one of these does.
+IMAGE_INPUTS = ("Dockerfile", "pyproject.toml", "README.md", "registry", "archway", "webhook",
+                "extender", "certs", "gate", "tools")
+IMAGE_CACHE = os.path.expanduser("~/.cache/archway/image")
+ARCHWAY_IMAGE = "localhost/archway"
+SCHEDULER_IMAGE = "localhost/kube-scheduler"
+HELM_TIMEOUT = "6m"
+
+
+def tree_digest(root: str = REPO) -> str:
+    """sha256 over the paths and contents of what goes into the image (no byte code)."""
+    digest = hashlib.sha256()
+    for top in IMAGE_INPUTS:
+        path = os.path.join(root, top)
+        files = [path] if os.path.isfile(path) else sorted(
+            os.path.join(folder, name) for folder, dirs, names in os.walk(path)
+            for name in names if "__pycache__" not in folder and not name.endswith(".pyc"))
+        for file in files:
+            digest.update(os.path.relpath(file, root).encode() + b"\0")
+            with open(file, "rb") as f:
+                digest.update(f.read() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def archway_image_archive(arch: str | None = None) -> tuple[str, str]:
+    """(OCI archive path, image name) of archway's image for `arch`, built when the tree changed."""
+    arch = arch or machine_arch()
+    tag = f"{arch}-{tree_digest()}"
+    name = f"{ARCHWAY_IMAGE}:{tag}"
+    path = os.path.join(IMAGE_CACHE, f"archway-{tag}.oci.tar")
+    if not os.path.exists(path):
+        os.makedirs(IMAGE_CACHE, exist_ok=True)
+        for old in os.listdir(IMAGE_CACHE):     # one image per architecture is kept
+            if old.startswith(f"archway-{arch}-") and old.endswith(".oci.tar"):
+                os.unlink(os.path.join(IMAGE_CACHE, old))
+        done = subprocess.run(["bash", os.path.join(REPO, "scripts", "build-image.sh"),
+                               "--platforms", f"linux/{arch}", "--oci-archive",
+                               f"{path}.part:{name}"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ControlPlaneError(f"scripts/build-image.sh failed:\n{done.stderr[-3000:]}")
+        os.replace(f"{path}.part", path)
+    return path, name
+
+
+class InClusterInstall(ChartInstall):
+    def __init__(self, plane: ControlPlane, node: RealNode, **kwargs):
+        super().__init__(plane, **kwargs)
+        self.node = node
+        self.image_tag = ""
+        self.scheduler_tag = ""
+        self.timings: dict[str, float] = {}     # seconds per step, for `up` to report
+
+    @property
+    def values(self) -> dict:
+        return deep_merge({
+            "image": {"repository": ARCHWAY_IMAGE, "tag": self.image_tag, "pullPolicy": "Never",
+                      "architectures": [machine_arch()]},
+            "scheduler": {"enabled": True,
+                          "image": {"repository": SCHEDULER_IMAGE, "tag": self.scheduler_tag,
+                                    "pullPolicy": "Never"}},
+            "config": self.archway_config,
+        }, self.extra_values)
+
+    def load_images(self) -> None:
+        path, name = archway_image_archive()
+        self.image_tag = name.rsplit(":", 1)[1]
+        assert self.kube is not None
+        self.scheduler_tag = self.kube.get("/version")["gitVersion"]
+        archives = (path, self.scheduler_archive())
+        with ThreadPoolExecutor(len(archives)) as pool:     # both at once: ~1/3 less time
+            results = list(pool.map(lambda a: self.node.ctr("images", "import", a, timeout=300),
+                                    archives))
+        for archive, done in zip(archives, results, strict=True):
+            if done.returncode != 0:
+                raise ControlPlaneError(f"ctr images import {archive}: {done.stderr.strip()}")
+
+    def scheduler_archive(self) -> str:
+        """The built kube-scheduler as an image (made once per binary, kept with archway's)."""
+        binary = self.plane.binary("kube-scheduler")
+        stamp = f"{self.scheduler_tag}-{machine_arch()}-{int(os.stat(binary).st_mtime)}"
+        path = os.path.join(IMAGE_CACHE, f"kube-scheduler-{stamp}.oci.tar")
+        if not os.path.exists(path):
+            os.makedirs(IMAGE_CACHE, exist_ok=True)
+            image = OciImage.of({"/usr/local/bin/kube-scheduler": binary},
+                                entrypoint=["/usr/local/bin/kube-scheduler"], user="65532:65532")
+            image.write_archive(path, f"{SCHEDULER_IMAGE}:{self.scheduler_tag}")
+        return path
+
+    def install(self) -> "InClusterInstall":
+        started = time.monotonic()
+        self.load_images()
+        self.timings["images"] = time.monotonic() - started
+        values_file = self.plane.path("values.yaml")
+        with open(values_file, "w") as f:
+            yaml.safe_dump(self.values, f)
+        self.helm("install", self.release, os.path.join(REPO, "charts", "archway"),
+                  "--create-namespace", "--values", values_file, "--wait", "--wait-for-jobs",
+                  "--timeout", HELM_TIMEOUT)
+        self.timings["helm install --wait"] = time.monotonic() - started - self.timings["images"]
+        self.wait_until_webhook_acts(timeout=60)
+        self.save_in_cluster()
+        return self
+
+    def uninstall(self) -> None:
+        """`helm uninstall` as a user runs it: its pre-delete hooks run as Jobs on the node."""
+        self.helm("uninstall", self.release, "--wait", "--timeout", HELM_TIMEOUT)
+
+    def save_in_cluster(self) -> None:
+        with open(self.plane.path("archway.json"), "w") as f:
+            json.dump({"release": self.release, "namespace": self.namespace, "in_cluster": True,
+                       "image": f"{ARCHWAY_IMAGE}:{self.image_tag}"}, f)
+
+
+def describe(install: InClusterInstall) -> list[str]:
+    """What `scripts/cluster.sh up --in-cluster` tells the user about the install."""
+    names = install.resource_names()
+    return [f"archway in the cluster: image {ARCHWAY_IMAGE}:{install.image_tag}, Deployments "
+            f"{', '.join(names.get('Deployment', []))} in {install.namespace}; webhook through "
+            f"Service {', '.join(names.get('Service', []))}; second scheduler "
+            f"'{install.scheduler_name}'",
+            "took: " + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in install.timings.items())]

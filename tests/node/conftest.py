@@ -1,0 +1,94 @@
+"""The real-node tier: pods that actually run. A real control plane (tests/infra/controlplane.py)
+with one real node of this machine's architecture (tests/infra/realnode.py: containerd, runc,
+bridge networking, a kubelet, kube-proxy) beside the API-only Nodes of the other architectures,
+and a real registry the node pulls from over plain HTTP. One such cluster per test run, started
+by the first test that asks for it; only one real node can run on a machine at a time, so a test
+that starts its own (`scripts/cluster.sh up --real-node`) stops the session's first
+(`session_node.stop()`), and the next test that asks starts it again.
+"""
+import os
+
+import pytest
+
+from tests.infra.controlplane import ControlPlane
+from tests.infra.realnode import RealNode, api_only_nodes, node_address, teardown
+from tests.infra.registry import RegistryServer
+
+
+def pytest_collection_modifyitems(items):
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here) and "session_node" in item.fixturenames:
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.realnode)
+            # containerd, the kubelet, iptables and cgroups: only root may start a node.
+            item.add_marker(pytest.mark.skipif(os.geteuid() != 0, reason="a real node needs root"))
+
+
+class SessionNode:
+    """The session's cluster with a real node, started on first use."""
+
+    def __init__(self, tmp_path_factory, registry: RegistryServer):
+        self.tmp_path_factory = tmp_path_factory
+        self.registry = registry
+        self.plane: ControlPlane | None = None
+        self.node: RealNode | None = None
+
+    def get(self) -> tuple[ControlPlane, RealNode]:
+        if self.plane is None or self.node is None:
+            plane = ControlPlane(str(self.tmp_path_factory.mktemp("real-node")),
+                                 node_ip=node_address(), nodes=api_only_nodes())
+            try:
+                plane.start()
+                self.node = RealNode(plane, insecure_registries=[self.registry.host]).start()
+            except BaseException:
+                teardown(plane)
+                plane.stop()
+                raise
+            self.plane = plane
+        assert self.node is not None
+        return self.plane, self.node
+
+    def stop(self) -> list[str]:
+        left: list[str] = []
+        if self.plane is not None:
+            left = teardown(self.plane)
+            self.plane.stop()
+        self.plane = self.node = None
+        return left
+
+
+@pytest.fixture(scope="session")
+def node_registry(tmp_path_factory):
+    """A plain-HTTP registry on this machine's own address: the node's containerd pulls from it
+    (an insecure host of the node) and archway's pods read it."""
+    registry = RegistryServer(tmp_path_factory.mktemp("node-registry"), schema1=False,
+                              address=node_address())
+    try:
+        yield registry
+    finally:
+        registry.stop()
+
+
+@pytest.fixture(scope="session")
+def session_node(tmp_path_factory, node_registry):
+    session = SessionNode(tmp_path_factory, node_registry)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture
+def real_cluster(session_node) -> tuple[ControlPlane, RealNode]:
+    return session_node.get()
+
+
+@pytest.fixture(scope="session")
+def in_cluster(session_node, node_registry):
+    """archway installed by helm on the session's real node (tests/infra/incluster.py), once."""
+    from tests.infra.incluster import InClusterInstall
+    plane, node = session_node.get()
+    install = InClusterInstall(plane, node, archway_config={
+        "registry": {"insecure_hosts": [node_registry.host]}}).install()
+    return install

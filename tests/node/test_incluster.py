@@ -1,0 +1,118 @@
+"""archway installed in the cluster as users install it (tests/infra/incluster.py): its pods on
+the real node, the apiserver calling the webhook through the chart's Service, a rollout of
+archway itself under steady pod creation, and `helm uninstall` with its hooks as Jobs."""
+import threading
+import time
+
+from tests.e2e.workloads import create_deployment, deployment, pods_of, wait_bound
+from tests.infra.kube import pod_path
+from tests.infra.nodeimages import OciImage, go_binary, machine_arch
+
+ARCH_ANNOTATION = "archway.dev/architectures"
+
+
+def pause_image(registry) -> str:
+    """A long-running image of this machine's architecture only, in the node's registry."""
+    OciImage.of({"/pause": go_binary("pause")}, entrypoint=["/pause"]).push(
+        registry, "node/pause", "1")
+    return f"{registry.host}/node/pause:1"
+
+
+def fresh_namespace(plane, prefix: str) -> str:
+    return plane.new_namespace(f"{prefix}-{int(time.time() * 1000) % 10**8}")
+
+
+def test_archway_runs_in_the_cluster_and_places_a_deployment_on_the_real_node(in_cluster,
+                                                                              node_registry):
+    plane, node = in_cluster.plane, in_cluster.node
+    kube = plane.kube
+    running = kube.items(pod_path(in_cluster.namespace))
+    assert running and all(p["spec"]["nodeName"] == node.name for p in running)
+    (configuration,) = [w for w in kube.items(
+        "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations")
+        if w["metadata"]["name"].startswith(in_cluster.release)]
+    assert all("service" in hook["clientConfig"] and "url" not in hook["clientConfig"]
+               for hook in configuration["webhooks"])
+
+    namespace = fresh_namespace(plane, "placed")
+    create_deployment(kube, namespace, deployment("web", [pause_image(node_registry)], replicas=2))
+    pods = wait_bound(kube, namespace, "web", 2, timeout=90)
+    for pod in pods:
+        assert pod["metadata"]["annotations"][ARCH_ANNOTATION] == machine_arch()
+        assert pod["spec"]["nodeName"] == node.name
+    kube.wait_for(lambda: all(p["status"].get("phase") == "Running"
+                              for p in pods_of(kube, namespace, "web")) or None,
+                  timeout=120, what="the Deployment's pods Running on the real node")
+
+
+def test_a_rollout_restart_of_archway_fails_no_creation_and_leaves_no_pod_unannotated(
+        in_cluster, node_registry):
+    plane = in_cluster.plane
+    kube = plane.kube
+    image = pause_image(node_registry)
+    namespace = fresh_namespace(plane, "rollout")
+    deployments = in_cluster.resource_names()["Deployment"]
+    created, failures = [], []
+    stop = threading.Event()
+
+    def create_steadily():
+        i = 0
+        while not stop.is_set():
+            name = f"p{i}"
+            try:
+                kube.create(pod_path(namespace), {"metadata": {"name": name}, "spec": {
+                    "nodeSelector": {"kubernetes.io/arch": "arm64"},   # API-only: never runs
+                    "containers": [{"name": "c", "image": image}]}})
+                created.append(name)
+            except Exception as e:   # every failure is the finding
+                failures.append(f"{name}: {e}")
+            i += 1
+            time.sleep(0.5)
+
+    writer = threading.Thread(target=create_steadily)
+    writer.start()
+    try:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        for name in deployments:
+            kube.patch(f"/apis/apps/v1/namespaces/{in_cluster.namespace}/deployments/{name}",
+                       {"spec": {"template": {"metadata": {"annotations": {
+                           "kubectl.kubernetes.io/restartedAt": stamp}}}}})
+        kube.wait_for(lambda: all(_rolled_out(kube, in_cluster.namespace, name)
+                                  for name in deployments) or None,
+                      timeout=240, what="archway's Deployments rolled out")
+        time.sleep(3)          # a few creations after the rollout too
+    finally:
+        stop.set()
+        writer.join()
+    assert failures == []
+    unannotated = [p["metadata"]["name"] for p in kube.items(pod_path(namespace))
+                   if ARCH_ANNOTATION not in (p["metadata"].get("annotations") or {})]
+    assert len(created) > 20 and unannotated == []
+
+
+def _rolled_out(kube, namespace: str, name: str) -> bool:
+    deployment = kube.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
+    status, want = deployment["status"], deployment["spec"]["replicas"]
+    return (status.get("observedGeneration") == deployment["metadata"]["generation"]
+            and status.get("updatedReplicas") == want and status.get("availableReplicas") == want
+            and status.get("replicas") == want)
+
+
+def test_helm_uninstall_runs_its_hooks_as_jobs_and_removes_every_gate(in_cluster, node_registry):
+    """Last in this file: it uninstalls the session's install."""
+    plane = in_cluster.plane
+    kube = plane.kube
+    namespace = fresh_namespace(plane, "uninstall")
+    kube.create(pod_path(namespace), {"metadata": {"name": "held"}, "spec": {
+        "schedulingGates": [{"name": "archway.dev/resolving"}],
+        "containers": [{"name": "c", "image": pause_image(node_registry)}]}})
+    assert kube.get(pod_path(namespace, "held"))["spec"].get("schedulingGates")
+    mark = plane.audit_mark()
+    in_cluster.uninstall()
+    jobs = [uri for verb, uri in plane.requests_since(mark)
+            if verb == "create" and "/jobs" in uri and in_cluster.namespace in uri]
+    assert jobs, "helm ran no hook Job"
+    assert not [w for w in kube.items(
+        "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations")
+        if w["metadata"]["name"].startswith(in_cluster.release)]
+    assert not kube.get(pod_path(namespace, "held"))["spec"].get("schedulingGates")
