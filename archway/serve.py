@@ -85,11 +85,13 @@ def serve(config, bind: str | None = None) -> int:
     controller = None
     if has_api and config.server.product in ("all", "webhook"):
         controller = _controller_supervisor(config, os.path.join(metrics_dir, STATUS_FILE))
+    poller = _poller_supervisor(config)
+    children = [child for child in (controller, poller) if child is not None]
     try:
         _announce(config, bind, host, port, tls)
         try:
-            _Gunicorn(config, _options(config, bind, tls, controller), lookups_dir=lookups_dir,
-                      controller=controller).run()
+            _Gunicorn(config, _options(config, bind, tls, children), lookups_dir=lookups_dir,
+                      controller=controller, children=children).run()
         except SystemExit as e:  # gunicorn's arbiter exits through sys.exit
             if os.getpid() != master:
                 raise
@@ -105,11 +107,29 @@ def _controller_supervisor(config, status_path: str):
     by the master (archway.gate.supervisor)."""
     from archway.gate.supervisor import Supervisor, start_process
 
-    def dead(pid: int) -> None:
-        from . import metrics
-        metrics.mark_process_dead(pid)
+    from . import metrics
+    return Supervisor(lambda: start_process(config), status_path,
+                      on_exit=metrics.mark_process_dead,
+                      on_restart=metrics.GATE_CONTROLLER_RESTARTS.inc)
 
-    return Supervisor(lambda: start_process(config), status_path, on_exit=dead)
+
+def _poller_supervisor(config):
+    """The extender's traffic poller in a process of its own (extender/pollerprocess.py), so
+    that no worker parses Prometheus' answer while it answers prioritize (figure 7). Set up
+    before the workers fork: they learn from the environment that they only follow it."""
+    if config.server.product not in ("all", "extender") or not config.prometheus.url:
+        return None
+    from archway.extender.pollerprocess import POLLER_PROCESS_ENV, start_process
+    from archway.extender.service import traffic_dir
+    from archway.gate.supervisor import Supervisor
+
+    from . import metrics
+    directory = traffic_dir()
+    assert directory is not None   # serve set the metrics directory before
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.environ[POLLER_PROCESS_ENV] = "1"
+    return Supervisor(lambda: start_process(config, directory), None,
+                      on_exit=metrics.mark_process_dead, what="traffic poller")
 
 
 def tls_files(config, host: str):
@@ -208,9 +228,10 @@ def _announce(config, bind, host, port, tls) -> None:
               f"{base}/mutate", flush=True)
 
 
-def _options(config, bind: str, tls, controller=None) -> dict:
-    """gunicorn's settings; `controller`: the gate controller's Supervisor, stopped with the
-    server (the master's loop starts and restarts it: _Arbiter)."""
+def _options(config, bind: str, tls, children=()) -> dict:
+    """gunicorn's settings; `children`: the Supervisors of the processes the master keeps
+    running beside the workers (gate controller, traffic poller), stopped with the server (the
+    master's loop starts and restarts them: _Arbiter)."""
     from . import metrics
     from .worker import MAX_CONNECTIONS, GuardedThreadWorker
 
@@ -218,8 +239,8 @@ def _options(config, bind: str, tls, controller=None) -> dict:
         metrics.mark_process_dead(worker.pid)
 
     def on_exit(_arbiter):
-        if controller is not None:
-            controller.stop()
+        for child in children:
+            child.stop()
 
     options = {
         "bind": [bind] + ([config.server.metrics_bind] if config.server.metrics_bind else []),
@@ -258,18 +279,18 @@ def _options(config, bind: str, tls, controller=None) -> dict:
 
 
 class _Arbiter(Arbiter):
-    """gunicorn's master, also looking after the gate controller process at every turn of its
-    loop (at least once a second, and at once when a child exits)."""
+    """gunicorn's master, also looking after the gate controller and traffic poller processes
+    at every turn of its loop (at least once a second, and at once when a child exits)."""
     app: "_Gunicorn"
 
     def manage_workers(self):
         super().manage_workers()
-        if self.app.controller is not None:
-            self.app.controller.tick()
+        for child in self.app.children:
+            child.tick()
 
     def reap_workers(self):
-        if self.app.controller is not None:
-            self.app.controller.reap()   # before waitpid(-1) takes its exit status
+        for child in self.app.children:
+            child.reap()   # before waitpid(-1) takes its exit status
         super().reap_workers()
 
 
@@ -277,11 +298,12 @@ class _Gunicorn(BaseApplication):
     """gunicorn configured from Python: no config file, no command line of its own."""
 
     def __init__(self, config, options: dict, *, lookups_dir: str | None = None,
-                 controller=None):
+                 controller=None, children=()):
         self.archway_config = config
         self.options = options
         self.lookups_dir = lookups_dir
         self.controller = controller
+        self.children = list(children)
         super().__init__()
 
     def run(self):

@@ -3,7 +3,10 @@
 7. prioritize in NodeNames mode (nodeCacheCapable, what the chart configures): `archway serve`
    as the chart's sidecar runs it (plain HTTP on loopback, 1 worker), its node cache listing and
    watching 5,000 Nodes from the API server stand-in, its traffic from a real Prometheus that
-   scrapes 5,000 nodes' series. Server side = the extender's own latency histogram.
+   scrapes 5,000 nodes' series. Measured while the background readers are busy: a traffic
+   refresh every 2 s and pod watch events all along. Side by side, calls alternating, the same
+   server with the poller in the worker as before issue 28 (bench/poller_in_worker.py). Server
+   side = the extender's own latency histogram.
 8. filter with 5,000 full Node objects: in this process, the extender's work on a received body
    (parse_extender_args + Extender.filter, reply bytes included) against plain json.loads of the
    same body, interleaved, median of several runs; the real server's time is given as context.
@@ -11,6 +14,8 @@
 import copy
 import gc
 import json
+import os
+import threading
 import time
 
 from archway.config import config_from_dict
@@ -42,7 +47,9 @@ from .stats import (
     share_at_most,
 )
 
-PRIORITIZE_CALLS = 200
+PRIORITIZE_SECONDS = 30.0   # calls alternating between the two servers for this long
+REFRESH_SECONDS = 2.0       # prometheus.refresh_seconds: many refreshes among the calls
+POD_EVENTS_PER_SECOND = 20  # pods updated in the API stand-in meanwhile: pod watch events
 PRIORITIZE_PODS = 50     # distinct pods among the calls: each one a placement herd control adds
 PRIORITIZE_TARGET_MS = 10.0
 FILTER_RUNS = 5
@@ -79,9 +86,13 @@ def run(lab: Lab) -> list[Figure]:
             "extender",
             server={"tls": False, "cert_file": None, "key_file": None, "workers": 1},
             kubernetes={"enabled": "auto", "kubeconfig": api.kubeconfig(lab.path("kube-extender"))},
-            prometheus={"url": prometheus.url})
+            prometheus={"url": prometheus.url, "refresh_seconds": REFRESH_SECONDS})
         server = GunicornServer.archway(lab.path("extender"), config, tls_ca=None, name="extender")
-        figures["7"] = _prioritize(server, prometheus, pod, *specs[0])
+        baseline = _baseline(lab, config)
+        try:
+            figures["7"] = _prioritize(server, baseline, api, prometheus, pod, *specs[0])
+        finally:
+            baseline.stop()
         figures["7"].notes.append(_herd_cost_in_process(pod))
         _filter_on_server(server, body, figures["8"])
     except Exception as e:
@@ -92,6 +103,18 @@ def run(lab: Lab) -> list[Figure]:
             if part is not None:
                 part.stop()
     return [figures[n] for n, _, _ in specs]
+
+
+def _baseline(lab: Lab, config: dict) -> GunicornServer:
+    """Figure 7's baseline: the poller in the worker (bench/poller_in_worker.py), or, with
+    BENCH_EXTENDER_BASELINE_REPO, `archway serve` from that checkout (an earlier commit's tree,
+    e.g. `git archive`d), to measure a change against the code before it."""
+    repo = os.environ.get("BENCH_EXTENDER_BASELINE_REPO")
+    if repo:
+        return GunicornServer(lab.path("extender-before"), "extender-before", ["archway.cli"],
+                              config, tls_ca=None, repo=repo)
+    return GunicornServer.module(lab.path("extender-before"), "bench.poller_in_worker", config,
+                                 tls_ca=None, name="extender-before")
 
 
 # --- figure 8 ---------------------------------------------------------------------------------
@@ -154,7 +177,8 @@ def _filter_on_server(server: GunicornServer, body: bytes, figure: Figure) -> No
 
 # --- figure 7 ---------------------------------------------------------------------------------
 
-def _prioritize(server: GunicornServer, prometheus: Prometheus, pod: dict, number: str, name: str,
+def _prioritize(server: GunicornServer, baseline: GunicornServer, api: FakeApiServer,
+                prometheus: Prometheus, pod: dict, number: str, name: str,
                 target: str) -> Figure:
     names = [node_name(i) for i in range(NODES)]
     body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names},
@@ -170,32 +194,57 @@ def _prioritize(server: GunicornServer, prometheus: Prometheus, pod: dict, numbe
         bodies.append(one)
     prometheus.wait_for("node_uname_info", NODES)
     scores = _wait_for_scores(server, body)
-    before = histogram_buckets(server.metrics(), HISTOGRAM, verb="prioritize")
-    client = []
-    for call in range(PRIORITIZE_CALLS):
-        started = time.perf_counter()
-        answer = server.post("/scheduler/prioritize", bodies[call % PRIORITIZE_PODS])
-        client.append((time.perf_counter() - started) * 1000)
-        answer.raise_for_status()
-    buckets = bucket_difference(histogram_buckets(server.metrics(), HISTOGRAM, verb="prioritize"),
-                                before)
-    within = share_at_most(buckets, PRIORITIZE_TARGET_MS / 1000)
-    p50, p99 = histogram_quantile(buckets, 0.5) * 1000, histogram_quantile(buckets, 0.99) * 1000
+    _wait_for_scores(baseline, body)
+    servers = {"now": server, "before": baseline}
+    start = {k: histogram_buckets(s.metrics(), HISTOGRAM, verb="prioritize")
+             for k, s in servers.items()}
+    client: dict[str, list[float]] = {k: [] for k in servers}
+    stop = threading.Event()
+    churn = threading.Thread(target=_churn_pods, args=(api, stop), daemon=True)
+    churn.start()
+    call, end = 0, time.monotonic() + PRIORITIZE_SECONDS
+    try:
+        while time.monotonic() < end:
+            order = list(servers) if call % 2 else list(reversed(servers))
+            for key in order:
+                started = time.perf_counter()
+                answer = servers[key].post("/scheduler/prioritize", bodies[call % PRIORITIZE_PODS])
+                client[key].append((time.perf_counter() - started) * 1000)
+                answer.raise_for_status()
+            call += 1
+    finally:
+        stop.set()
+        churn.join(10)
+    buckets = {k: bucket_difference(histogram_buckets(s.metrics(), HISTOGRAM, verb="prioritize"),
+                                    start[k]) for k, s in servers.items()}
+    side = {k: _server_side(b) for k, b in buckets.items()}
+    within = share_at_most(buckets["now"], PRIORITIZE_TARGET_MS / 1000)
+    p99 = histogram_quantile(buckets["now"], 0.99) * 1000
     ok = p99 < PRIORITIZE_TARGET_MS and within >= 0.99
     spread = sorted(set(scores))
-    fast = share_at_most(buckets, 0.005)
-    # Inside one bucket the histogram only bounds a quantile: say so instead of interpolating.
-    measured = (f"p99 <= 5 ms server side ({fast:.1%} of calls <= 5 ms)" if fast >= 0.99 else
-                f"p50 {p50:.1f} / p99 {p99:.1f} ms server side")
-    return Figure(number, name, measured + f"; client p50 {percentile(client, 50):.1f} / p99 "
-                  f"{percentile(client, 99):.1f} ms", target, ok, [
-        f"{PRIORITIZE_CALLS} calls with {NODES:,} NodeNames ({len(body) // 1000} KB) to archway "
-        f"serve as the chart's extender sidecar runs it (plain HTTP, 1 worker x 8 threads); server "
-        f"side from {HISTOGRAM}{{verb=\"prioritize\"}} (p50/p99 interpolated inside its 5 ms / "
-        f"10 ms buckets like histogram_quantile): {within:.1%} <= 10 ms, "
-        f"{share_at_most(buckets, 0.005):.1%} <= 5 ms; client side (request and {NODES:,}-entry "
-        f"reply over keep-alive HTTP) p50 {percentile(client, 50):.1f} / p99 "
-        f"{percentile(client, 99):.1f} ms",
+    cp99 = {k: percentile(c, 99) for k, c in client.items()}
+    return Figure(number, name, side["now"] + f"; client p50 {percentile(client['now'], 50):.1f} "
+                  f"/ p99 {cp99['now']:.1f} ms; before: {side['before']}, client p99 "
+                  f"{cp99['before']:.1f} ms (client p99 {cp99['now'] / cp99['before']:.2f}x)",
+                  target, ok, [
+        f"{call:,} calls to each of two archway serve (1 worker x 8 threads, plain HTTP, as the "
+        f"chart's extender sidecar), alternating, for {PRIORITIZE_SECONDS:g} s, {NODES:,} "
+        f"NodeNames ({len(body) // 1000} KB) each; prometheus.refresh_seconds "
+        f"{REFRESH_SECONDS:g} (about {PRIORITIZE_SECONDS / REFRESH_SECONDS:.0f} refreshes among "
+        f"the calls) and {POD_EVENTS_PER_SECOND} pod updates a second in the API stand-in (pod "
+        f"watch events); now: the traffic poller in a process of its own "
+        f"(extender/pollerprocess.py); before: "
+        + (f"archway serve from {os.environ['BENCH_EXTENDER_BASELINE_REPO']}"
+           if os.environ.get("BENCH_EXTENDER_BASELINE_REPO") else
+           "the poller elected among the workers (bench/poller_in_worker.py)"),
+        f"server side from {HISTOGRAM}{{verb=\"prioritize\"}} (p50/p99 interpolated inside its "
+        f"5 ms / 10 ms buckets like histogram_quantile): now {within:.1%} <= 10 ms, "
+        f"{share_at_most(buckets['now'], 0.005):.1%} <= 5 ms; before "
+        f"{share_at_most(buckets['before'], 0.010):.1%} <= 10 ms, "
+        f"{share_at_most(buckets['before'], 0.005):.1%} <= 5 ms; client side (request and "
+        f"{NODES:,}-entry reply over keep-alive HTTP) now p50 {percentile(client['now'], 50):.1f}"
+        f" / p99 {cp99['now']:.1f} ms, before p50 {percentile(client['before'], 50):.1f} / p99 "
+        f"{cp99['before']:.1f} ms",
         f"node cache listed from the API server stand-in ({NODES:,} full Nodes) and watching; "
         f"traffic and link speeds (100 Mb/s..25 Gb/s, every fifth node none) from a real "
         f"Prometheus scraping {NODES:,} nodes' node_exporter series, default archway queries, "
@@ -205,6 +254,26 @@ def _prioritize(server: GunicornServer, prometheus: Prometheus, pod: dict, numbe
         f"archway.dev/expected-bandwidth: 5M), so every call after the first round adds the "
         f"estimated traffic of up to {PRIORITIZE_PODS - 1} placed pods to their nodes",
     ])
+
+
+def _server_side(buckets) -> str:
+    """p50 / p99 from the histogram; inside its first bucket it only bounds them: said so."""
+    fast = share_at_most(buckets, 0.005)
+    if fast >= 0.99:
+        return f"p99 <= 5 ms server side ({fast:.1%} of calls <= 5 ms)"
+    return (f"p50 {histogram_quantile(buckets, 0.5) * 1000:.1f} / p99 "
+            f"{histogram_quantile(buckets, 0.99) * 1000:.1f} ms server side")
+
+
+def _churn_pods(api: FakeApiServer, stop: threading.Event) -> None:
+    """Status updates of running pods (a watch event each) while figure 7 measures."""
+    pods = running_pods()
+    k = 0
+    while not stop.wait(1.0 / POD_EVENTS_PER_SECOND):
+        one = copy.deepcopy(pods[k % len(pods)])
+        one["status"]["conditions"] = [{"type": "Ready", "status": "True", "reason": f"r{k}"}]
+        api.put(f"/api/v1/namespaces/bench/pods/{one['metadata']['name']}", one)
+        k += 1
 
 
 class _Nodes:

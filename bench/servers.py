@@ -25,7 +25,7 @@ class GunicornServer:
     """One gunicorn master (and its workers) serving on 127.0.0.1:<free port>."""
 
     def __init__(self, directory: str, name: str, module_args: list[str], config: dict, *,
-                 tls_ca: str | None):
+                 tls_ca: str | None, repo: str = REPO):
         os.makedirs(directory, exist_ok=True)
         self.directory = directory
         self.name = name
@@ -35,12 +35,13 @@ class GunicornServer:
             json.dump(config, f, indent=1)  # JSON is YAML
         self.scheme = "https" if tls_ca else "http"
         self.ca = tls_ca
-        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        # `repo`: another checkout's code (a bench's baseline of an earlier commit).
+        env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)   # serve makes its own per run
         args = [sys.executable, "-m", *module_args, "--config", self.config_path,
                 "serve", "--bind", f"127.0.0.1:{self.port}"]
         self.server = Server(args, port=self.port, log_path=os.path.join(directory, f"{name}.log"),
-                             env=env, cwd=REPO, ready_timeout=30)
+                             env=env, cwd=repo, ready_timeout=30)
         self.session = requests.Session()
         self.session.trust_env = False   # REQUESTS_CA_BUNDLE must not replace our CA
         self.session.verify = tls_ca if tls_ca else True

@@ -23,7 +23,8 @@ from archway.config import RegistrySettings
 from archway.errors import ArchwayError
 from archway.registry.http import HttpClient
 
-from .traffic import LARGEST
+from .traffic import LARGEST, TrafficScale, key_scores
+from .wire import MAX_SCORE
 
 log = logging.getLogger("archway.traffic")
 
@@ -32,6 +33,7 @@ MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 SERIES_LABEL = "archway_series"
 # How often a process that does not poll looks for a newer snapshot and a vacant poller's lock.
 FOLLOW_SECONDS = 1.0
+_VALID_SCORES = set(range(MAX_SCORE + 1))
 
 
 def _record_query(ok: bool, series: int = 0) -> None:
@@ -111,6 +113,11 @@ class TrafficSnapshot:
     version: int
     capacity: dict[str, float] = field(default_factory=dict)  # series key -> bytes/s
     sampled_at: float = 0.0  # wall-clock time the query was sent: what it measured ends there
+    # traffic.key_scores of it, worked out where it was parsed (the poller's process).
+    prepared: tuple[TrafficScale, dict[str, int]] | None = None
+
+    def scores(self) -> tuple[TrafficScale, dict[str, int]]:
+        return self.prepared or key_scores(self.traffic, self.capacity)
 
 
 class SharedSnapshot:
@@ -150,11 +157,15 @@ class SharedSnapshot:
             os.close(self._lock_fd)   # closing the descriptor drops the flock
             self._lock_fd = None
 
-    def write(self, traffic: dict, capacity: dict, sampled_at: float) -> None:
+    def write(self, traffic: dict, capacity: dict, sampled_at: float, prepared=None) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".snapshot-")
+        content = {"traffic": traffic, "capacity": capacity, "sampled_at": sampled_at}
+        if prepared is not None:   # the followers adopt these instead of working them out
+            scale, scores = prepared
+            content.update(scale=[scale.low, scale.high], scores=scores)
         try:
             with os.fdopen(fd, "w") as f:
-                json.dump({"traffic": traffic, "capacity": capacity, "sampled_at": sampled_at}, f)
+                json.dump(content, f)
             os.replace(tmp, self.path)
         except BaseException:
             os.unlink(tmp)
@@ -184,17 +195,32 @@ class SharedSnapshot:
         return data
 
 
+def prepared_of(data: dict) -> tuple[TrafficScale, dict[str, int]] | None:
+    """The key scores a snapshot file carries, or None (its reader works them out)."""
+    scale, scores = data.get("scale"), data.get("scores")
+    # Checked at C speed: a score for every traffic key, each one of 0..10.
+    if not (isinstance(scale, list) and len(scale) == 2 and isinstance(scores, dict)
+            and all(isinstance(x, (int, float)) for x in scale)
+            and scores.keys() == data["traffic"].keys()
+            and set(scores.values()) <= _VALID_SCORES):
+        return None
+    return TrafficScale(float(scale[0]), float(scale[1])), scores
+
+
 class TrafficPoller:
     """Runs the query every refresh_seconds in a daemon thread, in one process per server when
-    `shared_dir` is given (see SharedSnapshot), else in every process that uses it."""
+    `shared_dir` is given (see SharedSnapshot), else in every process that uses it. With
+    `follow_only` this process never queries: another one (pollerprocess.py) writes the
+    snapshot it follows."""
 
     def __init__(self, settings, *, http: HttpClient | None = None, clock=time.monotonic,
-                 wall=time.time, shared_dir: str | None = None):
+                 wall=time.time, shared_dir: str | None = None, follow_only: bool = False):
         self.settings = settings
         self.clock = clock
         self.wall = wall
         self.http = http or HttpClient(RegistrySettings(timeout_seconds=settings.timeout_seconds))
         self.shared_dir = shared_dir
+        self.follow_only = follow_only and shared_dir is not None
         self.queries = 0
         self.last_error: str | None = None
         self._shared: SharedSnapshot | None = None
@@ -249,8 +275,8 @@ class TrafficPoller:
         shared = self._shared
         data = shared.read_if_new()
         if data is not None:
-            self._adopt(data["traffic"], data["capacity"], data["sampled_at"])
-        if not shared.lead():
+            self._adopt(data["traffic"], data["capacity"], data["sampled_at"], prepared_of(data))
+        if self.follow_only or not shared.lead():
             metrics.PROMETHEUS_POLLER.set(0)
             return
         metrics.PROMETHEUS_POLLER.set(1)
@@ -281,18 +307,20 @@ class TrafficPoller:
                      len(traffic), len(capacity))
         self._up = True
         self.last_error = None
-        self._adopt(traffic, capacity, sampled_at)
+        prepared = key_scores(traffic, capacity)
+        self._adopt(traffic, capacity, sampled_at, prepared)
         if self._shared is not None:
             try:
-                self._shared.write(traffic, capacity, sampled_at)
+                self._shared.write(traffic, capacity, sampled_at, prepared)
             except OSError as e:
                 log.warning("cannot share the traffic snapshot with the other workers: %s", e)
 
-    def _adopt(self, traffic: dict, capacity: dict, sampled_at: float) -> None:
+    def _adopt(self, traffic: dict, capacity: dict, sampled_at: float, prepared=None) -> None:
         self._version += 1
         # The snapshot's age in this process's monotonic clock, from its wall-clock time.
         fetched_at = self.clock() - max(0.0, self.wall() - sampled_at)
-        snapshot = TrafficSnapshot(traffic, fetched_at, self._version, capacity, sampled_at)
+        snapshot = TrafficSnapshot(traffic, fetched_at, self._version, capacity, sampled_at,
+                                   prepared)
         self._snapshot = snapshot
         metrics.PROMETHEUS_SNAPSHOT.set(sampled_at)
         for listener in self.listeners:

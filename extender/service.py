@@ -16,6 +16,7 @@ from archway.podview import PodShapeError, PodView
 
 from .archfilter import annotated_architectures, filter_by_arch, shared_architectures
 from .ceiling import Ceiling
+from .pollerprocess import poller_process_runs
 from .prometheus import TrafficPoller
 from .signals import Prioritizer, ScoreSignal
 from .trafficscore import TrafficScore
@@ -45,7 +46,8 @@ class Extender:
         self.config = config
         self.resolver = resolver       # None: pods are filtered by their annotation only
         self.node_cache = node_cache
-        self.traffic = traffic or TrafficPoller(config.prometheus, shared_dir=_shared_dir())
+        self.traffic = traffic or TrafficPoller(config.prometheus, shared_dir=traffic_dir(),
+                                                follow_only=poller_process_runs())
         self.traffic_score = TrafficScore(config, self.traffic, node_cache,
                                           lambda: _cluster_client(config.kubernetes))
         self.herd, self.pod_watch = self.traffic_score.herd, self.traffic_score.pod_watch
@@ -135,7 +137,7 @@ class Extender:
         return self.prioritizer.answer(args)
 
 
-def _shared_dir() -> str | None:
+def traffic_dir() -> str | None:
     """Where the workers of one `archway serve` share the traffic snapshot: inside the per-run
     directory serve.py makes for their metrics (PROMETHEUS_MULTIPROC_DIR). None outside it."""
     directory = metrics.multiprocess_dir()

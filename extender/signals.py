@@ -26,8 +26,10 @@ class ScoreTable:
     sample and hands it out pod after pod, so a 5,000-node answer is dictionary lookups and a
     join (the table's `entries` may be made ahead, off the request path)."""
 
-    def __init__(self, scores: Mapping[str, int]):
+    def __init__(self, scores: Mapping[str, int], entries: dict[str, str] | None = None):
         self.scores = scores
+        if entries is not None:   # made by its maker already (trafficscore.ScoreBook.matched)
+            self.__dict__["entries"] = entries
 
     @cached_property
     def entries(self) -> dict[str, str]:

@@ -138,6 +138,15 @@ def node_loads(traffic: dict[str, float], capacity: dict[str, float], node_names
             for node, key in match_by_name(traffic, node_names).items()}
 
 
+def key_scores(traffic: dict[str, float], capacity: dict[str, float]
+               ) -> tuple[TrafficScale, dict[str, int]]:
+    """(the scale, series key -> score) of a sample: a node's score is its key's (scores_of with
+    name matching), so the poller works these out once, away from the processes that answer."""
+    scale = TrafficScale.of(traffic.values())
+    return scale, {key: load_score(NodeLoad(value, capacity.get(key)), scale)
+                   for key, value in traffic.items()}
+
+
 def scores_of(loads: dict[str, NodeLoad], scale: TrafficScale, names) -> dict[str, int]:
     """THE decision: a score 0..10 per node; lower utilisation (or traffic, without capacity)
     scores higher, a node without traffic data gets NEUTRAL_SCORE. The extender's ScoreBook

@@ -2,13 +2,15 @@
 sample prometheus.py's poller keeps), corrected by herd control for the pods placed since that
 sample (herd.py), so a burst of pods inside one refresh does not all land on the quietest node.
 """
+from collections.abc import Mapping
+
 from archway.nodes import NodeCache
 
 from .herd import Herd, PodWatch, added_traffic, pod_bandwidth, pod_key
 from .prometheus import TrafficPoller, TrafficSnapshot
 from .signals import ScoreTable, SignalScores
-from .traffic import TrafficScale, load_score, node_loads, scores_of
-from .wire import ExtenderArgs
+from .traffic import NodeLoad, TrafficScale, load_score, match_by_name, node_loads, scores_of
+from .wire import NEUTRAL_SCORE, SCORE_TAILS, ExtenderArgs, host_priority_head
 
 _NO_NODES: dict = {}
 
@@ -19,9 +21,24 @@ class ScoreBook:
 
     def __init__(self, snapshot: TrafficSnapshot, names, addresses, match: str):
         self.scale = TrafficScale.of(snapshot.traffic.values())
-        self.loads = node_loads(snapshot.traffic, snapshot.capacity, names, match=match,
-                                node_addresses=addresses)
+        self.loads: Mapping[str, NodeLoad] = node_loads(
+            snapshot.traffic, snapshot.capacity, names, match=match, node_addresses=addresses)
         self.table = ScoreTable(scores_of(self.loads, self.scale, names))
+
+    @classmethod
+    def matched(cls, snapshot: TrafficSnapshot, nodes: "MatchedNodes") -> "ScoreBook":
+        """The same book for name matching, from the sample's key scores and a match kept
+        while the nodes and the series keys stay the same: copies and joins at C speed, no
+        Python step per node (a new sample must not hold the GIL of a serving worker)."""
+        book = cls.__new__(cls)
+        book.scale, by_key = snapshot.scores()
+        book.loads = _MatchedLoads(nodes.key_of, snapshot.traffic, snapshot.capacity)
+        scores = dict.fromkeys(nodes.names, NEUTRAL_SCORE)
+        scores.update(zip(nodes.key_of, map(by_key.__getitem__, nodes.key_of.values())))
+        entries = dict(zip(nodes.names, map(str.__add__, nodes.heads,
+                                            map(SCORE_TAILS.__getitem__, scores.values()))))
+        book.table = ScoreTable(scores, entries)
+        return book
 
     def adjusted(self, placements, running, default: float) -> dict[str, int]:
         """node -> score for the nodes of this book that pods were placed on since the sample,
@@ -33,6 +50,39 @@ class ScoreBook:
         traffic = {p.node: loads[p.node].traffic for p in mine}
         added = added_traffic(mine, traffic, running, default)
         return {node: load_score(loads[node], self.scale, extra) for node, extra in added.items()}
+
+
+class MatchedNodes:
+    """The cached nodes matched by name to a sample's series keys, and their entries' heads:
+    kept while neither changes (a refresh brings new values for the same keys)."""
+
+    def __init__(self, nodes: dict, keys):
+        self.source = nodes                   # the node cache's dict it was made from
+        self.names = list(nodes)
+        self.keys = keys                      # the series keys it was matched against
+        self.key_of = match_by_name(keys, self.names)
+        self.heads = [host_priority_head(name) for name in self.names]
+
+
+class _MatchedLoads(Mapping):
+    """node -> NodeLoad, looked up when asked (herd control's few nodes, the ceiling's
+    candidates) rather than made for every node at each sample."""
+
+    def __init__(self, key_of: dict[str, str], traffic: dict, capacity: dict):
+        self._key_of, self._traffic, self._capacity = key_of, traffic, capacity
+
+    def __getitem__(self, node: str) -> NodeLoad:
+        key = self._key_of[node]
+        return NodeLoad(self._traffic[key], self._capacity.get(key))
+
+    def __contains__(self, node) -> bool:
+        return node in self._key_of
+
+    def __iter__(self):
+        return iter(self._key_of)
+
+    def __len__(self) -> int:
+        return len(self._key_of)
 
 
 class TrafficScore:
@@ -51,6 +101,7 @@ class TrafficScore:
             if self.herd is not None and config.kubernetes.enabled != "off" else None
         # (key, ScoreBook or ScoreTable), each replaced as a whole.
         self._book: tuple = (None, None)
+        self._matched: MatchedNodes | None = None
         self._uncached: tuple = (None, None)
         self._merged: tuple = (None, None)
         # The cached nodes' book is built when a snapshot arrives, off the request path.
@@ -108,10 +159,22 @@ class TrafficScore:
         last_key, book = self._book
         # The cache replaces its dict on every change, so identity tells whether it changed.
         if last_key is None or last_key[0] != snapshot.version or last_key[1] is not nodes:
-            addresses = {name: fact.addresses for name, fact in nodes.items()}
-            book = ScoreBook(snapshot, list(nodes), addresses, self.config.prometheus.match)
+            if self.config.prometheus.match == "name":
+                book = ScoreBook.matched(snapshot, self._matched_nodes(snapshot, nodes))
+            else:
+                addresses = {name: fact.addresses for name, fact in nodes.items()}
+                book = ScoreBook(snapshot, list(nodes), addresses, self.config.prometheus.match)
             self._book = ((snapshot.version, nodes), book)
         return book
+
+    def _matched_nodes(self, snapshot: TrafficSnapshot, nodes: dict) -> MatchedNodes:
+        matched = self._matched
+        # The keys compared as sets, at C speed; the cache's dict is replaced on any change.
+        if matched is None or matched.source is not nodes \
+                or matched.keys != snapshot.traffic.keys():
+            matched = MatchedNodes(nodes, snapshot.traffic.keys())
+            self._matched = matched
+        return matched
 
     def _prepare(self, snapshot: TrafficSnapshot) -> None:
         self.book(snapshot).table.entries   # noqa: B018 - made now, in the poller's thread

@@ -292,7 +292,16 @@ def filter_result_json(args: ExtenderArgs, keep: list[int], failed: dict[str, st
 
 def host_priority_entry(name: str, score: int) -> str:
     """One HostPriority, pre-serialised so a 5,000-node reply is a string join."""
-    return '{"Host":' + _encode_string(name) + ',"Score":' + str(int(score)) + "}"
+    return host_priority_head(name) + str(int(score)) + "}"
+
+
+def host_priority_head(name: str) -> str:
+    """A HostPriority up to its score: kept per node, so a new sample's entries are joins."""
+    return '{"Host":' + _encode_string(name) + ',"Score":'
+
+
+# The rest of an entry, per score 0..MAX_SCORE.
+SCORE_TAILS = [f"{score}}}" for score in range(MAX_SCORE + 1)]
 
 
 def host_priority_list_json(entries: list[str]) -> bytes:

@@ -72,11 +72,14 @@ def describe_exit(code: int | None) -> str:
 
 
 class Supervisor:
-    """Keeps one controller process running; `tick()` is called by the master's loop."""
+    """Keeps one controller process running; `tick()` is called by the master's loop. `what`
+    names the process in the log (`archway serve` keeps its traffic poller running so too)."""
 
     def __init__(self, start, status_path: str | None, *, clock=time.monotonic, wall=time.time,
-                 on_exit=None):
+                 on_exit=None, what: str = "gate controller", on_restart=None):
         self._start = start            # () -> subprocess.Popen
+        self.what = what
+        self._on_restart = on_restart  # () -> None, at each restart (a counter's inc)
         self.status_path = status_path
         self._clock = clock
         self._wall = wall
@@ -142,7 +145,7 @@ class Supervisor:
         self._failures += 1
         self._next_start = now + delay
         self._since = self._wall()
-        log.error("gate controller (pid %d) %s; starting it again in %.0f s", pid,
+        log.error("%s (pid %d) %s; starting it again in %.0f s", self.what, pid,
                   self._last_exit, delay)
         self._write("restarting")
 
@@ -156,15 +159,15 @@ class Supervisor:
             self._failures += 1
             self._next_start = now + delay
             self._last_exit = f"could not be started: {e.strerror or e}"
-            log.error("gate controller %s; trying again in %.0f s", self._last_exit, delay)
+            log.error("%s %s; trying again in %.0f s", self.what, self._last_exit, delay)
             self._write("restarting")
             return
         self._started_at = now
         if restart:
             self.restarts += 1
-            from archway import metrics
-            metrics.GATE_CONTROLLER_RESTARTS.inc()
-            log.warning("gate controller started again (pid %d, restart %d)",
+            if self._on_restart is not None:
+                self._on_restart()
+            log.warning("%s started again (pid %d, restart %d)", self.what,
                         self.process.pid, self.restarts)
         self._since = self._wall()
         self._write("running")
