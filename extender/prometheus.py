@@ -9,6 +9,7 @@ sample is worth to a node is traffic.py's.
 """
 import json
 import logging
+import marshal
 import math
 import os
 import tempfile
@@ -127,13 +128,15 @@ class SharedSnapshot:
     The poller holds an exclusive flock on `poller.lock`; the kernel drops it when that process
     dies, however it dies, and another worker takes it over at its next look (every
     FOLLOW_SECONDS). The snapshot is replaced atomically (write, then rename), so a reader sees
-    the previous file or the next, never half of one.
+    the previous file or the next, never half of one. It is in `marshal`'s format, written and
+    read by the same interpreter: a worker reads it 4-5x faster than the same content as JSON,
+    and that read is one C call holding the worker's GIL (figure 7).
     """
 
     def __init__(self, directory: str):
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self.directory = directory
-        self.path = os.path.join(directory, "snapshot.json")
+        self.path = os.path.join(directory, "snapshot.marshal")
         self._lock_path = os.path.join(directory, "poller.lock")
         self._lock_fd: int | None = None
         self._seen: tuple | None = None
@@ -164,8 +167,8 @@ class SharedSnapshot:
             scale, scores = prepared
             content.update(scale=[scale.low, scale.high], scores=scores)
         try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(content, f)
+            with os.fdopen(fd, "wb") as f:
+                marshal.dump(content, f)
             os.replace(tmp, self.path)
         except BaseException:
             os.unlink(tmp)
@@ -183,9 +186,9 @@ class SharedSnapshot:
         if seen == self._seen:
             return None
         try:
-            with open(self.path, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError):
+            with open(self.path, "rb") as f:
+                data = marshal.load(f)
+        except (OSError, ValueError, EOFError, TypeError):
             return None   # a file this server did not write: ignore it, poll soon ourselves
         self._seen = seen
         if not (isinstance(data, dict) and isinstance(data.get("traffic"), dict)

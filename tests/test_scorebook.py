@@ -4,6 +4,7 @@ a worker keeps its nodes' match to the series keys while both stay the same, so 
 is copies and joins at C speed. The answers must stay exactly the pure functions'. No I/O but
 the snapshot file in a temporary directory."""
 import json
+import marshal
 import time
 
 from hypothesis import given, settings
@@ -98,9 +99,9 @@ def test_the_snapshot_file_carries_the_key_scores_and_a_bad_set_is_not_used(tmp_
     for scale, scores in (([0, 1], {"worker-a": 3}),                        # a key left out
                           ([0, 1], {k: 11 for k in TRAFFIC}),               # not a score
                           ("0..1", prepared[1])):
-        with open(writer.path, "w") as f:
-            json.dump({"traffic": TRAFFIC, "capacity": CAPACITY, "sampled_at": 1.0,
-                       "scale": scale, "scores": scores}, f)
+        with open(writer.path, "wb") as f:
+            marshal.dump({"traffic": TRAFFIC, "capacity": CAPACITY, "sampled_at": 1.0,
+                          "scale": scale, "scores": scores}, f)
         assert prepared_of(reader.read_if_new()) is None
 
 
