@@ -97,17 +97,22 @@ def run(lab: Lab) -> list[Figure]:
             prometheus={"url": prometheus.url, "refresh_seconds": REFRESH_SECONDS})
         server = GunicornServer.archway(lab.path("extender"), config, tls_ca=None, name="extender")
         baseline = _baseline(lab, config)
-        # The floor: no refresh among the calls (one at boot, fresh all along).
+        # The floor: no refresh among the calls (one as it starts, once Prometheus has every
+        # rate, fresh all along).
         quiet = dict(config, prometheus={**config["prometheus"], "refresh_seconds": 3600,
                                          "stale_after_seconds": 7200})
-        floor = GunicornServer.archway(lab.path("extender-floor"), quiet, tls_ca=None,
-                                       name="extender-floor")
+        late: list[GunicornServer] = []
+
+        def floor() -> GunicornServer:
+            late.append(GunicornServer.archway(lab.path("extender-floor"), quiet, tls_ca=None,
+                                               name="extender-floor"))
+            return late[-1]
         try:
-            figures["7"] = _prioritize({"now": server, "before": baseline, "floor": floor}, api,
+            figures["7"] = _prioritize({"now": server, "before": baseline}, floor, api,
                                        prometheus, pod, *specs[0])
         finally:
-            baseline.stop()
-            floor.stop()
+            for other in (baseline, *late):
+                other.stop()
         figures["7"].notes.append(_refresh_cost_in_process(prometheus, lab.path("refresh-cost")))
         figures["7"].notes.append(_herd_cost_in_process(pod))
         _filter_on_server(server, body, figures["8"])
@@ -193,7 +198,7 @@ def _filter_on_server(server: GunicornServer, body: bytes, figure: Figure) -> No
 
 # --- figure 7 ---------------------------------------------------------------------------------
 
-def _prioritize(servers: dict[str, GunicornServer], api: FakeApiServer,
+def _prioritize(servers: dict[str, GunicornServer], floor, api: FakeApiServer,
                 prometheus: Prometheus, pod: dict, number: str, name: str,
                 target: str) -> Figure:
     names = [node_name(i) for i in range(NODES)]
@@ -210,6 +215,7 @@ def _prioritize(servers: dict[str, GunicornServer], api: FakeApiServer,
         bodies.append(one)
     prometheus.wait_for("node_uname_info", NODES)
     scores = _wait_for_scores(servers["now"], body)
+    servers["floor"] = floor()   # started once the others score: its one query sees every rate
     for other in servers.values():
         _wait_for_scores(other, body)
     start = {k: histogram_buckets(s.metrics(), HISTOGRAM, verb="prioritize")

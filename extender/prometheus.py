@@ -7,7 +7,6 @@ file and the others read the snapshot it writes (`SharedSnapshot`). Requests onl
 snapshot. Reading an answer is pure (`parse_vector`, `split_answer`), tested without I/O; what a
 sample is worth to a node is traffic.py's.
 """
-import json
 import logging
 import marshal
 import math
