@@ -186,7 +186,8 @@ class SharedSnapshot:
             return None
         try:
             with open(self.path, "rb") as f:
-                data = marshal.load(f)
+                # One read, then one parse: marshal.load(f) reads piece by piece, 10x slower.
+                data = marshal.loads(f.read())
         except (OSError, ValueError, EOFError, TypeError):
             return None   # a file this server did not write: ignore it, poll soon ourselves
         self._seen = seen
