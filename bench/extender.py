@@ -100,7 +100,7 @@ def run(lab: Lab) -> list[Figure]:
         # The floor: no refresh among the calls (one as it starts, once Prometheus has every
         # rate, fresh all along).
         quiet = dict(config, prometheus={**config["prometheus"], "refresh_seconds": 3600,
-                                         "stale_after_seconds": 7200})
+                                         "stale_after_seconds": 7200, "timeout_seconds": 30})
         late: list[GunicornServer] = []
 
         def floor() -> GunicornServer:
@@ -217,7 +217,7 @@ def _prioritize(servers: dict[str, GunicornServer], floor, api: FakeApiServer,
     scores = _wait_for_scores(servers["now"], body)
     servers["floor"] = floor()   # started once the others score: its one query sees every rate
     for other in servers.values():
-        _wait_for_scores(other, body)
+        _wait_for_scores(other, body, timeout=180)
     start = {k: histogram_buckets(s.metrics(), HISTOGRAM, verb="prioritize")
              for k, s in servers.items()}
     client: dict[str, list[float]] = {k: [] for k in servers}
@@ -409,5 +409,5 @@ def _wait_for_scores(server: GunicornServer, body: bytes, timeout: float = 90.0)
         if len(scores) == NODES and len(set(scores)) > 1 and synced:
             return scores
         time.sleep(0.5)
-    raise TimeoutError(f"prioritize stayed neutral (scores {sorted(set(scores))}) or the node cache "
-                       f"never synced; log:\n{server.server.log()}")
+    raise TimeoutError(f"{server.name}: prioritize stayed neutral (scores {sorted(set(scores))}) "
+                       f"or the node cache never synced; log:\n{server.log_since(0)[-3000:]}")
