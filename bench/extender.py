@@ -128,8 +128,11 @@ def run(lab: Lab) -> list[Figure]:
 
 def _baseline(lab: Lab, config: dict) -> GunicornServer:
     """Figure 7's baseline: the poller in the worker (bench/poller_in_worker.py), or, with
-    BENCH_EXTENDER_BASELINE_REPO, `archway serve` from that checkout (an earlier commit's tree,
-    e.g. `git archive`d), to measure a change against the code before it."""
+    BENCH_EXTENDER_BASELINE_REPO, `archway serve` from that directory, to measure a change
+    against the code before it. The directory must hold the package as Python imports it: an
+    earlier commit's `archway/` with its room folders (extender, registry, webhook, gate, tools,
+    certs) copied or linked inside it (pyproject's package-dir does that mapping only when
+    installed)."""
     repo = os.environ.get("BENCH_EXTENDER_BASELINE_REPO")
     if repo:
         return GunicornServer(lab.path("extender-before"), "extender-before", ["archway.cli"],
