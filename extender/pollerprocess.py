@@ -4,8 +4,8 @@ A refresh reads ~1-2 MB from Prometheus at 5,000 nodes and parses it with one js
 call that holds the GIL for 5-75 ms on a loaded machine, then splits it: done in a worker, every
 prioritize call landing meanwhile waited for it (issue 28, figure 7). Here the query and its
 parse run where no request is answered; the workers only follow the snapshot file it writes
-(prometheus.py's SharedSnapshot), a third of the size, and never query themselves while this
-process exists (POLLER_PROCESS_ENV).
+(prometheus.py's SharedSnapshot: a quarter of the size, each series' score already worked out)
+and never query themselves while this process exists (POLLER_PROCESS_ENV).
 """
 import logging
 import os

@@ -2,9 +2,10 @@
 the poller that keeps the last answer for prioritize and the utilisation ceiling.
 
 ONE instant query per refresh asks for both (traffic and capacity series tagged apart with
-label_replace), made by ONE process per server: gunicorn's workers elect a poller through a lock
-file and the others read the snapshot it writes (`SharedSnapshot`). Requests only read the last
-snapshot. Reading an answer is pure (`parse_vector`, `split_answer`), tested without I/O; what a
+label_replace), made by ONE process per server: under `archway serve` a process of its own
+(pollerprocess.py), else the one of the processes sharing the directory that holds a lock file;
+the others read the snapshot it writes (`SharedSnapshot`), with each series' score worked out
+(traffic.key_scores). Requests only read the last snapshot. Reading an answer is pure (`parse_vector`, `split_answer`), tested without I/O; what a
 sample is worth to a node is traffic.py's.
 """
 import logging

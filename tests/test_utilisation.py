@@ -269,16 +269,17 @@ def test_two_workers_make_one_query_per_refresh(prom, tmp_path):
 
     try:
         wait_for_port(port, timeout=30, proc=proc)
+        # Both workers and the server's traffic poller process (extender/pollerprocess.py).
         text = poll(both_workers_scored,
-                    lambda t: len(_scoring(t)) == 2, timeout=30, interval=0.1)
+                    lambda t: len(_scoring(t)) == 3, timeout=30, interval=0.1)
         snapshots = _scoring(text)
-        assert len(snapshots) == 2, text
-        assert len(set(snapshots.values())) == 1         # both score with the same sample
+        assert len(snapshots) == 3, text
+        assert len(set(snapshots.values())) == 1         # all score with the same sample
         pollers = _gauge(text, "archway_prometheus_poller")
-        assert sorted(pollers[pid] for pid in snapshots) == [0.0, 1.0], pollers
+        assert sorted(pollers[pid] for pid in snapshots) == [0.0, 0.0, 1.0], pollers
         assert sum(pollers.values()) == 1
         assert prom.prometheus.logged_queries().count(query) == 1
-        # The poller dies: the other worker takes over, and the snapshot being fresh, no query.
+        # The poller dies: the master starts another, and the snapshot being fresh, no query.
         leader = next(pid for pid, v in pollers.items() if v == 1)
         os.kill(int(leader), signal.SIGKILL)
 
