@@ -1119,7 +1119,9 @@ def test_the_chart_gates_with_least_privilege_and_releases_on_uninstall(render):
         # what was learned merged into their annotations; no update, no eviction by default
         {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets", "daemonsets",
                                               "replicasets"], "verbs": ["get", "patch"]},
-        {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": ["get", "patch"]}]
+        {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": ["get", "patch"]},
+        # config.remediation.read_logs: the tail of a failed container whose status is silent
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]
     lease = one(docs, "Role", f"{RELEASE}-archway-gate-lease")
     assert lease["metadata"]["namespace"] == NS
     assert lease["rules"] == [
