@@ -424,8 +424,10 @@ def test_bootstrap_mode_jobs_and_rbac(render):
                               "resourceNames": [secret_name, f"{secret_name}-ca"],
                               "verbs": ["get", "update"]}]
     reader = one(docs, "ClusterRole", f"{RELEASE}-archway-pull-secret-reader")
-    assert reader["rules"] == [{"apiGroups": [""], "resources": ["serviceaccounts", "secrets"],
-                                "verbs": ["get"]},
+    assert reader["rules"] == [{"apiGroups": [""], "resources": ["serviceaccounts"],
+                                "verbs": ["get", "list", "watch"]},
+                               # secrets: read one by one, never listed (issue 28)
+                               {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
                                {"apiGroups": [""], "resources": ["namespaces", "nodes"],
                                 "verbs": ["list", "watch"]},
                                # pre-warming (config.registry.prewarm.enabled, on by default)

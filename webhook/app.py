@@ -32,6 +32,9 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
     if pull_secrets is None:
         pull_secrets = PullSecrets.from_config(config)
     gating, events = _gate_support(config, pull_secrets)
+    accounts = getattr(pull_secrets, "accounts", None)
+    if accounts is not None:
+        accounts.ensure_started()     # in this worker, listed before the first pods come
     namespaces = None
     if config.kubernetes.namespace_cache and config.kubernetes.enabled != "off":
         namespaces = NamespaceCache(lambda: build_api_client(config.kubernetes)[0])
