@@ -135,19 +135,20 @@ class LeaseObserver:
     process's clock; the very first read trusts renewTime instead (nothing was seen change yet).
 
     While a leader is fresh the Lease is read every third of its duration. Without one it is
-    read every EAGER_SECONDS for up to a duration (a controller starting, or taking over, is
-    seen at once), then every third again (a controller that cannot lead must not make every
-    worker poll the API fast for ever). Asked with a deadline while eager, `leader_fresh` waits
-    for a read that starts after the question: an admission right after a controller took the
-    Lease sees it, whatever this worker read before.
+    read every EAGER_SECONDS for up to `eager_seconds` (a duration unless told: a controller
+    starting, or taking over, is seen at once), then every third again (a controller that cannot
+    lead must not make every worker poll the API fast for ever). Asked with a deadline while
+    eager, `leader_fresh` waits for a read that starts after the question: an admission right
+    after a controller took the Lease sees it, whatever this worker read before.
     """
 
     def __init__(self, api: KubeApi, namespace: str, *, duration_seconds: float,
-                 clock=time.monotonic, wall=time.time):
+                 eager_seconds: float | None = None, clock=time.monotonic, wall=time.time):
         self.api = api
         self.namespace = namespace
         self.path = lease_path(namespace)
         self.duration = duration_seconds
+        self.eager_seconds = duration_seconds if eager_seconds is None else eager_seconds
         self._clock = clock
         self._wall = wall
         self._holder = ""
@@ -187,11 +188,11 @@ class LeaseObserver:
 
     @property
     def eager(self) -> bool:
-        """No fresh leader, and none for less than a duration (or nothing read yet)."""
+        """No fresh leader, and none for less than `eager_seconds` (or nothing read yet)."""
         if self._fresh():
             return False
         since = self._leaderless_since
-        return since is None or self._clock() - since < self.duration
+        return since is None or self._clock() - since < self.eager_seconds
 
     def refresh(self) -> None:
         try:

@@ -47,9 +47,14 @@ class WatchCache(ListWatch, Generic[F]):
 
     def _on_event(self, kind: str, obj: dict) -> None:
         if kind == "DELETED":
-            self._delete((obj.get("metadata") or {}).get("name"))
+            self._delete(self._name_of(obj))
         else:
             self._upsert(self._facts(obj))
+
+    def _name_of(self, obj: dict):
+        """The key of `obj` in `items`, as its fact's .name is (a namespaced cache keys
+        namespace/name)."""
+        return (obj.get("metadata") or {}).get("name")
 
     # --- copy-on-write updates ------------------------------------------------------------------
     def _replace(self, facts: dict) -> None:

@@ -20,10 +20,11 @@ from tests.infra.registry import RegistryServer
 
 from .lab import Lab
 from .report import Figure, failed_figure
-from .servers import _is_gate_controller, children, rss_bytes
+from .servers import _is_gate_controller, children, cpu_seconds, rss_bytes
 
 SIZES = (100, 300, 1000)
 BURST = 100
+REST_SECONDS = 10     # CPU at rest: the caches' watches and the Lease renewals only
 REQUESTS_PER_POD_TARGET = 0.01
 ACCOUNTS = "system:serviceaccount:archway-system:"
 SPECS = (("24", f"archway RSS against cluster size ({', '.join(map(str, SIZES))} KWOK Nodes)", "info"),
@@ -58,13 +59,19 @@ def _one_size(lab: Lab, registry: RegistryServer, nodes: int) -> dict:
         assert install.webhook and install.extender
         time.sleep(5)   # the caches listed at boot; let the lists' garbage go
         webhook = children(install.webhook.process.pid)
-        rss = {"webhook": [rss_bytes(p) for p in webhook if not _is_gate_controller(p)],
-               "controller": [rss_bytes(p) for p in webhook if _is_gate_controller(p)],
-               "extender": [rss_bytes(p) for p in children(install.extender.process.pid)]}
+        procs = {"webhook": [p for p in webhook if not _is_gate_controller(p)],
+                 "controller": [p for p in webhook if _is_gate_controller(p)],
+                 "extender": children(install.extender.process.pid),
+                 "masters": [install.webhook.process.pid, install.extender.process.pid]}
+        rss = {k: [rss_bytes(p) for p in pids] for k, pids in procs.items()}
+        before = _cpu(procs)
+        time.sleep(REST_SECONDS)
+        rest = {k: (v - before[k]) / REST_SECONDS for k, v in _cpu(procs).items()}
         namespace = plane.new_namespace("burst")
         kube = plane.kube
         assert kube is not None
         mark = plane.audit_mark()
+        before = _cpu(procs)
         burst_started = time.monotonic()
         kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", {
             "metadata": {"name": "burst"},
@@ -76,12 +83,19 @@ def _one_size(lab: Lab, registry: RegistryServer, nodes: int) -> dict:
                                   kube.items(f"/api/v1/namespaces/{namespace}/pods")) >= BURST,
                       timeout=300, what=f"{BURST} pods Running")
         burst = time.monotonic() - burst_started
+        in_burst = {k: v - before[k] for k, v in _cpu(procs).items()}
         return {"nodes": nodes, "ready_s": ready, "rss": rss, "burst_s": burst,
+                "cpu_rest": rest, "cpu_burst": in_burst,
                 "requests": _archway_requests(plane, mark)}
     finally:
         if install is not None:
             install.stop_processes()
         plane.stop()
+
+
+def _cpu(procs: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds used so far, per kind of process: the busiest of its processes."""
+    return {k: max((cpu_seconds(p) for p in pids), default=0.0) for k, pids in procs.items()}
 
 
 def _archway_requests(plane: ControlPlane, mark: int) -> dict[str, int]:
@@ -104,9 +118,13 @@ def _archway_requests(plane: ControlPlane, mark: int) -> dict[str, int]:
 def _memory_figure(sizes: list[dict]) -> Figure:
     def mb(values):
         return "/".join(f"{v / 1e6:.0f}" for v in values)
-    rows = [f"{s['nodes']:,} Nodes: webhook workers {mb(s['rss']['webhook'])} MB, gate "
-            f"controller (leader) {mb(s['rss']['controller'])} MB, extender worker "
-            f"{mb(s['rss']['extender'])} MB (Nodes Ready {s['ready_s']:.0f} s after start)"
+    def cpu(s, k):
+        return (f"{s['cpu_rest'][k] * 1000:.0f} m at rest, {s['cpu_burst'][k]:.2f} s in the "
+                f"{s['burst_s']:.0f} s burst")
+    rows = [f"{s['nodes']:,} Nodes: webhook workers {mb(s['rss']['webhook'])} MB ({cpu(s, 'webhook')}), "
+            f"gate controller (leader) {mb(s['rss']['controller'])} MB ({cpu(s, 'controller')}), "
+            f"extender worker {mb(s['rss']['extender'])} MB ({cpu(s, 'extender')}), gunicorn "
+            f"masters {mb(s['rss']['masters'])} MB (Nodes Ready {s['ready_s']:.0f} s after start)"
             for s in sizes]
     first, last = sizes[0], sizes[-1]
     grow = {k: (max(last["rss"][k]) - max(first["rss"][k])) / (last["nodes"] - first["nodes"])

@@ -18,9 +18,18 @@ kube_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl kub
 binaries=(etcd "${kube_binaries[@]}")
 
 missing() { for b in "$@"; do [ -x "$out/$b" ] || echo "$b"; done; }
-mapfile -t missing_kube < <(missing "${kube_binaries[@]}")
-mapfile -t missing_etcd < <(missing etcd)
-if ((${#missing_kube[@]} + ${#missing_etcd[@]} == 0)); then echo "$out"; exit 0; fi
+find_missing() {
+  mapfile -t missing_kube < <(missing "${kube_binaries[@]}")
+  mapfile -t missing_etcd < <(missing etcd)
+  ((${#missing_kube[@]} + ${#missing_etcd[@]} > 0))
+}
+find_missing || { echo "$out"; exit 0; }
+# One build at a time: a second caller (another `up`, a test starting a control plane) waits
+# for the first and then finds the binaries built instead of building them again beside it.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.build.lock"
+flock 9
+find_missing || { echo "$out"; exit 0; }
 
 say() { echo "k8s-build: $*" >&2; }
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=-mod=mod CGO_ENABLED=0

@@ -11,7 +11,12 @@ set -euo pipefail
 KWOK=${ARCHWAY_KWOK_VERSION:-v0.8.0}
 CACHE=${ARCHWAY_KWOK_CACHE:-$HOME/.cache/archway/kwok}
 out="$CACHE/$KWOK"
-if [ -x "$out/kwok" ] && [ -d "$out/stage" ]; then echo "$out"; exit 0; fi
+built() { [ -x "$out/kwok" ] && [ -d "$out/stage" ]; }
+if built; then echo "$out"; exit 0; fi
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.build.lock"     # one build at a time (see k8s-build.sh)
+flock 9
+if built; then echo "$out"; exit 0; fi
 
 say() { echo "kwok-build: $*" >&2; }
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=-mod=mod CGO_ENABLED=0

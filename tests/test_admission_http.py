@@ -41,7 +41,7 @@ QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 NS = "team-a"
 # What the chart's webhook ClusterRoles grant, but the secrets (granted per namespace here).
 WEBHOOK_RULES = [
-    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces", "nodes"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "update"]},
     {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets", "daemonsets", "replicasets"],

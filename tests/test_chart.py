@@ -424,8 +424,10 @@ def test_bootstrap_mode_jobs_and_rbac(render):
                               "resourceNames": [secret_name, f"{secret_name}-ca"],
                               "verbs": ["get", "update"]}]
     reader = one(docs, "ClusterRole", f"{RELEASE}-archway-pull-secret-reader")
-    assert reader["rules"] == [{"apiGroups": [""], "resources": ["serviceaccounts", "secrets"],
-                                "verbs": ["get"]},
+    assert reader["rules"] == [{"apiGroups": [""], "resources": ["serviceaccounts"],
+                                "verbs": ["get", "list", "watch"]},
+                               # secrets: read one by one, never listed (issue 28)
+                               {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
                                {"apiGroups": [""], "resources": ["namespaces", "nodes"],
                                 "verbs": ["list", "watch"]},
                                # pre-warming (config.registry.prewarm.enabled, on by default)
@@ -1119,7 +1121,9 @@ def test_the_chart_gates_with_least_privilege_and_releases_on_uninstall(render):
         # what was learned merged into their annotations; no update, no eviction by default
         {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets", "daemonsets",
                                               "replicasets"], "verbs": ["get", "patch"]},
-        {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": ["get", "patch"]}]
+        {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": ["get", "patch"]},
+        # config.remediation.read_logs: the tail of a failed container whose status is silent
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]
     lease = one(docs, "Role", f"{RELEASE}-archway-gate-lease")
     assert lease["metadata"]["namespace"] == NS
     assert lease["rules"] == [

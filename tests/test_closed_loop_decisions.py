@@ -38,7 +38,7 @@ def crash_looping(**record):
             "lastState": {"terminated": terminated(**record)}}
 
 
-def pod_with(*statuses, init=(), labels=None, owner=True, node="arm64-1"):
+def pod_with(*statuses, init=(), labels=None, owner=True, node="arm64-1", restart_policy=None):
     meta = {"name": "web-1", "namespace": "shop", "uid": "u-1",
             "labels": labels if labels is not None else {"app": "web"}}
     if owner:
@@ -48,21 +48,32 @@ def pod_with(*statuses, init=(), labels=None, owner=True, node="arm64-1"):
             "initContainers": [{"name": "setup", "image": "reg.example/setup:2"}]}
     if node:
         spec["nodeName"] = node
+    if restart_policy:
+        spec["restartPolicy"] = restart_policy
     return {"metadata": meta, "spec": spec,
             "status": {"containerStatuses": list(statuses), "initContainerStatuses": list(init)}}
 
 
 def test_a_failed_instance_with_no_message_is_worth_its_current_log():
-    (read,) = log_reads(pod_with(never_restarted()))
+    (read,) = log_reads(pod_with(never_restarted(), restart_policy="Never"))
     assert read == LogRead("c", "reg.example/app:1", D1, previous=False,
                            episode="containerd://abc")
+
+
+@pytest.mark.parametrize("restart_policy", [None, "Always", "OnFailure"])
+def test_a_container_that_restarts_is_read_in_its_back_off_not_just_terminated(restart_policy):
+    """Seen on the real node: the kubelet restarted the container at once, the "current" log
+    read right after its first failure was the new, empty instance's, and nothing was learned."""
+    assert log_reads(pod_with(never_restarted(), restart_policy=restart_policy)) == ()
+    (read,) = log_reads(pod_with(crash_looping(), restart_policy=restart_policy))
+    assert read.previous is True
 
 
 def test_a_crash_loop_reads_the_previous_instance_and_the_same_instance_is_one_episode():
     (read,) = log_reads(pod_with(crash_looping()))
     assert read.previous is True
     # The instance seen terminated, then as lastState of the back-off: one episode, one read.
-    assert read.episode == log_reads(pod_with(never_restarted()))[0].episode
+    assert read.episode == log_reads(pod_with(never_restarted(), restart_policy="Never"))[0].episode
     # Without a container ID (some statuses lack it) the instance is named by its times.
     (a,) = log_reads(pod_with(crash_looping(container_id="")))
     (b,) = log_reads(pod_with(crash_looping(container_id="", finishedAt="2026-11-27T10:05:00Z")))
@@ -71,7 +82,7 @@ def test_a_crash_loop_reads_the_previous_instance_and_the_same_instance_is_one_e
 
 def test_init_containers_are_read_too():
     setup = dict(never_restarted(), name="setup")
-    (read,) = log_reads(pod_with(init=[setup]))
+    (read,) = log_reads(pod_with(init=[setup], restart_policy="Never"))
     assert (read.container, read.image) == ("setup", "reg.example/setup:2")
 
 

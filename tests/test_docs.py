@@ -115,3 +115,21 @@ def test_https_sif_servers_must_support_range_says_so_before_the_error_does():
     assert "ignored the Range request" in sif_section       # the error an operator would see
     assert "Range" in config_section_text(read("charts", "archway", "values.yaml"))["registry"]
     assert "so its server must support\nRange" in read("README.md")
+
+
+def test_the_chart_defaults_are_the_sizing_pages_row():
+    """docs/sizing.md derives the chart's default resources from the measured curve; the row it
+    marks as the defaults and values.yaml say the same."""
+    row = next(line for line in read("docs", "sizing.md").splitlines()
+               if line.startswith("|") and "the chart's defaults" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    values = yaml.safe_load(read("charts", "archway", "values.yaml"))
+
+    def written(resources: dict, kind: str) -> str:
+        return ", ".join(f"{k} {v}" for k, v in resources[kind].items())
+    webhook, extender = values["webhook"], values["scheduler"]["extender"]
+    assert cells[1] == f"{webhook['replicas']} x {webhook['workers']}"
+    assert cells[2:6] == [written(webhook["resources"], "requests"),
+                          written(webhook["resources"], "limits"),
+                          written(extender["resources"], "requests"),
+                          written(extender["resources"], "limits")]

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from archway.config import KubernetesSettings
+from archway.config import KubernetesSettings, config_from_dict
 from archway.errors import (
     DeadlineExceeded,
     HostRefused,
@@ -453,6 +453,49 @@ def test_an_observer_is_eager_for_one_duration_only_and_never_waits_past_the_dea
     started = time.monotonic()
     assert not observer.leader_fresh(time.monotonic() + 5)   # not eager: no wait
     assert time.monotonic() - started < 0.5
+
+
+def test_a_worker_not_ready_yet_reads_the_lease_again_for_a_miss_past_a_lease_duration(api):
+    """Issue 30, finding 7: the pod is ready once ANY worker's /readyz is. A worker still waiting
+    (not ready) for a controller slower to start than a Lease duration had stopped reading
+    eagerly, so its misses right after another worker saw the controller take the Lease were
+    admitted ungated: it must read the Lease again for them as long as it is not ready."""
+    import time
+
+    from archway.webhook.app import _gate_readiness, startup_seconds
+    _, kube = api
+    config = config_from_dict({"admission": {"unresolved": "gate", "gate_lease_seconds": 6}})
+    startup = startup_seconds(config)
+    clock = ManualClock()
+    observer = LeaseObserver(kube, "archway", duration_seconds=6, clock=clock,
+                             eager_seconds=startup)
+    ready = _gate_readiness(observer, lambda: True, startup)  # this server's controller is up
+    observer.start()
+    wait_until(lambda: observer.has_read, 5, "the observer's first read")    # no leader yet
+    clock.now += 7               # longer than a Lease duration, within the start-up allowance
+    assert ready() == f"waiting for a gate controller to take the Lease (at most {startup:g} s)"
+    LeaderElector(kube, "archway", identity="a", duration_seconds=6).try_acquire_or_renew()
+    assert observer.leader_fresh(time.monotonic() + 5)       # so its next miss is gated
+    assert ready() is None
+
+
+def test_a_worker_is_ready_once_its_observer_stops_waiting_for_a_leader(api):
+    """Without a leader for the start-up allowance, a worker is ready (a webhook without
+    endpoints would hold up the cluster's pods) and its observer no longer reads eagerly."""
+    from archway.webhook.app import _gate_readiness
+    _, kube = api
+    clock = ManualClock()
+    observer = LeaseObserver(kube, "archway", duration_seconds=3, clock=clock, eager_seconds=10)
+    ready = _gate_readiness(observer, lambda: True, 10)
+    assert ready() == "reading the gate controller's Lease"
+    observer.start()
+    wait_until(lambda: observer.has_read, 5, "the observer's first read")
+    assert ready() == "waiting for a gate controller to take the Lease (at most 10 s)"
+    clock.now += 9.9
+    assert ready() is not None and observer.eager
+    clock.now += 0.1
+    assert ready() is None and not observer.eager
+    assert ready() is None       # settled: never again for this reason
 
 
 def test_an_observer_says_why_the_lease_is_unreadable(stand_in):

@@ -45,7 +45,7 @@ def review(image: str) -> dict:
 
 class Archway:
     def __init__(self, tmp_path, kubeconfig: str, lease_ns: str = LEASE_NS, *, cwd=REPO,
-                 workers=2):
+                 workers=2, env=None):
         self.port = free_port()
         self.down_registry = f"127.0.0.1:{free_port()}"   # refuses connections
         state = tmp_path / "state"
@@ -57,7 +57,7 @@ class Archway:
         path = tmp_path / "archway.yaml"
         path.write_text(yaml.safe_dump(config))
         self.log_path = str(tmp_path / "archway.log")
-        env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"))
+        env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"), **(env or {}))
         self.server = Server([sys.executable, "-m", "archway.cli", "--config", str(path), "serve",
                               "--bind", f"127.0.0.1:{self.port}"], port=self.port,
                              log_path=self.log_path, cwd=cwd, env=env, ready_timeout=30)
@@ -154,6 +154,32 @@ def test_every_admission_after_readyz_is_gated_from_the_first(api, tmp_path):
         facts = archway.get("/readyz").json()
         assert facts["gate_controller"] == "leader alive"
         assert facts["gate_controller_process"].startswith("running (pid ")
+    finally:
+        archway.stop()
+    assert "Traceback" not in archway.log()
+
+
+def test_every_admission_after_readyz_is_gated_when_the_controller_starts_slower_than_a_lease(
+        api, tmp_path):
+    """Issue 30, finding 7: on a busy machine the controller took the Lease more than a Lease
+    duration after the workers' first read. One worker saw it and said ready (the pod is ready
+    when any worker is); the other had stopped reading eagerly and admitted misses ungated for
+    up to a third of a duration. The busy machine, on cue: the controller's interpreter sleeps
+    before it starts (a sitecustomize on PYTHONPATH, which `-P` keeps)."""
+    hook = tmp_path / "slow-controller"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import time\n"
+        "with open('/proc/self/cmdline', 'rb') as f:\n"
+        "    if b'archway.gate.controller' in f.read():\n"
+        f"        time.sleep({LEASE + 1.5})\n")
+    archway = Archway(tmp_path, api.kubeconfig(str(tmp_path)), api.namespace,
+                      env={"PYTHONPATH": str(hook)})
+    try:
+        wait_until(lambda: archway.get("/readyz").status_code == 200, 30, "/readyz")
+        answers = [archway.admit_miss() for _ in range(8)]
+        assert [a["auditAnnotations"]["outcome"] for a in answers] == ["gated"] * 8, answers
+        assert archway.get("/readyz").json()["gate_controller"] == "leader alive"
     finally:
         archway.stop()
     assert "Traceback" not in archway.log()

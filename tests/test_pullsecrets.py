@@ -12,6 +12,7 @@ from archway.errors import ConfigError
 from archway.kubeclient import build_api_client
 from archway.podview import PodView
 from archway.webhook.pullsecrets import PullSecrets
+from archway.webhook.serviceaccounts import ServiceAccountCache, account_facts
 from tests.infra.apiserver import FakeApiServer
 from tests.infra.controlplane import kubeconfig
 
@@ -131,8 +132,14 @@ def test_unusable_secret_degrades_with_a_warning(api, name, words):
 
 def test_forbidden_reads_degrade_with_a_warning_and_no_secret_text(api, tmp_path):
     client, source = build_api_client(k8s_settings(kubeconfig=limited_reader(api, tmp_path)))
-    creds = PullSecrets(client, source=source).credentials_for(pod("pod-cred", "sa-cred"),
-                                                                time.monotonic() + 2)
+    # Its Role grants no list of ServiceAccounts: their watch never syncs, GETs stand in.
+    accounts = ServiceAccountCache(lambda: client, max_backoff_seconds=1.0)
+    try:
+        creds = PullSecrets(client, source=source, accounts=accounts).credentials_for(
+            pod("pod-cred", "sa-cred"), time.monotonic() + 2)
+    finally:
+        accounts.stop()
+    assert not accounts.synced
     assert creds.warnings == ("pull secret pull-secrets/pod-cred: archway may not read it "
                               "(HTTP 403; check its RBAC)",)
     assert creds.keyring.lookup("other.example").username == "sa-user"   # the readable one
@@ -147,6 +154,56 @@ def test_reads_are_cached(api):
     reads = [uri for verb, uri in api.plane.requests_since(mark)
              if verb == "get" and uri.startswith(f"/api/v1/namespaces/{NS}/")]
     assert len(reads) == 3, reads     # the ServiceAccount and 2 secrets, once
+
+
+def _account_reads(api, mark) -> list[str]:
+    return [uri for verb, uri in api.plane.requests_since(mark)
+            if verb == "get" and uri.startswith(f"/api/v1/namespaces/{NS}/serviceaccounts/")]
+
+
+def test_service_accounts_come_from_a_watch_never_a_read_per_pod(api):
+    """Issue 28: a burst of pods whose ServiceAccount is new to a reader costs no read of it (the
+    TTL cache of GETs cost one per namespace, per worker, per expiry: 2-6 per burst of 100), and
+    a change of its imagePullSecrets is seen when the watch delivers it, within
+    secret_cache_seconds (60 s here) -- the GETs' cache served the old names until it expired."""
+    kube, accounts_path = api.plane.kube, f"/api/v1/namespaces/{NS}/serviceaccounts"
+    reader = PullSecrets.from_config(SimpleNamespace(kubernetes=k8s_settings(
+        kubeconfig=api.kubeconfig_path)))
+    try:
+        assert reader.credentials_for(pod(), time.monotonic() + 5).warnings == ()  # starts it
+        kube.create(accounts_path, account("fresh", "sa-cred"))
+        kube.wait_for(lambda: getattr(reader, "accounts", None) is not None
+                      and reader.accounts.pull_secrets(NS, "fresh") == ("sa-cred",),
+                      timeout=30, what="the new ServiceAccount in the reader's watch")
+        mark = api.plane.audit_mark()
+        for _ in range(50):
+            creds = reader.credentials_for(pod(sa="fresh"), time.monotonic() + 2)
+            assert creds.keyring.lookup("other.example").username == "sa-user"
+        kube.patch(f"{accounts_path}/fresh", {"imagePullSecrets": [{"name": "pod-cred"}]})
+        kube.wait_for(lambda: reader.credentials_for(pod(sa="fresh"), time.monotonic() + 2)
+                      .keyring.lookup("reg.example:5000") is not None,
+                      timeout=30, what="the ServiceAccount's new imagePullSecrets used")
+        assert _account_reads(api, mark) == []
+        # Deleted: the watch forgets it, and a GET answers (404: nothing to use).
+        kube.delete(f"{accounts_path}/fresh")
+        kube.wait_for(lambda: reader.accounts.pull_secrets(NS, "fresh") is None, timeout=30,
+                      what="the deleted ServiceAccount gone from the watch")
+        assert len(reader.credentials_for(pod(sa="fresh"), time.monotonic() + 2).keyring) == 0
+        assert _account_reads(api, mark) == [f"{accounts_path}/fresh"]
+    finally:
+        if getattr(reader, "accounts", None) is not None:
+            reader.accounts.stop()
+
+
+def test_service_account_facts_keep_the_secret_names_only():
+    full = {"metadata": {"namespace": "a", "name": "b", "uid": "u", "annotations": {"x": "y"}},
+            "secrets": [{"name": "token"}],
+            "imagePullSecrets": [{"name": "one"}, {"name": ""}, "junk", {"name": "two"}]}
+    facts = account_facts(full)
+    assert facts is not None and (facts.name, facts.pull_secrets) == ("a/b", ("one", "two"))
+    assert account_facts({"metadata": {"name": "no-namespace"}}) is None
+    assert account_facts({"metadata": {"namespace": "a", "name": "b"},
+                          "imagePullSecrets": "not a list"}).pull_secrets == ()
 
 
 def test_slow_api_is_bounded_by_the_deadline(tmp_path):

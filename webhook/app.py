@@ -32,6 +32,9 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
     if pull_secrets is None:
         pull_secrets = PullSecrets.from_config(config)
     gating, events = _gate_support(config, pull_secrets)
+    accounts = getattr(pull_secrets, "accounts", None)
+    if accounts is not None:
+        accounts.ensure_started()     # in this worker, listed before the first pods come
     namespaces = None
     if config.kubernetes.namespace_cache and config.kubernetes.enabled != "off":
         namespaces = NamespaceCache(lambda: build_api_client(config.kubernetes)[0])
@@ -103,7 +106,8 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
 
 def startup_seconds(config) -> float:
     """How long a starting worker may wait, not ready, for a gate controller to take the Lease:
-    a Lease duration, and time for the controller's process to start on a busy machine."""
+    a Lease duration, and time for the controller's process to start on a busy machine. Its
+    observer reads eagerly as long (_gate_support)."""
     return max(config.admission.gate_lease_seconds, 10.0)
 
 
@@ -115,12 +119,15 @@ def _leader_fact(gating) -> str:
 
 
 def _gate_readiness(gating, controller_up, startup: float):
-    """/readyz's check while a worker starts, for at most `startup` seconds: not ready until the
-    Lease was read once, nor, when this server runs a controller that is up, until some
-    controller leads. Then never again for this reason, whatever the Lease or the API do:
-    readiness gates the admissions themselves, and a webhook without endpoints would hold up the
-    cluster's pods. `controller_up`: whether the controller this server runs is up (None: it
-    runs none)."""
+    """/readyz's check while a worker starts: not ready until the Lease was read once (for at
+    most `startup` seconds), nor, when this server runs a controller that is up, while the
+    observer still looks eagerly for a leader (at most `startup` seconds without one). Then
+    never again for this reason, whatever the Lease or the API do: readiness gates the
+    admissions themselves, and a webhook without endpoints would hold up the cluster's pods.
+    Tied to the observer's eagerness because the pod is ready when ANY worker says so: another
+    worker still waiting for a leader must answer its next miss with a fresh read of the Lease
+    (issue 30), so it stays eager as long as it stays unready. `controller_up`: whether the
+    controller this server runs is up (None: it runs none)."""
     booted = time.monotonic()
     settled = False
 
@@ -128,11 +135,10 @@ def _gate_readiness(gating, controller_up, startup: float):
         nonlocal settled
         if settled:
             return None
-        starting = time.monotonic() - booted < startup
-        if starting and not gating.has_read:
-            return "reading the gate controller's Lease"
-        if starting and not gating.leader_fresh() and controller_up is not None \
-                and controller_up():
+        if not gating.has_read:
+            if time.monotonic() - booted < startup:
+                return "reading the gate controller's Lease"
+        elif gating.eager and controller_up is not None and controller_up():
             return f"waiting for a gate controller to take the Lease (at most {startup:g} s)"
         settled = True
         return None
@@ -153,7 +159,8 @@ def _gate_support(config, pull_secrets):
     gating = None
     if config.admission.unresolved == "gate":
         gating = LeaseObserver(api, lease_namespace(config.kubernetes.namespace),
-                               duration_seconds=config.admission.gate_lease_seconds)
+                               duration_seconds=config.admission.gate_lease_seconds,
+                               eager_seconds=startup_seconds(config))
         gating.start()
     return gating, EventSink(api, instance=new_identity())
 

@@ -137,13 +137,18 @@ def exec_format_failures(pod: dict) -> tuple[Failure, ...]:
     return tuple(failures)
 
 
-def _failed_instance(container: dict) -> tuple[dict, bool] | None:
+def _failed_instance(container: dict, restarts: bool) -> tuple[dict, bool] | None:
     """(its terminated record, previous) when a container's last instance failed and its status
-    says nothing of why: terminated now (its log is the current one), or waiting in
-    CrashLoopBackOff after a failed instance (the previous one's). None for anything else: a
-    running or starting container, a success, a status with a message."""
+    says nothing of why: terminated for good (restartPolicy Never: its log is the current one),
+    or waiting in CrashLoopBackOff after a failed instance (the previous one's). A container that
+    restarts is read only in its back-off: seen just terminated, the kubelet may already have
+    started the next instance, whose log ("current") is empty, and `previous` would name the
+    one before. None for anything else: a running or starting container, a success, a status
+    with a message."""
     state, last = _mapping(container.get("state")), _mapping(container.get("lastState"))
     if isinstance(state.get("terminated"), dict):
+        if restarts:
+            return None
         record, previous = state["terminated"], False
     elif _mapping(state.get("waiting")).get("reason") == "CrashLoopBackOff" \
             and isinstance(last.get("terminated"), dict):
@@ -160,8 +165,10 @@ def log_reads(pod: dict) -> tuple[LogRead, ...]:
     """The containers (init containers included) whose log tail may say why they failed: a
     non-zero exit with no message in the status. Nothing for a pod that is not failing."""
     reads = []
+    # The pod's restartPolicy (Always when absent) rules its containers, init containers too.
+    restarts = _mapping(pod.get("spec")).get("restartPolicy", "Always") != "Never"
     for container, image in _container_statuses(pod):
-        failed = _failed_instance(container)
+        failed = _failed_instance(container, restarts)
         if failed is None:
             continue
         record, previous = failed

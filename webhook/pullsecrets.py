@@ -1,14 +1,19 @@
 """Registry credentials of a pod: its imagePullSecrets and those of its ServiceAccount.
 
 Read through the Kubernetes API with the process's client (archway.kubeclient: a configured
-kubeconfig, else in-cluster config, else $KUBECONFIG or ~/.kube/config, else none) and cached for kubernetes.secret_cache_seconds. Anything that goes wrong (API down,
-403, a missing or malformed secret) costs only that secret: the pod is resolved with what is
-left, and a short warning says what was skipped. The global keyring of
-registry.credentials_file is merged in by the resolver, not here.
+kubeconfig, else in-cluster config, else $KUBECONFIG or ~/.kube/config, else none) and cached
+for kubernetes.secret_cache_seconds. Anything that goes wrong (API down, 403, a missing or
+malformed secret) costs only that secret: the pod is resolved with what is left, and a short
+warning says what was skipped. The global keyring of registry.credentials_file is merged in by
+the resolver, not here.
 
-The ServiceAccount's secrets are used even when the pod lists its own: whoever may create a pod
-with that ServiceAccount may also pull with them (leaving imagePullSecrets out makes the
-ServiceAccount admission plugin copy them in), so this leaks nothing.
+A ServiceAccount's imagePullSecrets come from a list + watch of ServiceAccounts
+(serviceaccounts.py) when one is given (from_config's): no request per pod, and a change is seen
+when the watch delivers it. A GET, cached as above, only for one the watch has not delivered yet
+(just created, or the list is not in: no RBAC to list, API down). The ServiceAccount's secrets
+are used even when the pod lists its own: whoever may create a pod with that ServiceAccount may
+also pull with them (leaving imagePullSecrets out makes the ServiceAccount admission plugin copy
+them in), so this leaks nothing.
 """
 import base64
 import binascii
@@ -22,6 +27,8 @@ from archway.kubeclient import api_kind, build_api_client
 from archway.podview import PodView
 from archway.registry.cache import TTLCache
 from archway.registry.credentials import MAX_CONFIG_BYTES, Keyring
+
+from .serviceaccounts import ServiceAccountCache
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +55,9 @@ class _Unavailable:
 
 class PullSecrets:
     def __init__(self, api_client, *, cache_seconds: float = 60.0, source: str = "none",
-                 clock=time.monotonic):
+                 clock=time.monotonic, accounts: ServiceAccountCache | None = None):
         self.api = KubeApi(api_client) if api_client is not None else None
+        self.accounts = accounts              # the ServiceAccounts' watch; None: GETs only
         self.source = source                  # for the start-up log: where the API was found
         self.cache_seconds = cache_seconds
         self._clock = clock
@@ -63,7 +71,11 @@ class PullSecrets:
     @classmethod
     def from_config(cls, config) -> "PullSecrets":
         api_client, source = build_api_client(config.kubernetes)
-        return cls(api_client, cache_seconds=config.kubernetes.secret_cache_seconds, source=source)
+        accounts = None
+        if api_client is not None:
+            accounts = ServiceAccountCache(lambda: build_api_client(config.kubernetes)[0])
+        return cls(api_client, cache_seconds=config.kubernetes.secret_cache_seconds,
+                   source=source, accounts=accounts)
 
     def credentials_for(self, pod: PodView, deadline: float) -> PullCredentials:
         """The keyring of `pod` in its namespace; stops asking the API at `deadline`."""
@@ -93,6 +105,11 @@ class PullSecrets:
 
     # --- API reads, cached -----------------------------------------------------------------
     def _service_account_secrets(self, namespace: str, name: str, deadline: float):
+        if self.accounts is not None:
+            self.accounts.ensure_started()   # in this process: threads do not survive a fork
+            watched = self.accounts.pull_secrets(namespace, name)
+            if watched is not None:
+                return watched
         key = ("serviceaccount", namespace, name)
         cached = self._cache.get(key)
         if cached is not None:

@@ -27,6 +27,7 @@ def test_the_webhook_runs_as_the_charts_service_account_with_least_privilege(arc
     assert client.can_i("get", "secrets", namespace="default")
     assert client.can_i("update", "pods", namespace="default")
     assert client.can_i("watch", "nodes")
+    assert client.can_i("watch", "serviceaccounts")   # their imagePullSecrets, no read per pod
     assert client.can_i("create", "events", namespace="default", group="events.k8s.io")
     assert client.can_i("update", "leases", namespace=archway.namespace, group="coordination.k8s.io",
                         name="archway-gate-controller")

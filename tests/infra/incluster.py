@@ -126,6 +126,18 @@ class InClusterInstall(ChartInstall):
         self.save_in_cluster()
         return self
 
+    def upgrade(self, config: dict | None = None, values: dict | None = None) -> None:
+        """`helm upgrade --wait` with `config` merged into archway's and `values` into the
+        chart's: a changed config rolls the webhook Deployment (its pods carry its checksum)."""
+        self.archway_config = deep_merge(self.archway_config, config or {})
+        self.extra_values = deep_merge(self.extra_values, values or {})
+        values_file = self.plane.path("values.yaml")
+        with open(values_file, "w") as f:
+            yaml.safe_dump(self.values, f)
+        self.helm("upgrade", self.release, os.path.join(REPO, "charts", "archway"),
+                  "--values", values_file, "--wait", "--wait-for-jobs", "--timeout", HELM_TIMEOUT)
+        self.wait_until_webhook_acts(timeout=60)
+
     def uninstall(self) -> None:
         """`helm uninstall` as a user runs it: its pre-delete hooks run as Jobs on the node."""
         self.helm("uninstall", self.release, "--wait", "--timeout", HELM_TIMEOUT)

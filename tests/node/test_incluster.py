@@ -4,6 +4,8 @@ archway itself under steady pod creation, and `helm uninstall` with its hooks as
 import threading
 import time
 
+import pytest
+
 from tests.e2e.workloads import create_deployment, deployment, pods_of, wait_bound
 from tests.infra.kube import pod_path
 from tests.infra.nodeimages import OciImage, go_binary, machine_arch
@@ -45,13 +47,45 @@ def test_archway_runs_in_the_cluster_and_places_a_deployment_on_the_real_node(in
                   timeout=120, what="the Deployment's pods Running on the real node")
 
 
-def test_a_rollout_restart_of_archway_fails_no_creation_and_leaves_no_pod_unannotated(
-        in_cluster, node_registry):
+def restart_deployments(in_cluster) -> None:
+    """`kubectl rollout restart` of archway's Deployments, waited for."""
+    kube = in_cluster.plane.kube
+    deployments = in_cluster.resource_names()["Deployment"]
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for name in deployments:
+        kube.patch(f"/apis/apps/v1/namespaces/{in_cluster.namespace}/deployments/{name}",
+                   {"spec": {"template": {"metadata": {"annotations": {
+                       "kubectl.kubernetes.io/restartedAt": stamp}}}}})
+    kube.wait_for(lambda: all(_rolled_out(kube, in_cluster.namespace, name)
+                              for name in deployments) or None,
+                  timeout=240, what="archway's Deployments rolled out")
+
+
+def helm_upgrade(in_cluster) -> None:
+    """`helm upgrade --wait` with a changed value that rolls the webhook Deployment."""
+    kube = in_cluster.plane.kube
+    (webhook,) = [d["metadata"]["name"] for d in kube.items(
+        f"/apis/apps/v1/namespaces/{in_cluster.namespace}/deployments")
+        if d["spec"]["selector"]["matchLabels"].get("app.kubernetes.io/component") == "webhook"]
+    path = f"/apis/apps/v1/namespaces/{in_cluster.namespace}/deployments/{webhook}"
+    before = kube.get(path)["metadata"]["generation"]
+    in_cluster.upgrade(values={"webhook": {"podAnnotations": {
+        "archway.test/upgraded": str(time.time_ns())}}})
+    assert kube.get(path)["metadata"]["generation"] > before      # it did roll
+    kube.wait_for(lambda: _rolled_out(kube, in_cluster.namespace, webhook) or None,
+                  timeout=240, what="archway's webhook rolled out")
+
+
+@pytest.mark.timeout(900)      # the session's install when first, and a rollout
+@pytest.mark.parametrize("change", [restart_deployments, helm_upgrade],
+                         ids=["rollout-restart", "helm-upgrade"])
+def test_a_change_of_archway_fails_no_creation_and_leaves_no_pod_unannotated(
+        in_cluster, node_registry, change):
+    """Pods created at a steady rate (2 a second) while archway's pods are replaced."""
     plane = in_cluster.plane
     kube = plane.kube
     image = pause_image(node_registry)
     namespace = fresh_namespace(plane, "rollout")
-    deployments = in_cluster.resource_names()["Deployment"]
     created, failures = [], []
     stop = threading.Event()
 
@@ -67,20 +101,16 @@ def test_a_rollout_restart_of_archway_fails_no_creation_and_leaves_no_pod_unanno
             except Exception as e:   # every failure is the finding
                 failures.append(f"{name}: {e}")
             i += 1
-            time.sleep(0.5)
+            stop.wait(0.5)
 
     writer = threading.Thread(target=create_steadily)
     writer.start()
     try:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        for name in deployments:
-            kube.patch(f"/apis/apps/v1/namespaces/{in_cluster.namespace}/deployments/{name}",
-                       {"spec": {"template": {"metadata": {"annotations": {
-                           "kubectl.kubernetes.io/restartedAt": stamp}}}}})
-        kube.wait_for(lambda: all(_rolled_out(kube, in_cluster.namespace, name)
-                                  for name in deployments) or None,
-                      timeout=240, what="archway's Deployments rolled out")
-        time.sleep(3)          # a few creations after the rollout too
+        change(in_cluster)
+        # A few creations after the change too.
+        after = len(created) + 6
+        kube.wait_for(lambda: len(created) >= after or bool(failures) or None, timeout=60,
+                      what="creations after the change")
     finally:
         stop.set()
         writer.join()
