@@ -10,6 +10,7 @@ import pickle
 import signal
 import sys
 import threading
+from typing import Any
 
 
 class ProcessThread:
@@ -38,7 +39,7 @@ class ProcessThread:
             self.thread.join(timeout)
 
 
-def supervised_child(what: str) -> tuple[object, threading.Event]:
+def supervised_child(what: str) -> tuple[Any, threading.Event]:
     """(its arguments, its stop event) for a process `archway serve`'s master starts and
     supervises (the gate controller, the traffic poller): the arguments come pickled on stdin;
     SIGTERM and SIGINT set the event, and so does the master's end (SIGKILL leaves it no time to
