@@ -1,10 +1,16 @@
-"""A daemon thread per process, started on first use.
+"""A daemon thread per process, started on first use; and how a child process that `archway
+serve`'s master supervises begins.
 
 Threads do not survive fork, and gunicorn forks its workers after the app is built: a thread
 started in the master would be missing in every worker. Each process starts its own instead.
 """
+import logging
 import os
+import pickle
+import signal
+import sys
 import threading
+from typing import Any
 
 
 class ProcessThread:
@@ -31,3 +37,26 @@ class ProcessThread:
     def join(self, timeout: float) -> None:
         if self.thread is not None:
             self.thread.join(timeout)
+
+
+def supervised_child(what: str) -> tuple[Any, threading.Event]:
+    """(its arguments, its stop event) for a process `archway serve`'s master starts and
+    supervises (the gate controller, the traffic poller): the arguments come pickled on stdin;
+    SIGTERM and SIGINT set the event, and so does the master's end (SIGKILL leaves it no time to
+    stop its children: one nobody supervises must not go on, a controller must not keep leading)."""
+    parent = os.getppid()
+    arguments = pickle.loads(sys.stdin.buffer.read())
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def orphaned() -> None:
+        while not stop.wait(1.0):
+            if os.getppid() != parent:
+                logging.getLogger(__name__).warning("%s: archway serve (pid %d) is gone; stopping",
+                                                    what, parent)
+                stop.set()
+
+    threading.Thread(target=orphaned, name=f"archway-{what.replace(' ', '-')}-parent",
+                     daemon=True).start()
+    return arguments, stop

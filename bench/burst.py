@@ -11,6 +11,7 @@ come back gated or placed.
 """
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 from tests.infra.cluster import ChartInstall
 from tests.infra.controlplane import ControlPlane
@@ -40,7 +41,7 @@ def run(lab: Lab) -> list[Figure]:
         plane.start()
         install = ChartInstall(plane, archway_config={
             "registry": {"insecure_hosts": [registry.host, slow.host], "timeout_seconds": 2.0}})
-        parts.append(_Stoppable(install.stop_processes))
+        parts.append(SimpleNamespace(stop=install.stop_processes))   # stopped like the rest
         install.install()
         return [_burst(plane, f"{slow.host}/bench/burst:1", slow)]
     except Exception as e:
@@ -48,11 +49,6 @@ def run(lab: Lab) -> list[Figure]:
     finally:
         for part in reversed(parts):
             part.stop()
-
-
-class _Stoppable:
-    def __init__(self, stop):
-        self.stop = stop
 
 
 def fail_opens(kube: Kube) -> float:

@@ -17,6 +17,7 @@ installed by its chart (tests/infra/cluster.py).
 """
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 from tests.infra.cluster import ChartInstall
 from tests.infra.controlplane import ControlPlane
@@ -63,7 +64,7 @@ def run(lab: Lab) -> list[Figure]:
         install = ChartInstall(plane, archway_config={
             "registry": {"insecure_hosts": [registry.host, slow.host], "timeout_seconds": 2.0},
             "admission": {"deadline_seconds": DEADLINE, "gate_max_seconds": 120}})
-        parts.append(_Stoppable(install.stop_processes))
+        parts.append(SimpleNamespace(stop=install.stop_processes))   # stopped like the rest
         install.install()
         image = f"{registry.host}/bench/multi:1"
         return [_create_latency(plane, image), *_scheduling(plane, install, image),
@@ -73,11 +74,6 @@ def run(lab: Lab) -> list[Figure]:
     finally:
         for part in reversed(parts):
             part.stop()
-
-
-class _Stoppable:
-    def __init__(self, stop):
-        self.stop = stop
 
 
 def _pod(name: str, image: str, **extra) -> dict:

@@ -10,10 +10,11 @@ and never query themselves while this process exists (POLLER_PROCESS_ENV).
 import logging
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import threading
+
+from archway.background import supervised_child
 
 from .prometheus import FOLLOW_SECONDS, TrafficPoller
 
@@ -58,20 +59,8 @@ def run(settings, shared_dir: str, stop: threading.Event) -> None:
 
 def _main() -> None:
     from archway import logs
-    parent = os.getppid()
-    config, shared_dir = pickle.loads(sys.stdin.buffer.read())
+    (config, shared_dir), stop = supervised_child("traffic poller")
     logs.configure(logging.INFO, config.server.log_format)   # as `archway serve` logs
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-
-    def orphaned() -> None:
-        # The server that started it is gone (SIGKILL leaves no time to stop it).
-        while not stop.wait(1.0):
-            if os.getppid() != parent:
-                stop.set()
-
-    threading.Thread(target=orphaned, name="archway-traffic-parent", daemon=True).start()
     run(config.prometheus, shared_dir, stop)
 
 

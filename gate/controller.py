@@ -14,17 +14,14 @@ gate, which is always valid; the chart's pre-delete hook and the README's kubect
 controller that is gone.
 """
 import logging
-import os
-import pickle
 import random
-import signal
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from archway import logs, metrics
+from archway.background import supervised_child
 from archway.kubeapi import ApiError, KubeApi
 from archway.lease import LeaderElector, lease_namespace, new_identity, parse_time
 from archway.listwatch import ListWatch
@@ -406,22 +403,8 @@ def _lead(config, api: KubeApi, controller: GateController, resolver, pull_secre
 
 
 def _main() -> None:
-    parent = os.getppid()
-    config = pickle.loads(sys.stdin.buffer.read())
+    config, stop = supervised_child("gate controller")
     logs.configure(logging.INFO, config.server.log_format)   # as `archway serve` logs
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-
-    def orphaned() -> None:
-        # The server that started it is gone (SIGKILL leaves no time to stop it): a controller
-        # nobody supervises must not keep leading.
-        while not stop.wait(1.0):
-            if os.getppid() != parent:
-                log.warning("gate controller: archway serve (pid %d) is gone; stopping", parent)
-                stop.set()
-
-    threading.Thread(target=orphaned, name="archway-gate-parent", daemon=True).start()
     run(config, stop)
 
 

@@ -28,8 +28,8 @@ from archway.extender.traffic import (
     load_score,
     utilisation_score,
 )
-from archway.registry.http import Response
 from tests.infra.procs import wait_until
+from tests.infra.prometheus import CannedPrometheusHttp
 from tests.test_traffic import node_scores
 
 # --- the curve --------------------------------------------------------------------------------------
@@ -210,23 +210,10 @@ def test_snapshot_file_round_trip_and_foreign_files_are_ignored(tmp_path):
     assert [n for n in os.listdir(str(tmp_path)) if n.startswith(".snapshot-")] == []
 
 
-class _CannedHttp:
-    """Fault injection only: a fixed Prometheus answer instead of a network."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def get(self, url, **kwargs):
-        self.calls += 1
-        body = {"status": "success", "data": {"resultType": "vector", "result": [
-            {"metric": {"nodename": "a", "archway_series": "traffic"}, "value": [1, "42"]}]}}
-        return Response(200, {}, json.dumps(body).encode(), url)
-
-
 def test_two_pollers_sharing_a_directory_query_once_per_refresh(tmp_path):
     now = [1000.0]
     settings = PrometheusSettings(url="http://127.0.0.1:9", refresh_seconds=15)
-    a_http, b_http = _CannedHttp(), _CannedHttp()
+    a_http, b_http = CannedPrometheusHttp(), CannedPrometheusHttp()
     a = TrafficPoller(settings, http=a_http, clock=lambda: now[0], shared_dir=str(tmp_path))
     b = TrafficPoller(settings, http=b_http, clock=lambda: now[0], shared_dir=str(tmp_path))
     try:

@@ -16,7 +16,7 @@ from archway.extender.prometheus import SharedSnapshot, TrafficPoller, TrafficSn
 from archway.extender.traffic import key_scores
 from archway.extender.trafficscore import MatchedNodes, ScoreBook, TrafficScore
 from archway.nodes import NodeFacts
-from archway.registry.http import Response
+from tests.infra.prometheus import CannedPrometheusHttp
 
 NAMES = ["worker-a.cluster.internal", "worker-b", "WORKER-C.cluster.internal", "dup.one.internal",
          "dup.two.internal", "lonely.cluster.internal", "zero.cluster.internal"]
@@ -105,22 +105,9 @@ def test_the_snapshot_file_carries_the_key_scores_and_a_bad_set_is_not_used(tmp_
         assert prepared_of(reader.read_if_new()) is None
 
 
-class _CannedHttp:
-    """Fault injection only: a fixed Prometheus answer instead of a network."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def get(self, url, **kwargs):
-        self.calls += 1
-        body = {"status": "success", "data": {"resultType": "vector", "result": [
-            {"metric": {"nodename": "a", "archway_series": "traffic"}, "value": [1, "42"]}]}}
-        return Response(200, {}, json.dumps(body).encode(), url)
-
-
 def test_a_worker_beside_a_poller_process_only_follows_its_snapshot(tmp_path):
     settings = PrometheusSettings(url="http://127.0.0.1:9", refresh_seconds=15)
-    process_http, worker_http = _CannedHttp(), _CannedHttp()
+    process_http, worker_http = CannedPrometheusHttp(), CannedPrometheusHttp()
     worker = TrafficPoller(settings, http=worker_http, shared_dir=str(tmp_path), follow_only=True)
     process = TrafficPoller(settings, http=process_http, shared_dir=str(tmp_path))
     try:

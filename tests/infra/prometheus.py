@@ -268,3 +268,18 @@ def prometheus_stack(tmp_path_factory):
         for part in (prometheus, node_exporter, fake, links):
             if part is not None:
                 part.stop()
+
+
+class CannedPrometheusHttp:
+    """Fault injection only: a fixed Prometheus answer instead of a network (the poller's
+    `http`), counting the calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def get(self, url, **kwargs):
+        from archway.registry.http import Response
+        self.calls += 1
+        body = {"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {"nodename": "a", "archway_series": "traffic"}, "value": [1, "42"]}]}}
+        return Response(200, {}, json.dumps(body).encode(), url)
