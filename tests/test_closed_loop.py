@@ -119,6 +119,14 @@ def closed_loop(control_plane):
         cache.stop()
 
 
+def own_namespace(control_plane, name: str) -> str:
+    """A namespace the archway that the e2e tier installs on this session's control plane leaves
+    alone (archway.dev/mode: off): its webhook would gate these pods (their registry does not
+    resolve) and its leader would act on their failures beside the loop under test. The loop
+    here keeps no namespace cache: the label does not change what it does."""
+    return control_plane.new_namespace(name, labels={"archway.dev/mode": "off"})
+
+
 def deployment(kube, namespace: str, name: str, replicas: int, arch: str = "arm64") -> list:
     """A Deployment whose pods claim amd64 and arm64 (as archway's admission annotates them)
     and all land on `arch`; its pods once bound."""
@@ -199,7 +207,7 @@ def metric(name: str, **labels) -> float:
 def test_a_silent_exit_1_is_learned_from_the_log_tail_once_per_failed_instance(
         control_plane, closed_loop):
     kube = control_plane.kube
-    namespace = control_plane.new_namespace("loop-log")
+    namespace = own_namespace(control_plane, "loop-log")
     logs = Logs("panic: listen tcp :80: bind: address already in use\n")
     loop, events, clock, _ = closed_loop(namespace, log_reader=logs)
     pods = deployment(kube, namespace, "web", replicas=2)
@@ -240,7 +248,7 @@ def test_a_silent_exit_1_is_learned_from_the_log_tail_once_per_failed_instance(
 
 def test_log_reads_are_capped_per_workload_and_none_without_learning(control_plane, closed_loop):
     kube = control_plane.kube
-    namespace = control_plane.new_namespace("loop-log-cap")
+    namespace = own_namespace(control_plane, "loop-log-cap")
     logs = Logs("bash: /app: cannot execute binary file: Exec format error\n")
     loop, events, clock, _ = closed_loop(namespace, log_reader=logs)
     pods = deployment(kube, namespace, "many", replicas=6)
@@ -270,7 +278,7 @@ def test_the_log_request_through_the_apiserver(control_plane):
     """ApiLogReader's request as the apiserver authorizes and validates it. The pod is not bound:
     the apiserver then answers an empty log itself, without asking any kubelet."""
     kube = control_plane.kube
-    namespace = control_plane.new_namespace("loop-log-api")
+    namespace = own_namespace(control_plane, "loop-log-api")
     kube.create(pod_path(namespace), {"apiVersion": "v1", "kind": "Pod",
                                       "metadata": {"name": "unbound"},
                                       "spec": {"schedulerName": "nobody",
@@ -307,7 +315,7 @@ def test_the_log_request_through_the_apiserver(control_plane):
 
 def test_a_forged_bare_pod_teaches_another_teams_deployment_nothing(control_plane, closed_loop):
     kube = control_plane.kube
-    namespace = control_plane.new_namespace("loop-forged")
+    namespace = own_namespace(control_plane, "loop-forged")
     loop, events, _, _ = closed_loop(namespace)
     (victim,) = deployment(kube, namespace, "payments", replicas=1, arch="amd64")
     wait_cached(kube, loop, namespace, [victim])
@@ -343,7 +351,7 @@ def test_a_forged_bare_pod_teaches_another_teams_deployment_nothing(control_plan
 def test_many_failing_replicas_cost_one_read_of_their_workload_per_round(
         control_plane, closed_loop):
     kube = control_plane.kube
-    namespace = control_plane.new_namespace("loop-reads")
+    namespace = own_namespace(control_plane, "loop-reads")
     loop, events, clock, user = closed_loop(namespace)
     pods = deployment(kube, namespace, "wide", replicas=12)
     wait_cached(kube, loop, namespace, pods)
@@ -362,7 +370,7 @@ def test_many_failing_replicas_cost_one_read_of_their_workload_per_round(
 def test_an_eviction_refused_with_403_ends_with_one_event_and_the_metric(
         control_plane, closed_loop):
     kube = control_plane.kube
-    namespace = control_plane.new_namespace("loop-403")
+    namespace = own_namespace(control_plane, "loop-refused")
     loop, events, clock, user = closed_loop(namespace, evict=True)   # no pods/eviction right
     (pod,) = deployment(kube, namespace, "refused", replicas=1)
     wait_cached(kube, loop, namespace, [pod])
@@ -384,7 +392,7 @@ def test_a_disruption_budget_that_never_allows_is_asked_a_bounded_number_of_time
         control_plane, closed_loop):
     from archway.gate.eviction import MAX_TRIES
     kube = control_plane.kube
-    namespace = control_plane.new_namespace("loop-pdb")
+    namespace = own_namespace(control_plane, "loop-pdb")
     loop, events, clock, user = closed_loop(namespace, rules=[EVICT_RULE], evict=True)
     (pod,) = deployment(kube, namespace, "guarded", replicas=1)
     kube.create(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", {
@@ -410,7 +418,7 @@ def test_without_the_pods_log_grant_the_loop_asks_once_and_reads_statuses_only(
     """The real reader, refused by the real authorizer (the chart's rbac.create off, say): one
     refusal, then no more asking. RBAC refuses before the apiserver would ask any kubelet."""
     kube = control_plane.kube
-    namespace = control_plane.new_namespace("loop-log-403")
+    namespace = own_namespace(control_plane, "loop-log-refused")
     loop, events, clock, user = closed_loop(namespace, read_logs=True)   # no pods/log rule
     pods = deployment(kube, namespace, "ungranted", replicas=2)
     wait_cached(kube, loop, namespace, pods)
