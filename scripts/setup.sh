@@ -31,6 +31,7 @@ install_what_the_tests_start() {
   $sudo bash scripts/install-helm.sh "$ARCHWAY_VENV/bin/python"             # helm v3
   bash scripts/k8s-build.sh >/dev/null     # etcd, kube-apiserver, ..., kubelet from source (cached)
   bash scripts/kwok-build.sh >/dev/null    # KWOK: simulated Nodes at scale (cached)
+  bash scripts/karpenter-build.sh >/dev/null   # Karpenter's KWOK provider: autoscaling (cached)
 }
 # ===============================================================================================
 

@@ -101,7 +101,7 @@ def test_the_readme_commands_on_a_fresh_debian_12(tmp_path):
 
         # The control plane the e2e tests start is built with Go >= its go.mod's line: a stock
         # Debian has none, so the script fetches one (Debian's golang-go 1.19 downloads the
-        # toolchain module). The builds themselves (~5 min, KWOK's ~2.5) are not repeated here:
+        # toolchain module). The builds (~5 min; KWOK ~2.5, Karpenter ~3) are not repeated here:
         # the binaries this machine built are lent to the chroot, so setup.sh finds them.
         go = chroot.run("cd /root/archway && command -v go; bash scripts/go-toolchain.sh 1.26.0",
                         timeout=600)
@@ -116,8 +116,12 @@ def test_the_readme_commands_on_a_fresh_debian_12(tmp_path):
         kwok = os.path.dirname(subprocess.run(
             ["bash", os.path.join(REPO, "scripts", "kwok-build.sh")], capture_output=True,
             text=True, check=True).stdout.strip())
+        karpenter = os.path.dirname(subprocess.run(
+            ["bash", os.path.join(REPO, "scripts", "karpenter-build.sh")], capture_output=True,
+            text=True, check=True).stdout.strip())
         lent = pip_cache + [(binaries, "/root/.cache/archway/k8s"),
-                            (kwok, "/root/.cache/archway/kwok")]
+                            (kwok, "/root/.cache/archway/kwok"),
+                            (karpenter, "/root/.cache/archway/karpenter")]
 
         # bash scripts/test.sh: what the tests start, then pytest from the environment
         tests = chroot.run("cd /root/archway && bash scripts/test.sh -q -p no:cacheprovider "
