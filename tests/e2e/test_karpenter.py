@@ -15,7 +15,7 @@ import pytest
 
 from tests.infra.cluster import ChartInstall, deep_merge
 from tests.infra.controlplane import ControlPlane
-from tests.infra.karpenter import NODEPOOL_LABEL, plane_options, start_with_kwok
+from tests.infra.karpenter import NODEPOOL, NODEPOOL_LABEL, plane_options, start_with_kwok
 from tests.infra.kube import KubeError, pod_path
 
 from .conftest import archway_config
@@ -113,12 +113,17 @@ def test_single_architecture_workloads_get_nodes_of_their_architecture(fresh, im
             kube, namespace, pods[0]["metadata"]["name"])
         assert pods[0]["metadata"]["annotations"]["archway.dev/architectures"] == arch
     assert claim_archs(karpenter) == ["amd64", "arm64"]
-    said = {(e.get("reason"), e.get("note")) for p in pods
-            for e in kube.events_for(namespace, p["metadata"]["name"])
-            if e.get("reportingController") == "archway.dev/archway"}
+    # Admitted while the only Node was arm64, the amd64 pods were announced Pending "until such
+    # a node joins" (archway's node cache knows no NodePool): with Karpenter one joins at once.
+    (owner,) = [r["metadata"]["name"] for r in kube.items(
+        f"/apis/apps/v1/namespaces/{namespace}/replicasets") if r["metadata"]["name"].startswith("amd64-")]
+    (warned, *_) = karpenter.poll(lambda: [e for e in kube.events_for(namespace, owner, "ReplicaSet")
+                                           if e.get("reason") == "ArchwayUnschedulable"],
+                                  timeout=30, what="archway's ArchwayUnschedulable Event")
+    assert "images are amd64-only; nodes: arm64" in warned["note"], warned["note"]
     print(f"\nkarpenter: created -> Running on a new Node (polled every 0.5 s): "
           f"arm64 {took['arm64']:.1f} s, amd64 {took['amd64']:.1f} s; NodeClaims: "
-          f"{claim_archs(karpenter)}; archway's Events on the amd64 pods: {sorted(said)}")
+          f"{claim_archs(karpenter)}; archway on the amd64 ReplicaSet: {warned['note']}")
 
 
 def test_preferred_architectures_choose_the_node_over_the_price(fresh, images):
@@ -242,3 +247,32 @@ def test_an_amd64_only_pod_archway_never_sees_is_given_an_arm64_node(fresh, imag
     assert "affinity" not in placed["spec"]
     assert arch_of(karpenter, placed) == "arm64"
     assert claim_archs(karpenter) == ["arm64"]
+
+
+def test_a_nodepool_of_one_architecture_launches_nothing_for_the_other_and_says_why(
+        fresh, images):
+    """A NodePool of arm64 only: an amd64-only workload gets no Node (never an arm64 one);
+    Karpenter's Event on the pod names the architecture it cannot offer."""
+    karpenter, namespace = fresh
+    kube = karpenter.kube
+    requirements = kube.get(f"/apis/karpenter.sh/v1/nodepools/{NODEPOOL}")[
+        "spec"]["template"]["spec"]["requirements"]
+    only_arm64 = [dict(r, values=["arm64"]) if r["key"] == ARCH else r for r in requirements]
+    kube.patch(f"/apis/karpenter.sh/v1/nodepools/{NODEPOOL}",
+               {"spec": {"template": {"spec": {"requirements": only_arm64}}}})
+    try:
+        create_deployment(kube, namespace, deployment("x86", [images.ref("e2e/amd64")], replicas=1))
+        (name,) = karpenter.poll(lambda: [p["metadata"]["name"] for p in pods_of(kube, namespace, "x86")],
+                                 timeout=30, what="the pod created")
+
+        def refused():
+            return [e for e in kube.events_for(namespace, name)
+                    if e.get("reportingController") == "karpenter"
+                    and e.get("reason") == "FailedScheduling"]
+        (event, *_) = karpenter.poll(refused, timeout=60, what="Karpenter's FailedScheduling Event")
+        assert "kubernetes.io/arch In [amd64] not in kubernetes.io/arch In [arm64]" in event["note"]
+        assert karpenter.nodeclaims() == []
+        assert not kube.get(pod_path(namespace, name))["spec"].get("nodeName")
+    finally:
+        kube.patch(f"/apis/karpenter.sh/v1/nodepools/{NODEPOOL}",
+                   {"spec": {"template": {"spec": {"requirements": requirements}}}})
