@@ -8,6 +8,8 @@ counts the NodeClaims it caused. KWOK runs no binary: an amd64 image bound to an
 "runs" there; the exec format error a real node would give is the failure archway prevents, and
 the contrast test shows Karpenter making it when archway does not see the pod.
 """
+import json
+import os
 import re
 import time
 
@@ -15,7 +17,15 @@ import pytest
 
 from tests.infra.cluster import ChartInstall, deep_merge
 from tests.infra.controlplane import ControlPlane
-from tests.infra.karpenter import NODEPOOL, NODEPOOL_LABEL, plane_options, start_with_kwok
+from tests.infra.karpenter import (
+    ARM64_PRICE,
+    NODEPOOL,
+    NODEPOOL_LABEL,
+    arm64_priced,
+    build_karpenter,
+    plane_options,
+    start_with_kwok,
+)
 from tests.infra.kube import KubeError, pod_path
 
 from .conftest import archway_config
@@ -97,6 +107,25 @@ def unseen(body: dict) -> dict:
     """The Deployment with its pods labelled archway.dev/skip: archway never sees them."""
     body["spec"]["template"]["metadata"]["labels"].update(SKIP)
     return body
+
+
+def test_each_arm64_offering_costs_less_than_the_same_amd64_one():
+    """The instance types Karpenter is given: the provider's linux ones, arm64 at 0.8x."""
+    with open(os.path.join(build_karpenter(), "instance_types.json")) as f:
+        types = json.load(f)
+    priced = {t["name"]: t for t in arm64_priced(types)}
+    assert priced and all(t["operatingSystems"] == ["linux"] for t in priced.values())
+    original = {t["name"]: t for t in types}
+    for name, kind in priced.items():
+        if kind["architecture"] == "arm64":
+            twin = original[name.replace("-arm64-", "-amd64-")]
+            pairs = list(zip(kind["offerings"], twin["offerings"]))
+            assert pairs and all(a["Requirements"] == b["Requirements"] for a, b in pairs)
+            assert all(abs(a["Price"] - ARM64_PRICE * b["Price"]) < 1e-8 for a, b in pairs)
+        else:
+            assert kind["offerings"] == original[name]["offerings"]
+    # the provider's own file, as given: both architectures priced alike
+    assert original["c-2x-arm64-linux"]["offerings"] == original["c-2x-amd64-linux"]["offerings"]
 
 
 def test_single_architecture_workloads_get_nodes_of_their_architecture(fresh, images):
