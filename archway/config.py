@@ -235,6 +235,7 @@ class KubernetesSettings:
     kubeconfig: str | None = None
     secret_cache_seconds: float = 60.0
     namespace_cache: bool = True          # list+watch Namespaces for per-namespace mode/preferences
+    karpenter_node_pools: bool = False    # count Karpenter NodePools' archs as nodes that may join
     namespace: str | None = None          # the gate controller's Lease; none: the pod's own
 
 

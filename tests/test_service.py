@@ -292,3 +292,23 @@ def test_unschedulable_pod_is_warned_with_an_event_or_denied():
     assert len(events.sent) == 1   # a denied pod does not exist: no Event about it
     unsynced = Cache({"a": Node("amd64")}, synced=False)
     assert "warnings" not in response(service(resolver, nodes=unsynced).review(review("reg/z:1")))
+
+
+class NodePools(Cache):
+    def nodes_that_may_join(self):
+        return [node for pool in self.items.values() for node in pool]
+
+
+def test_node_pools_count_as_nodes_that_may_join_once_listed():
+    nodes = Cache({"a": Node("amd64")})
+    resolver = Resolver({"reg/z:1": info("reg/z:1", "linux/arm64")})
+    deny = Policy(deny_unschedulable=True)
+    assert not response(service(resolver, nodes=nodes, policy=deny).review(review("reg/z:1")))["allowed"]
+    pools = NodePools({"default": [Node("amd64"), Node("arm64")]})
+    admitted = response(service(resolver, nodes=nodes, policy=deny,
+                                node_pools=pools).review(review("reg/z:1")))
+    assert admitted["allowed"] and "warnings" not in admitted
+    # NodePools not listed yet (or no Karpenter: 404): whether a node may join is unknown
+    unlisted = NodePools({}, synced=False)
+    assert response(service(resolver, nodes=nodes, policy=deny,
+                            node_pools=unlisted).review(review("reg/z:1")))["allowed"]

@@ -44,9 +44,15 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
         from .workloadcache import WorkloadCache
         workloads = WorkloadCache(lambda: build_api_client(config.kubernetes)[0])
         workloads.ensure_started()   # in this worker, like the namespace cache
+    node_pools = None
+    if config.kubernetes.karpenter_node_pools and config.kubernetes.enabled != "off":
+        from .nodepools import NodePoolCache
+        node_pools = NodePoolCache(lambda: build_api_client(config.kubernetes)[0])
+        node_pools.ensure_started()
     service = AdmissionService.from_config(
         config, resolver=state.resolver, pull_secrets=pull_secrets, namespaces=namespaces,
-        nodes=state.node_cache, gating=gating, events=events, workloads=workloads)
+        nodes=state.node_cache, gating=gating, events=events, workloads=workloads,
+        node_pools=node_pools)
     app.extensions["archway.webhook"] = service
     prewarm = config.registry.prewarm
     if prewarm.enabled and getattr(pull_secrets, "api", None) is not None:

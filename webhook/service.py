@@ -72,6 +72,13 @@ class FactsCache(Protocol):
     def wait_synced(self, timeout: float) -> bool: ...
 
 
+class NodePools(Protocol):
+    """Karpenter's NodePools (nodepools.NodePoolCache): the nodes they may launch."""
+    def wait_synced(self, timeout: float) -> bool: ...
+
+    def nodes_that_may_join(self) -> list: ...
+
+
 class Workloads(Protocol):
     """The workload caches (workloadcache.WorkloadCache): a pod's top workload, from memory."""
     def wait_synced(self, timeout: float) -> bool: ...
@@ -113,7 +120,7 @@ class AdmissionService:
                  namespaces: FactsCache | None = None, nodes: FactsCache | None = None,
                  unresolved: str = "admit", gating: Gating | None = None,
                  events: EventRecorder | None = None, gate_max_seconds: float = 120.0,
-                 workloads: Workloads | None = None):
+                 workloads: Workloads | None = None, node_pools: NodePools | None = None):
         self.policy = policy
         self.resolver = resolver
         self.pull_secrets = pull_secrets
@@ -130,13 +137,15 @@ class AdmissionService:
         self.events = events           # Warning Events: unschedulable pods, fail-open owners
         self.gate_max_seconds = gate_max_seconds
         self.workloads = workloads     # learned exclusions (remediation); None: not consulted
+        self.node_pools = node_pools   # Karpenter's NodePools: nodes that may join; None: not read
 
     @classmethod
     def from_config(cls, config, *, resolver: ImageResolver,
                     pull_secrets: PullCredentialSource, namespaces: FactsCache | None = None,
                     nodes: FactsCache | None = None, gating: Gating | None = None,
                     events: EventRecorder | None = None,
-                    workloads: Workloads | None = None) -> "AdmissionService":
+                    workloads: Workloads | None = None,
+                    node_pools: NodePools | None = None) -> "AdmissionService":
         return cls(policy=Policy.from_config(config), resolver=resolver, pull_secrets=pull_secrets,
                    deadline_seconds=config.admission.deadline_seconds,
                    exclude_namespaces=config.admission.exclude_namespaces,
@@ -145,7 +154,8 @@ class AdmissionService:
                    max_images=config.admission.max_images_per_pod,
                    namespaces=namespaces, nodes=nodes,
                    unresolved=config.admission.unresolved, gating=gating, events=events,
-                   gate_max_seconds=config.admission.gate_max_seconds, workloads=workloads)
+                   gate_max_seconds=config.admission.gate_max_seconds, workloads=workloads,
+                   node_pools=node_pools)
 
     def review(self, body: bytes, *, started: float | None = None, timeout: float | None = None,
                peer: str = "-") -> Answer:
@@ -221,12 +231,18 @@ class AdmissionService:
         return top.learned if top is not None else None
 
     def known_nodes(self):
-        """The node cache's nodes once it has listed them; None: the cluster is not consulted
-        (no waiting here: a pod admitted before the first list is simply not checked)."""
+        """The node cache's nodes once it has listed them, with the nodes Karpenter's NodePools
+        may launch when those are read; None: the cluster is not consulted (no waiting here: a
+        pod admitted before the first lists is simply not checked)."""
         cache = self.nodes
         if cache is None or not cache.wait_synced(0):
             return None
-        return cache.items.values()
+        pools = self.node_pools
+        if pools is None:
+            return cache.items.values()
+        if not pools.wait_synced(0):
+            return None   # whether a node may join is not known yet: judge nothing
+        return [*cache.items.values(), *pools.nodes_that_may_join()]
 
     def _report(self, request: AdmissionRequest, pod: PodView, decision: Decision) -> None:
         if decision.outcome == "audited":

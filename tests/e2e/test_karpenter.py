@@ -39,15 +39,17 @@ SKIP = {"archway.dev/skip": "true"}        # the chart's objectSelector: archway
 
 @pytest.fixture(scope="module")
 def autoscaled(images, tmp_path_factory):
-    """Its own control plane without Nodes, archway (the e2e configuration, amd64 preferred),
-    KWOK and Karpenter."""
+    """Its own control plane without Nodes, archway (the e2e configuration, amd64 preferred,
+    NodePools read), KWOK and Karpenter."""
     plane = ControlPlane(str(tmp_path_factory.mktemp("karpenter-plane")), **plane_options(True))
     install = None
     started = time.monotonic()
     try:
         plane.start()
+        # The chart's values (not only archway's file): they grant the NodePools' list/watch.
         install = ChartInstall(plane, archway_config=deep_merge(
-            archway_config(images), {"placement": {"preferred_architectures": PREFERRED}})).install()
+            archway_config(images), {"placement": {"preferred_architectures": PREFERRED}}),
+            values={"config": {"kubernetes": {"karpenter_node_pools": True}}}).install()
         karpenter = start_with_kwok(plane, install.namespace)
         print(f"\nkarpenter: control plane, archway, KWOK and Karpenter up in "
               f"{time.monotonic() - started:.0f} s")
@@ -142,17 +144,49 @@ def test_single_architecture_workloads_get_nodes_of_their_architecture(fresh, im
             kube, namespace, pods[0]["metadata"]["name"])
         assert pods[0]["metadata"]["annotations"]["archway.dev/architectures"] == arch
     assert claim_archs(karpenter) == ["amd64", "arm64"]
-    # Admitted while the only Node was arm64, the amd64 pods were announced Pending "until such
-    # a node joins" (archway's node cache knows no NodePool): with Karpenter one joins at once.
+    # Admitted while the only Node was arm64, the amd64 pods are not announced Pending "until
+    # such a node joins": archway reads the NodePool, which launches amd64 (karpenter_node_pools).
     (owner,) = [r["metadata"]["name"] for r in kube.items(
         f"/apis/apps/v1/namespaces/{namespace}/replicasets") if r["metadata"]["name"].startswith("amd64-")]
-    (warned, *_) = karpenter.poll(lambda: [e for e in kube.events_for(namespace, owner, "ReplicaSet")
-                                           if e.get("reason") == "ArchwayUnschedulable"],
-                                  timeout=30, what="archway's ArchwayUnschedulable Event")
-    assert "images are amd64-only; nodes: arm64" in warned["note"], warned["note"]
+    assert not [e for e in kube.events_for(namespace, owner, "ReplicaSet")
+                if e.get("reason") == "ArchwayUnschedulable"]
     print(f"\nkarpenter: created -> Running on a new Node (polled every 0.5 s): "
           f"arm64 {took['arm64']:.1f} s, amd64 {took['amd64']:.1f} s; NodeClaims: "
-          f"{claim_archs(karpenter)}; archway on the amd64 ReplicaSet: {warned['note']}")
+          f"{claim_archs(karpenter)}")
+
+
+def test_a_pod_a_nodepool_may_place_is_admitted_even_when_unschedulable_pods_are_denied(
+        autoscaled, fresh, images):
+    """admission.deny_unschedulable with Karpenter: a NodePool that launches the pod's
+    architecture counts as a node that may join; once the NodePool allows only arm64 the
+    amd64-only pod is denied, naming what the cluster offers."""
+    _, install, _ = autoscaled
+    karpenter, namespace = fresh
+    kube = karpenter.kube
+    install.restart_webhook({"admission": {"deny_unschedulable": True}})
+    requirements = kube.get(f"/apis/karpenter.sh/v1/nodepools/{NODEPOOL}")[
+        "spec"]["template"]["spec"]["requirements"]
+    try:
+        create_deployment(kube, namespace, deployment("arm", [images.ref("e2e/arm64")], replicas=1))
+        running(karpenter, namespace, "arm", 1)
+        created = create_pod(kube, namespace, pod("x86", [images.ref("e2e/amd64")]))
+        assert created["metadata"]["annotations"]["archway.dev/architectures"] == "amd64"
+        only_arm64 = [dict(r, values=["arm64"]) if r["key"] == ARCH else r for r in requirements]
+        kube.patch(f"/apis/karpenter.sh/v1/nodepools/{NODEPOOL}",
+                   {"spec": {"template": {"spec": {"requirements": only_arm64}}}})
+
+        def denied():   # the webhook's NodePool watch sees the change
+            try:
+                create_pod(kube, namespace, pod(f"x86-{time.monotonic_ns()}", [images.ref("e2e/amd64")]))
+            except KubeError as e:
+                return str(e)
+            return None
+        message = karpenter.poll(denied, timeout=30, what="the amd64-only pod denied")
+        assert "images are amd64-only; nodes: arm64" in message, message
+    finally:
+        kube.patch(f"/apis/karpenter.sh/v1/nodepools/{NODEPOOL}",
+                   {"spec": {"template": {"spec": {"requirements": requirements}}}})
+        install.restart_webhook()
 
 
 def test_preferred_architectures_choose_the_node_over_the_price(fresh, images):
