@@ -35,6 +35,7 @@ from .provisioning import (
     BENCH_LABEL,
     PodWatch,
     claim_summary,
+    claim_timeline,
     claims,
     clear,
     create_pools,
@@ -155,6 +156,7 @@ def _mixed_round(plane: ControlPlane, watch: PodWatch, images, index: int) -> di
         body = _pod(f"p-{i:03d}", image, POOLS[arm], skip=arm == "skipped")
         key, started, _ = _timed_create(kube, namespaces[arm], body)
         return arm, key, started, archs
+    wall = time.time()
     with ThreadPoolExecutor(8) as pool:
         created = list(pool.map(create, order))
     running = watch.wait_running([key for _, key, _, _ in created], timeout=300)
@@ -172,6 +174,7 @@ def _mixed_round(plane: ControlPlane, watch: PodWatch, images, index: int) -> di
             "seconds": [running[key][0] - started for key, started, _ in mine],
             "wrong": wrong_placements({key: (a, running[key][1]) for key, _, a in mine}, archs),
             "claims": claims(kube, POOLS[arm]),
+            "timeline": claim_timeline(claims(kube, POOLS[arm]), wall),
             "gated": sum(1 for key, _, _ in mine if key in watch.gated_seen)}
     clear(kube, namespaces.values(), POOLS.values())
     return result
@@ -189,8 +192,9 @@ def _mixed_figures(rounds: list[dict]) -> list[Figure]:
                  f"({claim_summary(r['archway']['claims'])}), without "
                  f"{len(r['skipped']['claims'])} ({claim_summary(r['skipped']['claims'])}); "
                  f"p99 {percentile(r['archway']['seconds'], 99):.2f} vs "
-                 f"{percentile(r['skipped']['seconds'], 99):.2f} s; archway's pods gated: "
-                 f"{r['archway']['gated']}" for i, r in enumerate(rounds)]
+                 f"{percentile(r['skipped']['seconds'], 99):.2f} s; with: {r['archway']['timeline']}, "
+                 f"without: {r['skipped']['timeline']} after the first create; archway's pods "
+                 f"gated: {r['archway']['gated']}" for i, r in enumerate(rounds)]
     how = (f"{ROUNDS} rounds of {PODS} pods per arm ({', '.join(f'{n} {repo} images' for repo, _, n in IMAGES)}, "
            f"{PODS // 10} pods each; requests {REQUESTS['cpu']} CPU, {REQUESTS['memory']}), "
            "both arms created interleaved one by one by 8 client threads, the first arm "

@@ -6,6 +6,7 @@ Pure helpers (`bench_pool`, `wrong_placements`, `claim_summary`) are tested in b
 the rest talks to the apiserver.
 """
 import copy
+import datetime
 import json
 import threading
 import time
@@ -63,6 +64,24 @@ def claim_summary(claimed: list[dict]) -> str:
         key = f"{labels.get('kubernetes.io/arch', '?')} {labels.get('node.kubernetes.io/instance-type', '?')}"
         kinds[key] = kinds.get(key, 0) + 1
     return ", ".join(f"{n}x {k}" for k, n in sorted(kinds.items())) or "none"
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=datetime.UTC).timestamp()
+
+
+def claim_timeline(claimed: list[dict], since: float) -> str:
+    """When the NodeClaims were created and their Nodes became Ready, in seconds after `since`
+    (epoch), from the apiserver's timestamps (1 s resolution)."""
+    created = [_epoch(c["metadata"]["creationTimestamp"]) - since for c in claimed]
+    ready = [_epoch(cond["lastTransitionTime"]) - since for c in claimed
+             for cond in (c.get("status") or {}).get("conditions") or []
+             if cond.get("type") == "Ready" and cond.get("status") == "True"]
+    if not created or not ready:
+        return "no NodeClaim"
+    return (f"NodeClaims created +{min(created):.0f} to +{max(created):.0f} s, Ready by "
+            f"+{max(ready):.0f} s")
 
 
 def wrong_placements(pods: dict[str, tuple[frozenset[str], str]], archs: dict[str, str]) -> int:

@@ -2,6 +2,7 @@
 
 Not part of archway's test suite and not timed: `python3 -m pytest bench/test_bench.py -q`.
 """
+import datetime
 import math
 
 import pytest
@@ -109,7 +110,13 @@ def test_log_line_patterns_match_what_archway_logs():
 
 
 def test_bench_pool_and_wrong_placements():
-    from bench.provisioning import INSTANCE_CPU, bench_pool, claim_summary, wrong_placements
+    from bench.provisioning import (
+        INSTANCE_CPU,
+        bench_pool,
+        claim_summary,
+        claim_timeline,
+        wrong_placements,
+    )
     pool = bench_pool("bench-x")
     assert pool["metadata"]["name"] == "bench-x"
     requirements = {r["key"]: r["values"] for r in pool["spec"]["template"]["spec"]["requirements"]}
@@ -126,3 +133,8 @@ def test_bench_pool_and_wrong_placements():
                                      "node.kubernetes.io/instance-type": "c-4x-arm64-linux"}}}
     assert claim_summary([claim, claim]) == "2x arm64 c-4x-arm64-linux"
     assert claim_summary([]) == "none"
+    claim["metadata"]["creationTimestamp"] = "2026-11-27T22:00:03Z"
+    claim["status"] = {"conditions": [{"type": "Ready", "status": "True",
+                                       "lastTransitionTime": "2026-11-27T22:00:05Z"}]}
+    since = datetime.datetime(2026, 11, 27, 22, 0, 1, tzinfo=datetime.UTC).timestamp()
+    assert claim_timeline([claim], since) == "NodeClaims created +2 to +2 s, Ready by +4 s"
