@@ -5,6 +5,7 @@
 #                                          (last line: export KUBECONFIG=...)
 #   bash scripts/cluster.sh up --real-node ...    one real node of this machine's architecture
 #   bash scripts/cluster.sh up --in-cluster ...   that node, and archway's image installed on it by helm
+#   bash scripts/cluster.sh up --karpenter ...    no Nodes until Karpenter launches them (KWOK provider)
 #   bash scripts/cluster.sh status
 #   bash scripts/cluster.sh down
 #
@@ -19,7 +20,10 @@
 # (root only; the API-only Nodes of the other architectures stay); --in-cluster: archway's image
 # built from this checkout, `helm install --wait` with hooks. --kwok-nodes N adds N Nodes
 # simulated by KWOK (scripts/kwok-build.sh, tests/infra/kwok.py: amd64, arm64 and some ppc64le,
-# Ready, labelled archway.dev/simulated=kwok; pods bound to them become Running).
+# Ready, labelled archway.dev/simulated=kwok; pods bound to them become Running). --karpenter:
+# none of the API-only Nodes; Karpenter's KWOK provider (scripts/karpenter-build.sh,
+# tests/infra/karpenter.py) launches Nodes for pending pods from NodePool `default` (amd64 and
+# arm64, arm64 20 % cheaper), KWOK makes them Ready and runs their pods.
 # Details: docs/real-control-plane.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

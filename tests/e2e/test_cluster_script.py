@@ -88,3 +88,38 @@ def test_a_failed_up_names_the_step_and_the_log_and_leaves_nothing_running(tmp_p
     kept = tmp_path / "cluster-failed-logs"
     assert (kept / "archway-webhook.log").exists() and (kept / "kube-apiserver.log").exists()
     assert running_under(state) == []
+
+
+def test_up_with_karpenter_has_no_node_until_a_pod_needs_one_and_down_stops_it(tmp_path, images):
+    state = tmp_path / "cluster"
+    fragment = tmp_path / "archway.yaml"
+    fragment.write_text(yaml.safe_dump({"registry": {"insecure_hosts": [images.registry.host]}}))
+    refused = cluster_sh(state, "up", "--karpenter", "--kwok-nodes", "3")
+    assert refused.returncode == 2 and "--karpenter makes its own Nodes" in refused.stderr
+    assert not state.exists()
+    up = cluster_sh(state, "up", "--karpenter", "--archway-config", str(fragment))
+    try:
+        assert up.returncode == 0, up.stderr[-3000:]
+        assert "nodes: none yet" in up.stderr and "NodePool default" in up.stderr
+        with open(state / "admin.kubeconfig") as f:
+            config = yaml.safe_load(f)
+        kube = Kube(config["clusters"][0]["cluster"]["server"], config["users"][0]["user"]["token"],
+                    config["clusters"][0]["cluster"]["certificate-authority"])
+        assert kube.items("/api/v1/nodes") == []     # archway's own Deployments were idled
+        lease = kube.get("/apis/coordination.k8s.io/v1/namespaces/karpenter/leases/"
+                         "karpenter-leader-election")
+        assert lease["spec"]["holderIdentity"]       # leader election on
+
+        kube.create("/api/v1/namespaces", {"metadata": {"name": "shop"}})
+        kube.wait_for(lambda: kube.get("/api/v1/namespaces/shop/serviceaccounts/default"), timeout=30)
+        create_deployment(kube, "shop", deployment("web", [images.ref("e2e/amd64")], replicas=2))
+        assert arches_of(kube, wait_bound(kube, "shop", "web", 2, timeout=120)) == {"amd64"}
+
+        status = cluster_sh(state, "status")
+        assert status.returncode == 0, status.stdout
+        assert "kwok " in status.stdout and "karpenter " in status.stdout
+        assert "1 NodeClaims (amd64)" in status.stdout, status.stdout
+    finally:
+        down = cluster_sh(state, "down")
+    assert down.returncode == 0, down.stderr
+    assert running_under(state) == []

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import requests
 import yaml
 
-from . import realnode
+from . import karpenter, realnode
 from .controlplane import (
     ControlPlane,
     ControlPlaneError,
@@ -424,7 +424,12 @@ def _up(args) -> int:
         with open(path) as f:
             values = deep_merge(values, yaml.safe_load(f) or {})
     args.real_node = args.real_node or args.in_cluster
-    plane = ControlPlane(state_dir, **realnode.plane_options(args.real_node))
+    if args.karpenter and (args.real_node or args.kwok_nodes):
+        print("cluster.sh: --karpenter makes its own Nodes: it goes with neither --real-node, "
+              "--in-cluster nor --kwok-nodes", file=sys.stderr)
+        return 2
+    plane = ControlPlane(state_dir, **realnode.plane_options(args.real_node),
+                         **karpenter.plane_options(args.karpenter))
     step = "control plane"
     try:
         print("cluster.sh: building or finding the control plane binaries ...", file=sys.stderr)
@@ -448,6 +453,10 @@ def _up(args) -> int:
             return _report(plane, state_dir, kwok_lines + incluster.describe(in_cluster))
         step = "archway (helm install, hooks, archway serve, second scheduler)"
         install = ChartInstall(plane, archway_config=fragment, values=values).install()
+        if args.karpenter:
+            step = "Karpenter (KWOK, its CRDs and RBAC, the process, NodePool default)"
+            print(f"cluster.sh: archway up; {step} ...", file=sys.stderr)
+            kwok_lines.append(karpenter.start_with_kwok(plane, install.namespace).describe())
     except Exception as e:   # whatever failed, nothing of the cluster or its node stays
         print(f"cluster.sh: up failed at: {step}: {type(e).__name__}: {e}", file=sys.stderr)
         print(f"cluster.sh: logs are in {plane.path('logs')}; cleaning up", file=sys.stderr)
@@ -469,7 +478,7 @@ def _up(args) -> int:
 def _report(plane: ControlPlane, state_dir: str, about_archway: list[str]) -> int:
     nodes = [f"{n} ({a})" for n, a in plane.nodes] + [
         f"{n} ({a}, real)" for n, a in realnode.real_nodes(plane)]
-    print(f"cluster.sh: nodes: {', '.join(nodes)}", file=sys.stderr)
+    print(f"cluster.sh: nodes: {', '.join(nodes) or 'none yet'}", file=sys.stderr)
     for line in about_archway:
         print(f"cluster.sh: {line}", file=sys.stderr)
     print(f"cluster.sh: kubectl: {_kubectl_on_path(plane.binary('kubectl'))}", file=sys.stderr)
@@ -517,6 +526,9 @@ def _status(args) -> int:
     running = plane.running()
     for name, alive in running.items():
         print(f"{name:28} {'running' if alive else 'STOPPED'}  (log {plane.processes[name].log})")
+    about_karpenter = karpenter.status_line(plane)
+    if about_karpenter:
+        print(about_karpenter)
     print(f"export KUBECONFIG={plane.admin_kubeconfig}")
     return 0 if running and all(running.values()) else 1
 
@@ -539,6 +551,10 @@ def main(argv=None) -> int:
     up.add_argument("--kwok-nodes", metavar="N", type=int, default=0,
                     help="also N Nodes simulated by KWOK (amd64, arm64, some ppc64le; pods "
                          "bound to them become Running)")
+    up.add_argument("--karpenter", action="store_true",
+                    help="no Nodes until Karpenter's KWOK provider launches them: KWOK, Karpenter "
+                         "(NodePool default: amd64 and arm64, arm64 20%% cheaper) as its chart's "
+                         "ServiceAccount, leader election on")
     up.add_argument("--real-node", action="store_true",
                     help="one real node of this machine's architecture (containerd, kubelet, "
                          "kube-proxy) instead of its API-only Nodes")

@@ -299,3 +299,43 @@ class Karpenter:
                 f"on-demand, spot; arm64 at {ARM64_PRICE:g}x amd64's price), "
                 f"{len(claims)} NodeClaims{' (' + ', '.join(archs) + ')' if archs else ''}; "
                 f"log {self.plane.path('logs', 'karpenter.log')}")
+
+
+# --- scripts/cluster.sh up --karpenter -----------------------------------------------------------
+
+def plane_options(karpenter: bool) -> dict:
+    """ControlPlane arguments for a cluster whose worker Nodes Karpenter makes: none of the
+    plane's API-only Nodes. They are Ready, untainted and roomy, so the scheduler would bind every
+    pending pod there and Karpenter would never see a pod it must provision for; and KWOK does not
+    play them, so their pods would never run."""
+    return {"nodes": ()} if karpenter else {}
+
+
+def idle_stand_ins(plane: ControlPlane, namespace: str) -> None:
+    """The Deployments of `namespace` (archway's chart: its second scheduler) scaled to 0: their
+    pods would only stand in for the processes that run on this machine, and Karpenter would
+    launch a Node for them."""
+    assert plane.kube is not None
+    for item in plane.kube.items(f"/apis/apps/v1/namespaces/{namespace}/deployments"):
+        plane.kube.patch(f"/apis/apps/v1/namespaces/{namespace}/deployments/"
+                         f"{item['metadata']['name']}/scale", {"spec": {"replicas": 0}})
+
+
+def start_with_kwok(plane: ControlPlane, stand_ins: str | None = None, **options) -> "Karpenter":
+    """KWOK (it makes Karpenter's Nodes Ready and runs their pods), then Karpenter, once the
+    Deployments of `stand_ins` are idle (idle_stand_ins)."""
+    from .kwok import Kwok
+    if stand_ins:
+        idle_stand_ins(plane, stand_ins)
+    Kwok(plane).start()
+    return Karpenter(plane, **options).start()
+
+
+def status_line(plane: ControlPlane) -> str | None:
+    """What `cluster.sh status` says of Karpenter: its NodeClaims (None: not started here)."""
+    if not os.path.exists(plane.path("karpenter.json")):
+        return None
+    try:
+        return Karpenter(plane).describe()
+    except (KubeError, requests.RequestException) as e:
+        return f"Karpenter: NodeClaims unreadable ({e})"

@@ -1,0 +1,244 @@
+"""archway with Karpenter (issue 29): a control plane with no Node until Karpenter's KWOK provider
+launches one (tests/infra/karpenter.py), NodePool `default` allowing amd64 and arm64 with arm64
+20 % cheaper, archway installed by its chart in front. What Karpenter reads is what archway wrote:
+the required node affinity on kubernetes.io/arch, the preferred weights, the scheduling gate.
+
+Each test starts with no NodeClaim (the `fresh` fixture deletes what the last one left) and
+counts the NodeClaims it caused. KWOK runs no binary: an amd64 image bound to an arm64 Node
+"runs" there; the exec format error a real node would give is the failure archway prevents, and
+the contrast test shows Karpenter making it when archway does not see the pod.
+"""
+import re
+import time
+
+import pytest
+
+from tests.infra.cluster import ChartInstall, deep_merge
+from tests.infra.controlplane import ControlPlane
+from tests.infra.karpenter import NODEPOOL_LABEL, plane_options, start_with_kwok
+from tests.infra.kube import KubeError, pod_path
+
+from .conftest import archway_config
+from .workloads import create_deployment, create_pod, deployment, describe, gated, pod, pods_of
+
+ARCH = "kubernetes.io/arch"
+# amd64 preferred although arm64 is cheaper: the preference, not the price, must decide.
+PREFERRED = {"amd64": 80, "arm64": 20}
+SKIP = {"archway.dev/skip": "true"}        # the chart's objectSelector: archway never sees the pod
+
+
+@pytest.fixture(scope="module")
+def autoscaled(images, tmp_path_factory):
+    """Its own control plane without Nodes, archway (the e2e configuration, amd64 preferred),
+    KWOK and Karpenter."""
+    plane = ControlPlane(str(tmp_path_factory.mktemp("karpenter-plane")), **plane_options(True))
+    install = None
+    started = time.monotonic()
+    try:
+        plane.start()
+        install = ChartInstall(plane, archway_config=deep_merge(
+            archway_config(images), {"placement": {"preferred_architectures": PREFERRED}})).install()
+        karpenter = start_with_kwok(plane, install.namespace)
+        print(f"\nkarpenter: control plane, archway, KWOK and Karpenter up in "
+              f"{time.monotonic() - started:.0f} s")
+        yield plane, install, karpenter
+    finally:
+        if install is not None:
+            install.stop_processes()
+        plane.stop()
+
+
+@pytest.fixture
+def fresh(autoscaled, request):
+    """A namespace of the test's own on a cluster with no NodeClaim; (karpenter, namespace).
+    After the test its namespace goes first: a NodeClaim deleted while pods are still on its
+    Node makes Karpenter launch a Node for them."""
+    plane, _, karpenter = autoscaled
+    karpenter.poll(lambda: not karpenter.nodeclaims() and not karpenter.nodes(), timeout=120,
+                   what="no NodeClaim left by the last test")
+    name = re.sub(r"[^a-z0-9-]", "-", f"k-{request.node.name.lower()}")[:45].strip("-")
+    namespace = plane.new_namespace(f"{name}-{int(time.time() * 1000) % 10000}")
+    yield karpenter, namespace
+    plane.kube.delete(f"/api/v1/namespaces/{namespace}")
+    karpenter.poll(lambda: not plane.kube.items(pod_path(namespace)), timeout=120,
+                   what=f"the pods of {namespace} deleted")
+    for claim in karpenter.nodeclaims():
+        plane.kube.delete(f"/apis/karpenter.sh/v1/nodeclaims/{claim['metadata']['name']}")
+    karpenter.poll(lambda: not karpenter.nodeclaims() and not karpenter.nodes(), timeout=120,
+                   what="the test's NodeClaims and Nodes gone")
+
+
+def running(karpenter, namespace: str, app: str, count: int, timeout: float = 120.0) -> list[dict]:
+    """The `count` pods of `app` once each is Running (KWOK plays them on Karpenter's Nodes)."""
+    def done():
+        karpenter.check_alive()
+        pods = pods_of(karpenter.kube, namespace, app)
+        return pods if len(pods) == count and all(
+            p.get("status", {}).get("phase") == "Running" for p in pods) else None
+    return karpenter.poll(done, timeout=timeout, what=f"{count} pods of {app} Running")
+
+
+def node_of(karpenter, pod_obj: dict) -> dict:
+    return karpenter.kube.get(f"/api/v1/nodes/{pod_obj['spec']['nodeName']}")
+
+
+def arch_of(karpenter, pod_obj: dict) -> str:
+    node = node_of(karpenter, pod_obj)
+    assert NODEPOOL_LABEL in node["metadata"]["labels"], "a Node Karpenter did not launch"
+    assert node["status"]["nodeInfo"]["architecture"] == node["metadata"]["labels"][ARCH]
+    return node["metadata"]["labels"][ARCH]
+
+
+def claim_archs(karpenter) -> list[str]:
+    return sorted(c["metadata"]["labels"][ARCH] for c in karpenter.nodeclaims())
+
+
+def unseen(body: dict) -> dict:
+    """The Deployment with its pods labelled archway.dev/skip: archway never sees them."""
+    body["spec"]["template"]["metadata"]["labels"].update(SKIP)
+    return body
+
+
+def test_single_architecture_workloads_get_nodes_of_their_architecture(fresh, images):
+    karpenter, namespace = fresh
+    kube = karpenter.kube
+    took = {}
+    # arm64 first, then amd64 beside a Node of the cheaper arm64: each gets a Node of its own.
+    for arch in ("arm64", "amd64"):
+        created = time.monotonic()
+        create_deployment(kube, namespace, deployment(arch, [images.ref(f"e2e/{arch}")], replicas=2))
+        pods = running(karpenter, namespace, arch, 2)
+        took[arch] = time.monotonic() - created
+        assert {arch_of(karpenter, p) for p in pods} == {arch}, describe(
+            kube, namespace, pods[0]["metadata"]["name"])
+        assert pods[0]["metadata"]["annotations"]["archway.dev/architectures"] == arch
+    assert claim_archs(karpenter) == ["amd64", "arm64"]
+    said = {(e.get("reason"), e.get("note")) for p in pods
+            for e in kube.events_for(namespace, p["metadata"]["name"])
+            if e.get("reportingController") == "archway.dev/archway"}
+    print(f"\nkarpenter: created -> Running on a new Node (polled every 0.5 s): "
+          f"arm64 {took['arm64']:.1f} s, amd64 {took['amd64']:.1f} s; NodeClaims: "
+          f"{claim_archs(karpenter)}; archway's Events on the amd64 pods: {sorted(said)}")
+
+
+def test_preferred_architectures_choose_the_node_over_the_price(fresh, images):
+    karpenter, namespace = fresh
+    create_deployment(karpenter.kube, namespace, deployment(
+        "preferred", [images.ref("e2e/multi")], replicas=2))
+    (placed, _) = running(karpenter, namespace, "preferred", 2)
+    terms = placed["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert [(t["weight"], t["preference"]["matchExpressions"][0]["values"]) for t in terms] == [
+        (80, ["amd64"]), (20, ["arm64"])]
+    assert arch_of(karpenter, placed) == "amd64"
+    assert claim_archs(karpenter) == ["amd64"]
+    # The same multi-arch image unseen by archway, kept off that Node: Karpenter's cost choice.
+    away = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": {"app": "preferred"}},
+        "topologyKey": "kubernetes.io/hostname"}]}}
+    create_deployment(karpenter.kube, namespace, unseen(deployment(
+        "priced", [images.ref("e2e/multi")], replicas=1, affinity=away)))
+    (priced,) = running(karpenter, namespace, "priced", 1)
+    assert "nodeAffinity" not in priced["spec"]["affinity"]
+    assert arch_of(karpenter, priced) == "arm64"
+
+
+def test_a_gated_pod_provisions_nothing_until_released_then_gets_its_architecture(
+        fresh, images, slow_registry):
+    karpenter, namespace = fresh
+    kube = karpenter.kube
+    tag = images.fresh("e2e/amd64")
+    held = create_pod(kube, namespace, pod("held", [images.ref("e2e/amd64", tag, via="slow")]))
+    assert gated(held), describe(kube, namespace, "held")
+    # A pod Karpenter must provision for, created after the gated one: once it runs, Karpenter
+    # has batched and simulated with the gated pod pending, and launched nothing for it.
+    create_deployment(kube, namespace, deployment("beside", [images.ref("e2e/arm64")], replicas=1))
+    running(karpenter, namespace, "beside", 1)
+    watched_until = time.monotonic() + 5      # a few batch windows (BATCH_IDLE_DURATION 1 s)
+    while time.monotonic() < watched_until:
+        still = kube.get(pod_path(namespace, "held"))
+        assert gated(still) and not still["spec"].get("nodeName")
+        assert claim_archs(karpenter) == ["arm64"], "a NodeClaim for a gated pod"
+        time.sleep(0.5)
+
+    slow_registry.delay = 0.0
+    released_at = time.monotonic()
+    (placed,) = running(karpenter, namespace, "held", 1)
+    took = time.monotonic() - released_at
+    assert not gated(placed) and arch_of(karpenter, placed) == "amd64"
+    assert claim_archs(karpenter) == ["amd64", "arm64"]
+    print(f"\nkarpenter: gated pod released -> Running on a new amd64 Node in {took:.1f} s; "
+          f"NodeClaims: {claim_archs(karpenter)}; archway's Events: "
+          f"{[(e.get('reason'), e.get('note')) for e in kube.events_for(namespace, 'held')]}")
+
+
+def test_images_that_share_no_architecture_provision_nothing_and_say_why(fresh, images):
+    karpenter, namespace = fresh
+    kube = karpenter.kube
+    create_deployment(kube, namespace, deployment(
+        "nowhere", [images.ref("e2e/amd64"), images.ref("e2e/arm64")], replicas=2))
+
+    def failed_create():
+        sets = kube.items(f"/apis/apps/v1/namespaces/{namespace}/replicasets")
+        events = [e for s in sets for e in kube.items(
+            f"/api/v1/namespaces/{namespace}/events",
+            fieldSelector=f"involvedObject.name={s['metadata']['name']}")]
+        return [e for e in events if e.get("reason") == "FailedCreate"]
+    (event, *_) = karpenter.poll(failed_create, timeout=60, what="a FailedCreate Event")
+    assert "share no CPU architecture" in event["message"], event["message"]
+    assert "amd64" in event["message"] and "arm64" in event["message"]
+    assert pods_of(kube, namespace, "nowhere") == []
+    assert karpenter.nodeclaims() == []
+    # A bare pod is refused with the same words.
+    with pytest.raises(KubeError) as refused:
+        create_pod(kube, namespace, pod("bare", [images.ref("e2e/amd64"), images.ref("e2e/arm64")]))
+    assert refused.value.status == 403 and "share no CPU architecture" in refused.value.message
+
+
+def test_consolidation_replaces_a_node_only_with_one_of_the_pods_architecture(fresh, images):
+    """An underused amd64 Node replaced by a cheaper one: arm64 would be cheapest, the pod's
+    archway affinity allows only amd64."""
+    karpenter, namespace = fresh
+    kube = karpenter.kube
+    # On-demand: Karpenter replaces a spot Node with a spot one only with SpotToSpotConsolidation.
+    body = deployment("wide", [images.ref("e2e/amd64")], replicas=3,
+                      nodeSelector={"karpenter.sh/capacity-type": "on-demand"})
+    body["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "800m"}}
+    create_deployment(kube, namespace, body)
+    running(karpenter, namespace, "wide", 3)
+    first = {c["metadata"]["name"]: c["metadata"]["labels"][ARCH] for c in karpenter.nodeclaims()}
+    assert set(first.values()) == {"amd64"}
+    kube.patch(f"/apis/apps/v1/namespaces/{namespace}/deployments/wide/scale",
+               {"spec": {"replicas": 1}})
+    seen = dict(first)
+    karpenter.set_consolidate_after("5s")
+    started = time.monotonic()
+    try:
+        def replaced():
+            claims = karpenter.nodeclaims()
+            seen.update({c["metadata"]["name"]: c["metadata"]["labels"][ARCH] for c in claims})
+            pods = pods_of(kube, namespace, "wide")
+            return (claims and not {c["metadata"]["name"] for c in claims} & first.keys()
+                    and len(pods) == 1 and pods[0]["status"].get("phase") == "Running"
+                    and pods[0])
+        moved = karpenter.poll(replaced, timeout=300, what="the underused Node replaced")
+    finally:
+        karpenter.set_consolidate_after("30s")
+    assert arch_of(karpenter, moved) == "amd64"
+    assert set(seen.values()) == {"amd64"}, seen
+    print(f"\nkarpenter: consolidation replaced {sorted(first)} by "
+          f"{sorted(seen.keys() - first.keys())} in {time.monotonic() - started:.0f} s; "
+          f"NodeClaims seen: {seen}")
+
+
+def test_an_amd64_only_pod_archway_never_sees_is_given_an_arm64_node(fresh, images):
+    """The contrast: what archway prevents. Without its affinity Karpenter launches the cheapest
+    Node, arm64, and the scheduler binds the amd64-only pod there. On a real node its container
+    would exit with `exec format error`; KWOK runs nothing, so here it is 'Running'."""
+    karpenter, namespace = fresh
+    create_deployment(karpenter.kube, namespace, unseen(deployment(
+        "unseen", [images.ref("e2e/amd64")], replicas=1)))
+    (placed,) = running(karpenter, namespace, "unseen", 1)
+    assert "archway.dev/architectures" not in (placed["metadata"].get("annotations") or {})
+    assert "affinity" not in placed["spec"]
+    assert arch_of(karpenter, placed) == "arm64"
+    assert claim_archs(karpenter) == ["arm64"]
