@@ -179,6 +179,8 @@ def _mixed_round(plane: ControlPlane, watch: PodWatch, images, index: int) -> di
             "claims": claims(kube, POOLS[arm]),
             "timeline": claim_timeline(claims(kube, POOLS[arm]), wall),
             "gated": sum(1 for key, _, _ in mine if key in watch.gated_seen),
+            "warned": len(kube.items(f"/api/v1/namespaces/{namespaces[arm]}/events",
+                                     fieldSelector="reason=ArchwayUnschedulable")),
             "create_p99": percentile([stored_at[key] for key, _, _ in mine], 99),
             "stored_over": max(started + stored_at[key] for key, started, _ in mine)
             - min(started + stored_at[key] for key, started, _ in mine)}
@@ -203,7 +205,8 @@ def _mixed_figures(rounds: list[dict]) -> list[Figure]:
                  f"{r['archway']['create_p99']:.2f} vs {r['skipped']['create_p99']:.2f} s, each "
                  f"arm's pods stored over {r['archway']['stored_over']:.1f} vs "
                  f"{r['skipped']['stored_over']:.1f} s; archway's pods gated: "
-                 f"{r['archway']['gated']}" for i, r in enumerate(rounds)]
+                 f"{r['archway']['gated']}, ArchwayUnschedulable Events: {r['archway']['warned']}"
+                 for i, r in enumerate(rounds)]
     how = (f"{ROUNDS} rounds of {PODS} pods per arm ({', '.join(f'{n} {repo} images' for repo, _, n in IMAGES)}, "
            f"{PODS // 10} pods each; requests {REQUESTS['cpu']} CPU, {REQUESTS['memory']}), "
            "both arms created interleaved one by one by 8 client threads, the first arm "
