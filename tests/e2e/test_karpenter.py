@@ -8,6 +8,8 @@ counts the NodeClaims it caused. KWOK runs no binary: an amd64 image bound to an
 "runs" there; the exec format error a real node would give is the failure archway prevents, and
 the contrast test shows Karpenter making it when archway does not see the pod.
 """
+import json
+import os
 import re
 import time
 
@@ -15,7 +17,15 @@ import pytest
 
 from tests.infra.cluster import ChartInstall, deep_merge
 from tests.infra.controlplane import ControlPlane
-from tests.infra.karpenter import NODEPOOL_LABEL, plane_options, start_with_kwok
+from tests.infra.karpenter import (
+    ARM64_PRICE,
+    NODEPOOL,
+    NODEPOOL_LABEL,
+    arm64_priced,
+    build_karpenter,
+    plane_options,
+    start_with_kwok,
+)
 from tests.infra.kube import KubeError, pod_path
 
 from .conftest import archway_config
@@ -99,6 +109,25 @@ def unseen(body: dict) -> dict:
     return body
 
 
+def test_each_arm64_offering_costs_less_than_the_same_amd64_one():
+    """The instance types Karpenter is given: the provider's linux ones, arm64 at 0.8x."""
+    with open(os.path.join(build_karpenter(), "instance_types.json")) as f:
+        types = json.load(f)
+    priced = {t["name"]: t for t in arm64_priced(types)}
+    assert priced and all(t["operatingSystems"] == ["linux"] for t in priced.values())
+    original = {t["name"]: t for t in types}
+    for name, kind in priced.items():
+        if kind["architecture"] == "arm64":
+            twin = original[name.replace("-arm64-", "-amd64-")]
+            pairs = list(zip(kind["offerings"], twin["offerings"]))
+            assert pairs and all(a["Requirements"] == b["Requirements"] for a, b in pairs)
+            assert all(abs(a["Price"] - ARM64_PRICE * b["Price"]) < 1e-8 for a, b in pairs)
+        else:
+            assert kind["offerings"] == original[name]["offerings"]
+    # the provider's own file, as given: both architectures priced alike
+    assert original["c-2x-arm64-linux"]["offerings"] == original["c-2x-amd64-linux"]["offerings"]
+
+
 def test_single_architecture_workloads_get_nodes_of_their_architecture(fresh, images):
     karpenter, namespace = fresh
     kube = karpenter.kube
@@ -113,12 +142,17 @@ def test_single_architecture_workloads_get_nodes_of_their_architecture(fresh, im
             kube, namespace, pods[0]["metadata"]["name"])
         assert pods[0]["metadata"]["annotations"]["archway.dev/architectures"] == arch
     assert claim_archs(karpenter) == ["amd64", "arm64"]
-    said = {(e.get("reason"), e.get("note")) for p in pods
-            for e in kube.events_for(namespace, p["metadata"]["name"])
-            if e.get("reportingController") == "archway.dev/archway"}
+    # Admitted while the only Node was arm64, the amd64 pods were announced Pending "until such
+    # a node joins" (archway's node cache knows no NodePool): with Karpenter one joins at once.
+    (owner,) = [r["metadata"]["name"] for r in kube.items(
+        f"/apis/apps/v1/namespaces/{namespace}/replicasets") if r["metadata"]["name"].startswith("amd64-")]
+    (warned, *_) = karpenter.poll(lambda: [e for e in kube.events_for(namespace, owner, "ReplicaSet")
+                                           if e.get("reason") == "ArchwayUnschedulable"],
+                                  timeout=30, what="archway's ArchwayUnschedulable Event")
+    assert "images are amd64-only; nodes: arm64" in warned["note"], warned["note"]
     print(f"\nkarpenter: created -> Running on a new Node (polled every 0.5 s): "
           f"arm64 {took['arm64']:.1f} s, amd64 {took['amd64']:.1f} s; NodeClaims: "
-          f"{claim_archs(karpenter)}; archway's Events on the amd64 pods: {sorted(said)}")
+          f"{claim_archs(karpenter)}; archway on the amd64 ReplicaSet: {warned['note']}")
 
 
 def test_preferred_architectures_choose_the_node_over_the_price(fresh, images):
@@ -171,6 +205,28 @@ def test_a_gated_pod_provisions_nothing_until_released_then_gets_its_architectur
           f"{[(e.get('reason'), e.get('note')) for e in kube.events_for(namespace, 'held')]}")
 
 
+def test_a_gated_deployment_released_together_gets_one_node(fresh, images, slow_registry):
+    """Four pods gated on the same image, released as archway reads it, get one Node, not one
+    each: Karpenter batches the pods that turn unschedulable within its window
+    (BATCH_IDLE_DURATION 1 s) and counts the room of the NodeClaims it has in flight."""
+    karpenter, namespace = fresh
+    kube = karpenter.kube
+    tag = images.fresh("e2e/amd64")
+    create_deployment(kube, namespace, deployment(
+        "herd", [images.ref("e2e/amd64", tag, via="slow")], replicas=4))
+    karpenter.poll(lambda: len(pods_of(kube, namespace, "herd")) == 4
+                   and all(gated(p) for p in pods_of(kube, namespace, "herd")),
+                   timeout=30, what="4 gated pods")
+    slow_registry.delay = 0.0
+    released_at = time.monotonic()
+    pods = running(karpenter, namespace, "herd", 4)
+    took = time.monotonic() - released_at
+    assert {arch_of(karpenter, p) for p in pods} == {"amd64"}
+    print(f"\nkarpenter: 4 gated pods released -> Running in {took:.1f} s on "
+          f"{len({p['spec']['nodeName'] for p in pods})} Node(s); NodeClaims: {claim_archs(karpenter)}")
+    assert claim_archs(karpenter) == ["amd64"]
+
+
 def test_images_that_share_no_architecture_provision_nothing_and_say_why(fresh, images):
     karpenter, namespace = fresh
     kube = karpenter.kube
@@ -206,7 +262,8 @@ def test_consolidation_replaces_a_node_only_with_one_of_the_pods_architecture(fr
     create_deployment(kube, namespace, body)
     running(karpenter, namespace, "wide", 3)
     first = {c["metadata"]["name"]: c["metadata"]["labels"][ARCH] for c in karpenter.nodeclaims()}
-    assert set(first.values()) == {"amd64"}
+    assert list(first.values()) == ["amd64"], first    # one Node for the three: 2.4 CPUs
+
     kube.patch(f"/apis/apps/v1/namespaces/{namespace}/deployments/wide/scale",
                {"spec": {"replicas": 1}})
     seen = dict(first)
@@ -242,3 +299,32 @@ def test_an_amd64_only_pod_archway_never_sees_is_given_an_arm64_node(fresh, imag
     assert "affinity" not in placed["spec"]
     assert arch_of(karpenter, placed) == "arm64"
     assert claim_archs(karpenter) == ["arm64"]
+
+
+def test_a_nodepool_of_one_architecture_launches_nothing_for_the_other_and_says_why(
+        fresh, images):
+    """A NodePool of arm64 only: an amd64-only workload gets no Node (never an arm64 one);
+    Karpenter's Event on the pod names the architecture it cannot offer."""
+    karpenter, namespace = fresh
+    kube = karpenter.kube
+    requirements = kube.get(f"/apis/karpenter.sh/v1/nodepools/{NODEPOOL}")[
+        "spec"]["template"]["spec"]["requirements"]
+    only_arm64 = [dict(r, values=["arm64"]) if r["key"] == ARCH else r for r in requirements]
+    kube.patch(f"/apis/karpenter.sh/v1/nodepools/{NODEPOOL}",
+               {"spec": {"template": {"spec": {"requirements": only_arm64}}}})
+    try:
+        create_deployment(kube, namespace, deployment("x86", [images.ref("e2e/amd64")], replicas=1))
+        (name,) = karpenter.poll(lambda: [p["metadata"]["name"] for p in pods_of(kube, namespace, "x86")],
+                                 timeout=30, what="the pod created")
+
+        def refused():
+            return [e for e in kube.events_for(namespace, name)
+                    if e.get("reportingController") == "karpenter"
+                    and e.get("reason") == "FailedScheduling"]
+        (event, *_) = karpenter.poll(refused, timeout=60, what="Karpenter's FailedScheduling Event")
+        assert "kubernetes.io/arch In [amd64] not in kubernetes.io/arch In [arm64]" in event["note"]
+        assert karpenter.nodeclaims() == []
+        assert not kube.get(pod_path(namespace, name))["spec"].get("nodeName")
+    finally:
+        kube.patch(f"/apis/karpenter.sh/v1/nodepools/{NODEPOOL}",
+                   {"spec": {"template": {"spec": {"requirements": requirements}}}})
