@@ -20,7 +20,7 @@ from .lab import Lab
 from .report import load_average, machine, markdown, summary, table
 
 # Cheap first; the extender late, since its Prometheus scrapes 5,000 series while it runs, and
-# the real control plane last.
+# the real control plane last (autoscale: with Karpenter's KWOK provider beside it).
 SECTIONS = {           # name -> module of bench/ whose run(lab) returns its figures
     "policy": "policy",
     "registry": "registry_costs",
@@ -38,6 +38,7 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "kube": "kube",
     "loop": "loop",
     "scale": "scale",
+    "autoscale": "autoscale",
 }
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

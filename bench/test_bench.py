@@ -2,6 +2,7 @@
 
 Not part of archway's test suite and not timed: `python3 -m pytest bench/test_bench.py -q`.
 """
+import datetime
 import math
 
 import pytest
@@ -106,3 +107,34 @@ def test_log_line_patterns_match_what_archway_logs():
     extender = ("2026-11-22 08:00:00,000 INFO archway.extender: filter shop/web-x: archs=amd64 "
                 "from annotation, 2500/5000 nodes pass (741.2 ms)")
     assert _FILTER_LINE.search(extender)["ms"] == "741.2"
+
+
+def test_bench_pool_and_wrong_placements():
+    from bench.provisioning import (
+        INSTANCE_CPU,
+        bench_pool,
+        claim_summary,
+        claim_timeline,
+        wrong_placements,
+    )
+    pool = bench_pool("bench-x")
+    assert pool["metadata"]["name"] == "bench-x"
+    requirements = {r["key"]: r["values"] for r in pool["spec"]["template"]["spec"]["requirements"]}
+    assert requirements["kubernetes.io/arch"] == ["amd64", "arm64"]
+    assert requirements[INSTANCE_CPU] == ["4", "8"]
+    assert pool["spec"]["disruption"]["consolidateAfter"] == "Never"
+    assert INSTANCE_CPU not in {r["key"] for r in bench_pool("y", cpus=None)["spec"]["template"]
+                                ["spec"]["requirements"]}
+    archs = {"n1": "amd64", "n2": "arm64"}
+    pods = {"a": (frozenset({"amd64"}), "n1"), "b": (frozenset({"amd64"}), "n2"),
+            "c": (frozenset({"amd64", "arm64"}), "n2"), "d": (frozenset({"arm64"}), "gone")}
+    assert wrong_placements(pods, archs) == 2
+    claim = {"metadata": {"labels": {"kubernetes.io/arch": "arm64",
+                                     "node.kubernetes.io/instance-type": "c-4x-arm64-linux"}}}
+    assert claim_summary([claim, claim]) == "2x arm64 c-4x-arm64-linux"
+    assert claim_summary([]) == "none"
+    claim["metadata"]["creationTimestamp"] = "2026-11-27T22:00:03Z"
+    claim["status"] = {"conditions": [{"type": "Ready", "status": "True",
+                                       "lastTransitionTime": "2026-11-27T22:00:05Z"}]}
+    since = datetime.datetime(2026, 11, 27, 22, 0, 1, tzinfo=datetime.UTC).timestamp()
+    assert claim_timeline([claim], since) == "NodeClaims created +2 to +2 s, Ready by +4 s"

@@ -597,6 +597,21 @@ def test_preferred_weights_respect_the_pods_own_constraint_and_preference():
     assert preferred_of(applied(single, decide(single, RESULTS, Policy(preferred=PREFER)))) is None
 
 
+def test_equal_preferred_weights_share_one_term_or_none():
+    """Karpenter takes a pod's heaviest preferred term as a requirement: with one term per arch
+    of equal weight it launched the first listed (amd64) instead of the cheaper arm64."""
+    pod = make_pod("reg/multi:1")          # amd64, arm64, arm
+    out = applied(pod, decide(pod, RESULTS, Policy(preferred=(("amd64", 50), ("arm64", 50)))))
+    assert preferred_of(out) == [{"weight": 50, "preference": {"matchExpressions": [
+        {"key": ARCH_LABEL, "operator": "In", "values": ["amd64", "arm64"]}]}}]   # not arm
+    validate(out)
+    two = make_pod("reg/amdarm:1")         # amd64, arm64: equal weights prefer nothing
+    out = applied(two, decide(two, RESULTS, Policy(preferred=(("amd64", 50), ("arm64", 50)))))
+    assert preferred_of(out) is None
+    out = applied(two, decide(two, RESULTS, Policy(preferred=(("arm64", 50),))))
+    assert [t["preference"]["matchExpressions"][0]["values"] for t in preferred_of(out)] == [["arm64"]]
+
+
 def test_preferred_terms_join_other_preferences_of_the_pod():
     zone = {"weight": 50, "preference": {"matchExpressions": [
         {"key": "zone", "operator": "In", "values": ["a"]}]}}

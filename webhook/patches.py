@@ -50,13 +50,23 @@ def states_arch_preference(pod: PodView) -> bool:
 
 
 def preferred_terms(allowed: frozenset[str], preferred) -> list[dict]:
-    """The preferred node affinity terms for the archs the pod may run on. A pod that can run
-    on one arch only is pinned there already: preferring it would add nothing."""
+    """The preferred node affinity terms for the archs the pod may run on, heaviest first. A pod
+    that can run on one arch only is pinned there already: preferring it would add nothing.
+    Archs of equal weight share one term, and equal weights for every arch the pod can run on
+    are no term at all: the scheduler scores nodes the same either way, but Karpenter takes a
+    pod's heaviest term as a requirement, and of one term per arch it would take the first
+    listed instead of the cheapest (docs/benchmarks.md, figure 29e)."""
     if len(allowed) < 2:
         return []
+    by_weight: dict[int, list[str]] = {}
+    for arch, weight in preferred:
+        if arch in allowed:
+            by_weight.setdefault(weight, []).append(arch)
+    if len(by_weight) == 1 and set(*by_weight.values()) == allowed:
+        return []
     return [{"weight": weight, "preference": {"matchExpressions": [
-        {"key": ARCH_LABEL, "operator": "In", "values": [arch]}]}}
-        for arch, weight in preferred if arch in allowed]
+        {"key": ARCH_LABEL, "operator": "In", "values": sorted(archs)}]}}
+        for weight, archs in sorted(by_weight.items(), reverse=True)]
 
 
 def prefer(spec: dict, pod: PodView, allowed: frozenset[str], preferred) -> None:
