@@ -217,6 +217,8 @@ def test_nodenames_mode_without_a_node_cache_lets_every_node_pass(client):
     (b'{"Pod": {}, "Nodes": null, "NodeNames": null}', "neither Nodes nor NodeNames"),
     (b'{"Pod": {}, "NodeNames": "a"}', "list of node names"),
     (b'{"Pod": {}, "NodeNames": [1]}', "list of node names"),
+    (b'{"Pod": {}, "NodeNames": ["a", ""]}', "list of node names"),
+    (b'{"Pod": {}, "NodeNames": ["a", null]}', "list of node names"),
     (b'{"Pod": {}, "Nodes": []}', "expected '{' to open ExtenderArgs.Nodes"),
     (b'{"Pod": {}, "Nodes": {"items": {}}}', "expected '[' to open Nodes.items"),
     (b'{"Pod": {}, "Nodes": {"items": [7]}}', "items[0] is not an object"),
