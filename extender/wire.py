@@ -195,7 +195,7 @@ class _Parser:
             # Fewer commas in the rest of the body than the limit: whatever is there makes fewer
             # objects than that, so the C scanner reads it at once.
             value, end = _scan_value(text, at)
-            # At C speed (a Python step per name was a quarter of a 5,000-name prioritize).
+            # At C speed: a Python step per name cost 0.2-0.5 ms of a 5,000-name call.
             if not (isinstance(value, list) and set(map(type, value)) <= {str} and "" not in value):
                 raise wrong
             return value, end
