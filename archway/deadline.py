@@ -16,6 +16,9 @@ from urllib.parse import unquote
 # WSGI environ key: time.monotonic() when the request's first byte (or, on a new connection,
 # the connection) arrived. Absent when the request did not come through archway.worker.
 ARRIVED = "archway.arrived"
+# WSGI environ key: True when archway.worker's main loop read the whole request body before a
+# thread got the request, so reading it cannot wait on the client.
+BODY_READ = "archway.body_read"
 
 # Kept back from the caller's timeout: its clock started before ours (connecting, the TLS
 # handshake, the kernel's accept queue), the answer still has to travel back, and the apiserver

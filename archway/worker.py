@@ -48,7 +48,7 @@ from gunicorn.sock import ssl_context
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from archway import metrics
-from archway.deadline import ARRIVED
+from archway.deadline import ARRIVED, BODY_READ
 from archway.logs import JsonFormatter
 from archway.logsafe import SafeFormatter, escape
 
@@ -304,7 +304,8 @@ class GuardedThreadWorker(ThreadWorker):
             conn.initialized = True
         conn.data_ready = True
         conn.parser.unreader.unread(bytes(arrival.buf))
-        conn.arrived = arrival.arrived   # read by handle_request, in the thread
+        # For handle_request, in the thread: when it arrived, and whether its body is all here.
+        conn.arrival = (arrival.arrived, arrival.stage == "body")
         self.enqueue_req(conn)
 
     # --- in a pool thread ---------------------------------------------------------------------
@@ -314,11 +315,11 @@ class GuardedThreadWorker(ThreadWorker):
 
     def handle_request(self, req, conn: TConn):
         """One request, in a pool thread: the app's environ learns when it arrived."""
-        _this_request.arrived = getattr(conn, "arrived", None)
+        _this_request.arrival = getattr(conn, "arrival", None)
         try:
             return super().handle_request(req, conn)
         finally:
-            _this_request.arrived = None
+            _this_request.arrival = None
 
     # --- cutting off ------------------------------------------------------------------------------
     def _forget(self, arrival: _Arrival) -> None:
@@ -403,11 +404,11 @@ _this_request = threading.local()
 
 
 def with_arrival(app):
-    """`app` (WSGI), told in environ[ARRIVED] when the thread's request began arriving."""
+    """`app` (WSGI), told when the thread's request began arriving and if its body is in."""
     def stamped(environ, start_response):
-        arrived = getattr(_this_request, "arrived", None)
-        if arrived is not None:
-            environ[ARRIVED] = arrived
+        arrival = getattr(_this_request, "arrival", None)
+        if arrival is not None:
+            environ[ARRIVED], environ[BODY_READ] = arrival
         return app(environ, start_response)
     return stamped
 

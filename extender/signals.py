@@ -99,7 +99,7 @@ class Prioritizer:
         if changed:   # copies at C speed beat a Python test per name
             entries = {**entries, **{n: host_priority_entry(n, s) for n, s in changed.items()}}
         try:
-            return host_priority_list_json([entries[n] for n in names])
+            return host_priority_list_json(list(map(entries.__getitem__, names)))
         except KeyError:   # a candidate no table holds
             return host_priority_list_json([entries.get(n) or host_priority_entry(n, NEUTRAL_SCORE)
                                             for n in names])

@@ -1,5 +1,6 @@
 """archway.worker's pure parts: which body the main loop reads, and the per-worker listener;
-and, under a real gunicorn, when a request arrived as the app is told it."""
+and, under a real gunicorn, when a request arrived and whether its body is in, as the app is
+told them."""
 import json
 import socket
 import sys
@@ -9,8 +10,8 @@ import time
 import pytest
 import requests
 
-from archway.deadline import ARRIVED
-from archway.worker import _own_listener, body_to_preread
+from archway.deadline import ARRIVED, BODY_READ
+from archway.worker import GuardedThreadWorker, _own_listener, body_to_preread
 from tests.infra.procs import REPO, Server, free_port
 
 
@@ -85,3 +86,34 @@ def test_the_app_is_told_when_a_request_arrived_not_when_a_thread_took_it(tmp_pa
         assert request["sent"] <= request["arrived"] <= request["taken"]
     waits = sorted(r["taken"] - r["arrived"] for r in seen)
     assert waits[-1] >= 0.9     # behind two others, 0.5 s each
+
+
+def echo_body_read(environ, start_response):
+    """A WSGI app for the test below: whether the worker said the body was read, and its size."""
+    body = environ["wsgi.input"].read()
+    answer = json.dumps({"body_read": environ.get(BODY_READ), "length": len(body)}).encode()
+    start_response("200 OK", [("Content-Type", "application/json"),
+                              ("Content-Length", str(len(answer)))])
+    return [answer]
+
+
+@pytest.mark.slow
+def test_the_app_is_told_whether_the_main_loop_read_the_whole_body(tmp_path):
+    """A body with a Content-Length up to the pre-read limit is in before a thread takes the
+    request (the extender then arms no timer for it, routes.read_body); a chunked one or one
+    over the limit the thread reads. Every request on one kept-alive connection, so the answer
+    is the request's own, not the previous one's."""
+    port = free_port()
+    limit = GuardedThreadWorker.preread_limit
+    with Server([sys.executable, "-m", "gunicorn", "--worker-class",
+                 "archway.worker.GuardedThreadWorker", "--workers", "1", "--threads", "2",
+                 "--bind", f"127.0.0.1:{port}", "tests.test_worker:echo_body_read"],
+                port=port, log_path=str(tmp_path / "gunicorn.log"), cwd=REPO, ready_timeout=30):
+        url = f"http://127.0.0.1:{port}/"
+        with requests.Session() as session:
+            answers = [session.post(url, data=body, timeout=30).json() for body in
+                       (b"x" * 1000, iter([b"x" * 1000]), b"x" * (limit + 1), b"x" * limit)]
+    assert answers == [{"body_read": True, "length": 1000},
+                       {"body_read": False, "length": 1000},           # chunked
+                       {"body_read": False, "length": limit + 1},      # over the limit
+                       {"body_read": True, "length": limit}]
