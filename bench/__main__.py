@@ -38,6 +38,7 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "kube": "kube",
     "loop": "loop",
     "scale": "scale",
+    "realnode": "realnode",    # root and the real node: archway in-cluster
 }
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

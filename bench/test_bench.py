@@ -106,3 +106,35 @@ def test_log_line_patterns_match_what_archway_logs():
     extender = ("2026-11-22 08:00:00,000 INFO archway.extender: filter shop/web-x: archs=amd64 "
                 "from annotation, 2500/5000 nodes pass (741.2 ms)")
     assert _FILTER_LINE.search(extender)["ms"] == "741.2"
+
+
+def test_the_no_op_webhook_is_the_charts_webhook_deployment_serving_the_echo_app(tmp_path):
+    """bench/realnode.py's baseline: everything of the chart's webhook pod but the app."""
+    import os
+    import subprocess
+
+    import yaml
+
+    from bench.realnode import NOOP, noop_deployment
+    from tests.infra.procs import REPO, require_binary
+    env = {**os.environ, **{f"HELM_{k}_HOME": str(tmp_path / k) for k in ("CACHE", "CONFIG", "DATA")}}
+    out = subprocess.run([require_binary("helm"), "template", "archway",
+                          os.path.join(REPO, "charts", "archway"), "-n", "archway-system",
+                          "--show-only", "templates/deployment.yaml"],
+                         capture_output=True, text=True, env=env, timeout=60, check=True).stdout
+    webhook = yaml.safe_load(out)
+    noop = noop_deployment(webhook)
+    labels = noop["spec"]["selector"]["matchLabels"]
+    assert labels["app.kubernetes.io/component"] == "bench-noop"
+    assert labels.items() <= noop["spec"]["template"]["metadata"]["labels"].items()
+    assert webhook["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "webhook"
+    ours, theirs = (d["spec"]["template"]["spec"] for d in (noop, webhook))
+    (app,), (chart,) = ours["containers"], theirs["containers"]
+    assert app["command"] == ["python3", "/opt/bench/echo_app.py"]
+    assert app["args"][:2] == chart["args"][:2] == ["--config", "/etc/archway/config/webhook.yaml"]
+    assert app["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    for same in ("image", "resources", "securityContext", "startupProbe", "livenessProbe"):
+        assert app[same] == chart[same], same
+    assert {v["name"]: v.get("secret", {}).get("secretName") for v in ours["volumes"]}["tls"] == NOOP
+    assert ours["securityContext"] == theirs["securityContext"]
+    assert noop["spec"]["replicas"] == webhook["spec"]["replicas"]
