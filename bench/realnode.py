@@ -46,12 +46,17 @@ PAIRS = 30               # figure 26
 STARTUP_RATIO_TARGET = 1.2
 NOOP = "bench-noop"        # no name of the release's: nothing takes it for archway's
 NOOP_HOOK = "noop.bench.archway.dev"
+PATCH_HOOK = "patch.noop.bench.archway.dev"     # the same no-op, for pods labelled bench=noop-patch
 ARCHWAY_HOOK = "pods.archway.dev"
+HOOKS = (ARCHWAY_HOOK, NOOP_HOOK, PATCH_HOOK)
 SKIP = {"archway.dev/skip": "true"}
-KINDS = {"archway": {}, "no-op": {**SKIP, "bench": "noop"}, "none": SKIP}   # kind -> pod labels
+KINDS = {"archway": {}, "no-op": {**SKIP, "bench": "noop"},                 # kind -> pod labels
+         "no-op-patch": {**SKIP, "bench": "noop-patch"}, "none": SKIP}
 SPECS = (("18c", f"in-cluster pod create, p99 archway's webhook adds vs a no-op webhook's, "
                  f"same Service path ({CREATES} each)", f"<= {ADDED_RATIO_TARGET:g}x"),
          ("18d", "in-cluster webhook call as the apiserver times it, mean archway vs no-op",
+          "context for 18c"),
+         ("18e", "in-cluster pod create, the no-op answering archway's own patch: p99 added",
           "context for 18c"),
          ("26", f"real pod startup (create -> Running) on the real node, p99 with archway vs "
                 f"without ({PAIRS} each)", f"<= {STARTUP_RATIO_TARGET:g}"))
@@ -76,8 +81,9 @@ def run(lab: Lab) -> list[Figure]:
         node = RealNode(plane, insecure_registries=[registry.host]).start()
         install = InClusterInstall(plane, node, archway_config={
             "registry": {"insecure_hosts": [registry.host]}}).install()
-        start_noop_webhook(lab, install)
-        figures = _create_latency(plane, f"{registry.host}/bench/multi:1")
+        image = f"{registry.host}/bench/multi:1"
+        start_noop_webhook(lab, install, archways_patch(plane, image))
+        figures = _create_latency(plane, image)
         return [*figures, _startup(plane, node, f"{registry.host}/bench/pause:1")]
     except Exception as e:
         return [failed_figure(n, name, target, e) for n, name, target in SPECS]
@@ -88,10 +94,29 @@ def run(lab: Lab) -> list[Figure]:
 
 # --- the no-op webhook, served as archway is -------------------------------------------------
 
-def start_noop_webhook(lab: Lab, install: InClusterInstall) -> None:
+def archways_patch(plane: ControlPlane, image: str) -> list[dict]:
+    """The JSON patch archway gives the bench's pods, read back from what it stored: the fields
+    archway set on one pod and not on its skipped twin."""
+    kube = plane.kube
+    assert kube is not None
+    ns = plane.new_namespace("bench-patch-probe")
+    placed, plain = (kube.create(pod_path(ns), _pod(kind, image, KINDS[kind],
+                                                    schedulerName="bench-nobody"))
+                     for kind in ("archway", "none"))
+    kube.delete(f"/api/v1/namespaces/{ns}")
+    ops = [{"op": "add", "path": "/metadata/annotations",
+            "value": placed["metadata"].get("annotations") or {}}]
+    for field in ("affinity", "tolerations", "nodeSelector", "schedulingGates"):
+        if placed["spec"].get(field) != plain["spec"].get(field):
+            ops.append({"op": "add", "path": f"/spec/{field}", "value": placed["spec"][field]})
+    return ops
+
+
+def start_noop_webhook(lab: Lab, install: InClusterInstall, patch: list[dict]) -> None:
     """The echo app as a Deployment made from the chart's webhook Deployment (same image, config,
     replicas, resources, probes, security context), its own Service and certificate, and a
-    MutatingWebhookConfiguration like the chart's calling it for pods labelled bench=noop."""
+    MutatingWebhookConfiguration like the chart's calling it for pods labelled bench=noop (or
+    bench=noop-patch: then it answers `patch`)."""
     kube, ns = install.plane.kube, install.namespace
     assert kube is not None
     (webhook,) = [d for d in kube.items(f"/apis/apps/v1/namespaces/{ns}/deployments")
@@ -104,7 +129,8 @@ def start_noop_webhook(lab: Lab, install: InClusterInstall) -> None:
             "stringData": {"tls.crt": c.read(), "tls.key": k.read()}})
     with open(os.path.join(REPO, "bench", "echo_app.py")) as f:
         kube.create(f"/api/v1/namespaces/{ns}/configmaps",
-                    {"metadata": {"name": NOOP}, "data": {"echo_app.py": f.read()}})
+                    {"metadata": {"name": NOOP}, "data": {"echo_app.py": f.read(),
+                                                          "patch.json": json.dumps(patch)}})
     deployment = noop_deployment(webhook)
     kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment)
     kube.create(f"/api/v1/namespaces/{ns}/services", {
@@ -115,13 +141,14 @@ def start_noop_webhook(lab: Lab, install: InClusterInstall) -> None:
         "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations")
         if w["metadata"]["name"].startswith(install.release)]
     hook = copy.deepcopy(configuration["webhooks"][0])
-    hook.update(name=NOOP_HOOK, objectSelector={"matchLabels": {"bench": "noop"}})
     with open(lab.ca.cert_path, "rb") as f:
         ca_bundle = base64.b64encode(f.read()).decode()
     hook["clientConfig"] = {"service": {"name": NOOP, "namespace": ns, "path": "/mutate",
                                         "port": 443}, "caBundle": ca_bundle}
+    hooks = [dict(copy.deepcopy(hook), name=name, objectSelector={"matchLabels": {"bench": label}})
+             for name, label in ((NOOP_HOOK, "noop"), (PATCH_HOOK, "noop-patch"))]
     kube.create("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
-                {"metadata": {"name": NOOP}, "webhooks": [hook]})
+                {"metadata": {"name": NOOP}, "webhooks": hooks})
     replicas = deployment["spec"]["replicas"]
     kube.wait_for(lambda: kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{NOOP}")[
         "status"].get("availableReplicas") == replicas or None, timeout=300,
@@ -141,6 +168,8 @@ def noop_deployment(webhook: dict) -> dict:
     (container,) = [c for c in template["spec"]["containers"] if c["name"] == "webhook"]
     port = next(p["containerPort"] for p in container["ports"] if p["name"] == "https")
     container["command"] = ["python3", "/opt/bench/echo_app.py"]
+    container["env"] = [*container.get("env", []),
+                        {"name": "ECHO_PATCH", "value": "/opt/bench/patch.json"}]
     container["args"] = ["--config", "/etc/archway/config/webhook.yaml", "serve",
                          "--bind", f"0.0.0.0:{port}"]
     container["readinessProbe"]["httpGet"]["path"] = "/healthz"    # the echo app's only probe
@@ -178,23 +207,23 @@ def _create_latency(plane: ControlPlane, image: str) -> list[Figure]:
                                                     **unscheduled))
             took[kind].append((time.perf_counter() - start) * 1000)
             placed = "archway.dev/architectures" in stored["metadata"].get("annotations", {})
-            if placed != (kind == "archway"):
+            if placed != (kind in ("archway", "no-op-patch")):
                 raise RuntimeError(f"pod {kind}-{i}: placed by archway: {placed}")
     for i in range(10):          # warming: caches, connections, both webhooks
         round_of_creates(CREATES + i)
     for values in took.values():
         values.clear()
-    calls_before = {h: webhook_calls(plane, h) for h in (ARCHWAY_HOOK, NOOP_HOOK)}
+    calls_before = {h: webhook_calls(plane, h) for h in HOOKS}
     for i in range(CREATES):
         round_of_creates(i)
-    calls = {h: webhook_calls(plane, h) - calls_before[h] for h in (ARCHWAY_HOOK, NOOP_HOOK)}
+    calls = {h: webhook_calls(plane, h) - calls_before[h] for h in HOOKS}
     kube.delete(f"/api/v1/namespaces/{ns}")
     p50 = {kind: percentile(v, 50) for kind, v in took.items()}
     p99 = {kind: percentile(v, 99) for kind, v in took.items()}
-    added = {kind: p99[kind] - p99["none"] for kind in ("archway", "no-op")}
+    added = {kind: p99[kind] - p99["none"] for kind in ("archway", "no-op", "no-op-patch")}
     ratio = added["archway"] / added["no-op"] if added["no-op"] > 0 else float("inf")
     mean = {kind: sum(v) / len(v) for kind, v in took.items()}
-    archway_call, noop_call = calls[ARCHWAY_HOOK], calls[NOOP_HOOK]
+    archway_call, noop_call, patch_call = (calls[h] for h in HOOKS)
     return [
         Figure("18c", SPECS[0][1],
                f"{ratio:.2f}x (+{added['archway']:.1f} vs +{added['no-op']:.1f} ms; p99 archway "
@@ -205,20 +234,30 @@ def _create_latency(plane: ControlPlane, image: str) -> list[Figure]:
                    "turn) from one client, keep-alive, after 10 rounds of warming: archway "
                    "(warm cache, through the chart's Service), the no-op (bench/echo_app.py in "
                    "archway's image, the chart's config and gunicorn settings, its own Service "
-                   "and certificate), neither (archway.dev/skip); pods Pending (a scheduler "
-                   f"nobody runs); means {mean['archway']:.1f} / {mean['no-op']:.1f} / "
+                   "and certificate), the no-op answering archway's patch (18e), neither "
+                   "(archway.dev/skip); pods Pending (a scheduler nobody runs); means "
+                   f"{mean['archway']:.1f} / {mean['no-op']:.1f} / {mean['no-op-patch']:.1f} / "
                    f"{mean['none']:.1f} ms",
                    f"where archway's extra time over the no-op goes, on average: "
                    f"{mean['archway'] - mean['no-op']:.1f} ms per create, of which "
                    f"{archway_call.mean_ms - noop_call.mean_ms:.1f} ms in the webhook call as the "
-                   "apiserver times it (18d), the rest the apiserver's own work on a mutated pod "
-                   "(the patch applied, the pod decoded and validated again with its affinity)"]),
+                   "apiserver times it (18d: the call and the patch applied), the rest the "
+                   "apiserver's later work on a mutated pod (validated with its affinity, "
+                   "stored bigger)"]),
         Figure("18d", SPECS[1][1],
                f"{archway_call.mean_ms:.1f} vs {noop_call.mean_ms:.1f} ms "
                f"({archway_call.mean_ms / noop_call.mean_ms:.2f}x)", SPECS[1][2], None, [
                    "apiserver_admission_webhook_admission_duration_seconds per webhook name "
                    f"({archway_call.count} and {noop_call.count} calls): sending the "
-                   "AdmissionReview through the Service, the webhook, reading the answer"]),
+                   "AdmissionReview through the Service, the webhook, reading the answer, "
+                   "applying its patch"]),
+        Figure("18e", SPECS[2][1],
+               f"+{added['no-op-patch']:.1f} ms (archway +{added['archway']:.1f}, plain no-op "
+               f"+{added['no-op']:.1f}); p50 {p50['no-op-patch']:.1f}; call {patch_call.mean_ms:.1f} "
+               f"ms (archway {archway_call.mean_ms:.1f})", SPECS[2][2], None, [
+                   "the same no-op answering, for pods labelled bench=noop-patch, the JSON patch "
+                   "archway gave a probe pod (its annotations, affinity and tolerations): what "
+                   "any webhook that mutates as archway does costs, archway's deciding apart"]),
     ]
 
 
@@ -295,9 +334,9 @@ def _startup(plane: ControlPlane, node: RealNode, image: str) -> Figure:
     p50 = {kind: percentile(v, 50) for kind, v in took.items()}
     p99 = {kind: percentile(v, 99) for kind, v in took.items()}
     ratio = p99["archway"] / p99["none"]
-    return Figure("26", SPECS[2][1],
+    return Figure("26", SPECS[3][1],
                   f"{ratio:.2f} (p99 {p99['archway']:.0f} vs {p99['none']:.0f} ms; p50 "
-                  f"{p50['archway']:.0f} vs {p50['none']:.0f} ms)", SPECS[2][2],
+                  f"{p50['archway']:.0f} vs {p50['none']:.0f} ms)", SPECS[3][2],
                   ratio <= STARTUP_RATIO_TARGET, [
                       f"{PAIRS} pairs after 2 of warming, one pod at a time, alternating which "
                       "goes first; a static pause binary's image from a registry on this "

@@ -138,3 +138,22 @@ def test_the_no_op_webhook_is_the_charts_webhook_deployment_serving_the_echo_app
     assert {v["name"]: v.get("secret", {}).get("secretName") for v in ours["volumes"]}["tls"] == NOOP
     assert ours["securityContext"] == theirs["securityContext"]
     assert noop["spec"]["replicas"] == webhook["spec"]["replicas"]
+
+
+def test_the_echo_app_answers_its_canned_patch_only_to_pods_labelled_for_it(tmp_path, monkeypatch):
+    import base64
+    import json
+
+    from bench.echo_app import create_echo_app
+    ops = [{"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}]
+    (tmp_path / "patch.json").write_text(json.dumps(ops))
+    monkeypatch.setenv("ECHO_PATCH", str(tmp_path / "patch.json"))
+    client = create_echo_app().test_client()
+
+    def answer(labels):
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "u", "object": {"metadata": {"labels": labels}}}}
+        return client.post("/mutate", json=review).get_json()["response"]
+    patched = answer({"bench": "noop-patch"})
+    assert json.loads(base64.b64decode(patched["patch"])) == ops and patched["allowed"]
+    assert answer({"bench": "noop"}) == {"uid": "u", "allowed": True}
