@@ -39,6 +39,7 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "loop": "loop",
     "scale": "scale",
     "autoscale": "autoscale",
+    "realnode": "realnode",    # root and the real node: archway in-cluster
 }
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

@@ -8,8 +8,13 @@ workers, threads, keep-alive, timeouts) and the same TLS context on the same cer
 the throughput ratio isolates what archway's request handling costs.
 
     python3 -m bench.echo_app --config FILE serve --bind 127.0.0.1:PORT
+
+With ECHO_PATCH naming a file of a JSON patch, a pod labelled bench=noop-patch gets that patch
+(figure 18e: what the apiserver's applying a patch like archway's costs, without archway).
 """
 import argparse
+import base64
+import os
 import sys
 
 from flask import Flask, jsonify, request
@@ -20,14 +25,27 @@ from archway.config import load_config
 from archway.hostport import split_bind
 
 
+def _canned_patch() -> str | None:
+    path = os.environ.get("ECHO_PATCH")
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        return base64.b64encode(f.read()).decode()
+
+
 def create_echo_app() -> Flask:
     app = Flask("echo")
+    patch = _canned_patch()
 
     @app.post("/mutate")
     def mutate():
         review = request.get_json()
+        answer = {"uid": review["request"]["uid"], "allowed": True}
+        if patch and ((review["request"].get("object") or {}).get("metadata") or {}).get(
+                "labels", {}).get("bench") == "noop-patch":
+            answer.update(patchType="JSONPatch", patch=patch)
         return jsonify({"apiVersion": review["apiVersion"], "kind": review["kind"],
-                        "response": {"uid": review["request"]["uid"], "allowed": True}})
+                        "response": answer})
 
     @app.get("/healthz")
     def healthz():

@@ -89,7 +89,7 @@ def _create_latency(plane: ControlPlane, image: str) -> Figure:
     for i in range(20):    # warm: archway's cache, both paths' connections
         kube.create(pod_path(ns), _pod(f"warm-{i}", image, labels={"archway.dev/skip": str(i % 2 == 0).lower()}))
     took = {"webhook": [], "skipped": []}
-    calls_before = _webhook_calls(plane)
+    calls_before = webhook_calls(plane)
     for i in range(CREATES):
         for kind in ("webhook", "skipped"):
             body = _pod(f"{kind}-{i}", image,
@@ -102,7 +102,7 @@ def _create_latency(plane: ControlPlane, image: str) -> Figure:
                 raise RuntimeError(f"pod {kind}-{i} was not placed by archway")
     p = {kind: (percentile(v, 50), percentile(v, 99)) for kind, v in took.items()}
     added = p["webhook"][1] - p["skipped"][1]
-    calls = _webhook_calls(plane) - calls_before
+    calls = webhook_calls(plane) - calls_before
     mean_added = (sum(took["webhook"]) - sum(took["skipped"])) / CREATES
     return Figure(
         "18", SPECS[0][1], f"+{added:.1f} ms (p99 {p['webhook'][1]:.1f} vs {p['skipped'][1]:.1f};"
@@ -130,17 +130,19 @@ class _Calls:
         return 1000 * self.seconds / self.count if self.count else float("nan")
 
 
-def _webhook_calls(plane: ControlPlane) -> _Calls:
-    """How many mutating webhook calls the apiserver made so far, and their summed duration, from
-    its own /metrics."""
+def webhook_calls(plane: ControlPlane, name: str | None = None) -> _Calls:
+    """How many mutating webhook calls (to the webhook `name`, or any) the apiserver made so far,
+    and their summed duration, from its own /metrics."""
     text = plane.kube.session.get(plane.kube.server + "/metrics", timeout=30).text
     count = seconds = 0.0
+    wanted = ('type="admit"',) + ((f'name="{name}"',) if name else ())
     for line in text.splitlines():
-        if line.startswith("apiserver_admission_webhook_admission_duration_seconds_count{") \
-                and 'type="admit"' in line:
+        if not line.startswith("apiserver_admission_webhook_admission_duration_seconds_") \
+                or not all(label in line for label in wanted):
+            continue
+        if line.startswith("apiserver_admission_webhook_admission_duration_seconds_count{"):
             count += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("apiserver_admission_webhook_admission_duration_seconds_sum{") \
-                and 'type="admit"' in line:
+        elif line.startswith("apiserver_admission_webhook_admission_duration_seconds_sum{"):
             seconds += float(line.rsplit(" ", 1)[1])
     return _Calls(int(count), seconds)
 

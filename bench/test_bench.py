@@ -138,3 +138,54 @@ def test_bench_pool_and_wrong_placements():
                                        "lastTransitionTime": "2026-11-27T22:00:05Z"}]}
     since = datetime.datetime(2026, 11, 27, 22, 0, 1, tzinfo=datetime.UTC).timestamp()
     assert claim_timeline([claim], since) == "NodeClaims created +2 to +2 s, Ready by +4 s"
+
+
+def test_the_no_op_webhook_is_the_charts_webhook_deployment_serving_the_echo_app(tmp_path):
+    """bench/realnode.py's baseline: everything of the chart's webhook pod but the app."""
+    import os
+    import subprocess
+
+    import yaml
+
+    from bench.realnode import NOOP, noop_deployment
+    from tests.infra.procs import REPO, require_binary
+    env = {**os.environ, **{f"HELM_{k}_HOME": str(tmp_path / k) for k in ("CACHE", "CONFIG", "DATA")}}
+    out = subprocess.run([require_binary("helm"), "template", "archway",
+                          os.path.join(REPO, "charts", "archway"), "-n", "archway-system",
+                          "--show-only", "templates/deployment.yaml"],
+                         capture_output=True, text=True, env=env, timeout=60, check=True).stdout
+    webhook = yaml.safe_load(out)
+    noop = noop_deployment(webhook)
+    labels = noop["spec"]["selector"]["matchLabels"]
+    assert labels["app.kubernetes.io/component"] == "bench-noop"
+    assert labels.items() <= noop["spec"]["template"]["metadata"]["labels"].items()
+    assert webhook["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "webhook"
+    ours, theirs = (d["spec"]["template"]["spec"] for d in (noop, webhook))
+    (app,), (chart,) = ours["containers"], theirs["containers"]
+    assert app["command"] == ["python3", "/opt/bench/echo_app.py"]
+    assert app["args"][:2] == chart["args"][:2] == ["--config", "/etc/archway/config/webhook.yaml"]
+    assert app["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    for same in ("image", "resources", "securityContext", "startupProbe", "livenessProbe"):
+        assert app[same] == chart[same], same
+    assert {v["name"]: v.get("secret", {}).get("secretName") for v in ours["volumes"]}["tls"] == NOOP
+    assert ours["securityContext"] == theirs["securityContext"]
+    assert noop["spec"]["replicas"] == webhook["spec"]["replicas"]
+
+
+def test_the_echo_app_answers_its_canned_patch_only_to_pods_labelled_for_it(tmp_path, monkeypatch):
+    import base64
+    import json
+
+    from bench.echo_app import create_echo_app
+    ops = [{"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}]
+    (tmp_path / "patch.json").write_text(json.dumps(ops))
+    monkeypatch.setenv("ECHO_PATCH", str(tmp_path / "patch.json"))
+    client = create_echo_app().test_client()
+
+    def answer(labels):
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "u", "object": {"metadata": {"labels": labels}}}}
+        return client.post("/mutate", json=review).get_json()["response"]
+    patched = answer({"bench": "noop-patch"})
+    assert json.loads(base64.b64decode(patched["patch"])) == ops and patched["allowed"]
+    assert answer({"bench": "noop"}) == {"uid": "u", "allowed": True}

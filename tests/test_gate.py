@@ -607,6 +607,36 @@ def test_admit_mode_tells_the_owner_and_deny_mode_denies(api):
     assert "unresolved is deny" in denied.body["response"]["status"]["message"]
 
 
+def test_an_event_about_a_pod_in_admission_names_the_uid_it_is_stored_with(api):
+    """`kubectl describe pod` selects Events by the pod's uid, which the apiserver gives only
+    when it stores the pod, after admission: the sink waits for the pod (off the admission's
+    path) and names its uid; a pod whose creation failed after admission gets its Event
+    without one."""
+    server, kube = api
+    from archway.webhook.events import EventSink
+    sink = EventSink(kube, instance="webhook-0", uid_wait_seconds=3.0)
+    for name in ("stored", "never"):
+        sink.record({"apiVersion": "v1", "kind": "Pod", "namespace": "shop", "name": name},
+                    "Warning", "ArchwayUnschedulable", "Admit", f"about {name}",
+                    being_created=True)
+    body = pod("reg/amd:1", gates=())
+    body["metadata"].update(name="stored", namespace="shop")
+    stored = server.create_pod(body)      # once admitted, as the apiserver stores it
+    sink.flush(20)
+    regarding = {e["regarding"]["name"]: e["regarding"] for e in server.events("shop")}
+    assert regarding["stored"]["uid"] == stored["metadata"]["uid"]
+    assert "uid" not in regarding["never"]
+
+
+def test_an_older_pod_of_the_same_name_is_not_the_one_an_event_is_about():
+    from archway.webhook.events import uid_of_stored
+    pod_obj = {"metadata": {"uid": "u", "creationTimestamp": "2026-01-01T00:00:00Z"}}
+    created = 1767225600.0     # 2026-01-01T00:00:00Z
+    assert uid_of_stored(pod_obj, created + 1) == "u"
+    assert uid_of_stored(pod_obj, created - 30) == "u"       # clocks apart: still this pod
+    assert uid_of_stored(pod_obj, created + 3600) is None    # its creation failed: AlreadyExists
+
+
 # --- archway gate release-all (the uninstall hook) ------------------------------------------------
 
 def test_release_all_removes_only_archways_gate_from_every_pod(api):

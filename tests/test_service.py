@@ -239,8 +239,9 @@ class Events:
     def __init__(self):
         self.sent = []
 
-    def record(self, regarding, event_type, reason, action, note):
+    def record(self, regarding, event_type, reason, action, note, being_created=False):
         self.sent.append((f"{regarding['namespace']}/{regarding['name']}", event_type, reason, note))
+        self.being_created = being_created
 
 
 class Node:

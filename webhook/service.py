@@ -94,7 +94,7 @@ class Gating(Protocol):
 
 class EventRecorder(Protocol):
     def record(self, regarding: dict, event_type: str, reason: str, action: str,
-               note: str) -> None: ...
+               note: str, *, being_created: bool = False) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -250,9 +250,11 @@ class AdmissionService:
         if decision.unschedulable:
             metrics.UNSCHEDULABLE_PODS.labels("warned" if decision.allowed else "denied").inc()
             if decision.allowed and self.events is not None and not request.dry_run:
-                self.events.record(pod_or_owner(pod), "Warning", REASON_UNSCHEDULABLE, "Admit",
+                regarding = pod_or_owner(pod)
+                self.events.record(regarding, "Warning", REASON_UNSCHEDULABLE, "Admit",
                                    decision.unschedulable
-                                   + ": the pod stays Pending until such a node joins")
+                                   + ": the pod stays Pending until such a node joins",
+                                   being_created=bool(pod.name) and regarding["kind"] == "Pod")
 
     def resolve(self, pod: PodView, due: float, api_by: float) -> Resolution:
         """The images' results and the credential warnings, by `due`; the API reads may go on

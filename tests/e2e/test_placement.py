@@ -1,6 +1,9 @@
 """Placement through the real apiserver and scheduler: Deployments whose pods the
 controller-manager creates, archway's webhook patches, and kube-scheduler binds to the Nodes of
 the control plane (2 amd64, 2 arm64, 1 ppc64le)."""
+import os
+import subprocess
+
 import pytest
 
 from tests.infra.kube import KubeError, pod_path
@@ -73,6 +76,28 @@ def test_a_deployment_that_can_run_nowhere_shows_why_in_its_replicaset_events(
     assert "archway" in event["message"] and "no common" in event["message"].lower() \
         or "share no" in event["message"], event["message"]
     assert kube.items(pod_path(namespace), labelSelector="app=nowhere") == []
+
+
+def test_kubectl_describe_pod_shows_why_no_node_can_run_it(
+        archway, control_plane, kube, namespace, images):
+    """A pod created by its name: archway's Event is about the pod itself, and `kubectl describe
+    pod` (which selects Events by the pod's uid, given only when the pod is stored, after
+    admission) shows it."""
+    image = images.ref("e2e/s390x", images.fresh("e2e/s390x", ["linux/s390x"]))
+    create_pod(kube, namespace, pod("lonely", [image]))
+    assert "s390x-only" in kube.last_warnings
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+
+    def described():
+        done = subprocess.run([control_plane.binary("kubectl"), "--kubeconfig",
+                               control_plane.admin_kubeconfig, "describe", "pod", "lonely",
+                               "-n", namespace], capture_output=True, text=True, timeout=60,
+                              env=env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout if "ArchwayUnschedulable" in done.stdout else None
+    text = kube.wait_for(described, timeout=30, what="archway's Event in kubectl describe pod")
+    (line,) = [line for line in text.splitlines() if "ArchwayUnschedulable" in line]
+    assert "Warning" in line and "images are s390x-only" in line, text
 
 
 def test_a_pod_that_pins_its_own_architecture_keeps_it(archway, kube, namespace, images):

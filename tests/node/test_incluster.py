@@ -1,6 +1,8 @@
 """archway installed in the cluster as users install it (tests/infra/incluster.py): its pods on
 the real node, the apiserver calling the webhook through the chart's Service, a rollout of
 archway itself under steady pod creation, and `helm uninstall` with its hooks as Jobs."""
+import os
+import subprocess
 import threading
 import time
 
@@ -45,6 +47,26 @@ def test_archway_runs_in_the_cluster_and_places_a_deployment_on_the_real_node(in
     kube.wait_for(lambda: all(p["status"].get("phase") == "Running"
                               for p in pods_of(kube, namespace, "web")) or None,
                   timeout=120, what="the Deployment's pods Running on the real node")
+
+
+def test_kubectl_describe_pod_shows_archways_event_about_it(in_cluster, node_registry):
+    """A pod no node can run, created by its name: `kubectl describe pod` (Events selected by
+    the pod's uid) shows archway's ArchwayUnschedulable, written by archway's pods."""
+    plane = in_cluster.plane
+    node_registry.push_image("node/s390x", "1", "linux/s390x")
+    namespace = fresh_namespace(plane, "describe")
+    plane.kube.create(pod_path(namespace), {"metadata": {"name": "lonely"}, "spec": {
+        "containers": [{"name": "c", "image": f"{node_registry.host}/node/s390x:1"}]}})
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+
+    def described():
+        done = subprocess.run([plane.binary("kubectl"), "--kubeconfig", plane.admin_kubeconfig,
+                               "describe", "pod", "lonely", "-n", namespace],
+                              capture_output=True, text=True, timeout=60, env=env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout if "ArchwayUnschedulable" in done.stdout else None
+    text = plane.kube.wait_for(described, timeout=60, what="archway's Event in kubectl describe")
+    assert "images are s390x-only" in text
 
 
 def restart_deployments(in_cluster) -> None:
