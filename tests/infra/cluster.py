@@ -38,6 +38,7 @@ from .controlplane import (
     start_process,
     stop_process,
     tail,
+    wait_answering,
 )
 from .kube import Kube, KubeError
 from .kwok import describe_kwok_nodes, start_kwok_nodes
@@ -329,20 +330,9 @@ class ChartInstall:
         process = start_process(name, archway_command() + ["--config", config_path, "serve"],
                                 self.plane.state_dir, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         archway = Archway(name, port, config_path, process, ca)
-        end = time.monotonic() + 60
-        while True:
-            if not archway.alive():
-                raise ControlPlaneError(f"archway serve ({name}) exited at start; its log "
-                                        f"{process.log} ends:\n{archway.log(30)}")
-            try:
-                if archway.get("/readyz", timeout=2).status_code == 200:
-                    return archway
-            except requests.RequestException:
-                pass
-            if time.monotonic() > end:
-                raise ControlPlaneError(f"archway serve ({name}) not ready after 60 s; log "
-                                        f"{process.log}:\n{archway.log(30)}")
-            time.sleep(0.2)
+        wait_answering(f"archway serve ({name})", process,
+                       lambda: archway.get("/readyz", timeout=2).status_code == 200, timeout=60)
+        return archway
 
     def start_second_scheduler(self) -> Process:
         (name,) = [n for n in self.resource_names()["ConfigMap"] if n.endswith("-scheduler")]

@@ -125,6 +125,27 @@ def _healthz(port: int) -> bool:
         return requests.get(f"https://127.0.0.1:{port}/healthz", verify=False, timeout=2).text == "ok"
 
 
+def wait_answering(what: str, process: Process, answers, *, timeout: float,
+                   interval: float = 0.2) -> None:
+    """Until `answers()` (a probe of a process just started; an error reaching it counts as
+    not yet) is true; ControlPlaneError with the end of the process's log when it exits first or
+    `timeout` passes."""
+    end = time.monotonic() + timeout
+    while True:
+        if not _alive(process.pid):
+            raise ControlPlaneError(f"{what} exited at start; its log {process.log} ends:\n"
+                                    f"{tail(process.log)}")
+        try:
+            if answers():
+                return
+        except (KubeError, OSError):   # requests' errors are OSErrors
+            pass
+        if time.monotonic() > end:
+            raise ControlPlaneError(f"{what} not ready after {timeout:g} s; its log "
+                                    f"{process.log} ends:\n{tail(process.log)}")
+        time.sleep(interval)
+
+
 def tail(path: str, lines: int = 30) -> str:
     try:
         with open(path, "rb") as f:
@@ -251,20 +272,7 @@ class ControlPlane:
         process = start_process(name, args, self.state_dir)
         self.processes[name] = process
         self.save()
-        end = time.monotonic() + timeout
-        while True:
-            if not _alive(process.pid):
-                raise ControlPlaneError(f"{name} exited at start; its log {process.log} ends:\n"
-                                        f"{tail(process.log)}")
-            try:
-                if ready():
-                    return
-            except (requests.RequestException, KubeError, OSError):
-                pass
-            if time.monotonic() > end:
-                raise ControlPlaneError(f"{name} was not ready after {timeout:g} s; its log "
-                                        f"{process.log} ends:\n{tail(process.log)}")
-            time.sleep(0.2)
+        wait_answering(name, process, ready, timeout=timeout)
 
     def _start_etcd(self) -> None:
         client = f"http://127.0.0.1:{self.ports['etcd']}"

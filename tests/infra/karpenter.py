@@ -32,6 +32,7 @@ from .controlplane import (
     kubeconfig,
     start_process,
     tail,
+    wait_answering,
 )
 from .kube import KubeError
 from .procs import REPO, free_port
@@ -216,21 +217,9 @@ class Karpenter:
             self.plane.state_dir, env=env)
         self.plane.processes["karpenter"] = process
         self.save(env)
-        end = time.monotonic() + 90
-        while True:
-            if not _alive(process.pid):
-                raise ControlPlaneError(f"karpenter exited at start; its log {process.log} "
-                                        f"ends:\n{tail(process.log)}")
-            try:
-                if requests.get(f"http://127.0.0.1:{self.health_port}/readyz",
-                                timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            if time.monotonic() > end:
-                raise ControlPlaneError(f"karpenter not ready after 90 s; its log "
-                                        f"{process.log} ends:\n{tail(process.log)}")
-            time.sleep(0.3)
+        wait_answering("karpenter", process, lambda: requests.get(
+            f"http://127.0.0.1:{self.health_port}/readyz", timeout=2).status_code == 200,
+            timeout=90, interval=0.3)
 
     def save(self, env: dict) -> None:
         with open(self.plane.path("karpenter.json"), "w") as f:
