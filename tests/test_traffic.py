@@ -299,6 +299,7 @@ class _FaultServer:
 ])
 def test_poller_survives_a_prometheus_that_misbehaves(mode, words, timeout, monkeypatch):
     import time
+
     from archway.extender import prometheus
     monkeypatch.setattr(prometheus, "MAX_RESPONSE_BYTES", 1024 * 1024)
     server = _FaultServer(mode)
