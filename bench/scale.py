@@ -29,7 +29,7 @@ from .servers import _is_gate_controller, children, cpu_seconds, rss_bytes
 # The largest size also gets the relist, the failover and the schedulers' race (scale_events).
 SIZES = tuple(int(n) for n in os.environ.get("ARCHWAY_SCALE_SIZES", "100,1000,5000").split(","))
 BURST = 100
-REST_SECONDS = 60     # at rest: CPU and requests per minute (the watches, the Lease renewals)
+REST_SECONDS = 30     # at rest: CPU and requests per minute (the watches, the Lease renewals)
 DEADLINE = 1.0        # admission.deadline_seconds: a pod through the slow registry is gated
 REQUESTS_PER_POD_TARGET = 0.01
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -50,6 +50,7 @@ def run(lab: Lab) -> list[Figure]:
         for nodes in SIZES:
             try:
                 sizes.append(_one_size(lab, registry, slow, nodes))
+                _keep(sizes, "")
             except Exception as e:   # the sizes measured so far still count; say where it stopped
                 stopped = f"{nodes:,} Nodes: {type(e).__name__}: {str(e)[:300]}"
                 step(f"stopped at {stopped}")
@@ -62,9 +63,7 @@ def run(lab: Lab) -> list[Figure]:
         for part in (slow, registry):
             if part is not None:
                 part.stop()
-    # What was measured, kept whatever the formatting below makes of it.
-    with open(os.path.join(RESULTS, "scale-raw.json"), "w") as f:
-        json.dump({"sizes": sizes, "stopped": stopped}, f, indent=1, default=str)
+    _keep(sizes, stopped)
     figures = []
     for spec, make in ((SPECS[0], lambda: [_memory_figure(sizes)]),
                        (SPECS[1], lambda: [_requests_figure(sizes)]),
@@ -76,6 +75,13 @@ def run(lab: Lab) -> list[Figure]:
     if stopped:
         figures[0].notes.append(f"stopped at {stopped}")
     return figures
+
+
+def _keep(sizes: list[dict], stopped: str) -> None:
+    """What was measured so far, kept whatever becomes of the rest (a size takes minutes)."""
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "scale-raw.json"), "w") as f:
+        json.dump({"sizes": sizes, "stopped": stopped}, f, indent=1, default=str)
 
 
 def step(what: str) -> None:

@@ -81,7 +81,7 @@ def _at_rest(sizes: list[dict]) -> Figure:
             + f"); load {s['rest_load']}" for s in sizes]
     return Figure("25d", name, " / ".join(f"{s['at_rest']['per_minute']:.0f}" for s in sizes)
                   + " per minute", target, None,
-                  ["every request of archway's ServiceAccounts received in 60 s with no pod "
+                  ["every request of archway's ServiceAccounts received in 30 s with no pod "
                    "created, from the audit log, each once (a watch counts when opened)", *rows])
 
 

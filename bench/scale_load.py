@@ -48,8 +48,9 @@ class RunningWatch:
         self._stop = threading.Event()
         version = self.kube.get(self.path)["metadata"]["resourceVersion"]
         self._response = self.kube.session.get(
-            self.kube.server + self.path, params={"watch": "1", "resourceVersion": version},
-            stream=True, timeout=(10, 600))
+            self.kube.server + self.path,
+            params={"watch": "1", "resourceVersion": version, "timeoutSeconds": "900"},
+            stream=True, timeout=(10, 960))
         self._response.raise_for_status()
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
@@ -79,8 +80,9 @@ class RunningWatch:
         raise RuntimeError(f"{len(missing)} pods not seen Running in {timeout:g} s: {missing[:3]}")
 
     def stop(self) -> None:
+        """Left to end by itself (timeoutSeconds): closing a response another thread reads
+        from blocks until that read returns, and on a quiet namespace none does."""
         self._stop.set()
-        self._response.close()
 
 
 def paced_creates(plane: ControlPlane, namespace: str, bodies: list[dict]) -> dict[str, tuple]:
