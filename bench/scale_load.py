@@ -21,14 +21,14 @@ from tests.infra.controlplane import ControlPlane
 from tests.infra.kube import pod_path
 from tests.infra.kwok import LABEL
 
-from .stats import percentile
+from .stats import bucket_difference, histogram_buckets, parse_metrics, percentile
 
 RATE = 10.0             # pods per second, both kinds together
 STARTUP_PODS = 150      # of each kind
 BLOCK_PODS = 100        # per block of the apiserver's figure
 SKIP = {"archway.dev/skip": "true"}
 ACCOUNTS = "system:serviceaccount:archway-system:"
-POST_PODS = ('verb="POST"', 'resource="pods"', 'subresource=""')
+POST_PODS = {"verb": "POST", "resource": "pods", "subresource": ""}
 
 
 def pod(name: str, image: str, labels: dict | None = None) -> dict:
@@ -135,27 +135,19 @@ def startup(plane: ControlPlane, image: str) -> dict:
 
 # --- the apiserver's own figures -----------------------------------------------------------------
 
-def histogram(text: str, name: str, wanted: tuple[str, ...]) -> dict:
+def histogram(text: str, name: str, **match) -> dict:
     """{"buckets": {le: count}, "sum": s, "count": n} of metric `name`, summed over the series
-    whose labels contain every one of `wanted`."""
-    buckets: dict[float, float] = {}
-    out = {"sum": 0.0, "count": 0.0}
-    for line in text.splitlines():
-        if not line.startswith(name + "_") or not all(w in line for w in wanted):
-            continue
-        series, value = line.rsplit(" ", 1)
-        if series.startswith(name + "_bucket{"):
-            le = series.rsplit('le="', 1)[1].split('"', 1)[0]
-            buckets[float(le)] = buckets.get(float(le), 0.0) + float(value)
-        elif series.startswith(name + "_sum{"):
-            out["sum"] += float(value)
-        elif series.startswith(name + "_count{"):
-            out["count"] += float(value)
-    return {"buckets": buckets, **out}
+    whose labels include `match`."""
+    out = {"buckets": histogram_buckets(text, name, **match), "sum": 0.0, "count": 0.0}
+    for sample, labels, value in parse_metrics(text):
+        if sample in (name + "_sum", name + "_count") and all(
+                labels.get(k) == v for k, v in match.items()):
+            out[sample.rsplit("_", 1)[1]] += value
+    return out
 
 
 def delta(after: dict, before: dict) -> dict:
-    return {"buckets": {le: n - before["buckets"].get(le, 0.0) for le, n in after["buckets"].items()},
+    return {"buckets": bucket_difference(after["buckets"], before["buckets"]),
             "sum": after["sum"] - before["sum"], "count": after["count"] - before["count"]}
 
 
@@ -177,9 +169,9 @@ def summary(h: dict) -> str:
 def apiserver_metrics(plane: ControlPlane) -> dict:
     assert plane.kube is not None
     text = plane.kube.session.get(plane.kube.server + "/metrics", timeout=60).text
-    return {"request": histogram(text, "apiserver_request_duration_seconds", POST_PODS),
+    return {"request": histogram(text, "apiserver_request_duration_seconds", **POST_PODS),
             "webhook": histogram(text, "apiserver_admission_webhook_admission_duration_seconds",
-                                 ('type="admit"', 'operation="CREATE"'))}
+                                 type="admit", operation="CREATE")}
 
 
 def apiserver(plane: ControlPlane, image: str) -> dict:
