@@ -9,6 +9,8 @@ with KWOK-simulated Nodes (tests/infra/kwok.py) at three sizes, each its own fre
     audit log: every request of archway's ServiceAccounts in that window but the watches it
     keeps open; target <= 0.01 (watches, never a read per pod). Lease renewals of the gate
     controller's leader election are counted apart (they are per second, not per pod).
+25b-25d at every size (bench/scale_load.py), 25e-25g at the largest (bench/scale_events.py),
+formatted by bench/scale_figures.py; sizes from ARCHWAY_SCALE_SIZES (default 100,1000,5000).
 """
 import json
 import os
