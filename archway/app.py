@@ -20,6 +20,7 @@ from werkzeug.exceptions import HTTPException
 from archway import __version__, metrics
 from archway.certs.selfsigned import tls_dir
 from archway.certs.x509 import CertificateError, load_cert, remaining
+from archway.extender import pollerprocess
 from archway.extender.routes import register_extender
 from archway.gate import supervisor
 from archway.hostport import split_bind
@@ -60,10 +61,12 @@ class ServerState:
 
 
 def create_app(config, *, product: str | None = None, resolver=None, pull_secrets=None,
-               lookups_dir: str | None = None, controller_status: str | None = None) -> Flask:
+               lookups_dir: str | None = None, controller_status: str | None = None,
+               poller_status: str | None = None) -> Flask:
     """The app serving `product` (default: server.product). `lookups_dir`: where this server's
     workers share image lookups (archway.registry.sharedlookups); None: not shared.
-    `controller_status`: the status file of the gate controller this server runs, if any."""
+    `controller_status`: the status file of the gate controller this server runs, if any;
+    `poller_status`: that of its traffic poller process (extender/pollerprocess.py), if any."""
     products = products_of(product or config.server.product)
     app = Flask("archway", static_folder=None)
     # One byte over the limit: a chunked body (no Content-Length) is read up to max + 1 bytes,
@@ -82,6 +85,8 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
     state.readiness_checks["serving_certificate"] = lambda: _certificate_problem(config.server)
     if controller_status is not None:
         _controller_health(state, controller_status)
+    if poller_status is not None:
+        _poller_health(state, poller_status, config.prometheus)
     if "webhook" in products:
         register_webhook(app, state, pull_secrets)
     if "extender" in products:
@@ -105,6 +110,28 @@ def _controller_health(state: ServerState, status_path: str) -> None:
         supervisor.read_status(status_path), time.time())
     state.health_checks["gate_controller"] = lambda: supervisor.process_problem(
         supervisor.read_status(status_path), time.time())
+
+
+def _poller_health(state: ServerState, status_path: str, settings) -> None:
+    """The traffic poller process this server runs: a fact on /readyz, a problem on /healthz
+    when it is down and nothing brings it back, or alive and stuck (no turn of its loop)."""
+    heartbeat = os.path.join(os.path.dirname(status_path), pollerprocess.HEARTBEAT_FILE)
+
+    def problem() -> str | None:
+        status, now = supervisor.read_status(status_path), time.time()
+        return (supervisor.process_problem(status, now, what="traffic poller")
+                or pollerprocess.stall_problem(status, _mtime(heartbeat), now, settings))
+
+    state.readiness_facts["traffic_poller_process"] = lambda: supervisor.process_fact(
+        supervisor.read_status(status_path), time.time())
+    state.health_checks["traffic_poller"] = problem
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
 
 
 class _MetricsListener:

@@ -91,7 +91,7 @@ def serve(config, bind: str | None = None) -> int:
         _announce(config, bind, host, port, tls)
         try:
             _Gunicorn(config, _options(config, bind, tls, children), lookups_dir=lookups_dir,
-                      controller=controller, children=children).run()
+                      controller=controller, poller=poller, children=children).run()
         except SystemExit as e:  # gunicorn's arbiter exits through sys.exit
             if os.getpid() != master:
                 raise
@@ -119,7 +119,7 @@ def _poller_supervisor(config):
     before the workers fork: they learn from the environment that they only follow it."""
     if config.server.product not in ("all", "extender") or not config.prometheus.url:
         return None
-    from archway.extender.pollerprocess import POLLER_PROCESS_ENV, start_process
+    from archway.extender.pollerprocess import POLLER_PROCESS_ENV, STATUS_FILE, start_process
     from archway.extender.service import traffic_dir
     from archway.gate.supervisor import Supervisor
 
@@ -128,7 +128,8 @@ def _poller_supervisor(config):
     assert directory is not None   # serve set the metrics directory before
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.environ[POLLER_PROCESS_ENV] = "1"
-    return Supervisor(lambda: start_process(config, directory), None,
+    return Supervisor(lambda: start_process(config, directory),
+                      os.path.join(directory, STATUS_FILE),
                       on_exit=metrics.mark_process_dead, what="traffic poller")
 
 
@@ -298,11 +299,12 @@ class _Gunicorn(BaseApplication):
     """gunicorn configured from Python: no config file, no command line of its own."""
 
     def __init__(self, config, options: dict, *, lookups_dir: str | None = None,
-                 controller=None, children=()):
+                 controller=None, poller=None, children=()):
         self.archway_config = config
         self.options = options
         self.lookups_dir = lookups_dir
         self.controller = controller
+        self.poller = poller
         self.children = list(children)
         super().__init__()
 
@@ -324,7 +326,8 @@ class _Gunicorn(BaseApplication):
         from archway.app import create_app
         app = create_app(self.archway_config, lookups_dir=self.lookups_dir,
                          controller_status=(self.controller.status_path
-                                            if self.controller is not None else None))
+                                            if self.controller is not None else None),
+                         poller_status=self.poller.status_path if self.poller is not None else None)
         # Listed while the worker boots, not on the scheduler's first filter call, which has
         # only extender.deadline_seconds to wait for it.
         node_cache = app.extensions["archway"].node_cache

@@ -9,53 +9,126 @@ with KWOK-simulated Nodes (tests/infra/kwok.py) at three sizes, each its own fre
     audit log: every request of archway's ServiceAccounts in that window but the watches it
     keeps open; target <= 0.01 (watches, never a read per pod). Lease renewals of the gate
     controller's leader election are counted apart (they are per second, not per pod).
+25b-25d at every size (bench/scale_load.py), 25e-25g at the largest (bench/scale_events.py),
+formatted by bench/scale_figures.py; sizes from ARCHWAY_SCALE_SIZES (default 100,1000,5000).
 """
 import json
+import os
+import sys
 import time
 
 from tests.infra.cluster import ChartInstall
 from tests.infra.controlplane import ControlPlane
 from tests.infra.kwok import LABEL, Kwok
+from tests.infra.proxy import DelayProxy
 from tests.infra.registry import RegistryServer
 
+from . import scale_events, scale_figures, scale_load
 from .lab import Lab
 from .report import Figure, failed_figure
 from .servers import _is_gate_controller, children, cpu_seconds, rss_bytes
 
-SIZES = (100, 300, 1000)
+# The largest size also gets the relist, the failover and the schedulers' race (scale_events).
+SIZES = tuple(int(n) for n in os.environ.get("ARCHWAY_SCALE_SIZES", "100,1000,5000").split(","))
 BURST = 100
-REST_SECONDS = 10     # CPU at rest: the caches' watches and the Lease renewals only
+REST_SECONDS = 30     # at rest: CPU and requests per minute (the watches, the Lease renewals)
+DEADLINE = 1.0        # admission.deadline_seconds: a pod through the slow registry is gated
 REQUESTS_PER_POD_TARGET = 0.01
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 ACCOUNTS = "system:serviceaccount:archway-system:"
 SPECS = (("24", f"archway RSS against cluster size ({', '.join(map(str, SIZES))} KWOK Nodes)", "info"),
-         ("25", f"archway's apiserver requests per pod, burst of {BURST} pods", f"<= {REQUESTS_PER_POD_TARGET}"))
+         ("25", f"archway's apiserver requests per pod, burst of {BURST} pods", f"<= {REQUESTS_PER_POD_TARGET}"),
+         *scale_figures.SPECS)
 
 
 def run(lab: Lab) -> list[Figure]:
-    registry = None
+    registry = slow = None
     try:
         registry = RegistryServer(lab.path("scale-registry"))
         registry.push_index("bench/multi", "1", ["linux/amd64", "linux/arm64"])
-        sizes = [_one_size(lab, registry, nodes) for nodes in SIZES]
-        return [_memory_figure(sizes), _requests_figure(sizes)]
+        registry.push_index("bench/gated", "1", ["linux/amd64", "linux/arm64"])
+        slow = DelayProxy(registry.port)
+        sizes, stopped = [], ""
+        for nodes in SIZES:
+            try:
+                sizes.append(_one_size(lab, registry, slow, nodes))
+                _keep(sizes, "")
+            except Exception as e:   # the sizes measured so far still count; say where it stopped
+                stopped = f"{nodes:,} Nodes: {type(e).__name__}: {str(e)[:300]}"
+                step(f"stopped at {stopped}")
+                break
+        if not sizes:
+            raise RuntimeError(stopped)
     except Exception as e:
         return [failed_figure(number, name, target, e) for number, name, target in SPECS]
     finally:
-        if registry is not None:
-            registry.stop()
+        for part in (slow, registry):
+            if part is not None:
+                part.stop()
+    _keep(sizes, stopped)
+    figures = []
+    for spec, make in ((SPECS[0], lambda: [_memory_figure(sizes)]),
+                       (SPECS[1], lambda: [_requests_figure(sizes)]),
+                       (SPECS[2], lambda: scale_figures.figures(sizes))):
+        try:
+            figures += make()
+        except Exception as e:
+            figures.append(failed_figure(*spec, e))
+    if stopped:
+        figures[0].notes.append(f"stopped at {stopped}")
+    return figures
 
 
-def _one_size(lab: Lab, registry: RegistryServer, nodes: int) -> dict:
+def _keep(sizes: list[dict], stopped: str) -> None:
+    """What was measured so far, kept whatever becomes of the rest (a size takes minutes)."""
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "scale-raw.json"), "w") as f:
+        json.dump({"sizes": sizes, "stopped": stopped}, f, indent=1, default=str)
+
+
+def step(what: str) -> None:
+    """Where the section is, on stderr: a size takes minutes."""
+    print(f"scale {time.strftime('%H:%M:%S')} load {load_average()}: {what}", file=sys.stderr,
+          flush=True)
+
+
+def load_average() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def _events(plane: ControlPlane, install: ChartInstall, registry: RegistryServer,
+            slow: DelayProxy) -> dict:
+    """The largest size's figures, each caught on its own (one failing leaves the others)."""
+    image = f"{registry.host}/bench/multi:1"
+    runs = {"relist": lambda: scale_events.relist(plane, install, image),
+            "failover": lambda: scale_events.failover(plane, install, slow,
+                                                      f"{slow.host}/bench/gated:1"),
+            "schedule": lambda: scale_events.schedule(plane, install, image)}
+    found: dict = {}
+    for name, measure in runs.items():
+        step(name)
+        try:
+            found[name] = {**measure(), "load": load_average()}
+        except Exception as e:
+            found[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+    return found
+
+
+def _one_size(lab: Lab, registry: RegistryServer, slow: DelayProxy, nodes: int) -> dict:
     plane = ControlPlane(lab.path(f"scale-{nodes}"))
     install = None
     try:
+        step(f"{nodes} Nodes: control plane and KWOK")
         started = time.monotonic()
         plane.start()
         kwok = Kwok(plane).start()
         kwok.wait_ready(kwok.add_nodes(nodes), timeout=900)
         ready = time.monotonic() - started
+        step(f"{nodes} Nodes Ready; installing archway")
         install = ChartInstall(plane, archway_config={
-            "registry": {"insecure_hosts": [registry.host]}}).install()
+            "registry": {"insecure_hosts": [registry.host, slow.host], "timeout_seconds": 2.0},
+            "admission": {"deadline_seconds": DEADLINE}}).install()
         assert install.webhook and install.extender
         time.sleep(5)   # the caches listed at boot; let the lists' garbage go
         webhook = children(install.webhook.process.pid)
@@ -65,13 +138,16 @@ def _one_size(lab: Lab, registry: RegistryServer, nodes: int) -> dict:
                  "masters": [install.webhook.process.pid, install.extender.process.pid]}
         rss = {k: [rss_bytes(p) for p in pids] for k, pids in procs.items()}
         before = _cpu(procs)
-        time.sleep(REST_SECONDS)
+        step(f"{nodes} Nodes: at rest")
+        at_rest = scale_load.at_rest(plane, REST_SECONDS)
         rest = {k: (v - before[k]) / REST_SECONDS for k, v in _cpu(procs).items()}
+        rest_load = load_average()
         namespace = plane.new_namespace("burst")
         kube = plane.kube
         assert kube is not None
         mark = plane.audit_mark()
         before = _cpu(procs)
+        step(f"{nodes} Nodes: burst")
         burst_started = time.monotonic()
         kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", {
             "metadata": {"name": "burst"},
@@ -84,9 +160,17 @@ def _one_size(lab: Lab, registry: RegistryServer, nodes: int) -> dict:
                       timeout=300, what=f"{BURST} pods Running")
         burst = time.monotonic() - burst_started
         in_burst = {k: v - before[k] for k, v in _cpu(procs).items()}
-        return {"nodes": nodes, "ready_s": ready, "rss": rss, "burst_s": burst,
-                "cpu_rest": rest, "cpu_burst": in_burst,
-                "requests": _archway_requests(plane, mark)}
+        found = {"nodes": nodes, "ready_s": ready, "rss": rss, "burst_s": burst,
+                 "cpu_rest": rest, "cpu_burst": in_burst, "rest_load": rest_load,
+                 "requests": _archway_requests(plane, mark), "at_rest": at_rest}
+        image = f"{registry.host}/bench/multi:1"
+        step(f"{nodes} Nodes: startup latency")
+        found["startup"] = {**scale_load.startup(plane, image), "load": load_average()}
+        step(f"{nodes} Nodes: the apiserver's latency")
+        found["apiserver"] = {**scale_load.apiserver(plane, image), "load": load_average()}
+        if nodes == max(SIZES):
+            found["events"] = _events(plane, install, registry, slow)
+        return found
     finally:
         if install is not None:
             install.stop_processes()
@@ -127,7 +211,7 @@ def _memory_figure(sizes: list[dict]) -> Figure:
             f"masters {mb(s['rss']['masters'])} MB (Nodes Ready {s['ready_s']:.0f} s after start)"
             for s in sizes]
     first, last = sizes[0], sizes[-1]
-    grow = {k: (max(last["rss"][k]) - max(first["rss"][k])) / (last["nodes"] - first["nodes"])
+    grow = {k: (max(last["rss"][k]) - max(first["rss"][k])) / max(1, last["nodes"] - first["nodes"])
             for k in ("webhook", "extender")}
     return Figure("24", SPECS[0][1],
                   f"webhook worker {mb([max(s['rss']['webhook']) for s in sizes])} MB, extender "

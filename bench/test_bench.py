@@ -189,3 +189,36 @@ def test_the_echo_app_answers_its_canned_patch_only_to_pods_labelled_for_it(tmp_
     patched = answer({"bench": "noop-patch"})
     assert json.loads(base64.b64decode(patched["patch"])) == ops and patched["allowed"]
     assert answer({"bench": "noop"}) == {"uid": "u", "allowed": True}
+
+
+APISERVER = """apiserver_request_duration_seconds_bucket{resource="pods",subresource="",verb="POST",le="0.025"} 3
+apiserver_request_duration_seconds_bucket{resource="pods",subresource="",verb="POST",le="0.1"} 9
+apiserver_request_duration_seconds_bucket{resource="pods",subresource="",verb="POST",le="+Inf"} 10
+apiserver_request_duration_seconds_sum{resource="pods",subresource="",verb="POST"} 0.5
+apiserver_request_duration_seconds_count{resource="pods",subresource="",verb="POST"} 10
+apiserver_request_duration_seconds_bucket{resource="pods",subresource="binding",verb="POST",le="+Inf"} 99
+apiserver_request_duration_seconds_count{resource="pods",subresource="binding",verb="POST"} 99
+"""
+
+
+def test_the_scale_sections_apiserver_histograms_and_its_figures_at_one_size():
+    from bench import scale, scale_figures
+    from bench.scale_load import POST_PODS, bucket_quantile, delta, histogram, summary
+    h = histogram(APISERVER, "apiserver_request_duration_seconds", **POST_PODS)
+    assert h == {"buckets": {0.025: 3, 0.1: 9, float("inf"): 10}, "sum": 0.5, "count": 10}
+    assert bucket_quantile(h, 0.5) == 0.1 and bucket_quantile(h, 0.99) == float("inf")
+    assert delta(h, h)["count"] == 0 and summary(delta(h, h)) == "no calls"
+    # One size (ARCHWAY_SCALE_SIZES=300) formats without dividing by the sizes' span.
+    kinds = ("webhook", "controller", "extender", "masters")
+    size = {"nodes": 300, "ready_s": 10, "rss": {k: [60e6] for k in kinds}, "burst_s": 5,
+            "cpu_rest": dict.fromkeys(kinds, 0.0), "cpu_burst": dict.fromkeys(kinds, 0.1),
+            "rest_load": "1 1 1", "requests": {}, "at_rest": {"per_minute": 78.0, "by_kind": {}},
+            "startup": {"admitted": {"p50": 1, "p99": 2.5, "create_p99": 0.1},
+                        "skipped": {"p50": 1, "p99": 2.0, "create_p99": 0.1}, "load": "1 1 1"},
+            "apiserver": {"skipped": h, "admitted": h, "webhook": h, "load": "1 1 1"},
+            "events": {"relist": {"error": "RuntimeError: x"}}}
+    figures = [scale._memory_figure([size]), scale._requests_figure([size]),
+               *scale_figures.figures([size])]
+    verdicts = {f.number: f.verdict for f in figures}
+    assert verdicts["25b"] == "MISS" and verdicts["25"] == "PASS"    # p99 ratio 1.25
+    assert verdicts["25e"] == "MISS" and "RuntimeError: x" in figures[5].measured

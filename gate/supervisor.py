@@ -185,7 +185,7 @@ class Supervisor:
                 json.dump(status, f)
             os.replace(temporary, self.status_path)
         except OSError as e:
-            log.warning("cannot write the gate controller's status %s: %s", self.status_path, e)
+            log.warning("cannot write the %s's status %s: %s", self.what, self.status_path, e)
 
     def _touch(self) -> None:
         if self.status_path is not None:
@@ -233,20 +233,20 @@ def process_fact(status: dict | None, now: float) -> str:
     return str(state)
 
 
-def process_problem(status: dict | None, now: float) -> str | None:
-    """Why /healthz fails: the controller is down and nothing brings it back. Down is since
-    the last controller that stayed up, whatever started and died since (a crash loop)."""
+def process_problem(status: dict | None, now: float, what: str = "gate controller") -> str | None:
+    """Why /healthz fails: the controller (or the supervised process `what`) is down and nothing
+    brings it back. Down is since the last one that stayed up, whatever started and died since
+    (a crash loop)."""
     if status is None or status.get("state") == "stopped":
         return None
     silent = now - float(status.get("heartbeat") or now)
     if silent > HEARTBEAT_LIMIT_SECONDS:
-        return (f"the server's master has not looked after the gate controller for "
-                f"{silent:.0f} s")
+        return f"the server's master has not looked after the {what} for {silent:.0f} s"
     down_since = status.get("down_since")
     if down_since is not None:
         down = now - float(down_since)
         if down > DOWN_LIMIT_SECONDS:
             restarts = int(status.get("restarts") or 0)
-            return (f"no gate controller has stayed up for {down:.0f} s ({restarts} "
+            return (f"no {what} has stayed up for {down:.0f} s ({restarts} "
                     f"restart{'s' if restarts != 1 else ''}, last: {status.get('last_exit')})")
     return None
