@@ -22,9 +22,10 @@ def figures(sizes: list[dict]) -> list[Figure]:
     largest = sizes[-1]
     events = largest.get("events") or {}
     return [_startup(sizes), _apiserver(sizes), _at_rest(sizes),
-            _relist(largest["nodes"], events.get("relist") or {}),
-            _failover(largest["nodes"], events.get("failover") or {}),
-            _schedule(largest["nodes"], events.get("schedule") or {})]
+            *(_at_largest(number, largest["nodes"], events.get(key) or {}, measured)
+              for number, key, measured in (("25e", "relist", _relist),
+                                            ("25f", "failover", _failover),
+                                            ("25g", "schedule", _schedule)))]
 
 
 def _spec(number: str) -> tuple[str, str]:
@@ -35,6 +36,15 @@ def _spec(number: str) -> tuple[str, str]:
 def _failed(number: str, found: dict) -> Figure:
     name, target = _spec(number)
     return Figure(number, name, f"not measured ({found.get('error', 'no result')})", target, False)
+
+
+def _at_largest(number: str, nodes: int, found: dict, measured) -> Figure:
+    """A figure of the largest size only; `measured(found)` gives (value, met, notes)."""
+    if "error" in found or not found:
+        return _failed(number, found)
+    name, target = _spec(number)
+    value, met, notes = measured(found)
+    return Figure(number, f"{name} ({nodes:,} Nodes)", value, target, met, notes)
 
 
 def _startup(sizes: list[dict]) -> Figure:
@@ -85,46 +95,34 @@ def _at_rest(sizes: list[dict]) -> Figure:
                    "created, from the audit log, each once (a watch counts when opened)", *rows])
 
 
-def _relist(nodes: int, found: dict) -> Figure:
-    if "error" in found or not found:
-        return _failed("25e", found)
-    name, target = _spec("25e")
+def _relist(found: dict) -> tuple[str, bool, list[str]]:
     relists = ", ".join(f"{a} {t:.1f} s ({found['pages'][a]} pages)"
                         for a, t in sorted(found["relist_s"].items()))
     met = not found["problems"] and found["max_ms"] < 1000 * RELIST_STALL_TARGET
-    return Figure("25e", f"{name} ({nodes:,} Nodes)",
-                  f"{found['answered']} answered, slowest {found['max_ms']:.0f} ms; relist "
-                  f"{max(found['relist_s'].values(), default=0):.1f} s", target, met,
-                  [f"kube-apiserver restarted (down {found['down_s']:.1f} s); pods created one "
-                   f"after another from its return until 15 s after every archway process logged "
-                   f"its watch expired; p99 {found['p99_ms']:.0f} ms; relist per ServiceAccount "
-                   f"(first list received -> last page answered, audit log): {relists}; "
-                   f"problems: {found['problems'][:3] or 'none'}; load {found['load']}"])
+    return (f"{found['answered']} answered, slowest {found['max_ms']:.0f} ms; relist "
+            f"{max(found['relist_s'].values(), default=0):.1f} s", met,
+            [f"kube-apiserver restarted (down {found['down_s']:.1f} s); pods created one "
+             f"after another from its return until 15 s after every archway process logged "
+             f"its watch expired; p99 {found['p99_ms']:.0f} ms; relist per ServiceAccount "
+             f"(first list received -> last page answered, audit log): {relists}; "
+             f"problems: {found['problems'][:3] or 'none'}; load {found['load']}"])
 
 
-def _failover(nodes: int, found: dict) -> Figure:
-    if "error" in found or not found:
-        return _failed("25f", found)
-    name, target = _spec("25f")
+def _failover(found: dict) -> tuple[str, None, list[str]]:
     when = found["when"]
     parts = [f"{k} {when[k]:.1f} s" if k in when else f"{k} not within 300 s"
              for k in ("lease", "released", "running", "learned")]
-    return Figure("25f", f"{name} ({nodes:,} Nodes)", ", ".join(parts), target, None,
-                  [f"the leading replica SIGKILLed with a pod it gated waiting (registry slow, "
-                   f"then fast again); seconds after the kill until the Lease "
-                   f"({found['lease_s']:g} s) had a new holder, the pod was released, Running, "
-                   f"and the new leader's caches ({', '.join(found['learned'])}) synced; load "
-                   f"{found['load']}"])
+    return (", ".join(parts), None,
+            [f"the leading replica SIGKILLed with a pod it gated waiting (registry slow, "
+             f"then fast again); seconds after the kill until the Lease "
+             f"({found['lease_s']:g} s) had a new holder, the pod was released, Running, "
+             f"and the new leader's caches ({', '.join(found['learned'])}) synced; load "
+             f"{found['load']}"])
 
 
-def _schedule(nodes: int, found: dict) -> Figure:
-    if "error" in found or not found:
-        return _failed("25g", found)
-    name, target = _spec("25g")
+def _schedule(found: dict) -> tuple[str, bool, list[str]]:
     rates = found["rates"]
-    return Figure("25g", f"{name} ({nodes:,} Nodes)",
-                  f"{found['ratio']:.2f} ({rates['archway-scheduler']:.0f} vs "
-                  f"{rates['kube-scheduler']:.0f} pods/s)", target,
-                  found["ratio"] >= SCHEDULE_RATIO_TARGET,
-                  [f"as figure 19b: 1,000 pods created with the scheduler stopped, then started "
-                   f"with qps/burst 5000; rate between 10 % and 90 % bound; load {found['load']}"])
+    return (f"{found['ratio']:.2f} ({rates['archway-scheduler']:.0f} vs "
+            f"{rates['kube-scheduler']:.0f} pods/s)", found["ratio"] >= SCHEDULE_RATIO_TARGET,
+            [f"as figure 19b: 1,000 pods created with the scheduler stopped, then started "
+             f"with qps/burst 5000; rate between 10 % and 90 % bound; load {found['load']}"])
