@@ -293,16 +293,12 @@ def test_the_supervisor_backs_off_and_starts_afresh_after_a_stable_run(tmp_path)
 
 
 def test_a_controller_dying_at_every_launch_fails_healthz_after_the_limit(tmp_path,
-                                                                          monkeypatch):
+                                                                          quick_supervisor):
     """Issue 30, finding 6: the supervisor reset "down since" at every launch, so a crash loop
     (its back-off at most 30 s) never reached the 90 s limit: /healthz stayed 200 for ever. The
-    limits shrunk here: back-off at most 0.2 s, a stable run 3 s, the limit 1.5 s."""
+    limits shrunk (quick_supervisor)."""
     from archway.app import create_app
     from archway.webhook.pullsecrets import PullSecrets
-    monkeypatch.setattr(supervisor, "RESTART_MIN_SECONDS", 0.05)
-    monkeypatch.setattr(supervisor, "RESTART_MAX_SECONDS", 0.2)
-    monkeypatch.setattr(supervisor, "STABLE_SECONDS", 3.0)
-    monkeypatch.setattr(supervisor, "DOWN_LIMIT_SECONDS", 1.5)
     status = str(tmp_path / "status.json")
     config = config_from_dict({"server": {"state_dir": str(tmp_path / "state")},
                                "kubernetes": {"enabled": "off"}})

@@ -15,7 +15,7 @@ from archway.app import create_app
 from archway.config import config_from_dict
 from archway.extender import pollerprocess
 from archway.gate import supervisor
-from tests.infra.procs import REPO, free_port, wait_for_port, wait_until
+from tests.infra.procs import cmdline, free_port, serve_extender, wait_until
 
 
 def _children(pid: int) -> list[int]:
@@ -23,38 +23,19 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in f.read().split()]
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
 def _poller_pid(serve: int) -> int | None:
-    found = [p for p in _children(serve) if "archway.extender.pollerprocess" in _cmdline(p)]
+    found = [p for p in _children(serve) if "archway.extender.pollerprocess" in cmdline(p)]
     return found[0] if len(found) == 1 else None
 
 
 def test_a_stuck_poller_process_fails_healthz_and_one_brought_back_does_not(tmp_path):
     """Nothing answers at the Prometheus address (a closed port on this machine): the poller's
     loop still turns, and that is what /healthz asks. SIGSTOP: alive, producing nothing."""
-    port = free_port()
-    config_path = str(tmp_path / "archway.yaml")
-    with open(config_path, "w") as f:
-        json.dump({"server": {"tls": False, "workers": 1, "threads": 2, "state_dir": str(tmp_path)},
-                   "kubernetes": {"enabled": "off"}, "extender": {"node_cache": False},
-                   "prometheus": {"url": f"http://127.0.0.1:{free_port()}", "refresh_seconds": 0.3,
-                                  "timeout_seconds": 0.5}}, f)
-    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    with open(tmp_path / "serve.log", "wb") as log:
-        serve = subprocess.Popen(
-            [sys.executable, "-m", "archway.cli", "--config", config_path, "serve",
-             "--product", "extender", "--bind", f"127.0.0.1:{port}"], cwd=REPO, stdout=log,
-            stderr=subprocess.STDOUT, env={**env, "PYTHONPATH": REPO}, start_new_session=True)
+    serve = serve_extender(tmp_path, workers=1, prometheus={
+        "url": f"http://127.0.0.1:{free_port()}", "refresh_seconds": 0.3, "timeout_seconds": 0.5})
     session = requests.Session()
     session.trust_env = False
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{serve.port}"
 
     def health() -> tuple[int, dict]:
         answer = session.get(f"{url}/healthz", timeout=10)
@@ -65,8 +46,7 @@ def test_a_stuck_poller_process_fails_healthz_and_one_brought_back_does_not(tmp_
 
     poller = None
     try:
-        wait_for_port(port, timeout=30, proc=serve)
-        poller = wait_until(lambda: _poller_pid(serve.pid), 30, "the poller process")
+        poller = wait_until(lambda: _poller_pid(serve.proc.pid), 30, "the poller process")
         wait_until(lambda: fact().startswith(f"running (pid {poller},"), 30, "its fact")
         assert health()[0] == 200
         os.kill(poller, signal.SIGSTOP)
@@ -89,16 +69,11 @@ def test_a_stuck_poller_process_fails_healthz_and_one_brought_back_does_not(tmp_
                 os.kill(poller, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-        serve.terminate()
-        serve.wait(20)
+        serve.stop()
 
 
-def test_a_poller_dying_at_every_launch_fails_healthz_after_the_limit(tmp_path, monkeypatch):
+def test_a_poller_dying_at_every_launch_fails_healthz_after_the_limit(tmp_path, quick_supervisor):
     """As the gate controller's crash loop (tests/test_gate_lifecycle.py), limits shrunk."""
-    monkeypatch.setattr(supervisor, "RESTART_MIN_SECONDS", 0.05)
-    monkeypatch.setattr(supervisor, "RESTART_MAX_SECONDS", 0.2)
-    monkeypatch.setattr(supervisor, "STABLE_SECONDS", 3.0)
-    monkeypatch.setattr(supervisor, "DOWN_LIMIT_SECONDS", 1.5)
     status = str(tmp_path / pollerprocess.STATUS_FILE)
     config = config_from_dict({"server": {"state_dir": str(tmp_path / "state")},
                                "kubernetes": {"enabled": "off"}, "extender": {"node_cache": False},

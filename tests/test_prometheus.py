@@ -22,7 +22,7 @@ from archway.extender.traffic import NEUTRAL_SCORE, node_traffic
 from archway.kubeclient import build_api_client
 from archway.nodes import NodeCache
 from tests.infra.controlplane import ControlPlane
-from tests.infra.procs import REPO, free_port, poll, wait_for_port
+from tests.infra.procs import REPO, cmdline, free_port, poll, serve_extender, wait_for_port
 from tests.infra.prometheus import FAKE_RATES, prometheus_stack, short_window
 from tests.test_traffic import node_scores
 
@@ -237,35 +237,15 @@ def test_prometheus_down_gives_neutral_scores_200s_a_metric_and_one_log_line(pro
         assert _metric("archway_prometheus_up") == 1
 
 
-def _cmdline(pid: str) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
 def test_archway_serve_queries_prometheus_from_a_process_that_answers_no_call(prom, tmp_path):
     """Figure 7 (issue 28): a refresh parses ~2 MB at 5,000 nodes with the GIL held, so it must
     not run in a worker. The one poller is a process of its own; both workers score with its
     sample; killed, it is started again."""
-    port = free_port()
-    config_path = str(tmp_path / "archway.yaml")
-    with open(config_path, "w") as f:
-        json.dump({"server": {"tls": False, "workers": 2, "threads": 2,
-                              "state_dir": str(tmp_path)},
-                   "kubernetes": {"enabled": "off"}, "extender": {"node_cache": False},
-                   "prometheus": {"url": prom.prometheus.url, "query": FAST_QUERY,
-                                  "refresh_seconds": 0.3}}, f)
-    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    with open(tmp_path / "serve.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "archway.cli", "--config", config_path, "serve",
-             "--product", "extender", "--bind", f"127.0.0.1:{port}"], cwd=REPO, stdout=log,
-            stderr=subprocess.STDOUT, env={**env, "PYTHONPATH": REPO}, start_new_session=True)
+    serve = serve_extender(tmp_path, workers=2, prometheus={
+        "url": prom.prometheus.url, "query": FAST_QUERY, "refresh_seconds": 0.3})
     session = requests.Session()
     session.trust_env = False
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{serve.port}"
 
     def pollers() -> dict[str, float]:
         text = session.get(f"{url}/metrics", timeout=10).text
@@ -274,7 +254,7 @@ def test_archway_serve_queries_prometheus_from_a_process_that_answers_no_call(pr
 
     def one_poller_process(found: dict[str, float]) -> bool:
         leading = [pid for pid, v in found.items() if v == 1]
-        return len(leading) == 1 and "archway.extender.pollerprocess" in _cmdline(leading[0])
+        return len(leading) == 1 and "archway.extender.pollerprocess" in cmdline(leading[0])
 
     def scores() -> dict[str, int]:
         args = {"Pod": _pod(), "Nodes": None, "NodeNames": NODE_NAMES}
@@ -283,11 +263,10 @@ def test_archway_serve_queries_prometheus_from_a_process_that_answers_no_call(pr
         return {e["Host"]: e["Score"] for e in r.json()}
 
     try:
-        wait_for_port(port, timeout=30, proc=proc)
         found = poll(pollers, one_poller_process, timeout=30)
-        assert one_poller_process(found), {pid: _cmdline(pid) for pid in found}
+        assert one_poller_process(found), {pid: cmdline(pid) for pid in found}
         first = next(pid for pid, v in found.items() if v == 1)
-        workers = [pid for pid, v in found.items() if v == 0 and "archway" in _cmdline(pid)]
+        workers = [pid for pid, v in found.items() if v == 0 and "archway" in cmdline(pid)]
         assert len(workers) >= 2, found   # the workers follow (the master never scores)
         # Each call may reach either worker: every one of them scores with the sample.
         for _ in range(6):
@@ -296,5 +275,4 @@ def test_archway_serve_queries_prometheus_from_a_process_that_answers_no_call(pr
         found = poll(pollers, lambda f: one_poller_process(f) and f.get(first) != 1, timeout=30)
         assert one_poller_process(found) and found.get(first) != 1, found
     finally:
-        proc.terminate()
-        proc.wait(20)
+        serve.stop()

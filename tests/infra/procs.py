@@ -1,9 +1,11 @@
 """Start and stop the real servers the tests use: free ports, readiness, clean shutdown by PID."""
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -76,6 +78,33 @@ class Server:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def cmdline(pid) -> str:
+    """A process's command line, words joined by spaces ("" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def serve_extender(directory, *, workers: int, prometheus: dict) -> Server:
+    """`archway serve --product extender` on a free port, plain HTTP, with no cluster and no node
+    cache: its workers and its traffic poller process, `prometheus` that section of its
+    configuration (written, with the log serve.log, into `directory`)."""
+    port = free_port()
+    config_path = os.path.join(directory, "archway.yaml")
+    with open(config_path, "w") as f:
+        json.dump({"server": {"tls": False, "workers": workers, "threads": 2,
+                              "state_dir": str(directory)},
+                   "kubernetes": {"enabled": "off"}, "extender": {"node_cache": False},
+                   "prometheus": prometheus}, f)
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    return Server([sys.executable, "-m", "archway.cli", "--config", config_path, "serve",
+                   "--product", "extender", "--bind", f"127.0.0.1:{port}"], port=port,
+                  log_path=os.path.join(directory, "serve.log"), env={**env, "PYTHONPATH": REPO},
+                  cwd=REPO, ready_timeout=30)
 
 
 def wait_until(condition, timeout=10.0, what="the condition"):
