@@ -91,7 +91,7 @@ def serve(config, bind: str | None = None) -> int:
         _announce(config, bind, host, port, tls)
         try:
             _Gunicorn(config, _options(config, bind, tls, children), lookups_dir=lookups_dir,
-                      controller=controller, poller=poller, children=children).run()
+                      controller=controller, poller=poller).run()
         except SystemExit as e:  # gunicorn's arbiter exits through sys.exit
             if os.getpid() != master:
                 raise
@@ -299,13 +299,13 @@ class _Gunicorn(BaseApplication):
     """gunicorn configured from Python: no config file, no command line of its own."""
 
     def __init__(self, config, options: dict, *, lookups_dir: str | None = None,
-                 controller=None, poller=None, children=()):
+                 controller=None, poller=None):
         self.archway_config = config
         self.options = options
         self.lookups_dir = lookups_dir
         self.controller = controller
         self.poller = poller
-        self.children = list(children)
+        self.children = [child for child in (controller, poller) if child is not None]
         super().__init__()
 
     def run(self):
