@@ -1,7 +1,7 @@
-"""Figures 24 and 25 (issue 28, the start of the `scale` section): archway on the real control plane
+"""Figures 25 and 25a (issue 28, the start of the `scale` section): archway on the real control plane
 with KWOK-simulated Nodes (tests/infra/kwok.py) at three sizes, each its own fresh cluster.
 
-24: archway's memory against the cluster's size: RSS of the webhook's workers and of the
+25a: archway's memory against the cluster's size: RSS of the webhook's workers and of the
     extender's worker once their caches are synced, at each size, and the growth per Node from
     the smallest to the largest size (what the Sizing page will extrapolate from).
 25: archway's requests to the apiserver per pod created during a burst (a Deployment of BURST
@@ -36,7 +36,7 @@ DEADLINE = 1.0        # admission.deadline_seconds: a pod through the slow regis
 REQUESTS_PER_POD_TARGET = 0.01
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 ACCOUNTS = "system:serviceaccount:archway-system:"
-SPECS = (("24", f"archway RSS against cluster size ({', '.join(map(str, SIZES))} KWOK Nodes)", "info"),
+SPECS = (("25a", f"archway RSS against cluster size ({', '.join(map(str, SIZES))} KWOK Nodes)", "info"),
          ("25", f"archway's apiserver requests per pod, burst of {BURST} pods", f"<= {REQUESTS_PER_POD_TARGET}"),
          *scale_figures.SPECS)
 
@@ -213,7 +213,7 @@ def _memory_figure(sizes: list[dict]) -> Figure:
     first, last = sizes[0], sizes[-1]
     grow = {k: (max(last["rss"][k]) - max(first["rss"][k])) / max(1, last["nodes"] - first["nodes"])
             for k in ("webhook", "extender")}
-    return Figure("24", SPECS[0][1],
+    return Figure("25a", SPECS[0][1],
                   f"webhook worker {mb([max(s['rss']['webhook']) for s in sizes])} MB, extender "
                   f"{mb([max(s['rss']['extender']) for s in sizes])} MB; +{grow['webhook'] / 1e3:.1f}"
                   f" / +{grow['extender'] / 1e3:.1f} KB per Node", "info", None,
