@@ -168,7 +168,8 @@ def _scheduling(plane: ControlPlane, install: ChartInstall, image: str) -> list[
             SPECS[1][2] if number == "19" else "context for 19",
             ratio >= RATIO_TARGET if number == "19" else None, [
                 f"{SCHEDULED} pods created while the scheduler was stopped, then it was started; "
-                f"rate between 10 % and 90 % bound (bound pods counted every 50 ms); {NODES} "
+                f"rate between 10 % and 90 % bound (bound pods counted every 50 ms), each race "
+                f"after the previous race's namespace is gone; {NODES} "
                 "Nodes half amd64, half arm64; extender with node names only "
                 "(nodeCacheCapable), no Prometheus (neutral scores)"]))
     return figures
