@@ -12,7 +12,8 @@ Here the main loop does those steps itself, non-blocking, each under a deadline:
               (HEADER_TIMEOUT_SECONDS, then BODY_TIMEOUT_SECONDS)
            -> a pool thread, which finds the whole request already read
 
-A kept-alive connection goes through the same steps from its next request's first byte. When a
+A kept-alive connection goes through the same steps from its next request's first byte; one
+that ends after its answer lingers in the poller until its client closes (archway.linger). When a
 request began arriving (its connection's accept, or a kept-alive request's first byte) goes to
 the app in the WSGI environ (archway.deadline.ARRIVED): a request that waited in the queue for a
 thread, behind others held by slow lookups, has that much less time before the apiserver gives
@@ -22,14 +23,7 @@ past either, the oldest partial request (else the oldest idle kept-alive connect
 to make room. Every cut is counted in archway_client_connections_cut_total{reason} and
 summarised in one log line per LOG_EVERY_SECONDS.
 
-Spreading. All workers polling one listening socket let the first one awake accept every
-connection a client opens at once (the API server keeps a few for minutes): one worker did
-over 90 % of the work in 3 of 6 keep-alive runs. With gunicorn's reuse_port on, each worker
-listens on a socket of its own on the same address (SO_REUSEPORT), the master's socket stops
-listening once a worker has its own, and the kernel spreads new connections over the workers'
-sockets by a hash of the client's address and port. A worker that stops takes in what its
-socket holds before closing it; one that is killed loses its socket's queue (the clients see a
-reset and retry), as the other workers keep listening.
+Spreading connections over the workers' own listening sockets: archway.listeners.
 """
 import errno
 import logging
@@ -49,6 +43,8 @@ from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from archway import metrics
 from archway.deadline import ARRIVED, BODY_READ
+from archway.linger import Lingering
+from archway.listeners import own_listener
 from archway.logs import JsonFormatter
 from archway.logsafe import SafeFormatter, escape
 
@@ -130,7 +126,7 @@ class GuardedThreadWorker(ThreadWorker):
             if not isinstance(current, (SafeFormatter, JsonFormatter)):
                 handler.setFormatter(SafeFormatter(current._fmt, current.datefmt))
         if self.cfg.reuse_port:
-            own = [s for s in map(_own_listener, self.sockets) if s is not None]
+            own = [s for s in map(own_listener, self.sockets) if s is not None]
             if own and len(own) == len(self.sockets):
                 self.shared_listeners, self.sockets = list(self.sockets), own
                 self.own_listeners = own
@@ -154,6 +150,7 @@ class GuardedThreadWorker(ThreadWorker):
             except OSError:
                 pass   # already stopped by a sibling worker
         self.shared_listeners = []
+        self.lingering = Lingering(self.poller)
         super().run()
 
     def set_accept_enabled(self, enabled: bool) -> None:
@@ -219,8 +216,11 @@ class GuardedThreadWorker(ThreadWorker):
         thread read ahead into the parser's buffer or TLS holds decrypted, gunicorn would hand
         the connection straight back to a thread that then blocks on the rest: read the rest
         here instead, like any other arriving request."""
-        keep_alive = not fs.cancelled() and fs.exception() is None and fs.result() is True
-        if keep_alive and conn.parser is not None and not conn.is_http2:
+        answered = fs.result() if not fs.cancelled() and fs.exception() is None else None
+        if answered is False:   # the last answer: gunicorn's close would block this loop
+            self.nr_conns -= 1
+            return self.lingering.close(conn.sock)
+        if answered is True and conn.parser is not None and not conn.is_http2:
             ahead = conn.parser.unreader.take_buffered()
             if ahead or (isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending()):
                 conn.sock.setblocking(False)
@@ -395,6 +395,7 @@ class GuardedThreadWorker(ThreadWorker):
         late = [a for a in self.arrivals.values() if a.deadline <= now]
         for arrival in late:
             self._close(arrival, f"{arrival.stage}_timeout")
+        self.lingering.sweep(now)
         if self._cuts and now >= self._next_log:
             self._log_cuts(now)
 
@@ -411,32 +412,6 @@ def with_arrival(app):
             environ[ARRIVED], environ[BODY_READ] = arrival
         return app(environ, start_response)
     return stamped
-
-
-def _own_listener(shared) -> socket.socket | None:
-    """A listening socket of this worker's own on the address of `shared` (SO_REUSEPORT)."""
-    family = getattr(shared, "family", None)
-    if family not in (socket.AF_INET, socket.AF_INET6):
-        return None
-    own = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        # As gunicorn sets on its own listener, and accepted sockets inherit: without it a
-        # reply's head and body, written separately, wait out the client's delayed ACK (40 ms).
-        own.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if family == socket.AF_INET6:
-            own.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY,
-                           shared.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY))
-        own.bind(shared.getsockname()[:2] if family == socket.AF_INET else shared.getsockname())
-        own.listen(2048)
-        own.setblocking(False)
-        return own
-    except OSError as e:
-        own.close()
-        log.warning("no listening socket of this worker's own (%s): connections are spread by "
-                    "whichever worker wakes first", e)
-        return None
 
 
 def _is_reset(e: Exception) -> bool:

@@ -14,6 +14,7 @@ import requests
 from flask import Flask
 
 from archway.config import RegistrySettings, config_from_dict
+from archway.deadline import ARRIVED
 from archway.extender.archfilter import (
     annotated_architectures,
     filter_by_arch,
@@ -25,6 +26,7 @@ from archway.nodes import NodeCache, node_arch
 from archway.podview import PodShapeError, PodView
 from archway.registry.resolver import Resolver
 from tests.infra.apiserver import FakeApiServer
+from tests.infra.faults import BlackHole
 from tests.infra.procs import REPO, free_port, wait_for_port, wait_until
 from tests.infra.registry import plain_registry
 
@@ -172,6 +174,27 @@ def test_a_pod_of_unknown_architecture_passes_every_node():
     result = post(app.test_client(), "filter", args).get_json()
     assert time.monotonic() - started < 3
     assert len(result["Nodes"]["items"]) == 4 and result["FailedAndUnresolvableNodes"] == {}
+
+
+def test_the_filters_deadline_counts_from_the_requests_arrival_not_from_a_thread_taking_it():
+    """A call that waited 2.8 s for a thread (archway.worker's ARRIVED) has 0.2 s of its 3 s
+    left: an image on a registry that never answers is given up after that, not after 3 s."""
+    hole = BlackHole()
+    try:
+        args = load("filter-nodes.json")
+        del args["Pod"]["metadata"]["annotations"]
+        args["Pod"]["spec"]["containers"][0]["image"] = f"{hole.host}/never/answers:1"
+        resolver = Resolver(RegistrySettings(insecure_hosts=(hole.host,), timeout_seconds=10))
+        app = make_app(resolver, extender={"node_cache": False, "deadline_seconds": 3.0})
+        started = time.monotonic()
+        reply = app.test_client().post("/scheduler/filter", data=json.dumps(args),
+                                       content_type="application/json",
+                                       environ_overrides={ARRIVED: started - 2.8})
+        took = time.monotonic() - started
+    finally:
+        hole.stop()
+    assert reply.status_code == 200 and len(reply.get_json()["Nodes"]["items"]) == 4
+    assert took < 1.8, f"answered after {took:.2f} s: its deadline counted from the thread"
 
 
 def test_unannotated_pod_resolved_through_a_real_registry(plain_registry):

@@ -234,6 +234,29 @@ def test_clients_leaving_while_a_full_worker_makes_room_do_not_crash_it(server):
     assert "Exception in worker process" not in server.log()
 
 
+def test_clients_that_ask_to_close_and_then_neither_read_nor_close_do_not_stall_the_worker(
+        server):
+    """After its last answer a connection lingers until its client closes (RFC 9112 9.6).
+    gunicorn 27 waited for that in the worker's main loop, up to 2 s per connection: 40 such
+    clients held every admission of both workers for ~40 s. The wait now runs in the poller."""
+    body = json.dumps(server.review()).encode()
+    head = request_head("/mutate", len(body)).replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+    lingering = []
+    started = time.monotonic()   # each new connection's handshake needs the main loop too
+    try:
+        for _ in range(40):
+            s = server.tls_socket()
+            s.sendall(head + body)   # then never reads its answer, and never closes
+            lingering.append(s)
+        answered = [server.admit(server.review()) for _ in range(5)]
+        took = time.monotonic() - started
+    finally:
+        for s in lingering:
+            s.close()
+    assert all(_mutated(r) for r in answered), answered
+    assert took < 15, f"40 lingering connections and 5 admissions took {took:.1f} s"
+
+
 def test_a_request_head_over_64_kib_is_a_431(server):
     with server.tls_socket() as s:
         s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nX-Filler: " + b"a" * 70_000)

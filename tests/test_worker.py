@@ -1,7 +1,8 @@
-"""archway.worker's pure parts: which body the main loop reads, and the per-worker listener;
-and, under a real gunicorn, when a request arrived and whether its body is in, as the app is
-told them."""
+"""archway.worker's pure parts: which body the main loop reads, the per-worker listener, the
+lingering close; and, under a real gunicorn, when a request arrived and whether its body is in,
+as the app is told them."""
 import json
+import selectors
 import socket
 import sys
 import threading
@@ -11,7 +12,9 @@ import pytest
 import requests
 
 from archway.deadline import ARRIVED, BODY_READ
-from archway.worker import GuardedThreadWorker, _own_listener, body_to_preread
+from archway.linger import LINGER_SECONDS, MAX_DRAIN_BYTES, Lingering
+from archway.listeners import own_listener
+from archway.worker import GuardedThreadWorker, body_to_preread
 from tests.infra.procs import REPO, Server, free_port
 
 
@@ -34,7 +37,7 @@ def test_a_workers_own_listener_shares_the_address_and_sends_without_delay():
     shared.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     shared.bind(("127.0.0.1", 0))
     shared.listen()
-    own = _own_listener(shared)
+    own = own_listener(shared)
     try:
         assert own is not None and own.getsockname() == shared.getsockname()
         # Accepted sockets inherit it; without it a reply's head and body, written separately,
@@ -117,3 +120,47 @@ def test_the_app_is_told_whether_the_main_loop_read_the_whole_body(tmp_path):
                        {"body_read": False, "length": 1000},           # chunked
                        {"body_read": False, "length": limit + 1},      # over the limit
                        {"body_read": True, "length": limit}]
+
+
+def _dispatch(poller: selectors.BaseSelector) -> None:
+    for key, _ in poller.select(1):
+        key.data(key.fileobj)
+
+
+def test_a_lingering_connection_shows_its_client_the_end_and_closes_when_the_client_does():
+    poller = selectors.DefaultSelector()
+    lingering = Lingering(poller)
+    server, client = socket.socketpair()
+    with client:
+        lingering.close(server)
+        client.settimeout(5)
+        assert client.recv(10) == b""   # end of file at once: the answer is complete
+        assert server.fileno() != -1 and server in lingering.sockets   # waits for the client
+        client.sendall(b"late bytes")   # read and dropped, so closing sends no reset
+        _dispatch(poller)
+        assert server.fileno() != -1
+    _dispatch(poller)   # the client closed
+    assert server.fileno() == -1 and not lingering.sockets
+
+
+def test_a_lingering_connection_whose_client_never_closes_or_keeps_sending_is_closed():
+    poller = selectors.DefaultSelector()
+    lingering = Lingering(poller)
+    silent, silent_client = socket.socketpair()
+    sending, sending_client = socket.socketpair()
+    with silent_client, sending_client:
+        lingering.close(silent)
+        lingering.close(sending)
+        sending_client.setblocking(False)
+        sent = 0
+        while sending.fileno() != -1 and sent < 4 * MAX_DRAIN_BYTES:
+            try:
+                sent += sending_client.send(b"x" * 4096)
+            except BlockingIOError:
+                pass
+            _dispatch(poller)
+        assert sending.fileno() == -1          # past MAX_DRAIN_BYTES
+        lingering.sweep(time.monotonic())
+        assert silent.fileno() != -1           # still within its time
+        lingering.sweep(time.monotonic() + LINGER_SECONDS)
+        assert silent.fileno() == -1 and not lingering.sockets
