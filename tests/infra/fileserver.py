@@ -45,6 +45,7 @@ class _HttpsServer:
         self.ca_path = ca.cert_path  # what a client trusts to reach it
         self.requests: list[Served] = []
         self._lock = threading.Lock()
+        self._busy = 0   # requests being answered, not recorded yet
         pair = ca.issue(f"{name}-{uuid.uuid4().hex[:8]}", ["127.0.0.1", "localhost"])
         self._server = BackgroundHTTPServer(self._handler(), tls=pair)
         self.port = self._server.port
@@ -56,7 +57,12 @@ class _HttpsServer:
     def url(self, path: str = "") -> str:
         return f"https://{self.host}{path}"
 
-    def clear(self) -> None:
+    def clear(self, timeout: float = 10.0) -> None:
+        """Forget what was recorded, once the requests being answered are recorded too: the
+        last answer of a previous test may have reached its client before its record."""
+        end = time.monotonic() + timeout
+        while self._busy and time.monotonic() < end:
+            time.sleep(0.01)
         with self._lock:
             self.requests.clear()
 
@@ -85,12 +91,21 @@ class _HttpsServer:
                 pass
 
             def do_GET(self):
-                server.handle(self)
+                server._answer(self)
 
             def do_HEAD(self):
-                server.handle(self)
+                server._answer(self)
 
         return Handler
+
+    def _answer(self, request) -> None:
+        with self._lock:
+            self._busy += 1
+        try:
+            self.handle(request)
+        finally:
+            with self._lock:
+                self._busy -= 1
 
     def handle(self, request) -> None:
         raise NotImplementedError
