@@ -95,7 +95,10 @@ def test_an_exec_format_error_on_arm64_keeps_the_deployments_next_pods_off_arm64
         {p["metadata"]["uid"] for p in pods}
     assert metric(archway, "archway_exec_format_errors_total", architecture="arm64") == counted + 1
 
-    # The next pod of the Deployment is placed on amd64 only, though its image claims arm64.
+    # The next pod of the Deployment is placed on amd64 only, though its image claims arm64
+    # (once the webhook's workload cache, a watch, has the annotation).
+    kube.wait_for(lambda: placed_on(probe(kube, namespace, image, replica_set)) == {"amd64"},
+                  timeout=30, what="admission to apply the learned exclusion")
     kube.delete(pod_path(namespace, failing["metadata"]["name"]))
     pods = replaced(kube, namespace, failing)
     (replacement,) = [p for p in pods if p["metadata"]["name"]

@@ -122,7 +122,9 @@ def test_a_repushed_tag_resets_the_exclusion_and_one_without_arm64_raises_the_al
     crash_with_exec_format_error(kube, namespace, failing)
     kube.wait_for(lambda: kube.get(deployment_path(namespace, "app"))["metadata"].get(
         "annotations", {}).get(FAILED), timeout=20, what="the learned annotation")
-    assert placed_on(probe(kube, namespace, image, replica_set)) == {"amd64"}
+    # The webhook reads the annotation from its workload cache: its watch may lag the API.
+    kube.wait_for(lambda: placed_on(probe(kube, namespace, image, replica_set)) == {"amd64"},
+                  timeout=30, what="admission to apply the learned exclusion")
 
     # A fixed build is pushed under the same tag: a new digest, arm64 still claimed. The
     # exclusion was learned about the old digest: admission stops applying it once its cache
