@@ -57,12 +57,16 @@ class _HttpsServer:
     def url(self, path: str = "") -> str:
         return f"https://{self.host}{path}"
 
-    def clear(self, timeout: float = 10.0) -> None:
-        """Forget what was recorded, once the requests being answered are recorded too: the
-        last answer of a previous test may have reached its client before its record."""
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until every request being answered is recorded: a request is recorded after its
+        answer is sent, so its client may have read the answer before the record exists."""
         end = time.monotonic() + timeout
         while self._busy and time.monotonic() < end:
             time.sleep(0.01)
+
+    def clear(self) -> None:
+        """Forget what was recorded, a previous test's last request included."""
+        self.settle()
         with self._lock:
             self.requests.clear()
 
