@@ -61,6 +61,13 @@ def caller_timeout(query_string: str) -> float | None:
     return min(found) if found else None
 
 
+def arrival(environ: dict) -> float | None:
+    """When the request began arriving, as archway.worker put it in the WSGI environ; None when
+    it did not come through the worker."""
+    arrived = environ.get(ARRIVED)
+    return arrived if isinstance(arrived, float) else None
+
+
 def answer_by(now: float, arrived: float | None, deadline_seconds: float,
               timeout: float | None) -> float:
     """The time (on the clock `now` is read from) by which the answer must be sent: at most

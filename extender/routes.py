@@ -18,7 +18,7 @@ import time
 from flask import Flask, Response, request
 
 from archway import metrics
-from archway.deadline import ARRIVED, BODY_READ
+from archway.deadline import BODY_READ, arrival
 from archway.nodes import NodeCache
 
 from .service import Extender
@@ -107,12 +107,11 @@ def _environ_view(extender: Extender, verb: str):
 
     def view(environ: dict) -> tuple[int, bytes]:
         started = time.perf_counter()
-        # Counted from the request's arrival (archway.worker): time queued for a thread is spent.
-        arrived = environ.get(ARRIVED)
         try:
             args = _read_args(environ)
             if verb == "filter":
-                body, summary = extender.filter(args, arrived if isinstance(arrived, float) else None)
+                # From the request's arrival: time it waited for a thread is spent already.
+                body, summary = extender.filter(args, arrival(environ))
             else:
                 body = extender.prioritize(args)
         except MalformedExtenderArgs as e:

@@ -11,7 +11,7 @@ import time
 from flask import Flask, Response, request
 
 from archway import metrics
-from archway.deadline import ARRIVED, caller_timeout
+from archway.deadline import arrival, caller_timeout
 from archway.kubeclient import build_api_client
 
 from .namespaces import NamespaceCache
@@ -77,8 +77,8 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
         of Flask (the warm path without the framework's request and response objects). The
         deadline counts from the request's arrival (archway.worker), else from now, and stops
         short of the apiserver's `?timeout=`."""
-        start = environ.get(ARRIVED)
-        if not isinstance(start, float):
+        start = arrival(environ)
+        if start is None:
             start = time.monotonic()
         sock = environ.get("gunicorn.socket")
         if sock is not None:
