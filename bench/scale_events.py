@@ -12,7 +12,6 @@ failover  the gate controller's leader killed (SIGKILL, it gives nothing up) whi
 schedule  pods bound per second by archway's second scheduler + extender vs the default
           kube-scheduler, client limits lifted (bench/kube.py, figure 19b's method).
 """
-import json
 import os
 import re
 import signal
@@ -61,18 +60,15 @@ def _lists_after(plane: ControlPlane, mark: int) -> dict[str, tuple[str, str, in
     """account -> (first list received, last list answered, pages) among archway's list
     requests after `mark` (RFC 3339 strings, as the audit log writes them)."""
     found: dict[str, tuple[str, str, int]] = {}
-    with open(plane.path("audit.log"), "rb") as f:
-        f.seek(mark)
-        for line in f:
-            event = json.loads(line)
-            user = event.get("user", {}).get("username", "")
-            if not user.startswith(ACCOUNTS) or event["verb"] != "list" or \
-                    event.get("stage") != "ResponseComplete":
-                continue
-            account = user[len(ACCOUNTS):]
-            first, last, pages = found.get(account, (event["requestReceivedTimestamp"], "", 0))
-            found[account] = (min(first, event["requestReceivedTimestamp"]),
-                              max(last, event["stageTimestamp"]), pages + 1)
+    for event in plane.audit_events(mark):
+        user = event.get("user", {}).get("username", "")
+        if not user.startswith(ACCOUNTS) or event["verb"] != "list" or \
+                event.get("stage") != "ResponseComplete":
+            continue
+        account = user[len(ACCOUNTS):]
+        first, last, pages = found.get(account, (event["requestReceivedTimestamp"], "", 0))
+        found[account] = (min(first, event["requestReceivedTimestamp"]),
+                          max(last, event["stageTimestamp"]), pages + 1)
     return found
 
 

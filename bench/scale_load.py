@@ -196,16 +196,13 @@ def archway_requests(plane: ControlPlane, mark: int, since: str = "") -> dict[st
     auditID: a watch has two events) and only those received at `since` (RFC 3339) or later."""
     seen: set[str] = set()
     counts: dict[str, int] = {}
-    with open(plane.path("audit.log"), "rb") as f:
-        f.seek(mark)
-        for line in f:
-            event = json.loads(line)
-            if (not event.get("user", {}).get("username", "").startswith(ACCOUNTS)
-                    or event["auditID"] in seen or event["requestReceivedTimestamp"] < since):
-                continue
-            seen.add(event["auditID"])
-            key = f"{event['verb']} {(event.get('objectRef') or {}).get('resource', '?')}"
-            counts[key] = counts.get(key, 0) + 1
+    for event in plane.audit_events(mark):
+        if (not event.get("user", {}).get("username", "").startswith(ACCOUNTS)
+                or event["auditID"] in seen or event["requestReceivedTimestamp"] < since):
+            continue
+        seen.add(event["auditID"])
+        key = f"{event['verb']} {(event.get('objectRef') or {}).get('resource', '?')}"
+        counts[key] = counts.get(key, 0) + 1
     return counts
 
 

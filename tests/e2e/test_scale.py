@@ -64,12 +64,8 @@ def archway_reads(plane, mark: int, collection: str) -> list[str]:
 
 
 def _requests(plane, mark):
-    import json
-    with open(plane.path("audit.log"), "rb") as f:
-        f.seek(mark)
-        for line in f:
-            event = json.loads(line)
-            yield event["verb"], event["requestURI"], event.get("user", {}).get("username", "")
+    for event in plane.audit_events(mark):
+        yield event["verb"], event["requestURI"], event.get("user", {}).get("username", "")
 
 
 def test_pods_run_on_kwok_nodes_of_their_architecture_and_caches_list_in_pages(scale, images):

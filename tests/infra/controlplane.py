@@ -355,15 +355,22 @@ class ControlPlane:
             elif time.monotonic() - still_since >= 0.2:
                 break
             time.sleep(0.02)
+        return [(event["verb"], event["requestURI"]) for event in self.audit_events(mark)
+                if user is None or event.get("user", {}).get("username") == user]
+
+    def audit_events(self, mark: int):
+        """Every audit event written after `mark`. The apiserver may be writing the last line
+        (no newline yet: it is left for the next read), and one killed while writing leaves a
+        torn line that the next apiserver's first event continues: that line is no event."""
         with open(self.path("audit.log"), "rb") as f:
             f.seek(mark)
-            lines = f.read().splitlines()
-        found = []
-        for line in lines:
-            event = json.loads(line)
-            if user is None or event.get("user", {}).get("username") == user:
-                found.append((event["verb"], event["requestURI"]))
-        return found
+            for line in f:
+                if not line.endswith(b"\n"):
+                    return
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    continue
 
     def _start_controller_manager(self, token: str) -> None:
         config = kubeconfig(self.path("controller-manager.kubeconfig"), self.server, self.ca_path,

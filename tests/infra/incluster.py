@@ -74,6 +74,7 @@ class InClusterInstall(ChartInstall):
         self.image_tag = ""
         self.scheduler_tag = ""
         self.timings: dict[str, float] = {}     # seconds per step, for `up` to report
+        self.installed = False
 
     @property
     def values(self) -> dict:
@@ -122,6 +123,7 @@ class InClusterInstall(ChartInstall):
                   "--create-namespace", "--values", values_file, "--wait", "--wait-for-jobs",
                   "--timeout", HELM_TIMEOUT)
         self.timings["helm install --wait"] = time.monotonic() - started - self.timings["images"]
+        self.installed = True
         self.wait_until_webhook_acts(timeout=60)
         self.save_in_cluster()
         return self
@@ -140,6 +142,7 @@ class InClusterInstall(ChartInstall):
 
     def uninstall(self) -> None:
         """`helm uninstall` as a user runs it: its pre-delete hooks run as Jobs on the node."""
+        self.installed = False
         self.helm("uninstall", self.release, "--wait", "--timeout", HELM_TIMEOUT)
 
     def save_in_cluster(self) -> None:

@@ -204,7 +204,8 @@ class PrometheusServer:
         """Every query Prometheus answered so far, from its query log."""
         try:
             with open(self.query_log, encoding="utf-8") as f:
-                return [json.loads(line)["params"]["query"] for line in f if line.strip()]
+                # A line without its newline is still being written.
+                return [json.loads(line)["params"]["query"] for line in f if line.endswith("\n")]
         except FileNotFoundError:
             return []
 

@@ -33,6 +33,7 @@ class SessionNode:
         self.registry = registry
         self.plane: ControlPlane | None = None
         self.node: RealNode | None = None
+        self.archway = None       # the in_cluster install on this node, when one was made
 
     def get(self) -> tuple[ControlPlane, RealNode]:
         if self.plane is None or self.node is None:
@@ -54,7 +55,7 @@ class SessionNode:
         if self.plane is not None:
             left = teardown(self.plane)
             self.plane.stop()
-        self.plane = self.node = None
+        self.plane = self.node = self.archway = None
         return left
 
 
@@ -84,11 +85,13 @@ def real_cluster(session_node) -> tuple[ControlPlane, RealNode]:
     return session_node.get()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def in_cluster(session_node, node_registry):
-    """archway installed by helm on the session's real node (tests/infra/incluster.py), once."""
+    """archway installed by helm on the session's real node (tests/infra/incluster.py): once,
+    and again only after a test uninstalled it or the node was stopped."""
     from tests.infra.incluster import InClusterInstall
     plane, node = session_node.get()
-    install = InClusterInstall(plane, node, archway_config={
-        "registry": {"insecure_hosts": [node_registry.host]}}).install()
-    return install
+    if session_node.archway is None or not session_node.archway.installed:
+        session_node.archway = InClusterInstall(plane, node, archway_config={
+            "registry": {"insecure_hosts": [node_registry.host]}}).install()
+    return session_node.archway

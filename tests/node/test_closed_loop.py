@@ -82,15 +82,12 @@ def log_reads(plane, mark: int, namespace: str) -> dict[str, list[dict]]:
     plane.requests_since(mark)          # waits until the audit log has stopped growing
     prefix = f"/api/v1/namespaces/{namespace}/pods/"
     reads: dict[str, list[dict]] = {}
-    with open(plane.path("audit.log"), "rb") as f:
-        f.seek(mark)
-        for line in f:
-            event = json.loads(line)
-            parts = urlsplit(event["requestURI"])
-            if event["stage"] == "ResponseComplete" and event["verb"] == "get" \
-                    and parts.path.startswith(prefix) and parts.path.endswith("/log"):
-                reads.setdefault(parts.path[len(prefix):-len("/log")], []).append(
-                    {k: v[0] for k, v in parse_qs(parts.query).items()})
+    for event in plane.audit_events(mark):
+        parts = urlsplit(event["requestURI"])
+        if event["stage"] == "ResponseComplete" and event["verb"] == "get" \
+                and parts.path.startswith(prefix) and parts.path.endswith("/log"):
+            reads.setdefault(parts.path[len(prefix):-len("/log")], []).append(
+                {k: v[0] for k, v in parse_qs(parts.query).items()})
     return reads
 
 

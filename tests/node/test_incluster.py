@@ -128,7 +128,9 @@ def test_a_change_of_archway_fails_no_creation_and_leaves_no_pod_unannotated(
     writer = threading.Thread(target=create_steadily)
     writer.start()
     try:
+        before = len(created)
         change(in_cluster)
+        during = len(created) - before
         # A few creations after the change too.
         after = len(created) + 6
         kube.wait_for(lambda: len(created) >= after or bool(failures) or None, timeout=60,
@@ -139,7 +141,9 @@ def test_a_change_of_archway_fails_no_creation_and_leaves_no_pod_unannotated(
     assert failures == []
     unannotated = [p["metadata"]["name"] for p in kube.items(pod_path(namespace))
                    if ARCH_ANNOTATION not in (p["metadata"].get("annotations") or {})]
-    assert len(created) > 20 and unannotated == []
+    # Creations went on while archway's pods were replaced (how many depends on how fast the
+    # rollout was), and after it.
+    assert during >= 2 and len(created) >= before + during + 6 and unannotated == []
 
 
 def _rolled_out(kube, namespace: str, name: str) -> bool:
@@ -151,7 +155,7 @@ def _rolled_out(kube, namespace: str, name: str) -> bool:
 
 
 def test_helm_uninstall_runs_its_hooks_as_jobs_and_removes_every_gate(in_cluster, node_registry):
-    """Last in this file: it uninstalls the session's install."""
+    """It uninstalls the session's install: the next test to ask for one installs again."""
     plane = in_cluster.plane
     kube = plane.kube
     namespace = fresh_namespace(plane, "uninstall")
