@@ -50,6 +50,11 @@ MAX_TRACKED = 10_000              # failing pods remembered at once (one of each
 MAX_PATCH_ATTEMPTS = 4            # a workload changed meanwhile (409): read it again and merge
 MAX_EPISODES = 16                 # failed instances remembered per pod as read
 REASON_EXEC_FORMAT = "ExecFormatError"
+# A pod is evicted once the leader's own workload cache shows what was just learned of its
+# workload: the webhook's caches are watches of the same objects, so its replacement is admitted
+# with the exclusion, not sent to the same architecture again. Waited for at most this long.
+SEEN_WITHIN_SECONDS = 5.0
+SEEN_POLL_SECONDS = 0.25
 
 
 @dataclass
@@ -63,6 +68,7 @@ class _Tracked:
     log_failures: tuple[Failure, ...] = ()     # what their logs said
     evict_tries: int = 0
     evict_done: bool = False          # evicted, or given up: never asked again
+    learned_at: float | None = None   # when archway wrote what it taught
 
     @property
     def failures(self) -> tuple[Failure, ...]:
@@ -312,19 +318,28 @@ class Remediation:
 
     def _apply(self, lesson: _Lesson) -> None:
         top = lesson.top
+        wrote = False
         if lesson.evidence:
             try:
-                self.learn(top, lesson.evidence)
+                wrote = self.learn(top, lesson.evidence)
             except ApiError as e:   # the apiserver is away: merged at the next look
                 log.warning("%s %s/%s: could not record what its pods taught: %s", top.kind,
                             top.namespace, top.object_name, e)
                 for tracked, _ in lesson.pods:
                     tracked.next_look = self._clock() + RETRY_SECONDS
                 return
+        now = self._clock()
         for tracked, arch in lesson.pods:
             tracked.learned = True
-            if self.settings.evict and not tracked.evict_done:
-                self.evictions.maybe_evict(tracked, arch, top)
+            if wrote:
+                tracked.learned_at = now
+            if not self.settings.evict or tracked.evict_done:
+                continue
+            if not _seen(top, arch) and tracked.learned_at is not None \
+                    and now - tracked.learned_at < SEEN_WITHIN_SECONDS:
+                tracked.next_look = now + SEEN_POLL_SECONDS
+                continue
+            self.evictions.maybe_evict(tracked, arch, top)
 
     def top_workload(self, pod: FailingPod) -> WorkloadFacts | None:
         """The pod's workload, from the caches, when its controller chain is real
@@ -384,6 +399,11 @@ def _merged(annotations: dict, evidence: dict[str, list[Evidence]]) -> dict[str,
             annotations = changed = {**annotations, **merged}
     return None if changed is None else {k: changed[k] for k in (ANNOTATION_FAILED,
                                                                   ANNOTATION_EVIDENCE)}
+
+
+def _seen(top: WorkloadFacts, arch: str) -> bool:
+    """The workload, as the cache has it, already carries `arch` as learned."""
+    return top.learned is not None and arch in top.learned.architectures
 
 
 def _consequence(arch: str, mode: str, learn: bool) -> str:

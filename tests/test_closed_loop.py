@@ -367,6 +367,54 @@ def test_many_failing_replicas_cost_one_read_of_their_workload_per_round(
 
 # --- evictions that end ---------------------------------------------------------------------
 
+def evictions_of(plane, mark: int, user: str, namespace: str, pod: dict) -> list[str]:
+    return reads_of(plane, mark, user,
+                    f"{pod_path(namespace, pod['metadata']['name'])}/eviction")
+
+
+def test_a_pod_is_evicted_once_the_workload_cache_shows_what_was_learned(
+        control_plane, closed_loop):
+    """The webhook admits the replacement with what its own workload cache says: evicted before
+    such a cache shows the exclusion, the pod could be made again on the same architecture."""
+    kube = control_plane.kube
+    namespace = own_namespace(control_plane, "loop-seen")
+    loop, events, clock, user = closed_loop(namespace, rules=[EVICT_RULE], evict=True)
+    (pod,) = deployment(kube, namespace, "seen", replicas=1)
+    wait_cached(kube, loop, namespace, [pod])
+    crash_loop(kube, namespace, pod, message="exec /app: exec format error")
+    mark = control_plane.audit_mark()
+    look(loop, kube, namespace)      # learns; its cache has not seen the patch yet
+    assert deployment_annotations(kube, namespace, "seen")[FAILED] == "arm64"
+    assert evictions_of(control_plane, mark, user, namespace, pod) == []
+    kube.wait_for(lambda: (top := loop.workloads.lookup("Deployment", namespace, "seen"))
+                  and top.learned and "arm64" in top.learned.architectures,
+                  timeout=30, what="the loop's cache to show the learned architecture")
+    clock.now += 0.5                 # the next look, well before it would stop waiting
+    look(loop, kube, namespace)
+    assert evictions_of(control_plane, mark, user, namespace, pod) == ["create"]
+
+
+def test_a_cache_that_never_shows_what_was_learned_delays_the_eviction_a_bounded_time(
+        control_plane, closed_loop):
+    from archway.gate.remediation import SEEN_WITHIN_SECONDS
+    kube = control_plane.kube
+    namespace = own_namespace(control_plane, "loop-unseen")
+    loop, events, clock, user = closed_loop(namespace, rules=[EVICT_RULE], evict=True)
+    (pod,) = deployment(kube, namespace, "unseen", replicas=1)
+    wait_cached(kube, loop, namespace, [pod])
+    loop.workloads.caches["Deployment"].stop()     # its watch ends: the patch is never seen
+    crash_loop(kube, namespace, pod, message="exec /app: exec format error")
+    mark = control_plane.audit_mark()
+    for _ in range(3):
+        look(loop, kube, namespace)
+        clock.now += SEEN_WITHIN_SECONDS / 4
+    assert deployment_annotations(kube, namespace, "unseen")[FAILED] == "arm64"
+    assert evictions_of(control_plane, mark, user, namespace, pod) == []
+    clock.now += SEEN_WITHIN_SECONDS
+    look(loop, kube, namespace)
+    assert evictions_of(control_plane, mark, user, namespace, pod) == ["create"]
+
+
 def test_an_eviction_refused_with_403_ends_with_one_event_and_the_metric(
         control_plane, closed_loop):
     kube = control_plane.kube

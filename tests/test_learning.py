@@ -3,6 +3,8 @@ reading what a workload learned, when it stops holding, the placement decision w
 input, the owner chain, the utilisation ceiling, and report's stranded architectures."""
 import base64
 import json
+import threading
+import time
 
 import jsonpatch
 import pytest
@@ -31,7 +33,12 @@ from archway.webhook.learning import (
 )
 from archway.webhook.placement import decide
 from archway.webhook.policy import Policy
-from archway.webhook.workloadcache import top_workload, workload_facts, workload_path
+from archway.webhook.workloadcache import (
+    WorkloadCache,
+    top_workload,
+    workload_facts,
+    workload_path,
+)
 from archway.workloads import workloads_in
 from tests.test_service import Resolver, response, review, service
 
@@ -342,6 +349,37 @@ def test_the_top_workload_of_a_pod():
     assert top_workload("shop", ("Node", "x"), lookup) is None
 
 
+def test_a_controller_the_watch_has_not_brought_yet_is_waited_for_within_the_time_given():
+    """A Deployment's new ReplicaSet, a CronJob's Job: its first pods may be admitted before the
+    webhook's watch has it. Admission gives the watch the time it may spend on the API."""
+    workloads = WorkloadCache(lambda: None)
+    deployment = obj("Deployment", "web", annotations={ANNOTATION_FAILED: "arm64"})
+    workloads.caches["Deployment"]._upsert(workload_facts("Deployment")(deployment))
+
+    def owned_by(kind, name):
+        return PodView.of({"metadata": {"namespace": "shop", "name": "p", "ownerReferences": [
+            {"kind": kind, "name": name, "uid": "u", "controller": True}]}, "spec": {}})
+    arrives = threading.Timer(0.2, lambda: workloads.caches["ReplicaSet"]._upsert(
+        workload_facts("ReplicaSet")(obj("ReplicaSet", "web-5d8", ("Deployment", "web")))))
+    started = time.monotonic()
+    arrives.start()
+    try:
+        top = workloads.top_of(owned_by("ReplicaSet", "web-5d8"), timeout=10)
+    finally:
+        arrives.cancel()
+    assert top is not None and top.learned.architectures == {"arm64"}
+    assert 0.15 < time.monotonic() - started < 5
+    # A link that never comes costs the time given, and no more; none given, none spent.
+    started = time.monotonic()
+    assert workloads.top_of(owned_by("Job", "gone"), timeout=0.3) is None
+    assert 0.3 <= time.monotonic() - started < 2
+    started = time.monotonic()
+    assert workloads.top_of(owned_by("Job", "gone")) is None
+    # A kind archway does not watch is never waited for.
+    assert workloads.top_of(owned_by("Rollout", "canary"), timeout=10) is None
+    assert time.monotonic() - started < 1
+
+
 def test_workload_facts_skip_what_is_not_a_workload():
     assert workload_facts("Deployment")({"metadata": {"name": "x"}}) is None
     assert workload_facts("Deployment")("junk") is None
@@ -424,14 +462,15 @@ class Workloads:
 
     def __init__(self, tops, synced=True):
         self.tops, self.synced = tops, synced
-        self.waits, self.asked = [], []
+        self.waits, self.asked, self.timeouts = [], [], []
 
     def wait_synced(self, timeout):
         self.waits.append(timeout)
         return self.synced
 
-    def top_of(self, pod):
+    def top_of(self, pod, timeout=0.0):
         self.asked.append(pod.owner_references[0].name)
+        self.timeouts.append(timeout)
         return self.tops.get(pod.owner_references[0].name)
 
 
@@ -451,6 +490,8 @@ def test_admission_applies_what_the_pods_workload_learned_from_its_cache():
     assert placed["metadata"]["annotations"][ANNOTATION_EXCLUDED] == "arm64"
     assert answer["warnings"][0].startswith("kept off arm64: pods of Deployment web failed")
     assert cache.asked == ["web-5d8"]
+    # A controller not yet in the cache may be waited for within the API's share of the deadline.
+    assert 0 < cache.timeouts[0] <= 3.0 * 0.4 + 1e-9
     # A pod no controller owns costs no look at all.
     response(svc.review(review(IMAGE)))
     assert cache.asked == ["web-5d8"] and len(cache.waits) == 1

@@ -84,7 +84,7 @@ class Workloads(Protocol):
     """The workload caches (workloadcache.WorkloadCache): a pod's top workload, from memory."""
     def wait_synced(self, timeout: float) -> bool: ...
 
-    def top_of(self, pod: PodView) -> Any: ...   # -> WorkloadFacts | None
+    def top_of(self, pod: PodView, timeout: float = 0.0) -> Any: ...   # -> WorkloadFacts | None
 
 
 class Gating(Protocol):
@@ -221,14 +221,15 @@ class AdmissionService:
 
     def learned_for(self, pod: PodView, api_by: float):
         """What the pod's workload learned (learning.Learned), from the workload caches: no
-        request per admission. Right after start-up their first lists may wait until `api_by`,
-        never more; a pod with no controller costs nothing."""
+        request per admission. Right after start-up their first lists, and a controller made a
+        moment before the pod, may wait until `api_by`, never more; a pod with no controller
+        costs nothing."""
         cache = self.workloads
         if cache is None or not pod.owner_references:
             return None
         if not cache.wait_synced(api_by - self.clock()):
             return None
-        top = cache.top_of(pod)
+        top = cache.top_of(pod, timeout=max(0.0, api_by - self.clock()))
         return top.learned if top is not None else None
 
     def known_nodes(self):

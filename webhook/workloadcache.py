@@ -25,6 +25,8 @@ COLLECTIONS = {kind: f"{prefix}/{plural}" for kind, (prefix, plural) in WORKLOAD
 # What a workload's owner chain may pass through on the way to the top: a ReplicaSet
 # (Deployment), a Job (CronJob). Nothing deeper exists among these kinds.
 MAX_CHAIN = 3
+# How often admission looks again for a controller its watch has not brought yet.
+LINK_POLL_SECONDS = 0.01
 # The kinds whose controllers make pods: a pod's first link is one of them, never a Deployment or
 # a CronJob (theirs are a ReplicaSet's, a Job's).
 POD_CONTROLLERS = ("ReplicaSet", "Job", "StatefulSet", "DaemonSet")
@@ -244,8 +246,19 @@ class WorkloadCache:
         cache = self.caches.get(kind)
         return cache.items.get(f"{namespace}/{name}") if cache is not None else None
 
-    def top_of(self, pod: PodView) -> WorkloadFacts | None:
-        return top_workload(pod.namespace, pod_owner(pod), self.lookup)
+    def top_of(self, pod: PodView, timeout: float = 0.0) -> WorkloadFacts | None:
+        """The top of the pod's owner chain. A controller is created a moment before its pods (a
+        Deployment's new ReplicaSet, a CronJob's Job) and its first pods may be admitted before
+        the watch has brought it: while a link of a chain archway follows is missing, the watch
+        gets up to `timeout` seconds to bring it."""
+        owner = pod_owner(pod)
+        until = time.monotonic() + timeout
+        while True:
+            top = top_workload(pod.namespace, owner, self.lookup)
+            if top is not None or owner is None or owner[0] not in self.caches \
+                    or time.monotonic() >= until:
+                return top
+            time.sleep(LINK_POLL_SECONDS)
 
     def tops(self) -> Iterable[WorkloadFacts]:
         """Every workload at the top of its chain (what carries a template that matters)."""
