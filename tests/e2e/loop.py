@@ -85,11 +85,12 @@ def replica_sets(kube: Kube, namespace: str) -> list[dict]:
 
 
 def probe(kube: Kube, namespace: str, image: str, owner: dict) -> dict:
-    """A dry-run pod create as `owner` (a ReplicaSet) would send it: what archway's admission
+    """A dry-run pod create as `owner` (a ReplicaSet, a Job...) would send it: what archway's admission
     does with the next pod of that workload now, without creating one."""
     body = {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"generateName": "probe-", "ownerReferences": [{
-                "apiVersion": "apps/v1", "kind": owner.get("kind", "ReplicaSet"),
+                "apiVersion": owner.get("apiVersion", "apps/v1"),
+                "kind": owner.get("kind", "ReplicaSet"),
                 "name": owner["metadata"]["name"],
                 "uid": owner["metadata"]["uid"], "controller": True}]},
             "spec": {"containers": [{"name": "c0", "image": image}]}}

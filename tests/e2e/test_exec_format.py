@@ -129,7 +129,7 @@ def test_an_exec_format_error_on_arm64_keeps_the_deployments_next_pods_off_arm64
     kube.patch(deployment_path(namespace, "app"), {"metadata": {"annotations": {
         FAILED: None, EVIDENCE: None}}})
     placed = kube.wait_for(lambda: (p := placed_on(probe(kube, namespace, image, replica_set)))
-                           == {"amd64", "arm64"} and p, timeout=10,
+                           == {"amd64", "arm64"} and p, timeout=30,
                            what="admission to forget the exclusion")
     assert placed == {"amd64", "arm64"}
     kube.delete(pod_path(namespace, replacement["metadata"]["name"]))
@@ -226,7 +226,8 @@ def test_a_gated_pod_of_the_workload_is_released_with_the_exclusion(
     (bound,) = replaced(kube, namespace, failing, count=1)
     assert node_arch(kube, bound["spec"]["nodeName"]) == "amd64"
     assert bound["metadata"]["annotations"]["archway.dev/excluded-architectures"] == "arm64"
-    assert "Placed" in [e["reason"] for e in kube.events_for(namespace, bound["metadata"]["name"])]
+    kube.wait_for(lambda: "Placed" in [e["reason"] for e in kube.events_for(
+        namespace, bound["metadata"]["name"])], timeout=30, what="the Placed Event")
 
 
 def test_the_webhooks_account_may_learn_but_not_rewrite_workloads(archway, kube):
@@ -281,8 +282,14 @@ def test_a_statefulset_and_a_cronjob_through_its_job_learn_on_their_own_metadata
         assert kube.wait_for(lambda path=path: annotations(path).get(FAILED), timeout=20,
                              what=f"the learned annotation on {path}") == "arm64"
     assert FAILED not in annotations(f"{batch}/jobs/nightly-1")     # the CronJob's, not its Job's
-    assert events(kube, namespace, "ExecFormatError", "CronJob", "nightly")
-    assert events(kube, namespace, "ExecFormatError", "StatefulSet", "db")
+    # Events are posted after the patches, by their own thread; admission reads the learned
+    # annotations from its workload cache, a watch that may lag the API.
+    for kind, name, owner in (("CronJob", "nightly", f"{batch}/jobs/nightly-1"),
+                              ("StatefulSet", "db", f"{apps}/statefulsets/db")):
+        kube.wait_for(lambda kind=kind, name=name: events(
+            kube, namespace, "ExecFormatError", kind, name), timeout=30, what=f"the {kind}'s Event")
+        kube.wait_for(lambda owner=kube.get(owner): placed_on(probe(kube, namespace, image, owner))
+                      == {"amd64"}, timeout=30, what=f"admission to apply {kind} {name}'s exclusion")
     # The CronJob's next run, and the StatefulSet's pod made again, go to amd64.
     job_from_cronjob("nightly-2")
     kube.delete(pod_path(namespace, db["metadata"]["name"]))

@@ -35,6 +35,9 @@ ARCH = "kubernetes.io/arch"
 # amd64 preferred although arm64 is cheaper: the preference, not the price, must decide.
 PREFERRED = {"amd64": 80, "arm64": 20}
 SKIP = {"archway.dev/skip": "true"}        # the chart's objectSelector: archway never sees the pod
+# The module's control plane, archway, KWOK and Karpenter count against its first test, and
+# consolidation alone may take minutes.
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,9 @@ def autoscaled(images, tmp_path_factory):
         plane.start()
         # The chart's values (not only archway's file): they grant the NodePools' list/watch.
         install = ChartInstall(plane, archway_config=deep_merge(
-            archway_config(images), {"placement": {"preferred_architectures": PREFERRED}}),
+            archway_config(images), {"placement": {"preferred_architectures": PREFERRED},
+                                     # gated pods stay gated while Karpenter launches others
+                                     "admission": {"gate_max_seconds": 300}}),
             values={"config": {"kubernetes": {"karpenter_node_pools": True}}}).install()
         karpenter = start_with_kwok(plane, install.namespace)
         print(f"\nkarpenter: control plane, archway, KWOK and Karpenter up in "

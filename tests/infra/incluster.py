@@ -138,6 +138,13 @@ class InClusterInstall(ChartInstall):
             yaml.safe_dump(self.values, f)
         self.helm("upgrade", self.release, os.path.join(REPO, "charts", "archway"),
                   "--values", values_file, "--wait", "--wait-for-jobs", "--timeout", HELM_TIMEOUT)
+        # `--wait` returns once the new pods are ready; the old ones may still be terminating,
+        # one of them still leading the gate controller with the old configuration.
+        assert self.kube is not None
+        self.kube.wait_for(lambda: not any(
+            p["metadata"].get("deletionTimestamp")
+            for p in self.kube.items(f"/api/v1/namespaces/{self.namespace}/pods")),
+            timeout=120, what="archway's replaced pods gone")
         self.wait_until_webhook_acts(timeout=60)
 
     def uninstall(self) -> None:

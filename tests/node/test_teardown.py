@@ -33,6 +33,7 @@ def cluster_sh(state_dir, *args, timeout=400) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+@pytest.mark.timeout(900)      # `up --in-cluster` (400 s at most) and `down`
 def test_up_in_cluster_then_down_leaves_nothing_behind(tmp_path, session_node, node_registry):
     """`up --in-cluster` (so pods run: netns, veths, volume mounts, container cgroups), then
     `down`."""
