@@ -367,9 +367,19 @@ def test_many_failing_replicas_cost_one_read_of_their_workload_per_round(
 
 # --- evictions that end ---------------------------------------------------------------------
 
-def evictions_of(plane, mark: int, user: str, namespace: str, pod: dict) -> list[str]:
-    return reads_of(plane, mark, user,
-                    f"{pod_path(namespace, pod['metadata']['name'])}/eviction")
+def evicting(control_plane, closed_loop, app: str, *, rules=(EVICT_RULE,)):
+    """The loop with `evict` on, and one pod of Deployment `app` (in a namespace of its own)
+    in its cache: (loop, events, clock, user, pod); crash_loop makes the pod fail."""
+    namespace = own_namespace(control_plane, f"loop-{app}")
+    loop, events, clock, user = closed_loop(namespace, rules=list(rules), evict=True)
+    (pod,) = deployment(control_plane.kube, namespace, app, replicas=1)
+    wait_cached(control_plane.kube, loop, namespace, [pod])
+    return loop, events, clock, user, pod
+
+
+def evictions_of(plane, mark: int, user: str, pod: dict) -> list[str]:
+    return reads_of(plane, mark, user, pod_path(pod["metadata"]["namespace"],
+                                                pod["metadata"]["name"]) + "/eviction")
 
 
 def test_a_pod_is_evicted_once_the_workload_cache_shows_what_was_learned(
@@ -377,31 +387,27 @@ def test_a_pod_is_evicted_once_the_workload_cache_shows_what_was_learned(
     """The webhook admits the replacement with what its own workload cache says: evicted before
     such a cache shows the exclusion, the pod could be made again on the same architecture."""
     kube = control_plane.kube
-    namespace = own_namespace(control_plane, "loop-seen")
-    loop, events, clock, user = closed_loop(namespace, rules=[EVICT_RULE], evict=True)
-    (pod,) = deployment(kube, namespace, "seen", replicas=1)
-    wait_cached(kube, loop, namespace, [pod])
+    loop, events, clock, user, pod = evicting(control_plane, closed_loop, "seen")
+    namespace = pod["metadata"]["namespace"]
     crash_loop(kube, namespace, pod, message="exec /app: exec format error")
     mark = control_plane.audit_mark()
     look(loop, kube, namespace)      # learns; its cache has not seen the patch yet
     assert deployment_annotations(kube, namespace, "seen")[FAILED] == "arm64"
-    assert evictions_of(control_plane, mark, user, namespace, pod) == []
+    assert evictions_of(control_plane, mark, user, pod) == []
     kube.wait_for(lambda: (top := loop.workloads.lookup("Deployment", namespace, "seen"))
                   and top.learned and "arm64" in top.learned.architectures,
                   timeout=30, what="the loop's cache to show the learned architecture")
     clock.now += 0.5                 # the next look, well before it would stop waiting
     look(loop, kube, namespace)
-    assert evictions_of(control_plane, mark, user, namespace, pod) == ["create"]
+    assert evictions_of(control_plane, mark, user, pod) == ["create"]
 
 
 def test_a_cache_that_never_shows_what_was_learned_delays_the_eviction_a_bounded_time(
         control_plane, closed_loop):
     from archway.gate.remediation import SEEN_WITHIN_SECONDS
     kube = control_plane.kube
-    namespace = own_namespace(control_plane, "loop-unseen")
-    loop, events, clock, user = closed_loop(namespace, rules=[EVICT_RULE], evict=True)
-    (pod,) = deployment(kube, namespace, "unseen", replicas=1)
-    wait_cached(kube, loop, namespace, [pod])
+    loop, events, clock, user, pod = evicting(control_plane, closed_loop, "unseen")
+    namespace = pod["metadata"]["namespace"]
     loop.workloads.caches["Deployment"].stop()     # its watch ends: the patch is never seen
     crash_loop(kube, namespace, pod, message="exec /app: exec format error")
     mark = control_plane.audit_mark()
@@ -409,28 +415,25 @@ def test_a_cache_that_never_shows_what_was_learned_delays_the_eviction_a_bounded
         look(loop, kube, namespace)
         clock.now += SEEN_WITHIN_SECONDS / 4
     assert deployment_annotations(kube, namespace, "unseen")[FAILED] == "arm64"
-    assert evictions_of(control_plane, mark, user, namespace, pod) == []
+    assert evictions_of(control_plane, mark, user, pod) == []
     clock.now += SEEN_WITHIN_SECONDS
     look(loop, kube, namespace)
-    assert evictions_of(control_plane, mark, user, namespace, pod) == ["create"]
+    assert evictions_of(control_plane, mark, user, pod) == ["create"]
 
 
 def test_an_eviction_refused_with_403_ends_with_one_event_and_the_metric(
         control_plane, closed_loop):
     kube = control_plane.kube
-    namespace = own_namespace(control_plane, "loop-refused")
-    loop, events, clock, user = closed_loop(namespace, evict=True)   # no pods/eviction right
-    (pod,) = deployment(kube, namespace, "refused", replicas=1)
-    wait_cached(kube, loop, namespace, [pod])
+    loop, events, clock, user, pod = evicting(control_plane, closed_loop, "refused",
+                                              rules=())      # no pods/eviction right
+    namespace = pod["metadata"]["namespace"]
     crash_loop(kube, namespace, pod, message="exec /app: exec format error")
     refused = metric("archway_remediation_evictions_total", outcome="refused")
     mark = control_plane.audit_mark()
     for _ in range(4):
         look(loop, kube, namespace)
         clock.now += 120
-    evictions = [uri for verb, uri in control_plane.requests_since(mark, user=user)
-                 if uri.endswith("/eviction")]
-    assert len(evictions) == 1
+    assert len(evictions_of(control_plane, mark, user, pod)) == 1
     (note,) = [e[3] for e in events.of("NotEvicted")]
     assert "403" in note and "not asked again" in note
     assert metric("archway_remediation_evictions_total", outcome="refused") == refused + 1
@@ -440,21 +443,17 @@ def test_a_disruption_budget_that_never_allows_is_asked_a_bounded_number_of_time
         control_plane, closed_loop):
     from archway.gate.eviction import MAX_TRIES
     kube = control_plane.kube
-    namespace = own_namespace(control_plane, "loop-pdb")
-    loop, events, clock, user = closed_loop(namespace, rules=[EVICT_RULE], evict=True)
-    (pod,) = deployment(kube, namespace, "guarded", replicas=1)
+    loop, events, clock, user, pod = evicting(control_plane, closed_loop, "guarded")
+    namespace = pod["metadata"]["namespace"]
     kube.create(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "all"},
         "spec": {"minAvailable": "100%", "selector": {"matchLabels": {"app": "guarded"}}}})
-    wait_cached(kube, loop, namespace, [pod])
     crash_loop(kube, namespace, pod, message="exec /app: exec format error")
     mark = control_plane.audit_mark()
     for _ in range(MAX_TRIES + 5):
         look(loop, kube, namespace)
         clock.now += 60
-    evictions = [uri for verb, uri in control_plane.requests_since(mark, user=user)
-                 if uri.endswith("/eviction")]
-    assert len(evictions) == MAX_TRIES
+    assert len(evictions_of(control_plane, mark, user, pod)) == MAX_TRIES
     assert len(events.of("EvictionBlocked")) == 1
     (note,) = [e[3] for e in events.of("NotEvicted")]
     assert f"still refused after {MAX_TRIES} asks" in note
