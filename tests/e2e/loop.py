@@ -111,6 +111,14 @@ def placed_on(pod: dict) -> set[str] | None:
     return set.intersection(*values) if values else None
 
 
+def admission_places(kube: Kube, namespace: str, image: str, owner: dict,
+                     architectures: set[str], *, what: str, timeout: float = 30.0) -> None:
+    """Until admission places the next pod of `owner` on `architectures` (probe): the webhook
+    reads what a workload learned from its workload cache, a watch that may lag the API."""
+    kube.wait_for(lambda: placed_on(probe(kube, namespace, image, owner)) == architectures,
+                  timeout=timeout, what=what)
+
+
 def events(kube: Kube, namespace: str, reason: str, kind: str | None = None,
            name: str | None = None) -> list[dict]:
     found = kube.items(f"/apis/events.k8s.io/v1/namespaces/{namespace}/events",

@@ -11,6 +11,7 @@ import pytest
 from tests.infra.kube import pod_path
 
 from .loop import (
+    admission_places,
     app_pods,
     crash_with_exec_format_error,
     deployment_path,
@@ -97,8 +98,8 @@ def test_an_exec_format_error_on_arm64_keeps_the_deployments_next_pods_off_arm64
 
     # The next pod of the Deployment is placed on amd64 only, though its image claims arm64
     # (once the webhook's workload cache, a watch, has the annotation).
-    kube.wait_for(lambda: placed_on(probe(kube, namespace, image, replica_set)) == {"amd64"},
-                  timeout=30, what="admission to apply the learned exclusion")
+    admission_places(kube, namespace, image, replica_set, {"amd64"},
+                     what="admission to apply the learned exclusion")
     kube.delete(pod_path(namespace, failing["metadata"]["name"]))
     pods = replaced(kube, namespace, failing)
     (replacement,) = [p for p in pods if p["metadata"]["name"]
@@ -128,10 +129,8 @@ def test_an_exec_format_error_on_arm64_keeps_the_deployments_next_pods_off_arm64
     # Removing the annotation ends it: the next pod may go to arm64 again.
     kube.patch(deployment_path(namespace, "app"), {"metadata": {"annotations": {
         FAILED: None, EVIDENCE: None}}})
-    placed = kube.wait_for(lambda: (p := placed_on(probe(kube, namespace, image, replica_set)))
-                           == {"amd64", "arm64"} and p, timeout=30,
-                           what="admission to forget the exclusion")
-    assert placed == {"amd64", "arm64"}
+    admission_places(kube, namespace, image, replica_set, {"amd64", "arm64"},
+                     what="admission to forget the exclusion")
     kube.delete(pod_path(namespace, replacement["metadata"]["name"]))
     pods = replaced(kube, namespace, replacement)
     assert arches_of(kube, pods) == {"arm64"}
@@ -288,8 +287,8 @@ def test_a_statefulset_and_a_cronjob_through_its_job_learn_on_their_own_metadata
                               ("StatefulSet", "db", f"{apps}/statefulsets/db")):
         kube.wait_for(lambda kind=kind, name=name: events(
             kube, namespace, "ExecFormatError", kind, name), timeout=30, what=f"the {kind}'s Event")
-        kube.wait_for(lambda owner=kube.get(owner): placed_on(probe(kube, namespace, image, owner))
-                      == {"amd64"}, timeout=30, what=f"admission to apply {kind} {name}'s exclusion")
+        admission_places(kube, namespace, image, kube.get(owner), {"amd64"},
+                         what=f"admission to apply {kind} {name}'s exclusion")
     # The CronJob's next run, and the StatefulSet's pod made again, go to amd64.
     job_from_cronjob("nightly-2")
     kube.delete(pod_path(namespace, db["metadata"]["name"]))

@@ -10,6 +10,7 @@ from tests.infra.cluster import CHART
 from tests.infra.kube import pod_path
 
 from .loop import (
+    admission_places,
     app_pods,
     crash_with_exec_format_error,
     deployment_path,
@@ -17,9 +18,7 @@ from .loop import (
     mark_ready,
     metric,
     on_arch,
-    placed_on,
     preferring_arm64,
-    probe,
     replica_sets,
 )
 from .test_rbac import identity_of
@@ -122,16 +121,15 @@ def test_a_repushed_tag_resets_the_exclusion_and_one_without_arm64_raises_the_al
     crash_with_exec_format_error(kube, namespace, failing)
     kube.wait_for(lambda: kube.get(deployment_path(namespace, "app"))["metadata"].get(
         "annotations", {}).get(FAILED), timeout=20, what="the learned annotation")
-    # The webhook reads the annotation from its workload cache: its watch may lag the API.
-    kube.wait_for(lambda: placed_on(probe(kube, namespace, image, replica_set)) == {"amd64"},
-                  timeout=30, what="admission to apply the learned exclusion")
+    admission_places(kube, namespace, image, replica_set, {"amd64"},
+                     what="admission to apply the learned exclusion")
 
     # A fixed build is pushed under the same tag: a new digest, arm64 still claimed. The
     # exclusion was learned about the old digest: admission stops applying it once its cache
     # revalidates the tag, and the leader removes it.
     fixed = registry.push_index("e2e/multi", tag, ["linux/amd64", "linux/arm64"]).digest
-    kube.wait_for(lambda: placed_on(probe(kube, namespace, image, replica_set))
-                  == {"amd64", "arm64"}, timeout=10 * TAG_TTL, what="admission to see the new digest")
+    admission_places(kube, namespace, image, replica_set, {"amd64", "arm64"},
+                     timeout=10 * TAG_TTL, what="admission to see the new digest")
     kube.wait_for(lambda: FAILED not in (kube.get(deployment_path(namespace, "app"))["metadata"]
                                          .get("annotations") or {}),
                   timeout=10 * TAG_TTL, what="the leader to remove the learned exclusion")

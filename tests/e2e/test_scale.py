@@ -60,14 +60,10 @@ def running(kube, namespace: str, app: str, count: int, timeout: float = 120.0) 
 
 def archway_reads(plane, mark: int, collection: str) -> list[str]:
     """The list requests archway's ServiceAccounts made of `collection` since `mark`."""
-    return [uri for verb, uri, user in _requests(plane, mark)
-            if verb == "list" and uri.startswith(collection + "?")
-            and user.startswith("system:serviceaccount:archway-system:")]
-
-
-def _requests(plane, mark):
-    for event in plane.audit_events(mark):
-        yield event["verb"], event["requestURI"], event.get("user", {}).get("username", "")
+    return [event["requestURI"] for event in plane.audit_events(mark)
+            if event["verb"] == "list" and event["requestURI"].startswith(collection + "?")
+            and event.get("user", {}).get("username", "").startswith(
+                "system:serviceaccount:archway-system:")]
 
 
 def test_pods_run_on_kwok_nodes_of_their_architecture_and_caches_list_in_pages(scale, images):
