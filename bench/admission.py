@@ -7,8 +7,8 @@ baseline alternating, so a change in the machine's load hits both.
 """
 from contextlib import contextmanager
 
-from tests.infra.apiserver import FakeApiServer
-from tests.infra.registry import RegistryServer
+from lab.servers.apiserver import FakeApiServer
+from lab.servers.registry import RegistryServer
 
 from .lab import PLATFORMS, Lab, fixture_text, mutated_archs
 from .loadgen import run_wrk

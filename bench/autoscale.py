@@ -1,5 +1,5 @@
 """Figures 29-29e (issue 29): archway beside Karpenter. One real control plane with KWOK and
-Karpenter's KWOK provider (tests/infra/karpenter.py: arm64 offerings at 0.8x amd64's price), no
+Karpenter's KWOK provider (lab/cluster/karpenter.py: arm64 offerings at 0.8x amd64's price), no
 Node a pod could run on until Karpenter launches one, archway installed by its chart, images in a
 real registry. Every measurement starts from no NodeClaim and no Node in its NodePools.
 
@@ -23,12 +23,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
-from tests.infra.cluster import ChartInstall
-from tests.infra.controlplane import ControlPlane
-from tests.infra.karpenter import NODEPOOL_LABEL, start_with_kwok
-from tests.infra.kube import Kube, pod_path
-from tests.infra.proxy import DelayProxy
-from tests.infra.registry import RegistryServer
+from lab.cluster.chart import ChartInstall
+from lab.cluster.controlplane import ControlPlane
+from lab.cluster.karpenter import NODEPOOL_LABEL, start_with_kwok
+from lab.kube import Kube, pod_path
+from lab.servers.proxy import DelayProxy
+from lab.servers.registry import RegistryServer
 
 from .lab import Lab
 from .provisioning import (

@@ -13,11 +13,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
-from tests.infra.cluster import ChartInstall
-from tests.infra.controlplane import ControlPlane
-from tests.infra.kube import Kube, pod_path
-from tests.infra.proxy import DelayProxy
-from tests.infra.registry import RegistryServer
+from lab.cluster.chart import ChartInstall
+from lab.cluster.controlplane import ControlPlane
+from lab.kube import Kube, pod_path
+from lab.servers.proxy import DelayProxy
+from lab.servers.registry import RegistryServer
 
 from .lab import Lab
 from .report import Figure, failed_figure

@@ -11,9 +11,9 @@ import time
 from archway.config import CacheSettings, RegistrySettings
 from archway.registry.model import ImageInfo
 from archway.registry.resolver import Resolver
-from tests.infra.clock import ManualClock
-from tests.infra.proxy import DelayProxy
-from tests.infra.registry import RegistryServer
+from lab.clock import ManualClock
+from lab.servers.proxy import DelayProxy
+from lab.servers.registry import RegistryServer
 
 from .lab import Lab
 from .report import Figure, failed_figure

@@ -17,8 +17,8 @@ import time
 
 import requests
 
-from tests.infra.procs import REPO, Server, free_port, require_binary
-from tests.infra.prometheus import ExpositionServer
+from lab.procs import REPO, Server, free_port, require_binary
+from lab.servers.prometheus import ExpositionServer
 
 NODES = 5000
 IMAGES_PER_NODE = 50     # kubelet's default nodeStatusMaxImages

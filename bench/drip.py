@@ -11,8 +11,8 @@ import time
 from archway.config import RegistrySettings
 from archway.registry.model import ImageInfo
 from archway.registry.resolver import Resolver
-from tests.infra.faults import DripServer
-from tests.infra.registry import RegistryServer
+from lab.servers.faults import DripServer
+from lab.servers.registry import RegistryServer
 
 from .lab import Lab
 from .report import Figure, failed_figure

@@ -30,7 +30,7 @@ from archway.extender.service import Extender
 from archway.extender.traffic import key_scores
 from archway.extender.trafficscore import MatchedNodes, ScoreBook
 from archway.extender.wire import parse_extender_args
-from tests.infra.apiserver import FakeApiServer
+from lab.servers.apiserver import FakeApiServer
 
 from .cluster import (
     NODES,

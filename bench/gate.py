@@ -15,9 +15,9 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.infra.apiserver import FakeApiServer
-from tests.infra.proxy import DelayProxy
-from tests.infra.registry import RegistryServer
+from lab.servers.apiserver import FakeApiServer
+from lab.servers.proxy import DelayProxy
+from lab.servers.registry import RegistryServer
 
 from .lab import PLATFORMS, Lab, fixture_text, mutated_archs
 from .loadgen import run_wrk

@@ -1,6 +1,6 @@
-"""Figures 18, 19 and 20: archway on a real control plane (tests/infra/controlplane.py: etcd,
+"""Figures 18, 19 and 20: archway on a real control plane (lab/cluster/controlplane.py: etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler built from source; 100 Nodes, no kubelet),
-installed by its chart (tests/infra/cluster.py).
+installed by its chart (lab/cluster/chart.py).
 
 18: pod creation through the apiserver, p50/p99 per create, with archway's webhook called (warm
     cache) vs not called: 500 of each, interleaved one by one from one client, the uncalled ones
@@ -19,11 +19,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
-from tests.infra.cluster import ChartInstall
-from tests.infra.controlplane import ControlPlane
-from tests.infra.kube import KubeError, pod_path
-from tests.infra.proxy import DelayProxy
-from tests.infra.registry import RegistryServer
+from lab.cluster.chart import ChartInstall
+from lab.cluster.controlplane import ControlPlane
+from lab.kube import KubeError, pod_path
+from lab.servers.proxy import DelayProxy
+from lab.servers.registry import RegistryServer
 
 from .lab import Lab
 from .report import Figure, failed_figure
@@ -158,7 +158,7 @@ def _scheduling(plane: ControlPlane, install: ChartInstall, image: str) -> list[
     schedulers' own speed, the extender's calls included, is what is measured."""
     figures = []
     for number, limits in (("19", {"qps": 50, "burst": 100}), ("19b", UNTHROTTLED)):
-        rates = {name: _bound_per_second(plane, name, scheduler, image, limits)
+        rates = {name: bound_per_second(plane, name, scheduler, image, limits)
                  for name, scheduler in (("kube-scheduler", "default-scheduler"),
                                          ("archway-scheduler", install.scheduler_name))}
         ratio = rates["archway-scheduler"] / rates["kube-scheduler"]
@@ -175,7 +175,7 @@ def _scheduling(plane: ControlPlane, install: ChartInstall, image: str) -> list[
     return figures
 
 
-def _bound_per_second(plane: ControlPlane, process: str, scheduler: str, image: str,
+def bound_per_second(plane: ControlPlane, process: str, scheduler: str, image: str,
                       limits: dict) -> float:
     kube = plane.kube
     ns = plane.new_namespace(f"bench-{process}-{limits['qps']}")

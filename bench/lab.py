@@ -8,8 +8,8 @@ import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.infra.registry import OCI_INDEX, RegistryServer
-from tests.infra.tls import CertificateAuthority
+from lab.servers.registry import OCI_INDEX, RegistryServer
+from lab.tls import CertificateAuthority
 
 PLATFORMS = ("linux/amd64", "linux/arm64", "linux/arm/v7")
 
@@ -66,7 +66,7 @@ def push_index_variants(registry: RegistryServer, repo: str, count: int, *,
 
 
 def fixture_text(name: str) -> str:
-    from tests.infra.procs import REPO
+    from lab.procs import REPO
     with open(os.path.join(REPO, "tests", "fixtures", "admission", name)) as f:
         return f.read()
 

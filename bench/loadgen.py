@@ -5,7 +5,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from tests.infra.procs import require_binary
+from lab.procs import require_binary
 
 LUA_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "post.lua")
 

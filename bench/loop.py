@@ -1,5 +1,5 @@
 """Figures 22, 22b and 23: what the closed loop (issue 24) costs, on a real control plane
-(tests/infra/controlplane.py: etcd, kube-apiserver, kube-controller-manager built from source).
+(lab/cluster/controlplane.py: etcd, kube-apiserver, kube-controller-manager built from source).
 
 22:  the leading gate controller's pod watch (gate/remediation.py FailingPods) at 10,000
      pods: CPU per status update. Two watch processes side by side on the same apiserver and the
@@ -23,9 +23,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.infra.controlplane import ControlPlane
-from tests.infra.kube import pod_path
-from tests.infra.registry import RegistryServer
+from lab.cluster.controlplane import ControlPlane
+from lab.kube import pod_path
+from lab.servers.registry import RegistryServer
 
 from .lab import Lab
 from .report import Figure, failed_figure

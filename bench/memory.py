@@ -8,7 +8,7 @@ process from /proc, before (after one admission) and after.
 """
 import time
 
-from tests.infra.registry import RegistryServer
+from lab.servers.registry import RegistryServer
 
 from .lab import Lab, mutated_archs, pod_review, push_index_variants
 from .report import Figure, failed_figure

@@ -13,8 +13,8 @@ import time
 
 import requests
 
-from tests.infra.karpenter import KARPENTER_API, NODEPOOL_LABEL, nodepool
-from tests.infra.kube import Kube, KubeError, pod_path
+from lab.cluster.karpenter import KARPENTER_API, NODEPOOL_LABEL, nodepool
+from lab.kube import Kube, KubeError, pod_path
 
 BENCH_LABEL = "archway.dev/bench"            # on every pod the section creates
 INSTANCE_CPU = "karpenter.kwok.sh/instance-cpu"

@@ -1,6 +1,6 @@
 """Figures 18c and 26: archway installed in the cluster the way users install it, on the real
-node (tests/infra/realnode.py: containerd, runc, a kubelet, kube-proxy beside the real control
-plane; tests/infra/incluster.py: archway's image, `helm install` with its hooks, the webhook
+node (lab/cluster/realnode.py: containerd, runc, a kubelet, kube-proxy beside the real control
+plane; lab/cluster/incluster.py: archway's image, `helm install` with its hooks, the webhook
 reached by the apiserver through the chart's Service). Needs root, and the machine's one real
 node: nothing else may run one meanwhile (`scripts/cluster.sh up --real-node`, tests/node/).
 
@@ -27,13 +27,13 @@ from types import SimpleNamespace
 
 import requests
 
-from tests.infra.controlplane import ControlPlane
-from tests.infra.incluster import InClusterInstall
-from tests.infra.kube import Kube, pod_path
-from tests.infra.nodeimages import OciImage, go_binary
-from tests.infra.procs import REPO
-from tests.infra.realnode import RealNode, api_only_nodes, node_address, teardown
-from tests.infra.registry import RegistryServer
+from lab.cluster.controlplane import ControlPlane
+from lab.cluster.incluster import InClusterInstall
+from lab.cluster.nodeimages import OciImage, go_binary
+from lab.cluster.realnode import RealNode, api_only_nodes, node_address, teardown
+from lab.kube import Kube, pod_path
+from lab.procs import REPO
+from lab.servers.registry import RegistryServer
 
 from .kube import webhook_calls
 from .lab import Lab

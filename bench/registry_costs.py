@@ -11,9 +11,9 @@ import time
 from archway.config import RegistrySettings
 from archway.registry.credentials import Keyring
 from archway.registry.resolver import Resolver
-from tests.infra.fileserver import FileServer
-from tests.infra.procs import SHARED_TESTDATA
-from tests.infra.registry import RegistryServer
+from lab.procs import SHARED_TESTDATA
+from lab.servers.fileserver import FileServer
+from lab.servers.registry import RegistryServer
 
 from .lab import Lab
 from .report import Figure, failed_figure

@@ -1,5 +1,5 @@
 """Figures 25 and 25a (issue 28, the start of the `scale` section): archway on the real control plane
-with KWOK-simulated Nodes (tests/infra/kwok.py) at three sizes, each its own fresh cluster.
+with KWOK-simulated Nodes (lab/cluster/kwok.py) at three sizes, each its own fresh cluster.
 
 25a: archway's memory against the cluster's size: RSS of the webhook's workers and of the
     extender's worker once their caches are synced, at each size, and the growth per Node from
@@ -17,16 +17,16 @@ import os
 import sys
 import time
 
-from tests.infra.cluster import ChartInstall
-from tests.infra.controlplane import ControlPlane
-from tests.infra.kwok import LABEL, Kwok
-from tests.infra.proxy import DelayProxy
-from tests.infra.registry import RegistryServer
+from lab.cluster.chart import ChartInstall
+from lab.cluster.controlplane import ControlPlane
+from lab.cluster.kwok import LABEL, Kwok
+from lab.servers.proxy import DelayProxy
+from lab.servers.registry import RegistryServer
 
 from . import scale_events, scale_figures, scale_load
 from .lab import Lab
 from .report import Figure, failed_figure
-from .servers import _is_gate_controller, children, cpu_seconds, rss_bytes
+from .servers import children, cpu_seconds, is_gate_controller, rss_bytes
 
 # The largest size also gets the relist, the failover and the schedulers' race (scale_events).
 SIZES = tuple(int(n) for n in os.environ.get("ARCHWAY_SCALE_SIZES", "100,1000,5000").split(","))
@@ -132,8 +132,8 @@ def _one_size(lab: Lab, registry: RegistryServer, slow: DelayProxy, nodes: int) 
         assert install.webhook and install.extender
         time.sleep(5)   # the caches listed at boot; let the lists' garbage go
         webhook = children(install.webhook.process.pid)
-        procs = {"webhook": [p for p in webhook if not _is_gate_controller(p)],
-                 "controller": [p for p in webhook if _is_gate_controller(p)],
+        procs = {"webhook": [p for p in webhook if not is_gate_controller(p)],
+                 "controller": [p for p in webhook if is_gate_controller(p)],
                  "extender": children(install.extender.process.pid),
                  "masters": [install.webhook.process.pid, install.extender.process.pid]}
         rss = {k: [rss_bytes(p) for p in pids] for k, pids in procs.items()}

@@ -20,12 +20,12 @@ import time
 
 import requests
 
-from tests.infra.cluster import ChartInstall
-from tests.infra.controlplane import ControlPlane, start_process, stop_process
-from tests.infra.kube import KubeError, pod_path
-from tests.infra.proxy import DelayProxy
+from lab.cluster.chart import ChartInstall
+from lab.cluster.controlplane import ControlPlane, start_process, stop_process
+from lab.kube import KubeError, pod_path
+from lab.servers.proxy import DelayProxy
 
-from .kube import UNTHROTTLED, _bound_per_second
+from .kube import UNTHROTTLED, bound_per_second
 from .scale_load import ACCOUNTS, pod
 from .stats import percentile
 
@@ -185,7 +185,7 @@ def install_lease(install: ChartInstall) -> float:
 
 
 def schedule(plane: ControlPlane, install: ChartInstall, image: str) -> dict:
-    rates = {name: _bound_per_second(plane, name, scheduler, image, UNTHROTTLED)
+    rates = {name: bound_per_second(plane, name, scheduler, image, UNTHROTTLED)
              for name, scheduler in (("kube-scheduler", "default-scheduler"),
                                      ("archway-scheduler", install.scheduler_name))}
     return {"rates": rates, "ratio": rates["archway-scheduler"] / rates["kube-scheduler"]}

@@ -17,9 +17,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.infra.controlplane import ControlPlane
-from tests.infra.kube import pod_path
-from tests.infra.kwok import LABEL
+from lab.cluster.controlplane import ControlPlane
+from lab.cluster.kwok import LABEL
+from lab.kube import pod_path
 
 from .stats import bucket_difference, histogram_buckets, parse_metrics, percentile
 

@@ -1,5 +1,5 @@
 """The servers under measurement: `archway serve` and the bench's own gunicorn apps, each a child
-process started with Popen of the Python binary (tests.infra.procs.Server) and stopped by PID.
+process started with Popen of the Python binary (lab.procs.Server) and stopped by PID.
 
     server = GunicornServer.archway(directory, config_dict)      # python3 -m archway.cli serve
     server = GunicornServer.module(directory, "bench.echo_app", config_dict)
@@ -13,12 +13,12 @@ import time
 
 import requests
 
-from tests.infra.procs import REPO, Server, free_port
+from lab.procs import REPO, Server, free_port
 
 # `admission <ns/name> uid=... images=N ... warnings=W 0.4 ms` (webhook/service.py, one per admission)
-_ADMISSION_LINE = re.compile(r"archway\.admission: admission .* (?P<ms>\d+(?:\.\d+)?) ms(?: dry-run)?$")
+ADMISSION_LINE = re.compile(r"archway\.admission: admission .* (?P<ms>\d+(?:\.\d+)?) ms(?: dry-run)?$")
 # `filter <ns/name>: archs=... (12.3 ms)` (extender/routes.py, one per filter call)
-_FILTER_LINE = re.compile(r"archway\.extender: filter .*\((?P<ms>\d+(?:\.\d+)?) ms\)$")
+FILTER_LINE = re.compile(r"archway\.extender: filter .*\((?P<ms>\d+(?:\.\d+)?) ms\)$")
 
 
 class GunicornServer:
@@ -92,11 +92,11 @@ class GunicornServer:
 
     def worker_pids(self) -> list[int]:
         """gunicorn's workers: the master's children but the gate controller's process."""
-        return [pid for pid in children(self.master_pid) if not _is_gate_controller(pid)]
+        return [pid for pid in children(self.master_pid) if not is_gate_controller(pid)]
 
     def controller_pids(self) -> list[int]:
         """The gate controller's process (archway serve with a Kubernetes API configured)."""
-        return [pid for pid in children(self.master_pid) if _is_gate_controller(pid)]
+        return [pid for pid in children(self.master_pid) if is_gate_controller(pid)]
 
     def wait_workers(self, count: int, timeout: float = 30.0) -> list[int]:
         end = time.monotonic() + timeout
@@ -118,11 +118,11 @@ class GunicornServer:
 
     def admission_times_ms(self, mark: int) -> list[float]:
         """The handler times archway logged for each admission since `mark`."""
-        return [float(m["ms"]) for m in map(_ADMISSION_LINE.search, self.log_since(mark).splitlines())
+        return [float(m["ms"]) for m in map(ADMISSION_LINE.search, self.log_since(mark).splitlines())
                 if m]
 
     def filter_times_ms(self, mark: int) -> list[float]:
-        return [float(m["ms"]) for m in map(_FILTER_LINE.search, self.log_since(mark).splitlines())
+        return [float(m["ms"]) for m in map(FILTER_LINE.search, self.log_since(mark).splitlines())
                 if m]
 
     def stop(self) -> None:
@@ -142,7 +142,7 @@ def children(pid: int) -> list[int]:
     return sorted(set(pids))
 
 
-def _is_gate_controller(pid: int) -> bool:
+def is_gate_controller(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return b"archway.gate.controller" in f.read()

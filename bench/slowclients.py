@@ -3,7 +3,7 @@
 A client that opens a connection and sends nothing, 3 bytes of a ClientHello, half a request
 line or a head and part of a body, then stalls, used to hold one of the 16 handler threads for
 as long as it liked: 10-12 such clients made real admissions fail, 16-24 stopped the webhook
-(issue 16). For each count N of STALLED (an equal share of each kind of tests/infra/stalled.py,
+(issue 16). For each count N of STALLED (an equal share of each kind of lab/servers/stalled.py,
 all opened first), REAL admissions are then posted on fresh TLS connections (new accept, new
 handshake: the path a stalled client blocks) with a per-request timeout; the figure is the
 largest N at which every one of them was answered with a mutation.
@@ -18,8 +18,8 @@ import time
 
 import requests
 
-from tests.infra.registry import RegistryServer
-from tests.infra.stalled import KINDS, stalled, still_open
+from lab.servers.registry import RegistryServer
+from lab.servers.stalled import KINDS, stalled, still_open
 
 from .lab import PLATFORMS, Lab, fixture_text, mutated_archs
 from .report import Figure, failed_figure

@@ -97,16 +97,16 @@ def test_profile_summary_counts_inclusive_and_self_samples():
 
 
 def test_log_line_patterns_match_what_archway_logs():
-    from bench.servers import _ADMISSION_LINE, _FILTER_LINE
+    from bench.servers import ADMISSION_LINE, FILTER_LINE
     admission = ("2026-11-22 07:45:00,520 INFO archway.admission: admission shop/web-7d9c5b8f6d-* "
                  "uid=0d6b images=1 archs=amd64,arm,arm64 outcome=mutated (required node affinity "
                  "kubernetes.io/arch In amd64, arm, arm64) warnings=0 0.4 ms")
-    assert _ADMISSION_LINE.search(admission)["ms"] == "0.4"
-    assert _ADMISSION_LINE.search(admission + " dry-run")["ms"] == "0.4"
-    assert _ADMISSION_LINE.search("INFO archway.admission: rejected a malformed request") is None
+    assert ADMISSION_LINE.search(admission)["ms"] == "0.4"
+    assert ADMISSION_LINE.search(admission + " dry-run")["ms"] == "0.4"
+    assert ADMISSION_LINE.search("INFO archway.admission: rejected a malformed request") is None
     extender = ("2026-11-22 08:00:00,000 INFO archway.extender: filter shop/web-x: archs=amd64 "
                 "from annotation, 2500/5000 nodes pass (741.2 ms)")
-    assert _FILTER_LINE.search(extender)["ms"] == "741.2"
+    assert FILTER_LINE.search(extender)["ms"] == "741.2"
 
 
 def test_bench_pool_and_wrong_placements():
@@ -148,7 +148,7 @@ def test_the_no_op_webhook_is_the_charts_webhook_deployment_serving_the_echo_app
     import yaml
 
     from bench.realnode import NOOP, noop_deployment
-    from tests.infra.procs import REPO, require_binary
+    from lab.procs import REPO, require_binary
     env = {**os.environ, **{f"HELM_{k}_HOME": str(tmp_path / k) for k in ("CACHE", "CONFIG", "DATA")}}
     out = subprocess.run([require_binary("helm"), "template", "archway",
                           os.path.join(REPO, "charts", "archway"), "-n", "archway-system",

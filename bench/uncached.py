@@ -1,7 +1,7 @@
 """Figures 4 and 5: admissions of images archway has not seen, through the real server.
 
 `archway serve` (2 workers x 8 threads, TLS) resolves images from a real docker-registry (TLS)
-behind tests.infra.proxy.DelayProxy, which holds back every chunk the registry sends by 50 ms,
+behind lab.servers.proxy.DelayProxy, which holds back every chunk the registry sends by 50 ms,
 like a registry in another region. Requests to the registry are counted from its access log.
 """
 import os
@@ -13,8 +13,8 @@ import requests
 
 from archway.config import RegistrySettings
 from archway.registry.resolver import Resolver
-from tests.infra.proxy import DelayProxy
-from tests.infra.registry import RegistryServer
+from lab.servers.proxy import DelayProxy
+from lab.servers.registry import RegistryServer
 
 from .lab import Lab, mutated_archs, pod_review, push_index_variants
 from .report import Figure, failed_figure

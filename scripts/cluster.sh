@@ -19,10 +19,10 @@
 # ($ARCHWAY_CLUSTER_DIR). --real-node: containerd, a kubelet and kube-proxy run pods for real
 # (root only; the API-only Nodes of the other architectures stay); --in-cluster: archway's image
 # built from this checkout, `helm install --wait` with hooks. --kwok-nodes N adds N Nodes
-# simulated by KWOK (scripts/kwok-build.sh, tests/infra/kwok.py: amd64, arm64 and some ppc64le,
+# simulated by KWOK (scripts/kwok-build.sh, lab/cluster/kwok.py: amd64, arm64 and some ppc64le,
 # Ready, labelled archway.dev/simulated=kwok; pods bound to them become Running). --karpenter:
 # none of the API-only Nodes; Karpenter's KWOK provider (scripts/karpenter-build.sh,
-# tests/infra/karpenter.py) launches Nodes for pending pods from NodePool `default` (amd64 and
+# lab/cluster/karpenter.py) launches Nodes for pending pods from NodePool `default` (amd64 and
 # arm64, arm64 20 % cheaper), KWOK makes them Ready and runs their pods.
 # Details: docs/real-control-plane.md.
 set -euo pipefail
@@ -31,4 +31,4 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = up ] && [ "${ARCHWAY_SKIP_SETUP:-}" != 1 ]; then
   bash scripts/setup.sh --test >&2     # the virtualenv, helm, the control plane (cached)
 fi
-exec "$ARCHWAY_VENV/bin/python" -m tests.infra.cluster "$@"
+exec "$ARCHWAY_VENV/bin/python" -m lab "$@"

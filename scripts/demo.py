@@ -19,8 +19,8 @@ import yaml
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from tests.infra.procs import free_port, wait_for_port  # noqa: E402
-from tests.infra.registry import RegistryServer  # noqa: E402
+from lab.procs import free_port, wait_for_port  # noqa: E402
+from lab.servers.registry import RegistryServer  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "admission")
 

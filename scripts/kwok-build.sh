@@ -4,7 +4,7 @@
 # ~/.cache/archway/kwok/<version>/ (a second run builds nothing):
 #   <folder>/kwok     the binary (`go install sigs.k8s.io/kwok/cmd/kwok@<version>`, ~2.5 min cold)
 #   <folder>/stage/   the module's own Stages (kustomize/stage: node-initialize, heartbeat, pod-ready,
-#                     ...), which tests/infra/kwok.py writes into KWOK's configuration file
+#                     ...), which lab/cluster/kwok.py writes into KWOK's configuration file
 #   scripts/kwok-build.sh                      the pinned version below
 #   ARCHWAY_KWOK_VERSION=v0.7.0 scripts/kwok-build.sh
 set -euo pipefail

@@ -9,9 +9,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory):
-    """The test run's one real control plane (tests/infra/controlplane.py): started by the first
+    """The test run's one real control plane (lab/cluster/controlplane.py): started by the first
     test that asks for it, stopped at the end. A namespace per test: `control_plane.new_namespace`."""
-    from tests.infra.controlplane import ControlPlane
+    from lab.cluster.controlplane import ControlPlane
     plane = ControlPlane(str(tmp_path_factory.mktemp("control-plane"))).start()
     try:
         yield plane

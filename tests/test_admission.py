@@ -16,7 +16,7 @@ from archway.webhook.admission import (
     skip_reason,
 )
 from archway.webhook.placement import Decision
-from tests.infra.procs import REPO
+from lab.procs import REPO
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "admission")
 LIMIT = 3 * 1024 * 1024

@@ -22,13 +22,13 @@ import pytest
 import requests
 import yaml
 
+from lab.httpd import BackgroundHTTPServer
+from lab.procs import REPO, Server, free_port
+from lab.servers.fileserver import FileServer
+from lab.servers.proxy import DelayProxy
+from lab.servers.registry import RegistryServer
+from lab.tls import session_ca
 from tests.infra import sifbuild
-from tests.infra.fileserver import FileServer
-from tests.infra.httpd import BackgroundHTTPServer
-from tests.infra.procs import REPO, Server, free_port
-from tests.infra.proxy import DelayProxy
-from tests.infra.registry import RegistryServer
-from tests.infra.tls import session_ca
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow

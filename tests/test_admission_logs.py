@@ -2,7 +2,7 @@
 in text and in JSON; a dead egress proxy named as the proxy, not as the registry; a registry
 that wants credentials none of the pod's secrets hold is not said to have refused them.
 
-Real peers fail here: docker-registry with token auth (tests/infra/registry.py), a closed port,
+Real peers fail here: docker-registry with token auth (lab/servers/registry.py), a closed port,
 a proxy address nobody listens on, tinyproxy in front of a registry that is gone."""
 import json
 import logging
@@ -15,9 +15,10 @@ from archway.logs import JsonFormatter
 from archway.registry.credentials import Credential, Keyring
 from archway.registry.resolver import Resolver
 from archway.webhook.policy import Policy
+from lab.procs import free_port
+from lab.tls import session_ca
+from tests.infra.fixtures import plain_registry, test_ca, token_registry
 from tests.infra.forwardproxy import ForwardProxy
-from tests.infra.procs import free_port
-from tests.infra.registry import plain_registry, session_ca, test_ca, token_registry
 from tests.test_service import Secrets, review, service
 
 pytestmark = pytest.mark.slow

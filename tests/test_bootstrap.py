@@ -22,9 +22,9 @@ from archway.certs.bootstrap import (
 )
 from archway.config import KubernetesSettings
 from archway.kubeclient import build_api_client
-from tests.infra.apiserver import FakeApiServer
-from tests.infra.kube import KubeError
-from tests.infra.procs import REPO, require_binary, wait_until
+from lab.kube import KubeError
+from lab.procs import REPO, require_binary, wait_until
+from lab.servers.apiserver import FakeApiServer
 
 NS, SERVICE, SECRET, MWC = "bootstrap", "archway", "archway-tls", "archway-bootstrap-test"
 TLS_PATH = f"/api/v1/namespaces/{NS}/secrets/{SECRET}"

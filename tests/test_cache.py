@@ -13,11 +13,11 @@ from archway.config import CacheSettings, RegistrySettings
 from archway.errors import ArchwayError, NotFound, Overloaded, RateLimited
 from archway.registry.model import ImageInfo
 from archway.registry.resolver import Resolver
-from tests.infra.clock import ManualClock
-from tests.infra.faults import BlackHole
+from lab.clock import ManualClock
+from lab.procs import wait_until
+from lab.servers.faults import BlackHole
+from tests.infra.fixtures import plain_registry
 from tests.infra.gateway import RegistryGateway
-from tests.infra.procs import wait_until
-from tests.infra.registry import plain_registry
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
 """extender.max_utilisation against a real Prometheus scraping test nodes with known byte rates
-and link speeds (job "links" of tests/infra/prometheus.py): /scheduler/filter turns away the
+and link speeds (job "links" of lab/servers/prometheus.py): /scheduler/filter turns away the
 nodes whose link is busier than the ceiling (FailedNodes: load passes), lets every candidate
 through when all are above it, and forgets the ceiling while its traffic sample is stale."""
 import copy
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tests.infra.procs import poll
-from tests.infra.prometheus import prometheus_stack
+from lab.procs import poll
+from tests.infra.fixtures import prometheus_stack
 from tests.test_utilisation import _fixture, extender_client, prom
 
 pytestmark = pytest.mark.slow

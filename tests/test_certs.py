@@ -18,7 +18,7 @@ import pytest
 from archway.certs import x509 as cx
 from archway.certs.selfsigned import ensure_self_signed
 from archway.certs.tls import ReloadingContext, server_context
-from tests.infra.procs import REPO, Server, free_port, require_binary, wait_until
+from lab.procs import REPO, Server, free_port, require_binary, wait_until
 
 SERVICE, NAMESPACE = "archway", "archway-system"
 SVC_NAMES = ["archway", "archway.archway-system", "archway.archway-system.svc",

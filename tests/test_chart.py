@@ -21,7 +21,7 @@ from archway.serve import GRACEFUL_TIMEOUT_SECONDS
 from archway.vocabulary import ARCH_KEYS
 from archway.webhook.admission import SKIP_ANNOTATION, parse_review, skip_reason
 from archway.webhook.archset import pod_arch_constraint
-from tests.infra.procs import REPO, require_binary
+from lab.procs import REPO, require_binary
 from tests.test_operating import declared
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
@@ -1373,8 +1373,8 @@ def test_every_object_names_its_component(render):
 def test_the_extender_sidecar_is_ready_only_when_its_server_is(render, tmp_path, tmp_path_factory):
     """The sidecar's probes, run as the kubelet runs them (python3 -c in the container) against
     a real `archway serve` with the config the chart renders."""
-    from tests.infra.procs import Server, free_port
-    from tests.infra.tls import session_ca
+    from lab.procs import Server, free_port
+    from lab.tls import session_ca
     docs = render("scheduler-on")
     sidecar = container(one(docs, "Deployment", f"{RELEASE}-archway-scheduler"), "extender")
     config = archway_configs(docs)["extender.yaml"]

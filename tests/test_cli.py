@@ -15,7 +15,7 @@ from archway.errors import ArchwayError
 from archway.registry.inspect import pinned
 from archway.tools.explain import load_manifests, manifest_files, read_sources
 from archway.workloads import workloads_in
-from tests.infra.procs import REPO, require_binary
+from lab.procs import REPO, require_binary
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -282,7 +282,7 @@ def _api_error():
     from kubernetes import client
 
     from archway.kubeapi import KubeApi
-    from tests.infra.procs import free_port
+    from lab.procs import free_port
     api = KubeApi(client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{free_port()}")),
                   timeout_seconds=2)
     api.request("GET", "/api/v1/namespaces")

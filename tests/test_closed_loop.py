@@ -28,7 +28,7 @@ from archway.nodes import NodeCache
 from archway.webhook.learning import LogRead
 from archway.webhook.policy import Policy
 from archway.webhook.workloadcache import WorkloadCache
-from tests.infra.kube import pod_path
+from lab.kube import pod_path
 
 pytestmark = pytest.mark.slow
 

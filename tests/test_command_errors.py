@@ -11,8 +11,8 @@ import time
 import pytest
 import yaml
 
-from tests.infra.apiserver import FakeApiServer
-from tests.infra.procs import REPO, Server, free_port, wait_for_port
+from lab.procs import REPO, Server, free_port, wait_for_port
+from lab.servers.apiserver import FakeApiServer
 
 pytestmark = pytest.mark.slow
 

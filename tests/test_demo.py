@@ -2,7 +2,7 @@
 import subprocess
 import sys
 
-from tests.infra.procs import REPO
+from lab.procs import REPO
 
 
 def test_demo_shows_patches_and_a_denial():

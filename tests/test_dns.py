@@ -18,8 +18,8 @@ from archway.registry.hostpolicy import HostPolicy
 from archway.registry.http import HttpClient
 from archway.registry.oci import RegistryClient
 from archway.registry.reference import parse_reference
-from tests.infra.procs import wait_until
-from tests.infra.registry import plain_registry
+from lab.procs import wait_until
+from tests.infra.fixtures import plain_registry
 
 
 class SilentResolver:

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from archway.config import documented_keys
-from tests.infra.procs import REPO
+from lab.procs import REPO
 
 CHART = os.path.join(REPO, "charts", "archway")
 RUNBOOKS = os.path.join(REPO, "docs", "runbooks")

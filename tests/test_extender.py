@@ -25,10 +25,10 @@ from archway.extender.service import Extender
 from archway.nodes import NodeCache, node_arch
 from archway.podview import PodShapeError, PodView
 from archway.registry.resolver import Resolver
-from tests.infra.apiserver import FakeApiServer
-from tests.infra.faults import BlackHole
-from tests.infra.procs import REPO, free_port, wait_for_port, wait_until
-from tests.infra.registry import plain_registry
+from lab.procs import REPO, free_port, wait_for_port, wait_until
+from lab.servers.apiserver import FakeApiServer
+from lab.servers.faults import BlackHole
+from tests.infra.fixtures import plain_registry
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow
@@ -337,7 +337,7 @@ def as_created(node: dict) -> dict:
 @pytest.fixture(scope="module")
 def apiserver(tmp_path_factory):
     """A control plane of this module's own whose Nodes are the fixture's (real EKS nodes)."""
-    from tests.infra.controlplane import ControlPlane
+    from lab.cluster.controlplane import ControlPlane
     with ControlPlane(str(tmp_path_factory.mktemp("extender-plane")), nodes=()) as plane:
         for node in load("filter-nodes.json")["Nodes"]["items"]:
             plane.kube.create("/api/v1/nodes", as_created(node))

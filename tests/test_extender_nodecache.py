@@ -9,7 +9,7 @@ import pytest
 
 from archway.app import create_app
 from archway.config import config_from_dict
-from tests.infra.apiserver import FakeApiServer
+from lab.servers.apiserver import FakeApiServer
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "extender")
 NAMES = ["amd64-1", "arm64-1", "s390x-1"]

@@ -1,5 +1,5 @@
 """Gating: the webhook's gate patch and the one release update a gated pod accepts (KEP-3838),
-pure and checked against ValidatePodUpdate's rules (tests/infra/kubevalidation.py, fast enough
+pure and checked against ValidatePodUpdate's rules (lab/servers/kubevalidation.py, fast enough
 for hypothesis; tests/e2e proves the same releases against the real apiserver); the Lease
 elector and observer, Events and release-all against a real apiserver of this module's own; the
 stand-in for the faults it cannot be made to produce (a 503, a 410 relist, 1.26's validation)."""
@@ -34,10 +34,10 @@ from archway.webhook.events import event
 from archway.webhook.patches import NO_ARCHITECTURE, gate_patch
 from archway.webhook.placement import decide
 from archway.webhook.policy import Policy
-from tests.infra.apiserver import FakeApiServer
-from tests.infra.clock import ManualClock
-from tests.infra.kubevalidation import validate_event_create, validate_pod_update
-from tests.infra.procs import wait_until
+from lab.clock import ManualClock
+from lab.procs import wait_until
+from lab.servers.apiserver import FakeApiServer
+from lab.servers.kubevalidation import validate_event_create, validate_pod_update
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow
@@ -356,7 +356,7 @@ class RealApi:
 
 @pytest.fixture(scope="module")
 def real_plane(tmp_path_factory):
-    from tests.infra.controlplane import ControlPlane
+    from lab.cluster.controlplane import ControlPlane
     with ControlPlane(str(tmp_path_factory.mktemp("gate-plane"))) as plane:
         for namespace in ("archway", "team", "shop"):
             plane.new_namespace(namespace)
@@ -729,7 +729,7 @@ def test_the_readmes_kubectl_line_releases_gated_pods_and_keeps_other_gates(api)
     import os
     import subprocess
 
-    from tests.infra.procs import REPO
+    from lab.procs import REPO
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
         line = next(line for line in f if line.startswith("kubectl get pods -A -l " + GATED_LABEL))
     assert "--type strategic" in line

@@ -23,8 +23,8 @@ from archway.gate.fairqueue import Candidate, FairShare, Limits, choose, heard
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
 from archway.vocabulary import ARCH_LABEL, GATE, GATED_LABEL
-from tests.infra.kube import KubeError
-from tests.infra.procs import wait_until
+from lab.kube import KubeError
+from lab.procs import wait_until
 
 LIMITS = Limits(per_host=4, per_failing_host=2)
 
@@ -137,7 +137,7 @@ GATE_MAX = 120.0
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory):
-    from tests.infra.controlplane import ControlPlane
+    from lab.cluster.controlplane import ControlPlane
     with ControlPlane(str(tmp_path_factory.mktemp("fair-plane"))) as plane:
         for namespace in ("archway", "tenant-a", "tenant-b"):
             plane.new_namespace(namespace)
@@ -147,8 +147,8 @@ def plane(tmp_path_factory):
 @pytest.fixture(scope="module")
 def registries(tmp_path_factory):
     """A real registry, and a proxy in front of it that takes connections and never answers."""
-    from tests.infra.proxy import DelayProxy
-    from tests.infra.registry import RegistryServer
+    from lab.servers.proxy import DelayProxy
+    from lab.servers.registry import RegistryServer
     registry = RegistryServer(tmp_path_factory.mktemp("fair-registry"))
     stalled = DelayProxy(registry.port, hang=True)
     yield registry, stalled

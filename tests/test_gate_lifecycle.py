@@ -21,10 +21,10 @@ import yaml
 from archway.config import config_from_dict
 from archway.gate import supervisor
 from archway.lease import lease_path
-from tests.infra.apiserver import FakeApiServer
-from tests.infra.clock import ManualClock
-from tests.infra.kube import KubeError
-from tests.infra.procs import REPO, Server, free_port, wait_until
+from lab.clock import ManualClock
+from lab.kube import KubeError
+from lab.procs import REPO, Server, free_port, wait_until
+from lab.servers.apiserver import FakeApiServer
 
 pytestmark = pytest.mark.slow
 

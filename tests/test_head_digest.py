@@ -1,7 +1,7 @@
 """Tag revalidation by HEAD and 429 rate limits, against the real docker-registry.
 
 HEAD is what a cache calls to learn whether a tag still points where it did (a GET counts as a
-pull on Docker Hub, a HEAD does not). Stand-in servers (tests/infra/faults.py) only inject what
+pull on Docker Hub, a HEAD does not). Stand-in servers (lab/servers/faults.py) only inject what
 a real registry does not do here: 429s with Retry-After, a HEAD without a digest.
 """
 import email.utils
@@ -19,8 +19,10 @@ from archway.registry.oci import RegistryClient
 from archway.registry.reference import parse_reference
 from archway.registry.resolver import Resolver
 from archway.registry.sifsources import resolve_https
-from tests.infra.faults import ScriptedServer
-from tests.infra.registry import RegistryServer, plain_registry, session_ca, test_ca, token_registry
+from lab.servers.faults import ScriptedServer
+from lab.servers.registry import RegistryServer
+from lab.tls import session_ca
+from tests.infra.fixtures import plain_registry, test_ca, token_registry
 
 
 def client_for(**settings_kw) -> RegistryClient:

@@ -28,8 +28,8 @@ from archway.extender.traffic import (
     load_score,
     utilisation_score,
 )
-from tests.infra.procs import wait_until
-from tests.infra.prometheus import CannedPrometheusHttp
+from lab.procs import wait_until
+from lab.servers.prometheus import CannedPrometheusHttp
 from tests.test_traffic import node_scores
 
 # --- the curve --------------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ def test_pod_watch_lists_in_pages_and_keeps_only_what_it_uses(tmp_path):
     would (the pods' phase, through pods/status) and reads the list pages in its audit log."""
     from archway.config import config_from_dict
     from archway.kubeclient import build_api_client
-    from tests.infra.controlplane import ControlPlane
+    from lab.cluster.controlplane import ControlPlane
     with ControlPlane(str(tmp_path / "plane"), nodes=(("n0", "amd64"), ("n1", "arm64"))) as api:
         api.new_namespace("ns")
         for i in range(7):

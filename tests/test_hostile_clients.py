@@ -22,9 +22,9 @@ import requests
 import yaml
 
 from archway.worker import MAX_CONNECTIONS
-from tests.infra.procs import REPO, Server, free_port
-from tests.infra.registry import RegistryServer
-from tests.infra.stalled import KINDS, request_head, stalled
+from lab.procs import REPO, Server, free_port
+from lab.servers.registry import RegistryServer
+from lab.servers.stalled import KINDS, request_head, stalled
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """Hostile registries: slow drips, black holes, redirects that leak, spellings that dodge the
 deny list, answers that crash parsers. Every peer here is a real socket on loopback
-(tests/infra/faults.py); the real docker-registry stands in wherever a well-behaved one is needed.
+(lab/servers/faults.py); the real docker-registry stands in wherever a well-behaved one is needed.
 """
 import base64
 import hashlib
@@ -38,9 +38,9 @@ from archway.registry.platforms import Platform
 from archway.registry.redirects import redirect_step
 from archway.registry.reference import parse_reference
 from archway.registry.sifsources import resolve_https
-from tests.infra.faults import BlackHole, DripServer, ScriptedServer
-from tests.infra.procs import REPO, wait_until
-from tests.infra.registry import test_ca
+from lab.procs import REPO, wait_until
+from lab.servers.faults import BlackHole, DripServer, ScriptedServer
+from tests.infra.fixtures import test_ca
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow
@@ -551,7 +551,7 @@ class HostileRealmFront:
 
 @pytest.fixture
 def poisoned(tmp_path):
-    from tests.infra.registry import RegistryServer
+    from lab.servers.registry import RegistryServer
     registry = RegistryServer(tmp_path / "registry", auth="token", anonymous_pull=True)
     for tag in ("v1", "v2", "v3", "v4"):
         registry.push_image("team/app", tag, "linux/arm64")
@@ -601,7 +601,7 @@ def test_a_hostile_realm_of_one_repository_never_stops_another_on_the_same_host(
 
 def test_a_hosts_challenge_expires(poisoned):
     from archway.registry.auth import CHALLENGE_SECONDS, RegistryAuth
-    from tests.infra.clock import ManualClock
+    from lab.clock import ManualClock
     registry, front, _ = poisoned
     clock = ManualClock()
     http = HttpClient(RegistrySettings(insecure_hosts=(front.host, registry.token_server.host)))

@@ -18,10 +18,9 @@ import requests
 import yaml
 
 from archway import __version__
+from lab.procs import REPO, Server, free_port, require_binary
+from tests.infra.fixtures import plain_registry, test_ca
 from tests.infra.image import Mount, PulledImage, elf_machine, pod_argv, pod_command
-from tests.infra.procs import REPO, Server, free_port, require_binary
-from tests.infra.registry import plain_registry
-from tests.infra.tls import test_ca
 
 PLATFORMS = ("linux/amd64", "linux/arm64")
 # The first build makes the Debian bases, arm64's under emulation: minutes, not seconds.
@@ -212,10 +211,10 @@ def quickstart_lines() -> list[str]:
 def test_the_quickstart_installs_the_pushed_image_on_a_real_control_plane(pushed, tmp_path):
     """Steps 2 and 4 of the chart README, as written, against a real control plane (no kubelet:
     `--wait` would wait for pods that never run, so it goes, and the hooks' Jobs, which nothing
-    would run, are run as tests/infra/cluster.py runs them: each Job's command, here, as its
+    would run, are run as lab/cluster/chart.py runs them: each Job's command, here, as its
     ServiceAccount). Step 1 is the `pushed` fixture; step 3 needs running pods."""
-    from tests.infra.cluster import ChartInstall
-    from tests.infra.controlplane import ControlPlane
+    from lab.cluster.chart import ChartInstall
+    from lab.cluster.controlplane import ControlPlane
     lines = quickstart_lines()
     install = next(line for line in lines if line.startswith("helm install "))
     uninstall = next(line for line in lines if line.startswith("helm uninstall "))

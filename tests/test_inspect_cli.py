@@ -7,9 +7,9 @@ import sys
 import pytest
 import yaml
 
+from lab.procs import REPO
 from tests.infra import sifbuild
-from tests.infra.procs import REPO
-from tests.infra.registry import plain_registry
+from tests.infra.fixtures import plain_registry
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow

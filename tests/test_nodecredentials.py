@@ -13,8 +13,9 @@ from archway.errors import AuthError, ConfigError
 from archway.registry.credentials import Keyring
 from archway.registry.nodecredentials import NodeCredentials
 from archway.registry.resolver import Resolver
+from lab.tls import session_ca
 from tests.infra.credprovider import ProviderPlugin, provider
-from tests.infra.registry import basic_auth_registry, session_ca, test_ca
+from tests.infra.fixtures import basic_auth_registry, test_ca
 
 
 class MountedSecret:

@@ -51,18 +51,10 @@ from archway.registry.manifests import (
 from archway.registry.oci import RegistryClient
 from archway.registry.platforms import Platform
 from archway.registry.reference import parse_reference
+from lab.httpd import BackgroundHTTPServer
+from lab.servers.registry import OCI_MANIFEST, RegistryServer, sha256_digest
 from tests.infra import sifbuild
-from tests.infra.httpd import BackgroundHTTPServer
-from tests.infra.registry import (
-    OCI_MANIFEST,
-    RegistryServer,
-    basic_auth_registry,
-    plain_registry,
-    sha256_digest,
-    test_ca,
-    tls_registry,
-    token_registry,
-)
+from tests.infra.fixtures import basic_auth_registry, plain_registry, test_ca, tls_registry, token_registry
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow

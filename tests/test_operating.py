@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import archway
 import archway.metrics
 from archway.logs import JsonFormatter, logging_dict
-from tests.infra.procs import REPO, Server, free_port
+from lab.procs import REPO, Server, free_port
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "admission")
 

@@ -1,7 +1,7 @@
 """Arch policy end to end: namespace modes and preferences read through a real apiserver's list
 + watch, audit counted, Events for pods no node can run; `archway explain` on manifests against
 the real registry and on a live pod, and `archway report`, through a kubeconfig of that
-apiserver. The module runs a control plane of its own (tests/infra/controlplane.py): its Nodes
+apiserver. The module runs a control plane of its own (lab/cluster/controlplane.py): its Nodes
 are the ones these cases need (amd-1, and arm-1 tainted against pods without a toleration), and
 the workloads the report lists are the only ones in it."""
 import base64
@@ -15,8 +15,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.infra.procs import REPO, wait_until
-from tests.infra.registry import plain_registry
+from lab.procs import REPO, wait_until
+from tests.infra.fixtures import plain_registry
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow
@@ -59,7 +59,7 @@ def images(plain_registry):
 @pytest.fixture(scope="module")
 def apiserver(tmp_path_factory):
     """A control plane of this module's own: Nodes amd-1, and arm-1 tainted for arm64 pods."""
-    from tests.infra.controlplane import ControlPlane
+    from lab.cluster.controlplane import ControlPlane
     with ControlPlane(str(tmp_path_factory.mktemp("policy-plane")),
                       nodes=(("amd-1", "amd64"), ("arm-1", "arm64"))) as plane:
         plane.kube.patch("/api/v1/nodes/arm-1", {"spec": {"taints": [

@@ -15,7 +15,7 @@ from archway.app import create_app
 from archway.config import config_from_dict
 from archway.extender import pollerprocess
 from archway.gate import supervisor
-from tests.infra.procs import cmdline, free_port, serve_extender, wait_until
+from lab.procs import cmdline, free_port, serve_extender, wait_until
 
 
 def _children(pid: int) -> list[int]:

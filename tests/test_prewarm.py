@@ -15,7 +15,8 @@ from archway.registry.pacing import paced
 from archway.registry.resolver import Resolver
 from archway.webhook.prewarm import Prewarmer, wanted_images
 from archway.webhook.pullsecrets import PullSecrets
-from tests.infra.registry import basic_auth_registry, plain_registry, session_ca
+from lab.tls import session_ca
+from tests.infra.fixtures import basic_auth_registry, plain_registry
 
 RATE = 20.0   # lookups a second per host: the test's pace (the default is 5)
 

@@ -11,9 +11,9 @@ import pytest
 from archway.config import RegistrySettings
 from archway.errors import TransportError
 from archway.registry.http import HttpClient
-from tests.infra.fileserver import FileServer
-from tests.infra.procs import REPO
-from tests.infra.tls import test_ca
+from lab.procs import REPO
+from lab.servers.fileserver import FileServer
+from tests.infra.fixtures import test_ca
 
 _SNAPSHOT = """
 import gc, logging, os, socket, sys, warnings

@@ -1,5 +1,5 @@
 """prioritize against a real Prometheus scraping fake nodes at known byte rates and this
-machine's real node_exporter (tests/infra/prometheus.py; one Prometheus per session)."""
+machine's real node_exporter (lab/servers/prometheus.py; one Prometheus per session)."""
 import json
 import logging
 import os
@@ -21,9 +21,10 @@ from archway.extender.routes import register_extender
 from archway.extender.traffic import NEUTRAL_SCORE, node_traffic
 from archway.kubeclient import build_api_client
 from archway.nodes import NodeCache
-from tests.infra.controlplane import ControlPlane
-from tests.infra.procs import REPO, cmdline, free_port, poll, serve_extender, wait_for_port
-from tests.infra.prometheus import FAKE_RATES, prometheus_stack, short_window
+from lab.cluster.controlplane import ControlPlane
+from lab.procs import REPO, cmdline, free_port, poll, serve_extender, wait_for_port
+from lab.servers.prometheus import FAKE_RATES, short_window
+from tests.infra.fixtures import prometheus_stack
 from tests.test_traffic import node_scores
 
 pytestmark = pytest.mark.slow

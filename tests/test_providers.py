@@ -13,9 +13,9 @@ from archway.errors import AuthError, ConfigError, CredentialProviderError, clas
 from archway.registry.providerconfig import parse_duration, parse_provider_config, read_provider_config
 from archway.registry.providers import CredentialProviders
 from archway.registry.resolver import Resolver
-from tests.infra.clock import ManualClock
+from lab.clock import ManualClock
 from tests.infra.credprovider import API_VERSION, ProviderPlugin, provider
-from tests.infra.registry import plain_registry, test_ca, token_registry
+from tests.infra.fixtures import plain_registry, test_ca, token_registry
 
 
 @pytest.fixture
@@ -170,7 +170,7 @@ def test_plugin_faults_are_typed_errors_warnings_and_fail_open(plugin, caplog, m
     if mode == "hang":   # the plugin and the child it started were killed, not left behind
         call = plugin.calls()[0]
         for pid in (call["pid"], call["child"]):
-            assert not _alive(pid), pid
+            assert not pid_alive(pid), pid
 
 
 def test_a_missing_plugin_executable_is_an_exec_error(plugin):
@@ -191,7 +191,7 @@ def test_a_failing_plugin_does_not_stop_a_public_image_from_resolving(plain_regi
     assert "credential provider test-provider" in caplog.text
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         try:

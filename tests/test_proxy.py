@@ -9,8 +9,9 @@ from archway.errors import ConfigError, HostRefused
 from archway.registry.credentials import Keyring
 from archway.registry.proxy import ProxyRules, bypassed
 from archway.registry.resolver import Resolver
+from lab.tls import session_ca
+from tests.infra.fixtures import plain_registry, test_ca, token_registry
 from tests.infra.forwardproxy import ForwardProxy
-from tests.infra.registry import plain_registry, session_ca, test_ca, token_registry
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from archway.kubeclient import build_api_client
 from archway.podview import PodView
 from archway.webhook.pullsecrets import PullSecrets
 from archway.webhook.serviceaccounts import ServiceAccountCache, account_facts
-from tests.infra.apiserver import FakeApiServer
-from tests.infra.controlplane import kubeconfig
+from lab.cluster.controlplane import kubeconfig
+from lab.servers.apiserver import FakeApiServer
 
 NS = "pull-secrets"
 

@@ -10,7 +10,7 @@ import tomllib
 
 import pytest
 
-from tests.infra.procs import REPO, require_binary
+from lab.procs import REPO, require_binary
 
 SEMVER = re.compile(r"^\d+\.\d+\.\d+$")
 

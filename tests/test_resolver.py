@@ -11,10 +11,11 @@ from archway.registry.cache import AnswerCache, Entry
 from archway.registry.credentials import Keyring
 from archway.registry.model import ImageInfo
 from archway.registry.resolver import Resolver
-from tests.infra.clock import ManualClock
+from lab.clock import ManualClock
+from lab.servers.proxy import DelayProxy
+from lab.tls import session_ca
+from tests.infra.fixtures import basic_auth_registry, plain_registry
 from tests.infra.gateway import RegistryGateway
-from tests.infra.proxy import DelayProxy
-from tests.infra.registry import basic_auth_registry, plain_registry, session_ca
 
 
 def _entry(clock, name, ttl, stale=0.0, size=10):

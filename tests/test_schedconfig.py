@@ -7,7 +7,7 @@ import yaml
 
 from archway.errors import ConfigError
 from archway.extender.schedconfig import build_scheduler_config
-from tests.infra.procs import REPO
+from lab.procs import REPO
 
 # Field names of the Go types in k8s.io/kube-scheduler/config/v1 (json tags): a misspelt key
 # (e.g. the legacy Policy file's `enableHttps`) would be rejected by kube-scheduler's strict decoding.

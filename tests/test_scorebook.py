@@ -16,7 +16,7 @@ from archway.extender.prometheus import SharedSnapshot, TrafficPoller, TrafficSn
 from archway.extender.traffic import key_scores
 from archway.extender.trafficscore import MatchedNodes, ScoreBook, TrafficScore
 from archway.nodes import NodeFacts
-from tests.infra.prometheus import CannedPrometheusHttp
+from lab.servers.prometheus import CannedPrometheusHttp
 
 NAMES = ["worker-a.cluster.internal", "worker-b", "WORKER-C.cluster.internal", "dup.one.internal",
          "dup.two.internal", "lonely.cluster.internal", "zero.cluster.internal"]

@@ -18,7 +18,7 @@ from archway.webhook.admission import MAX_WARNINGS
 from archway.webhook.policy import Policy
 from archway.webhook.pullsecrets import PullCredentials
 from archway.webhook.service import ANSWER_MARGIN_SECONDS, PULL_SECRETS_SHARE, AdmissionService
-from tests.infra.clock import ManualClock
+from lab.clock import ManualClock
 
 START = 1000.0
 

@@ -26,8 +26,8 @@ import sys
 import pytest
 import requests
 
+from lab.procs import REPO, free_port, require_binary, wait_for_port
 from tests.infra.debian import CACHE, Chroot, copy_checkout, rootfs_tarball
-from tests.infra.procs import REPO, free_port, require_binary, wait_for_port
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="a chroot needs root")]

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from archway.errors import SIFError
 from archway.registry import sif
 from archway.registry.sif import BlockReader, file_reader, read_sif_platforms
+from lab.procs import require_binary
 from tests.infra import sifbuild, sifcorpus
-from tests.infra.procs import require_binary
 
 HEADER_AND_DEFAULT_TABLE = 128 + 48 * 585  # 28208: all a non-OCI default-layout image costs
 

@@ -12,12 +12,12 @@ from archway.registry.http import HttpClient
 from archway.registry.oci import RegistryClient
 from archway.registry.reference import parse_reference
 from archway.registry.sif import BlockReader, read_sif_platforms
+from lab.servers.fileserver import RecordingProxy
+from lab.servers.registry import RegistryServer
+from lab.tls import session_ca
 from tests.infra import sifbuild, sifcorpus
-from tests.infra.fileserver import RecordingProxy
-from tests.infra.registry import RegistryServer
 from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
 from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED
-from tests.infra.tls import session_ca
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow

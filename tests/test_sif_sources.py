@@ -17,11 +17,11 @@ from archway.registry.http import HttpClient
 from archway.registry.reference import parse_reference
 from archway.registry.resolver import Resolver
 from archway.registry.sifsources import resolve_https, resolve_library
+from lab.servers.fileserver import FileServer, LibraryServer, parse_range
+from lab.tls import session_ca
 from tests.infra import sifbuild, sifcorpus
-from tests.infra.fileserver import FileServer, LibraryServer, _parse_range
 from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
 from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED
-from tests.infra.tls import session_ca
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow
@@ -246,7 +246,7 @@ def test_untrusted_certificate_is_a_transport_error(files):
     ("bytes=50-60", 50, None), ("bytes=5-1", 50, None), ("bytes=a-b", 50, None),
 ])
 def test_fileserver_range_parsing(header, size, window):
-    assert _parse_range(header, size) == window
+    assert parse_range(header, size) == window
 
 
 # ---------------------------------------------------------------------------------------------

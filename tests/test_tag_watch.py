@@ -16,7 +16,7 @@ from archway.registry.resolver import Resolver
 from archway.webhook.policy import Policy
 from archway.webhook.pullsecrets import PullCredentials
 from archway.webhook.workloadcache import workload_facts
-from tests.infra.registry import plain_registry
+from tests.infra.fixtures import plain_registry
 from tests.test_cache import settle
 
 pytestmark = pytest.mark.slow

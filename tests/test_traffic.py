@@ -20,7 +20,7 @@ from archway.extender.traffic import (
     scores_of,
 )
 from archway.registry.http import Response
-from tests.infra.clock import ManualClock
+from lab.clock import ManualClock
 
 
 def node_scores(traffic: dict[str, float], node_names, *, capacity: dict[str, float] | None = None,

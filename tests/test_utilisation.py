@@ -1,6 +1,6 @@
 """Scoring by link utilisation, herd control and the one poller per server, against a real
 Prometheus scraping test nodes with known byte rates and link speeds (job "links" of
-tests/infra/prometheus.py), the API server stand-in, and a real `archway serve` under gunicorn."""
+lab/servers/prometheus.py), the API server stand-in, and a real `archway serve` under gunicorn."""
 import copy
 import json
 import os
@@ -25,16 +25,11 @@ from archway.extender.routes import register_extender
 from archway.extender.traffic import TrafficScale, utilisation_score
 from archway.kubeclient import build_api_client
 from archway.nodes import NodeCache
-from tests.infra.controlplane import ControlPlane
-from tests.infra.kube import KubeError
-from tests.infra.procs import REPO, free_port, poll, wait_for_port
-from tests.infra.prometheus import (
-    LINK_RATES,
-    LINK_SPEEDS,
-    PrometheusServer,
-    prometheus_stack,
-    short_window,
-)
+from lab.cluster.controlplane import ControlPlane
+from lab.kube import KubeError
+from lab.procs import REPO, free_port, poll, wait_for_port
+from lab.servers.prometheus import LINK_RATES, LINK_SPEEDS, PrometheusServer, short_window
+from tests.infra.fixtures import prometheus_stack
 from tests.test_traffic import node_scores
 
 pytestmark = pytest.mark.slow

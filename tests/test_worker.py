@@ -15,7 +15,7 @@ from archway.deadline import ARRIVED, BODY_READ
 from archway.linger import LINGER_SECONDS, MAX_DRAIN_BYTES, Lingering
 from archway.listeners import own_listener
 from archway.worker import GuardedThreadWorker, body_to_preread
-from tests.infra.procs import REPO, Server, free_port
+from lab.procs import REPO, Server, free_port
 
 
 @pytest.mark.parametrize("head, expected", [

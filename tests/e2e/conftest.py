@@ -1,4 +1,4 @@
-"""The end-to-end tier: archway against a real control plane (tests/infra/controlplane.py) —
+"""The end-to-end tier: archway against a real control plane (lab/cluster/controlplane.py) —
 kube-apiserver calling the webhook the chart registered, the real scheduler and archway's second
 scheduler binding pods, the controller-manager turning Deployments into pods — with images in a
 real registry. One control plane (tests/conftest.py) and one install per test run; a namespace
@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from tests.infra.cluster import ChartInstall
-from tests.infra.kube import Kube
-from tests.infra.proxy import DelayProxy
-from tests.infra.registry import RegistryServer
+from lab.cluster.chart import ChartInstall
+from lab.kube import Kube
+from lab.servers.proxy import DelayProxy
+from lab.servers.registry import RegistryServer
 
 DEADLINE = 1.0         # admission.deadline_seconds: a registry slower than this is a miss
 GATE_MAX = 60.0        # admission.gate_max_seconds for the session (tests that need less restart)

@@ -12,7 +12,7 @@ import datetime
 import json
 import re
 
-from tests.infra.kube import Kube, pod_path
+from lab.kube import Kube, pod_path
 
 from .workloads import deployment, node_arch, pods_of
 

@@ -6,7 +6,7 @@ architecture. Every pod of the burst must come back gated or placed, and the api
 count of fail-opens must not move."""
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.infra.kube import Kube, pod_path
+from lab.kube import Kube, pod_path
 
 from .workloads import create_pod, gated, pod
 

@@ -6,8 +6,8 @@ import subprocess
 
 import yaml
 
-from tests.infra.kube import Kube
-from tests.infra.procs import REPO
+from lab.kube import Kube
+from lab.procs import REPO
 
 from .workloads import arches_of, create_deployment, deployment, wait_bound
 

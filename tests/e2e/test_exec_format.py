@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.infra.kube import pod_path
+from lab.kube import pod_path
 
 from .loop import (
     admission_places,

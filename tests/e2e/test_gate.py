@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.infra.kube import pod_path
+from lab.kube import pod_path
 
 from .conftest import DEADLINE
 from .workloads import arches_of, create_pod, describe, gated, metric, pod, wait_bound

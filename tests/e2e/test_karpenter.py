@@ -1,5 +1,5 @@
 """archway with Karpenter (issue 29): a control plane with no Node until Karpenter's KWOK provider
-launches one (tests/infra/karpenter.py), NodePool `default` allowing amd64 and arm64 with arm64
+launches one (lab/cluster/karpenter.py), NodePool `default` allowing amd64 and arm64 with arm64
 20 % cheaper, archway installed by its chart in front. What Karpenter reads is what archway wrote:
 the required node affinity on kubernetes.io/arch, the preferred weights, the scheduling gate.
 
@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from tests.infra.cluster import ChartInstall, deep_merge
-from tests.infra.controlplane import ControlPlane
-from tests.infra.karpenter import (
+from lab.cluster.chart import ChartInstall, deep_merge
+from lab.cluster.controlplane import ControlPlane
+from lab.cluster.karpenter import (
     ARM64_PRICE,
     NODEPOOL,
     NODEPOOL_LABEL,
@@ -26,7 +26,7 @@ from tests.infra.karpenter import (
     plane_options,
     start_with_kwok,
 )
-from tests.infra.kube import KubeError, pod_path
+from lab.kube import KubeError, pod_path
 
 from .conftest import archway_config
 from .workloads import create_deployment, create_pod, deployment, describe, gated, pod, pods_of

@@ -15,7 +15,7 @@ def holder(kube, archway) -> str:
 
 def test_a_replica_takes_over_the_gate_controller_when_the_leader_is_killed(
         archway, kube, namespace, images, slow_registry):
-    from tests.infra.controlplane import stop_process
+    from lab.cluster.controlplane import stop_process
     first = holder(kube, archway)
     replica = archway.start_replica("archway-replica")
     # The first replica leaves (gracefully: it gives the Lease up), the second takes the lead,

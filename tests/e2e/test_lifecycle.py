@@ -4,7 +4,7 @@ releases as before."""
 import os
 import signal
 
-from tests.infra.procs import wait_until
+from lab.procs import wait_until
 
 from .workloads import arches_of, create_pod, describe, gated, pod, wait_bound
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.infra.kube import KubeError, pod_path
+from lab.kube import KubeError, pod_path
 
 from .workloads import (
     arches_of,

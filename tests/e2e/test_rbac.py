@@ -4,7 +4,7 @@ lies outside its role is refused by the real authorizer."""
 import pytest
 import yaml
 
-from tests.infra.kube import KubeError
+from lab.kube import KubeError
 
 
 def identity_of(archway, kube, component: str):

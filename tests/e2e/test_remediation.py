@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tests.infra.cluster import CHART
-from tests.infra.kube import pod_path
+from lab.cluster.chart import CHART
+from lab.kube import pod_path
 
 from .loop import (
     admission_places,

@@ -1,4 +1,4 @@
-"""archway on a few hundred Nodes simulated by KWOK (tests/infra/kwok.py) beside the real control
+"""archway on a few hundred Nodes simulated by KWOK (lab/cluster/kwok.py) beside the real control
 plane: its caches list in pages, a relist after its watches expired (410 Gone, forced by
 restarting kube-apiserver: the new watch cache starts at the current revision, so every watch
 resumed from an older one is expired) leaves admissions answered, and a new gate controller
@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.infra.cluster import ChartInstall
-from tests.infra.controlplane import ControlPlane, start_process, stop_process
-from tests.infra.kube import KubeError, pod_path
-from tests.infra.kwok import LABEL, Kwok
+from lab.cluster.chart import ChartInstall
+from lab.cluster.controlplane import ControlPlane, start_process, stop_process
+from lab.cluster.kwok import LABEL, Kwok
+from lab.kube import KubeError, pod_path
 
 from .conftest import LEASE, archway_config
 from .test_leader import holder

@@ -8,9 +8,9 @@ import pytest
 import requests
 import yaml
 
-from tests.infra.kube import pod_path
-from tests.infra.procs import wait_until
-from tests.infra.prometheus import FakeNodeExporters, PrometheusServer
+from lab.kube import pod_path
+from lab.procs import wait_until
+from lab.servers.prometheus import FakeNodeExporters, PrometheusServer
 
 from .workloads import arches_of, create_pod, pod, wait_bound
 

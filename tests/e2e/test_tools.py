@@ -6,9 +6,9 @@ import subprocess
 
 import yaml
 
-from tests.infra.cluster import archway_command
-from tests.infra.controlplane import stop_process
-from tests.infra.kube import pod_path
+from lab.cluster.chart import archway_command
+from lab.cluster.controlplane import stop_process
+from lab.kube import pod_path
 
 from .workloads import create_deployment, create_pod, deployment, gated, pod, pods_of, wait_bound
 

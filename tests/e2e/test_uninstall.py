@@ -1,6 +1,6 @@
 """`helm uninstall` with the chart's pre-delete hook (run as its own ServiceAccount) leaves no
 pod gated by an archway that is gone. Runs last: it reinstalls archway afterwards."""
-from tests.infra.kube import pod_path
+from lab.kube import pod_path
 
 from .workloads import create_pod, describe, gated, pod
 

@@ -2,8 +2,8 @@
 (CEL), the object and namespace selectors, and failurePolicy Ignore with archway gone."""
 import time
 
-from tests.infra.controlplane import stop_process
-from tests.infra.kube import pod_path
+from lab.cluster.controlplane import stop_process
+from lab.kube import pod_path
 
 from .workloads import create_pod, pod, wait_bound
 

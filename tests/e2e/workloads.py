@@ -2,7 +2,7 @@
 their gates and Events, through the real API."""
 import yaml
 
-from tests.infra.kube import Kube, KubeError, pod_path
+from lab.kube import Kube, KubeError, pod_path
 
 
 def pod(name: str, images: list[str], *, init: list[str] = (), **spec) -> dict:

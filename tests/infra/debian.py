@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import time
 
-from .procs import REPO, require_binary
+from lab.procs import REPO, require_binary
 
 SUITE = "bookworm"
 MIRROR = os.environ.get("DEBIAN_MIRROR", "http://deb.debian.org/debian")

@@ -10,7 +10,7 @@ import os
 import re
 import time
 
-from .procs import Server, free_port, require_binary
+from lab.procs import Server, free_port, require_binary
 
 _REQUEST = re.compile(r"Request \(file descriptor \d+\): (?P<method>[A-Z]+) (?P<target>\S+) HTTP/")
 

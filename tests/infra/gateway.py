@@ -6,7 +6,7 @@ registry still answers everything that gets through, and its access log still co
 """
 import requests
 
-from .faults import Request, ScriptedServer
+from lab.servers.faults import Request, ScriptedServer
 
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
 

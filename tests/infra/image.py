@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from .procs import require_binary
+from lab.procs import require_binary
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import subprocess
 import uuid
 from dataclasses import dataclass
 
-from .procs import require_binary
+from lab.procs import require_binary
 
 HEADER_SIZE = 128
 DESCRIPTOR_SIZE = 585

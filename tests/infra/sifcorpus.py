@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from .procs import SHARED_TESTDATA
+from lab.procs import SHARED_TESTDATA
 
 CORPUS_DIR = os.path.join(SHARED_TESTDATA, "sif")
 ABSENT = (f"third-party SIF corpus absent ({CORPUS_DIR}; set ARCHWAY_TESTDATA to use one "

@@ -1,5 +1,5 @@
-"""The real-node tier: pods that actually run. A real control plane (tests/infra/controlplane.py)
-with one real node of this machine's architecture (tests/infra/realnode.py: containerd, runc,
+"""The real-node tier: pods that actually run. A real control plane (lab/cluster/controlplane.py)
+with one real node of this machine's architecture (lab/cluster/realnode.py: containerd, runc,
 bridge networking, a kubelet, kube-proxy) beside the API-only Nodes of the other architectures,
 and a real registry the node pulls from over plain HTTP. One such cluster per test run, started
 by the first test that asks for it; only one real node can run on a machine at a time, so a test
@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from tests.infra.controlplane import ControlPlane
-from tests.infra.realnode import RealNode, api_only_nodes, node_address, teardown
-from tests.infra.registry import RegistryServer
+from lab.cluster.controlplane import ControlPlane
+from lab.cluster.realnode import RealNode, api_only_nodes, node_address, teardown
+from lab.servers.registry import RegistryServer
 
 
 def pytest_collection_modifyitems(items):
@@ -87,9 +87,9 @@ def real_cluster(session_node) -> tuple[ControlPlane, RealNode]:
 
 @pytest.fixture
 def in_cluster(session_node, node_registry):
-    """archway installed by helm on the session's real node (tests/infra/incluster.py): once,
+    """archway installed by helm on the session's real node (lab/cluster/incluster.py): once,
     and again only after a test uninstalled it or the node was stopped."""
-    from tests.infra.incluster import InClusterInstall
+    from lab.cluster.incluster import InClusterInstall
     plane, node = session_node.get()
     if session_node.archway is None or not session_node.archway.installed:
         session_node.archway = InClusterInstall(plane, node, archway_config={

@@ -13,10 +13,7 @@ import pytest
 import requests
 import urllib3
 
-from tests.e2e.loop import app_pods, deployment_path, events
-from tests.e2e.workloads import create_deployment, deployment, node_arch
-from tests.infra.kube import pod_path
-from tests.infra.nodeimages import (
+from lab.cluster.nodeimages import (
     EM_IA_64,
     OCI_INDEX,
     OCI_MANIFEST,
@@ -25,6 +22,9 @@ from tests.infra.nodeimages import (
     machine_arch,
     with_machine,
 )
+from lab.kube import pod_path
+from tests.e2e.loop import app_pods, deployment_path, events
+from tests.e2e.workloads import create_deployment, deployment, node_arch
 
 from .test_incluster import fresh_namespace
 

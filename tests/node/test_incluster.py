@@ -1,4 +1,4 @@
-"""archway installed in the cluster as users install it (tests/infra/incluster.py): its pods on
+"""archway installed in the cluster as users install it (lab/cluster/incluster.py): its pods on
 the real node, the apiserver calling the webhook through the chart's Service, a rollout of
 archway itself under steady pod creation, and `helm uninstall` with its hooks as Jobs."""
 import os
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from lab.cluster.nodeimages import OciImage, go_binary, machine_arch
+from lab.kube import pod_path
 from tests.e2e.workloads import create_deployment, deployment, pods_of, wait_bound
-from tests.infra.kube import pod_path
-from tests.infra.nodeimages import OciImage, go_binary, machine_arch
 
 ARCH_ANNOTATION = "archway.dev/architectures"
 

@@ -2,8 +2,8 @@
 rewrite that makes a binary no kernel here runs, the OCI image a node imports."""
 import json
 
-from tests.infra.nodehost import HostRecord, _jumps_to_ours, guard_rules
-from tests.infra.nodeimages import EM_IA_64, OciImage, _digest, with_machine
+from lab.cluster.nodehost import HostRecord, guard_rules, jumps_to_ours
+from lab.cluster.nodeimages import EM_IA_64, OciImage, sha256_digest, with_machine
 
 
 def test_the_guard_drops_what_pods_and_services_send_out_of_any_other_interface():
@@ -22,9 +22,9 @@ def test_cleanup_takes_only_chains_the_node_made_and_the_jumps_to_them():
     assert record.ours("iptables", "filter", "KUBE-SERVICES")
     assert not record.ours("iptables", "filter", "KUBE-OLD")      # was there before
     assert not record.ours("iptables", "filter", "DOCKER")
-    assert _jumps_to_ours(record, "iptables", "filter", "-A FORWARD -j KUBE-FORWARD")
-    assert not _jumps_to_ours(record, "iptables", "filter", "-A FORWARD -j KUBE-OLD")
-    assert not _jumps_to_ours(record, "iptables", "filter", "-A KUBE-FORWARD -j KUBE-X")
+    assert jumps_to_ours(record, "iptables", "filter", "-A FORWARD -j KUBE-FORWARD")
+    assert not jumps_to_ours(record, "iptables", "filter", "-A FORWARD -j KUBE-OLD")
+    assert not jumps_to_ours(record, "iptables", "filter", "-A KUBE-FORWARD -j KUBE-X")
 
 
 def test_an_elf_rewritten_to_ia64_keeps_everything_but_its_machine():
@@ -38,6 +38,6 @@ def test_an_image_claims_the_architecture_it_is_given_and_its_layer_is_its_diff_
     image = OciImage.of({"/hello": b"binary"}, entrypoint=["/hello"], arch="arm64")
     config = json.loads(image.config)
     assert config["architecture"] == "arm64" and config["config"]["Entrypoint"] == ["/hello"]
-    assert config["rootfs"]["diff_ids"] == [_digest(image.layer)]
+    assert config["rootfs"]["diff_ids"] == [sha256_digest(image.layer)]
     manifest = json.loads(image.manifest)
-    assert manifest["config"]["digest"] == _digest(image.config)
+    assert manifest["config"]["digest"] == sha256_digest(image.config)

@@ -3,9 +3,9 @@ real runtime reports for a binary the kernel refuses (exec format error)."""
 import json
 import time
 
-from tests.infra.kube import pod_path
-from tests.infra.nodeimages import EM_IA_64, OciImage, go_binary, machine_arch, with_machine
-from tests.infra.realnode import BRIDGE, POD_CIDR, node_address
+from lab.cluster.nodeimages import EM_IA_64, OciImage, go_binary, machine_arch, with_machine
+from lab.cluster.realnode import BRIDGE, POD_CIDR, node_address
+from lab.kube import pod_path
 
 
 def run_pod(kube, namespace: str, name: str, image: str, node: str) -> dict:

@@ -1,7 +1,7 @@
 """`scripts/cluster.sh up --real-node` and `down`, and a node whose start fails: nothing of the
 node is left on this machine afterwards — no process, mount, network namespace, bridge,
 iptables chain or rule, cgroup, folder under /var/lib/kubelet or /run/containerd, changed sysctl
-(tests/infra/nodehost.py lists what it looks at)."""
+(lab/cluster/nodehost.py lists what it looks at)."""
 import os
 import shutil
 import subprocess
@@ -9,12 +9,10 @@ import subprocess
 import pytest
 import yaml
 
-from tests.infra.controlplane import ControlPlane, ControlPlaneError
-from tests.infra.kube import Kube
-from tests.infra.nodehost import HostRecord, leftovers
-from tests.infra.nodeimages import machine_arch
-from tests.infra.procs import REPO
-from tests.infra.realnode import (
+from lab.cluster.controlplane import ControlPlane, ControlPlaneError
+from lab.cluster.nodehost import HostRecord, leftovers
+from lab.cluster.nodeimages import machine_arch
+from lab.cluster.realnode import (
     BRIDGE,
     CGROUP_ROOT,
     RealNode,
@@ -23,6 +21,8 @@ from tests.infra.realnode import (
     owned_dirs,
     teardown,
 )
+from lab.kube import Kube
+from lab.procs import REPO
 
 SCRIPT = os.path.join(REPO, "scripts", "cluster.sh")
 

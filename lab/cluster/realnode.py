@@ -22,7 +22,7 @@ import time
 import requests
 import yaml
 
-from .controlplane import (
+from lab.cluster.controlplane import (
     DEFAULT_NODES,
     SERVICE_CIDR,
     ControlPlane,
@@ -31,10 +31,10 @@ from .controlplane import (
     stop_process,
     tail,
 )
-from .kube import KubeError
-from .nodehost import HostRecord, guard_in_place, guard_rules, leftovers, undo
-from .nodeimages import OciImage, go_binary, machine_arch
-from .procs import free_port
+from lab.cluster.nodehost import HostRecord, guard_in_place, guard_rules, leftovers, undo
+from lab.cluster.nodeimages import OciImage, go_binary, machine_arch
+from lab.kube import KubeError
+from lab.procs import free_port
 
 POD_CIDR = "10.244.1.0/24"
 BRIDGE = "archway0"

@@ -10,7 +10,7 @@ import json
 
 import requests
 
-from .procs import wait_until
+from lab.procs import wait_until
 
 
 class KubeError(Exception):

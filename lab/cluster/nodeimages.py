@@ -1,7 +1,7 @@
 """Container images a real node runs, made here without a registry or a build tool: a static Go
-program from tests/infra/go/ (built once, cached by the content of its source) packed as a
+program from lab/cluster/go/ (built once, cached by the content of its source) packed as a
 one-layer OCI image, either as an OCI archive for `ctr images import` or pushed to a test
-registry (tests/infra/registry.py).
+registry (lab/servers/registry.py).
 
     binary = go_binary("pause")                       # ~/.cache/archway/bin/pause-amd64-<hash>
     image = OciImage.of({"/pause": binary}, entrypoint=["/pause"])
@@ -17,9 +17,9 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 
-from .procs import REPO
+from lab.procs import REPO
 
-GO_SOURCES = os.path.join(REPO, "tests", "infra", "go")
+GO_SOURCES = os.path.join(REPO, "lab", "cluster", "go")
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"      # uncompressed: its digest is its diff_id
@@ -41,7 +41,7 @@ def _go() -> str:
 
 
 def go_binary(name: str, goarch: str | None = None) -> str:
-    """tests/infra/go/<name>/main.go built static for `goarch`, cached by its source's content."""
+    """lab/cluster/go/<name>/main.go built static for `goarch`, cached by its source's content."""
     goarch = goarch or machine_arch()
     source = os.path.join(GO_SOURCES, name, "main.go")
     with open(source, "rb") as f:
@@ -76,7 +76,7 @@ def _layer(files: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-def _digest(data: bytes) -> str:
+def sha256_digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
@@ -100,18 +100,18 @@ class OciImage:
         layer = _layer(contents)
         config_doc = {"architecture": arch or machine_arch(), "os": "linux",
                       "config": {"Entrypoint": entrypoint, **({"User": user} if user else {})},
-                      "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]}}
+                      "rootfs": {"type": "layers", "diff_ids": [sha256_digest(layer)]}}
         config = json.dumps(config_doc, sort_keys=True).encode()
         manifest = json.dumps({
             "schemaVersion": 2, "mediaType": OCI_MANIFEST,
-            "config": {"mediaType": OCI_CONFIG, "digest": _digest(config), "size": len(config)},
-            "layers": [{"mediaType": OCI_LAYER, "digest": _digest(layer), "size": len(layer)}],
+            "config": {"mediaType": OCI_CONFIG, "digest": sha256_digest(config), "size": len(config)},
+            "layers": [{"mediaType": OCI_LAYER, "digest": sha256_digest(layer), "size": len(layer)}],
         }, sort_keys=True).encode()
         return cls(config, layer, manifest)
 
     @property
     def digest(self) -> str:
-        return _digest(self.manifest)
+        return sha256_digest(self.manifest)
 
     def write_archive(self, path: str, name: str) -> str:
         """An OCI image layout tar whose image `ctr images import` names `name`."""
@@ -121,7 +121,7 @@ class OciImage:
                             "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1]}}]}).encode()
         entries = {"oci-layout": b'{"imageLayoutVersion": "1.0.0"}', "index.json": index}
         for blob in (self.config, self.layer, self.manifest):
-            entries[f"blobs/sha256/{_digest(blob).split(':')[1]}"] = blob
+            entries[f"blobs/sha256/{sha256_digest(blob).split(':')[1]}"] = blob
         directory = os.path.dirname(path)
         with tempfile.NamedTemporaryFile(dir=directory, delete=False) as out:
             with tarfile.open(fileobj=out, mode="w") as tar:
@@ -133,7 +133,7 @@ class OciImage:
         return path
 
     def push(self, registry, repo: str, tag: str) -> str:
-        """Pushed to a tests/infra/registry.py RegistryServer; returns the manifest digest."""
+        """Pushed to a lab/servers/registry.py RegistryServer; returns the manifest digest."""
         registry.push_blob(repo, self.config)
         registry.push_blob(repo, self.layer)
         return registry.push_manifest(repo, tag, self.manifest, OCI_MANIFEST)

@@ -26,9 +26,9 @@ import urllib3
 import yaml
 from cryptography.hazmat.primitives import serialization
 
-from .kube import Kube, KubeError
-from .procs import REPO, free_port
-from .tls import CertificateAuthority, new_key
+from lab.kube import Kube, KubeError
+from lab.procs import REPO, free_port
+from lab.tls import CertificateAuthority, new_key
 
 K8S_BUILD = os.path.join(REPO, "scripts", "k8s-build.sh")
 SERVICE_CIDR = "10.0.0.0/24"
@@ -70,7 +70,7 @@ class Process:
     log: str
 
 
-def _clean_env() -> dict:
+def clean_env() -> dict:
     # A proxy from the environment would carry the apiserver's calls to the webhook elsewhere.
     return {k: v for k, v in os.environ.items() if k.lower() not in
             ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "kubeconfig")}
@@ -81,7 +81,7 @@ def start_process(name: str, args: list[str], state_dir: str, env: dict | None =
     os.makedirs(os.path.dirname(log), exist_ok=True)
     with open(log, "ab") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env or _clean_env(), start_new_session=True, cwd=state_dir)
+                                env=env or clean_env(), start_new_session=True, cwd=state_dir)
     return Process(name, proc.pid, log)
 
 
@@ -93,17 +93,17 @@ def stop_process(process: Process, timeout: float = 10.0) -> None:
         return
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if not _alive(process.pid):
+        if not pid_alive(process.pid):
             return
         time.sleep(0.05)
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    _alive(process.pid)
+    pid_alive(process.pid)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         waited, _ = os.waitpid(pid, os.WNOHANG)   # reap our own children
         if waited == pid:
@@ -132,7 +132,7 @@ def wait_answering(what: str, process: Process, answers, *, timeout: float,
     `timeout` passes."""
     end = time.monotonic() + timeout
     while True:
-        if not _alive(process.pid):
+        if not pid_alive(process.pid):
             raise ControlPlaneError(f"{what} exited at start; its log {process.log} ends:\n"
                                     f"{tail(process.log)}")
         try:
@@ -537,7 +537,7 @@ class ControlPlane:
         self.stop()
 
     def running(self) -> dict[str, bool]:
-        return {name: _alive(p.pid) for name, p in self.processes.items()}
+        return {name: pid_alive(p.pid) for name, p in self.processes.items()}
 
     def stop(self) -> None:
         """Stop every process, the last started first."""

@@ -24,18 +24,18 @@ import time
 import requests
 import yaml
 
-from .controlplane import (
+from lab.cluster.controlplane import (
     ControlPlane,
     ControlPlaneError,
-    _alive,
-    _clean_env,
+    clean_env,
     kubeconfig,
+    pid_alive,
     start_process,
     tail,
     wait_answering,
 )
-from .kube import KubeError
-from .procs import REPO, free_port
+from lab.kube import KubeError
+from lab.procs import REPO, free_port
 
 KARPENTER_BUILD = os.path.join(REPO, "scripts", "karpenter-build.sh")
 RELEASE = NAMESPACE = "karpenter"
@@ -202,7 +202,7 @@ class Karpenter:
                             self.plane.ca_path, token,
                             f"system:serviceaccount:{NAMESPACE}:{account}")
         self.health_port = free_port()
-        return {**_clean_env(), **env, **self.batch, "KUBECONFIG": config,
+        return {**clean_env(), **env, **self.batch, "KUBECONFIG": config,
                 "SYSTEM_NAMESPACE": NAMESPACE,
                 # Out of a pod, leader election needs to be told its Lease's namespace.
                 "LEADER_ELECTION_NAMESPACE": NAMESPACE,
@@ -239,7 +239,7 @@ class Karpenter:
 
     def check_alive(self) -> None:
         process = self.plane.processes["karpenter"]
-        if not _alive(process.pid):
+        if not pid_alive(process.pid):
             raise ControlPlaneError(f"karpenter exited; its log {process.log} ends:\n"
                                     f"{tail(process.log)}")
 
@@ -313,7 +313,7 @@ def idle_stand_ins(plane: ControlPlane, namespace: str) -> None:
 def start_with_kwok(plane: ControlPlane, stand_ins: str | None = None, **options) -> "Karpenter":
     """KWOK (it makes Karpenter's Nodes Ready and runs their pods), then Karpenter, once the
     Deployments of `stand_ins` are idle (idle_stand_ins)."""
-    from .kwok import Kwok
+    from lab.cluster.kwok import Kwok
     if stand_ins:
         idle_stand_ins(plane, stand_ins)
     Kwok(plane).start()

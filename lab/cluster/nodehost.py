@@ -139,7 +139,7 @@ def leftovers(record: HostRecord) -> list[str]:
             found += [f"{tool} -t {table} chain {c}" for c in chains(tool, table)
                       if record.ours(tool, table, c)]
             found += [f"{tool} -t {table} rule {r}" for r in rules(tool, table)
-                      if _jumps_to_ours(record, tool, table, r)]
+                      if jumps_to_ours(record, tool, table, r)]
     if os.path.exists(f"/sys/class/net/{record.bridge}"):
         found.append(f"bridge {record.bridge}")
     found += [f"cgroup {d}" for d in cgroup_dirs(record.cgroup_root) if os.path.isdir(d)]
@@ -155,7 +155,7 @@ def leftovers(record: HostRecord) -> list[str]:
     return found
 
 
-def _jumps_to_ours(record: HostRecord, tool: str, table: str, rule: str) -> bool:
+def jumps_to_ours(record: HostRecord, tool: str, table: str, rule: str) -> bool:
     words = shlex.split(rule)
     chain = words[1]
     for flag in ("-j", "-g"):
@@ -265,7 +265,7 @@ def _remove_iptables(record: HostRecord) -> None:
     for tool in iptables_tools():
         for table in TABLES:
             for rule in rules(tool, table):
-                if _jumps_to_ours(record, tool, table, rule):
+                if jumps_to_ours(record, tool, table, rule):
                     # `-S` quotes comments: split as the shell would.
                     _run(tool, "-w", "5", "-t", table, "-D", *shlex.split(rule)[1:])
             ours = [c for c in chains(tool, table) if record.ours(tool, table, c)]

@@ -19,13 +19,12 @@ import json
 import os
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
-import pytest
 import requests
 
-from .httpd import BackgroundHTTPServer
-from .procs import Server, free_port, require_binary
+from lab.httpd import BackgroundHTTPServer
+from lab.procs import Server, free_port, require_binary
 
 # Traffic on devices the default query excludes: if it leaked in, every ordering would break.
 EXCLUDED_DEVICE_RATE = 5e9
@@ -250,25 +249,6 @@ LINK_RATES = {"slow-busy": 2e6, "fast-light": 9e6, "nospeed-quiet": 1e4, "nospee
               "equal-1": 2.5e6, "equal-2": 2.5e6, "equal-3": 2.5e6}
 LINK_SPEEDS = {"slow-busy": 12.5e6, "fast-light": 3.125e9,
                "equal-1": 125e6, "equal-2": 125e6, "equal-3": 125e6}
-
-
-@pytest.fixture(scope="session")
-def prometheus_stack(tmp_path_factory):
-    """Prometheus + three fake nodes (FAKE_RATES) + this machine's node_exporter, once per
-    session, and the LINK_RATES nodes in job "links". Tests that change rates or stop Prometheus
-    must put things back."""
-    directory = tmp_path_factory.mktemp("prometheus")
-    fake = FakeNodeExporters(FAKE_RATES)
-    links = FakeNodeExporters(LINK_RATES, LINK_SPEEDS, subnet=1)
-    node_exporter = prometheus = None
-    try:
-        node_exporter = NodeExporter(directory)
-        prometheus = PrometheusServer(directory, fake, node_exporter, links)
-        yield PrometheusStack(fake, node_exporter, prometheus, links)
-    finally:
-        for part in (prometheus, node_exporter, fake, links):
-            if part is not None:
-                part.stop()
 
 
 class CannedPrometheusHttp:

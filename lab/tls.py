@@ -12,7 +12,6 @@ import ipaddress
 import os
 from dataclasses import dataclass
 
-import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -179,9 +178,3 @@ def session_ca(tmp_path_factory) -> CertificateAuthority:
     if base not in _SESSION_CA:
         _SESSION_CA[base] = CertificateAuthority(tmp_path_factory.mktemp("test-ca"))
     return _SESSION_CA[base]
-
-
-@pytest.fixture(scope="session")
-def test_ca(tmp_path_factory) -> CertificateAuthority:
-    """One CA for the whole test session; issue what you need from it."""
-    return session_ca(tmp_path_factory)

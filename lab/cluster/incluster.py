@@ -17,11 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import yaml
 
-from .cluster import ChartInstall, deep_merge
-from .controlplane import ControlPlane, ControlPlaneError
-from .nodeimages import OciImage, machine_arch
-from .procs import REPO
-from .realnode import RealNode
+from lab.cluster.chart import ChartInstall, deep_merge
+from lab.cluster.controlplane import ControlPlane, ControlPlaneError
+from lab.cluster.nodeimages import OciImage, machine_arch
+from lab.cluster.realnode import RealNode
+from lab.procs import REPO
 
 # What the Dockerfile copies: the image changes only when one of these does.
 IMAGE_INPUTS = ("Dockerfile", "pyproject.toml", "README.md", "registry", "archway", "webhook",

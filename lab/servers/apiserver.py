@@ -29,9 +29,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
 
-from .httpd import BackgroundHTTPServer
-from .kubevalidation import invalid_status, validate_event_create, validate_pod_update
-from .procs import free_port
+from lab.httpd import BackgroundHTTPServer
+from lab.servers.kubevalidation import invalid_status, validate_event_create, validate_pod_update
 
 
 def _status(code: int, reason: str, message: str, details: dict | None = None) -> dict:

@@ -15,8 +15,8 @@
 
 Pushing goes straight to the registry HTTP API (monolithic blob uploads, manifests by PUT) with
 an identity that may push (basic auth, or a token the test mints with push rights), so pushes
-never show in the token server's counts. Pytest fixtures at the bottom are module scoped: import
-them into a test module (`from tests.infra.registry import plain_registry`) to use them.
+never show in the token server's counts. The tests' fixtures over it (one registry per module)
+are in tests/infra/fixtures.py.
 """
 import base64
 import hashlib
@@ -28,18 +28,17 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
-import pytest
 import requests
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
-from .httpd import BackgroundHTTPServer
-from .procs import Server, free_port, require_binary
-from .tls import CertificateAuthority, IssuedCert, self_signed, session_ca, test_ca
+from lab.httpd import BackgroundHTTPServer
+from lab.procs import Server, free_port, require_binary
+from lab.tls import CertificateAuthority, IssuedCert, self_signed
 
 # Media types (OCI image spec, Docker distribution, Sylabs' oras layout).
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -624,27 +623,3 @@ def sign_schema1(manifest: dict) -> bytes:
                  "protected": protected}
     signatures = json.dumps([signature], indent=3).replace("\n", "\n   ").encode()
     return payload[:format_length] + b',\n   "signatures": ' + signatures + format_tail
-
-
-# --------------------------------------------------------------------------------------------
-# Fixtures (module scope: one registry per test module that asks for it)
-
-
-def _registry_fixture(**options):
-    @pytest.fixture(scope="module")
-    def fixture(tmp_path_factory):
-        kwargs = dict(options)
-        if kwargs.pop("tls", False):
-            kwargs["ca"] = session_ca(tmp_path_factory)
-        server = RegistryServer(tmp_path_factory.mktemp("registry"), **kwargs)
-        try:
-            yield server
-        finally:
-            server.stop()
-    return fixture
-
-
-plain_registry = _registry_fixture()                       # HTTP, anonymous
-tls_registry = _registry_fixture(tls=True)                 # HTTPS signed by test_ca, anonymous
-basic_auth_registry = _registry_fixture(tls=True, auth="htpasswd")
-token_registry = _registry_fixture(tls=True, auth="token")  # token server: pull+push for users only

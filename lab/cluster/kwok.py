@@ -20,9 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import yaml
 
-from .controlplane import ControlPlane, ControlPlaneError, _alive, start_process, tail
-from .kube import KubeError
-from .procs import REPO, free_port
+from lab.cluster.controlplane import ControlPlane, ControlPlaneError, pid_alive, start_process, tail
+from lab.kube import KubeError
+from lab.procs import REPO, free_port
 
 KWOK_BUILD = os.path.join(REPO, "scripts", "kwok-build.sh")
 ANNOTATION = "kwok.x-k8s.io/node"
@@ -125,7 +125,7 @@ class Kwok:
         self.plane.processes["kwok"] = process
         self.plane.save()
         time.sleep(0.5)
-        if not _alive(process.pid):
+        if not pid_alive(process.pid):
             raise ControlPlaneError(f"kwok exited at start; its log {process.log} ends:\n"
                                     f"{tail(process.log)}")
         return self
@@ -159,7 +159,7 @@ class Kwok:
         wanted, end = set(names), time.monotonic() + timeout
         while True:
             process = self.plane.processes.get("kwok")
-            if process is not None and not _alive(process.pid):
+            if process is not None and not pid_alive(process.pid):
                 raise ControlPlaneError(f"kwok exited; its log {process.log} ends:\n"
                                         f"{tail(process.log)}")
             try:

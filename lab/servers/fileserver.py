@@ -16,12 +16,11 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .httpd import BackgroundHTTPServer
-from .procs import free_port
-from .tls import CertificateAuthority
+from lab.httpd import BackgroundHTTPServer
+from lab.tls import CertificateAuthority
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _CHUNK = 64 * 1024
@@ -170,7 +169,7 @@ class FileServer(_HttpsServer):
             status, body = 404, b"not found\n"
             headers["Content-Type"] = "text/plain"
         elif range_header and not self.ignore_range:
-            window = _parse_range(range_header, len(data))
+            window = parse_range(range_header, len(data))
             if window is None:
                 status = 416
                 headers["Content-Range"] = f"bytes */{len(data)}"
@@ -190,7 +189,7 @@ class FileServer(_HttpsServer):
         return sum(r.bytes_sent for r in self.requests if path is None or r.path == path)
 
 
-def _parse_range(header: str, size: int) -> tuple[int, int] | None:
+def parse_range(header: str, size: int) -> tuple[int, int] | None:
     """(first, last) for a single `bytes=` range (RFC 9110), None when not satisfiable."""
     match = _RANGE.match(header.strip())
     if not match or match.group(1) == match.group(2) == "":

@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 
-from .procs import free_port
+from lab.procs import free_port
 
 
 class DelayProxy:

@@ -8,9 +8,7 @@ import subprocess
 import sys
 import time
 
-import pytest
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Next to the repository; a checkout elsewhere (a git worktree) names it in ARCHWAY_TESTDATA.
 SHARED_TESTDATA = (os.environ.get("ARCHWAY_TESTDATA")
                    or os.path.join(os.path.dirname(REPO), "shared", "testdata"))
@@ -35,11 +33,15 @@ def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 15.0, pro
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout} s")
 
 
+class MissingTool(RuntimeError):
+    """A binary the lab starts is not installed: an install error, never a reason to skip."""
+
+
 def require_binary(name: str) -> str:
-    """Path of a binary the tests need; a missing one is an install error, so fail loudly."""
+    """Path of a binary the lab needs; a missing one is an install error, so fail loudly."""
     path = shutil.which(name) or (f"/usr/sbin/{name}" if os.path.exists(f"/usr/sbin/{name}") else None)
     if not path:
-        pytest.fail(f"{name} is not installed: run .ci/run (or scripts/setup.sh) first")
+        raise MissingTool(f"{name} is not installed: run scripts/setup.sh --test first")
     return path
 
 

@@ -11,14 +11,12 @@ sees that no archway thread is left reading from a hostile peer.
 """
 import select
 import socket
-import ssl
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 
-from .httpd import BackgroundHTTPServer
+from lab.httpd import BackgroundHTTPServer
 
 
 class _Recording:
