@@ -16,12 +16,12 @@ import os
 import sys
 import time
 
-from .lab import Lab
-from .report import load_average, machine, markdown, summary, table
+from bench.common.lab import Lab
+from bench.common.report import load_average, machine, markdown, summary, table
 
 # Cheap first; the extender late, since its Prometheus scrapes 5,000 series while it runs, and
 # the real control plane last (autoscale: with Karpenter's KWOK provider beside it).
-SECTIONS = {           # name -> module of bench/ whose run(lab) returns its figures
+SECTIONS = {           # name -> module of bench/sections/ whose run(lab) returns its figures
     "policy": "policy",
     "registry": "registry_costs",
     "cache": "cache",
@@ -37,8 +37,8 @@ SECTIONS = {           # name -> module of bench/ whose run(lab) returns its fig
     "burst": "burst",
     "kube": "kube",
     "loop": "loop",
-    "scale": "scale",
-    "autoscale": "autoscale",
+    "scale": "scale",          # a package: the section and its load, events and figures
+    "autoscale": "autoscale",  # a package: the section and its Karpenter provisioning
     "realnode": "realnode",    # root and the real node: archway in-cluster
 }
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
         for name in wanted:
             section_start = time.monotonic()
             print(f"bench: {name}...", file=sys.stderr, flush=True)
-            module = importlib.import_module(f"{__package__}.{SECTIONS[name]}")
+            module = importlib.import_module(f"bench.sections.{SECTIONS[name]}")
             figures += module.run(lab)
             print(f"bench: {name} done in {time.monotonic() - section_start:.0f} s",
                   file=sys.stderr, flush=True)

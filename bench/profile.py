@@ -2,7 +2,7 @@
 
     python3 -m bench.profile admission [--seconds 8]
 
-Starts the servers of figure 1 (bench.admission.admission_servers), drives archway with wrk
+Starts the servers of figure 1 (bench.sections.admission.admission_servers), drives archway with wrk
 and records every worker with py-spy (non-blocking, so the profile does not slow what it
 measures). Prints the functions with the most samples, inclusive and self, and writes the
 collapsed stacks (flamegraph input) to bench/results/profile-<pid>.txt.
@@ -15,9 +15,9 @@ import subprocess
 import sys
 import threading
 
-from .admission import CONNECTIONS, admission_servers
-from .lab import Lab
-from .loadgen import run_wrk
+from bench.common.lab import Lab
+from bench.common.loadgen import run_wrk
+from bench.sections.admission import CONNECTIONS, admission_servers
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

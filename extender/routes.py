@@ -28,7 +28,7 @@ log = logging.getLogger("archway.extender")
 
 # Full-Nodes mode sends every candidate Node, far above the admission body limit, so the
 # extender routes set their own: 5,000 Nodes (Kubernetes' largest supported cluster) with
-# kubelet's 50 status.images each measure 58.8 MB in JSON (bench/cluster.py), 11.8 KB a node.
+# kubelet's 50 status.images each measure 58.8 MB in JSON (bench/common/extender_cluster.py), 11.8 KB a node.
 # Parsing holds about twice the body (wire.py), so a worker's threads stay within a few GB.
 MAX_BODY_BYTES = 64 * 1024 * 1024
 # Bounds each socket read of a request body (gunicorn's gthread sockets block without limit)...

@@ -1,7 +1,7 @@
 """Clients that open a connection to an HTTPS server, send part of what they should, and stall.
 
 The shapes an attack run used against `archway serve` (issue 16): each holds its socket open
-until the server closes it. Used by tests/test_hostile_clients.py and bench/slowclients.py.
+until the server closes it. Used by tests/test_hostile_clients.py and bench/sections/slowclients.py.
 
     s = stalled(("127.0.0.1", port), "client_hello", tls_context, body)
     still_open(s)   # False once the server has closed (or reset) it

@@ -1,0 +1,89 @@
+"""`archway serve` plus one bench-only route, for figure 9 (RSS per worker with 10,000 images).
+
+    python3 -m bench.apps.memory_worker --config FILE serve --bind 127.0.0.1:PORT
+
+Everything is archway's own serving code (archway.cli -> archway.serve -> archway.app); the
+only difference is that the gunicorn application class adds `POST /bench/fill` to the app each
+worker builds. That route resolves many image names through the worker's own resolver
+(`Resolver.resolve_many`: cache keys, digest aliases, TTLs, single-flight as for any pod) and its
+registry client's parsing (`RegistryClient.resolve`, the client its access layer calls), replacing
+only the network: the manifest of one real image is fetched from the registry once, and every
+name is answered with a copy of it that carries the name as an annotation (so each image has its
+own body and digest, as distinct images do).
+
+    {"template": "host/repo:tag",  # a real multi-platform image on the registry
+     "images": [image, ...],       # names to resolve from the replayed answer
+     "per_pod": 30}                # resolved this many at a time, as admissions of such pods
+                                   # would (one burst of 10,000 would measure its transients)
+"""
+import hashlib
+import json
+import sys
+import time
+
+from flask import jsonify, request
+from requests.structures import CaseInsensitiveDict
+
+from archway import cli, serve
+from archway.registry import manifests, oci
+from archway.registry.http import Response
+from archway.registry.reference import parse_reference
+
+_Gunicorn = serve._Gunicorn
+
+
+class _FillableGunicorn(_Gunicorn):
+    def load(self):
+        app = super().load()
+        resolver = app.extensions["archway"].resolver
+        app.add_url_rule("/bench/fill", "bench_fill", lambda: _fill(resolver), methods=["POST"])
+        return app
+
+
+class _ReplayedRegistry:
+    """Stands in for HttpClient: answers every manifest GET with a variant of one real answer."""
+
+    def __init__(self, answer: Response):
+        self.answer = answer
+        self.document = json.loads(answer.body)
+
+    def get(self, url, *, headers=None, deadline=None, max_bytes, method="GET") -> Response:
+        document = dict(self.document, annotations={"org.opencontainers.image.ref.name": url})
+        body = json.dumps(document).encode()
+        return Response(200, CaseInsensitiveDict({
+            "Content-Type": self.answer.headers["Content-Type"],
+            "Docker-Content-Digest": "sha256:" + hashlib.sha256(body).hexdigest(),
+        }), body, url)
+
+    def is_insecure(self, netloc: str) -> bool:
+        return False
+
+
+def _fill(resolver):
+    spec = request.get_json()
+    template = parse_reference(spec["template"])
+    real = resolver.http.get(
+        f"https://{template.api_host}/v2/{template.repository}/manifests/{template.tag}",
+        headers={"Accept": manifests.ACCEPT}, deadline=time.monotonic() + 10, max_bytes=4 << 20)
+    if real.status != 200:
+        return jsonify(error=f"template manifest: HTTP {real.status}"), 502
+    images, per_pod, failed = spec["images"], int(spec["per_pod"]), 0
+    # The client the resolver's access layer calls (registry/access.py): replaced for the fill.
+    network_client = resolver.access.client
+    resolver.access.client = oci.RegistryClient(_ReplayedRegistry(real), resolver.settings)
+    try:
+        for i in range(0, len(images), per_pod):
+            results = resolver.resolve_many(images[i:i + per_pod], timeout=30)
+            failed += sum(1 for r in results.values() if not hasattr(r, "architectures"))
+    finally:
+        resolver.access.client = network_client
+    return jsonify(filled=len(images) - failed, failed=failed, cache_entries=resolver.cache_size)
+
+
+def main(argv=None) -> int:
+    serve._Gunicorn = _FillableGunicorn
+    return cli.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
