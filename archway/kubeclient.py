@@ -14,6 +14,7 @@ the one ApiClient, and so its connection pool: a forked worker builds its own on
 """
 import os
 import threading
+from collections.abc import Callable
 
 from archway.errors import ArchwayError, ConfigError
 
@@ -46,6 +47,13 @@ def build_api_client(settings) -> tuple[object | None, str]:
         if key not in _built:
             _built[key] = _build(settings.kubeconfig)
         return _built[key]
+
+
+def api_client_factory(settings) -> Callable[[], object | None]:
+    """build_api_client's client, got when a reader first needs it: a list + watch takes it in
+    its own thread, so it is the client of the process that runs the thread (a forked worker's
+    own), and a kubeconfig that breaks fails that reader only."""
+    return lambda: build_api_client(settings)[0]
 
 
 def no_api_configured(source: str, option: str = "kubernetes.kubeconfig in the config file"

@@ -6,6 +6,9 @@ measured on its OWN clock from when it last saw the Lease change (clocks of diff
 are never compared). Every write carries the resourceVersion read, so two candidates can never
 both win: the loser gets 409 Conflict. A holder that stops releases the Lease at once.
 
+`lead_while_elected` is the candidate's loop around the elector: whoever leads (the gate
+controller's process) hands it what to do while it holds the Lease.
+
 The observer is what the webhook asks before gating a pod: is some controller alive to remove
 the gate? It re-reads the Lease in the background, so admission never waits on the API.
 """
@@ -15,6 +18,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from archway.background import ProcessThread
@@ -126,6 +130,42 @@ class LeaderElector:
             return False
         self._seen_version, self._seen_at = stored["metadata"].get("resourceVersion"), self._clock()
         return True
+
+
+def lead_while_elected(elector: LeaderElector, lead: Callable[[threading.Event], None],
+                       stop: threading.Event, *, what: str, thread_name: str,
+                       logger: logging.Logger = log) -> None:
+    """Be a candidate until `stop`: while this replica holds the Lease, `lead(leading)` runs in a
+    thread of its own (`thread_name`), and `leading` is set once the Lease is lost (not renewed
+    for two thirds of a duration: another replica may take it at a whole one) or on `stop`,
+    when the Lease is given up. `what` and `logger` name the leader in the log."""
+    leading: threading.Event | None = None
+    leader_thread: threading.Thread | None = None
+    last_renewed = 0.0
+    try:
+        while not stop.is_set():
+            held = elector.try_acquire_or_renew()
+            now = time.monotonic()
+            if held:
+                last_renewed = now
+                if leading is None:
+                    logger.info("%s %s: leading", what, elector.identity)
+                    leading = threading.Event()
+                    leader_thread = threading.Thread(target=lead, args=(leading,),
+                                                     name=thread_name, daemon=True)
+                    leader_thread.start()
+            elif leading is not None and now - last_renewed > elector.duration * 2 / 3:
+                logger.warning("%s %s: lost the Lease; stopping", what, elector.identity)
+                leading.set()
+                leader_thread.join(10)  # type: ignore[union-attr]
+                leading = None
+            stop.wait(elector.renew_every if leading is not None else
+                      max(0.2, elector.duration / 5))
+    finally:
+        if leading is not None:
+            leading.set()
+            leader_thread.join(3)  # type: ignore[union-attr]
+            elector.release()
 
 
 class LeaseObserver:

@@ -98,8 +98,8 @@ class NodeCache(WatchCache[NodeFacts]):
         extender.node_cache is off or no Kubernetes API is to be used (kubernetes.enabled)."""
         if not (config.extender.node_cache and config.kubernetes.enabled != "off"):
             return None
-        from archway.kubeclient import build_api_client
-        return cls(lambda: build_api_client(config.kubernetes)[0])
+        from archway.kubeclient import api_client_factory
+        return cls(api_client_factory(config.kubernetes))
 
     @property
     def nodes(self) -> dict[str, NodeFacts]:

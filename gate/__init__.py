@@ -1,6 +1,7 @@
 """The gate: pods the webhook admitted behind archway's scheduling gate (their images unread in
 time) are placed and released by the gate controller; the one leading controller also learns from
-what runs (remediation, tagwatch). controller (the process, one leader by a Lease), release (the
-one update that releases a pod, pure), cli (`archway gate release-all`), supervisor (keeps the
-controller's process running), remediation and tagwatch (the closed loop; remediation stands on
-failingpods, logreads and eviction)."""
+what runs (remediation, tagwatch). process (the controller's process: one leader by a Lease, and
+each leadership's wiring), controller (what the leader does with gated pods), release (the one
+update that releases a pod, pure), cli (`archway gate release-all`), supervisor (keeps the
+controller's process running), remediation and tagwatch (the closed loop, sharing leaderloop;
+remediation stands on podstatus, failingpods, logreads and eviction)."""

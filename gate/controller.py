@@ -1,7 +1,7 @@
-"""The gate controller: places and releases the pods the webhook gated. Runs inside `archway
-serve` (one process beside the gunicorn workers, restarted by supervisor.py when it dies)
+"""The gate controller: places and releases the pods the webhook gated. Runs in its own process
+beside `archway serve`'s gunicorn workers (process.py, restarted by supervisor.py when it dies)
 whenever a Kubernetes API is configured; among the replicas only the holder of the Lease acts
-(lease.py).
+(archway/lease.py).
 
     lead -> sweep every pod carrying the gate (paged list) -> watch the gated ones (label)
          -> per pod: resolve its images with its pull secrets, retrying with back-off
@@ -18,12 +18,11 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from archway import logs, metrics
-from archway.background import supervised_child
+from archway import metrics
 from archway.kubeapi import ApiError, KubeApi
-from archway.lease import LeaderElector, lease_namespace, new_identity, parse_time
+from archway.lease import parse_time
 from archway.listwatch import ListWatch
 from archway.podview import PodShapeError, PodView
 from archway.vocabulary import GATED_LABEL
@@ -38,7 +37,6 @@ log = logging.getLogger("archway.gate")
 
 RETRY_MIN_SECONDS = 0.25      # first retry of a pod whose images did not resolve
 RETRY_MAX_SECONDS = 1.0       # the back-off's cap: a registry that is back is seen within it
-NEGATIVE_TTL_SECONDS = 0.5    # the controller's own resolver forgets failures this fast
 WATCH_SECONDS = 240
 PAGE_SIZE = 500
 
@@ -285,128 +283,3 @@ def _uid(pod: dict) -> str:
 def _name(pod: dict) -> str:
     meta = pod.get("metadata") or {}
     return f"{meta.get('namespace')}/{meta.get('name')}"
-
-
-# --- the process ---------------------------------------------------------------------------
-
-def run(config, stop: threading.Event | None = None) -> None:
-    """Elect, lead while elected, until `stop` (or SIGTERM) -- the controller process's main."""
-    from archway.kubeclient import build_api_client
-    from archway.registry.resolver import Resolver
-    from archway.webhook.pullsecrets import PullSecrets
-
-    stop = stop or threading.Event()
-    api_client, source = build_api_client(config.kubernetes)
-    if api_client is None:
-        log.info("gate controller not started: no Kubernetes API configured")
-        return
-    api = KubeApi(api_client)
-    identity = new_identity()
-    namespace = lease_namespace(config.kubernetes.namespace)
-    elector = LeaderElector(api, namespace, identity=identity,
-                            duration_seconds=config.admission.gate_lease_seconds)
-    # Its own resolver: failures are forgotten within the retry interval, so a registry that
-    # comes back is seen at the next retry, not after registry.cache.negative_ttl_seconds.
-    registry = replace(config.registry, cache=replace(config.registry.cache,
-                                                      negative_ttl_seconds=NEGATIVE_TTL_SECONDS))
-    resolver = Resolver(registry, sif=config.sif)
-    pull_secrets = PullSecrets(api_client, cache_seconds=config.kubernetes.secret_cache_seconds,
-                               source=source)
-    events = EventSink(api, instance=identity)
-    controller = GateController(
-        api=api, resolver=resolver, pull_secrets=pull_secrets,
-        policy=Policy.from_config(config), max_seconds=config.admission.gate_max_seconds,
-        fallback=config.placement.fallback_architectures, events=events,
-        resolve_timeout=config.registry.timeout_seconds)
-
-    def lead(leading: threading.Event) -> None:
-        _lead(config, api, controller, resolver, pull_secrets, events, leading)
-
-    log.info("gate controller %s: candidate for Lease %s/%s (%s)", identity, namespace,
-             "archway-gate-controller", source)
-    leading: threading.Event | None = None
-    leader_thread = None
-    last_renewed = 0.0
-    try:
-        while not stop.is_set():
-            held = elector.try_acquire_or_renew()
-            now = time.monotonic()
-            if held:
-                last_renewed = now
-                if leading is None:
-                    log.info("gate controller %s: leading", identity)
-                    leading = threading.Event()
-                    leader_thread = threading.Thread(target=lead, args=(leading,),
-                                                     name="archway-gate-lead", daemon=True)
-                    leader_thread.start()
-            elif leading is not None and now - last_renewed > elector.duration * 2 / 3:
-                log.warning("gate controller %s: lost the Lease; stopping", identity)
-                leading.set()
-                leader_thread.join(10)  # type: ignore[union-attr]
-                leading = None
-            stop.wait(elector.renew_every if leading is not None else
-                      max(0.2, elector.duration / 5))
-    finally:
-        if leading is not None:
-            leading.set()
-            leader_thread.join(3)  # type: ignore[union-attr]
-            elector.release()
-
-
-def _lead(config, api: KubeApi, controller: GateController, resolver, pull_secrets,
-          events: EventSink, stop: threading.Event) -> None:
-    """One leadership: the gate controller's work, and beside it the closed loop
-    (remediation.py) with the caches both read, built afresh for each leadership."""
-    from archway.nodes import NodeCache
-    from archway.webhook.namespaces import NamespaceCache
-    from archway.webhook.workloadcache import WorkloadCache
-
-    from .remediation import Remediation
-    from .tagwatch import TagWatch
-
-    def factory():   # a client (and connection pool) of its own for each watch
-        from archway.kubeclient import build_api_client
-        return build_api_client(config.kubernetes)[0]
-
-    learn = config.remediation.learn_failed_architectures
-    nodes = NodeCache(factory)
-    # The chart grants list/watch of the workloads only when something here reads them.
-    workloads = WorkloadCache(factory) if learn or config.remediation.watch_tags else None
-    namespaces = NamespaceCache(factory) if config.kubernetes.namespace_cache else None
-    caches = [c for c in (nodes, workloads, namespaces) if c is not None]
-    for cache in caches:
-        cache.ensure_started()
-    controller.workloads = workloads if learn else None
-    common = dict(api=api, settings=config.remediation, policy=Policy.from_config(config),
-                  events=events, workloads=workloads, namespaces=namespaces,
-                  exclude_namespaces=config.admission.exclude_namespaces)
-    loops = [threading.Thread(target=Remediation(nodes=nodes, **common).lead,
-                              args=(stop, factory), name="archway-remediation", daemon=True)]
-    if workloads is not None:
-        tags = TagWatch(resolver=resolver, pull_secrets=pull_secrets,
-                        round_seconds=config.registry.cache.tag_ttl_seconds,
-                        resolve_timeout=config.registry.timeout_seconds * 2,
-                        per_second=config.registry.prewarm.requests_per_second, **common)
-        loops.append(threading.Thread(target=tags.lead, args=(stop,), name="archway-tag-watch",
-                                      daemon=True))
-    for loop in loops:
-        loop.start()
-    try:
-        controller.lead(stop)
-    finally:
-        stop.set()
-        for loop in loops:
-            loop.join(10)
-        controller.workloads = None
-        for cache in caches:
-            cache.stop()
-
-
-def _main() -> None:
-    config, stop = supervised_child("gate controller")
-    logs.configure(logging.INFO, config.server.log_format)   # as `archway serve` logs
-    run(config, stop)
-
-
-if __name__ == "__main__":
-    _main()

@@ -5,14 +5,9 @@ from dataclasses import dataclass
 
 from archway.podview import OwnerReference, PodShapeError, PodView
 from archway.vocabulary import ANNOTATION_ARCHITECTURES
-from archway.webhook.learning import (
-    Evidence,
-    Failure,
-    LogRead,
-    admitted_digests,
-    exec_format_failures,
-    log_reads,
-)
+from archway.webhook.learning import Evidence
+
+from .podstatus import Failure, LogRead, admitted_digests, exec_format_failures, log_reads
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@ containerd + runc an exec format error is only in the container's log, never in 
 
 A log may hold secrets, so what is read is as little as tells: the last LOG_TAIL_LINES lines,
 at most LOG_LIMIT_BYTES, of a container that just failed with a status saying nothing of why
-(learning.log_reads), once per failed instance. Nothing of it is kept but which known wording
-matched (learning.log_wording): no log text goes into a log line, an Event, an annotation or a
+(podstatus.log_reads), once per failed instance. Nothing of it is kept but which known wording
+matched (podstatus.log_wording): no log text goes into a log line, an Event, an annotation or a
 metric label. Bounded by `LogReadBudget`: so many reads per workload and per minute
 cluster-wide. Needs `get` on `pods/log` (the chart grants it while learning is on).
 """
@@ -16,7 +16,8 @@ from urllib.parse import quote
 
 from archway import metrics
 from archway.kubeapi import ApiError, KubeApi
-from archway.webhook.learning import LogRead, log_wording
+
+from .podstatus import LogRead, log_wording
 
 LOG_TAIL_LINES = 10
 LOG_LIMIT_BYTES = 2048

@@ -14,8 +14,9 @@ its other half, tagwatch.py (tags re-pushed without an architecture).
 What a 10,000-pod cluster costs here: each status update is parsed once and its container
 statuses scanned (docs/benchmarks.md, figure 22); only failing pods are remembered, as a few
 facts each. The pods that came due together are one round: each workload is read (and patched)
-once per round, however many of its replicas fail. The decisions are pure (learning.py,
-failingpods.py, workloadcache.controlling_workload); this module is the I/O around them.
+once per round, however many of its replicas fail. The decisions are pure (podstatus.py,
+failingpods.py, learning.py, workloadcache.controlling_workload); this module is the I/O around
+them, sharing with tagwatch.py how a workload's annotations are changed (leaderloop.py).
 """
 import logging
 import threading
@@ -29,8 +30,7 @@ from archway.kubeapi import ApiError, KubeApi
 from archway.listwatch import ListWatch
 from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED
 from archway.webhook.events import EventSink
-from archway.webhook.learning import Evidence, Failure, merged_annotations
-from archway.webhook.namespaces import namespace_mode
+from archway.webhook.learning import Evidence, merged_annotations
 from archway.webhook.workloadcache import (
     WorkloadFacts,
     controlling_workload,
@@ -40,14 +40,15 @@ from archway.webhook.workloadcache import (
 
 from .eviction import Evictions
 from .failingpods import FailingPod, failing_pod
+from .leaderloop import MAX_PATCH_ATTEMPTS, KeptChanging, LeaderLoop
 from .logreads import ApiLogReader, LogReadBudget, LogReader
+from .podstatus import Failure
 
 log = logging.getLogger("archway.remediation")
 
 PAGE_SIZE = 500
 RETRY_SECONDS = 30.0              # a workload that could not be read or written: looked at again
 MAX_TRACKED = 10_000              # failing pods remembered at once (one of each is a few facts)
-MAX_PATCH_ATTEMPTS = 4            # a workload changed meanwhile (409): read it again and merge
 MAX_EPISODES = 16                 # failed instances remembered per pod as read
 REASON_EXEC_FORMAT = "ExecFormatError"
 # A pod is evicted once the leader's own workload cache shows what was just learned of its
@@ -118,25 +119,21 @@ class FailingPods(ListWatch):
             self.remediation.failing(failing)
 
 
-class Remediation:
+class Remediation(LeaderLoop):
     def __init__(self, *, api: KubeApi, settings, policy, events: EventSink | None,
                  nodes, workloads, namespaces=None, exclude_namespaces=(),
                  watch_seconds: int = 240, log_reader: LogReader | None = None,
                  clock: Callable[[], float] = time.monotonic):
-        self.api = api
-        self.settings = settings           # config.RemediationSettings
-        self.policy = policy               # placement.Policy: its mode, per namespace below
-        self.events = events
+        super().__init__(api=api, settings=settings, policy=policy, events=events,
+                         workloads=workloads,   # None: GETs only
+                         namespaces=namespaces, exclude_namespaces=exclude_namespaces)
         self.nodes = nodes                 # name -> NodeFacts (.items)
-        self.workloads = workloads         # workloadcache.WorkloadCache; None: GETs only
-        self.namespaces = namespaces       # NamespaceCache or None
-        self.exclude_namespaces = frozenset(exclude_namespaces)
         self.watch_seconds = watch_seconds
         # Logs are read only while learning is on (the chart grants pods/log get only then).
         self.log_reader = (log_reader or ApiLogReader(api)) \
             if settings.learn_failed_architectures and settings.read_logs else None
         self.log_budget = LogReadBudget(clock=clock)
-        self.evictions = Evictions(api, self._event, clock)
+        self.evictions = Evictions(api, self.event, clock)
         self._clock = clock
         self._lock = threading.Condition()
         self._tracked: dict[str, _Tracked] = {}
@@ -225,9 +222,6 @@ class Remediation:
             log.exception("failing pod %s/%s", pod.namespace, pod.name)
 
     # --- one failing pod ---------------------------------------------------------------------
-    def mode_of(self, namespace: str) -> str:
-        return namespace_mode(namespace, self.policy, self.namespaces, self.exclude_namespaces)
-
     def _handle(self, tracked: _Tracked, lessons: dict[str, _Lesson]) -> None:
         pod = tracked.pod
         arch = self._arch_to_act_on(tracked)
@@ -307,14 +301,14 @@ class Remediation:
         log.warning("pod %s/%s: container %s (image %s) failed on node %s (%s) with exec "
                     "format error (read in its %s)", pod.namespace, pod.name, failure.container,
                     failure.image, pod.node, arch, failure.source)
-        self._event(pod.reference, "Warning", REASON_EXEC_FORMAT, "Detect",
-                    f"container {failure.container} (image {failure.image}) failed on node "
-                    f"{pod.node} ({arch}) with exec format error: its binaries are not "
-                    f"{arch} binaries ({failure.where})")
+        self.event(pod.reference, "Warning", REASON_EXEC_FORMAT, "Detect",
+                   f"container {failure.container} (image {failure.image}) failed on node "
+                   f"{pod.node} ({arch}) with exec format error: its binaries are not "
+                   f"{arch} binaries ({failure.where})")
         if top is not None:
-            self._event(workload_reference(top), "Warning", REASON_EXEC_FORMAT, "Detect",
-                        f"pods of image {failure.image} fail on {arch} with exec format "
-                        f"error (read in their {failure.source}): {consequence}")
+            self.event(workload_reference(top), "Warning", REASON_EXEC_FORMAT, "Detect",
+                       f"pods of image {failure.image} fail on {arch} with exec format "
+                       f"error (read in their {failure.source}): {consequence}")
 
     def _apply(self, lesson: _Lesson) -> None:
         top = lesson.top
@@ -359,35 +353,26 @@ class Remediation:
         if _merged(dict(top.annotations), evidence) is None:
             return False
         path = workload_path(top.kind, top.namespace, top.object_name)
-        for _ in range(MAX_PATCH_ATTEMPTS):
-            obj = self.api.request("GET", path)
+
+        def merge(obj: dict) -> dict | None:
             meta = obj.get("metadata") or {}
             if (meta.get("uid") or "") != top.uid:
-                return False    # another object under its name now: it taught nothing
-            merged = _merged(meta.get("annotations") or {}, evidence)
-            if merged is None:
-                return False
-            try:
-                self.api.request("PATCH", path, content_type="application/merge-patch+json",
-                                 body={"metadata": {"resourceVersion": meta.get("resourceVersion"),
-                                                    "annotations": merged}})
-            except ApiError as e:
-                if e.status == 409:
-                    continue
-                raise
-            log.warning("%s %s/%s: learned that its pods fail on %s; new pods are kept off it "
-                        "(%s=%s)", top.kind, top.namespace, top.object_name,
-                        ",".join(sorted(evidence)), ANNOTATION_FAILED, merged[ANNOTATION_FAILED])
-            return True
-        log.warning("%s %s/%s changed %d times while archway merged what it learned into %s: "
-                    "tried again at the next failure", top.kind, top.namespace, top.object_name,
-                    MAX_PATCH_ATTEMPTS, ANNOTATION_FAILED)
-        return False
+                return None    # another object under its name now: it taught nothing
+            return _merged(meta.get("annotations") or {}, evidence)
 
-    def _event(self, regarding: dict, event_type: str, reason: str, action: str,
-               note: str) -> None:
-        if self.events is not None:
-            self.events.record(regarding, event_type, reason, action, note)
+        try:
+            merged = self.patch_annotations(path, merge)
+        except KeptChanging:
+            log.warning("%s %s/%s changed %d times while archway merged what it learned into "
+                        "%s: tried again at the next failure", top.kind, top.namespace,
+                        top.object_name, MAX_PATCH_ATTEMPTS, ANNOTATION_FAILED)
+            return False
+        if merged is None:
+            return False
+        log.warning("%s %s/%s: learned that its pods fail on %s; new pods are kept off it "
+                    "(%s=%s)", top.kind, top.namespace, top.object_name,
+                    ",".join(sorted(evidence)), ANNOTATION_FAILED, merged[ANNOTATION_FAILED])
+        return True
 
 
 def _merged(annotations: dict, evidence: dict[str, list[Evidence]]) -> dict[str, str] | None:

@@ -38,7 +38,7 @@ def start_process(config) -> subprocess.Popen:
     `-P`: the working directory is not put on sys.path, so a folder named `archway` there (a
     checkout) cannot replace the installed package; PYTHONPATH still counts (the image sets it).
     The config travels pickled on stdin (it is the server's own, already checked)."""
-    process = subprocess.Popen([sys.executable, "-P", "-m", "archway.gate.controller"],
+    process = subprocess.Popen([sys.executable, "-P", "-m", "archway.gate.process"],
                                stdin=subprocess.PIPE)
     assert process.stdin is not None
     try:

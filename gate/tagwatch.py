@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from archway import metrics
 from archway.errors import ArchwayError
-from archway.kubeapi import ApiError, KubeApi
+from archway.kubeapi import KubeApi
 from archway.podview import PodView
 from archway.registry.imageref import ImageReference
 from archway.registry.model import ImageInfo
@@ -30,33 +30,30 @@ from archway.registry.pacing import image_host, paced
 from archway.registry.reference import KINDS, parse_reference
 from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED, join_architectures
 from archway.webhook.events import EventSink
-from archway.webhook.learning import admitted_digests, learned_from, reset_reason, short_digest
-from archway.webhook.namespaces import namespace_mode
+from archway.webhook.learning import Learned, learned_from, reset_reason, short_digest
 from archway.webhook.workloadcache import WorkloadFacts, workload_facts, workload_path, workload_reference
+
+from .leaderloop import KeptChanging, LeaderLoop
+from .podstatus import admitted_digests
 
 log = logging.getLogger("archway.remediation")
 
 MIN_ROUND_SECONDS = 1.0
 PAGE_SIZE = 500                   # pods listed a page at a time for their admitted digests
-MAX_PATCH_ATTEMPTS = 4            # a workload changed meanwhile (409): read it again
 REASON_DROPPED = "ArchitecturesDropped"
 REASON_RESET = "FailedArchitecturesReset"
 
 
-class TagWatch:
+class TagWatch(LeaderLoop):
     def __init__(self, *, api: KubeApi, settings, policy, events: EventSink | None,
                  workloads, resolver, pull_secrets, namespaces=None, exclude_namespaces=(),
                  round_seconds: float = 300.0, resolve_timeout: float = 10.0,
                  per_second: float = 5.0, clock: Callable[[], float] = time.monotonic):
-        self.api = api
-        self.settings = settings           # config.RemediationSettings
-        self.policy = policy               # placement.Policy: its mode, per namespace
-        self.events = events
-        self.workloads = workloads         # workloadcache.WorkloadCache
+        super().__init__(api=api, settings=settings, policy=policy, events=events,
+                         workloads=workloads, namespaces=namespaces,
+                         exclude_namespaces=exclude_namespaces)
         self.resolver = resolver
         self.pull_secrets = pull_secrets
-        self.namespaces = namespaces
-        self.exclude_namespaces = frozenset(exclude_namespaces)
         self.round_seconds = max(MIN_ROUND_SECONDS, round_seconds)
         self.resolve_timeout = resolve_timeout
         self.per_second = per_second       # tag checks per registry host and second
@@ -74,9 +71,6 @@ class TagWatch:
             self._rounds(stop)
         finally:
             self.resolver.tag_moved = None
-
-    def mode_of(self, namespace: str) -> str:
-        return namespace_mode(namespace, self.policy, self.namespaces, self.exclude_namespaces)
 
     def _rounds(self, stop: threading.Event) -> None:
         began = self._clock()
@@ -212,51 +206,41 @@ class TagWatch:
         for top, image in concerned:
             if self.mode_of(top.namespace) == "off":
                 continue
-            self._event(workload_reference(top), "Warning", REASON_DROPPED, "Revalidate",
-                        f"tag {image} now names {short_digest(new.digest or '?')} "
-                        f"({join_architectures(new.architectures)}), which lacks {join_architectures(lost)} that "
-                        f"{short_digest(old.digest or '?')} had: its pods rescheduled onto "
-                        f"{join_architectures(lost)} nodes will not start there (archway report lists the "
-                        f"workloads running on an architecture their tag no longer offers)")
+            self.event(workload_reference(top), "Warning", REASON_DROPPED, "Revalidate",
+                       f"tag {image} now names {short_digest(new.digest or '?')} "
+                       f"({join_architectures(new.architectures)}), which lacks {join_architectures(lost)} that "
+                       f"{short_digest(old.digest or '?')} had: its pods rescheduled onto "
+                       f"{join_architectures(lost)} nodes will not start there (archway report lists the "
+                       f"workloads running on an architecture their tag no longer offers)")
 
     def reset(self, top: WorkloadFacts, why: str, results: dict) -> bool:
         """Remove a learned exclusion whose evidence no longer holds (read again first: it may
         have been learned anew meanwhile)."""
         path = workload_path(top.kind, top.namespace, top.object_name)
-        for _ in range(MAX_PATCH_ATTEMPTS):
-            try:
-                obj = self.api.request("GET", path)
-            except ApiError as e:
-                if e.status == 404:
-                    return False
-                raise
+        removed: Learned | None = None
+
+        def remove(obj: dict) -> dict | None:
+            nonlocal removed
             meta = obj.get("metadata") or {}
             current = workload_facts(top.kind)(obj)
-            learned = learned_from(meta.get("annotations") or {}, top.display_name)
-            if current is None or learned is None or not reset_reason(learned, current.images,
+            removed = learned_from(meta.get("annotations") or {}, top.display_name)
+            if current is None or removed is None or not reset_reason(removed, current.images,
                                                                       results):
-                return False
-            try:
-                self.api.request("PATCH", path, content_type="application/merge-patch+json",
-                                 body={"metadata": {"resourceVersion": meta.get("resourceVersion"),
-                                                    "annotations": {ANNOTATION_FAILED: None,
-                                                                    ANNOTATION_EVIDENCE: None}}})
-            except ApiError as e:
-                if e.status == 409:
-                    continue
-                raise
-            log.info("%s %s/%s: learned exclusion of %s removed: %s", top.kind, top.namespace,
-                     top.object_name, join_architectures(learned.architectures), why)
-            self._event(workload_reference(top), "Normal", REASON_RESET, "Reset",
-                        f"archway no longer keeps its pods off {join_architectures(learned.architectures)}: "
-                        f"{why}")
-            return True
-        return False
+                return None
+            return {ANNOTATION_FAILED: None, ANNOTATION_EVIDENCE: None}
 
-    def _event(self, regarding: dict, event_type: str, reason: str, action: str,
-               note: str) -> None:
-        if self.events is not None:
-            self.events.record(regarding, event_type, reason, action, note)
+        try:
+            if self.patch_annotations(path, remove, gone_is_nothing=True) is None:
+                return False
+        except KeptChanging:
+            return False
+        assert removed is not None
+        log.info("%s %s/%s: learned exclusion of %s removed: %s", top.kind, top.namespace,
+                 top.object_name, join_architectures(removed.architectures), why)
+        self.event(workload_reference(top), "Normal", REASON_RESET, "Reset",
+                   f"archway no longer keeps its pods off "
+                   f"{join_architectures(removed.architectures)}: {why}")
+        return True
 
 
 def tag_key(image: str) -> str | None:

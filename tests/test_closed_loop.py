@@ -21,11 +21,11 @@ from prometheus_client import REGISTRY
 from archway.config import config_from_dict
 from archway.gate.failingpods import failing_pod
 from archway.gate.logreads import LOG_LIMIT_BYTES, LOG_TAIL_LINES, ApiLogReader
+from archway.gate.podstatus import LogRead
 from archway.gate.remediation import Remediation
 from archway.kubeapi import ApiError, KubeApi
 from archway.kubeclient import build_api_client
 from archway.nodes import NodeCache
-from archway.webhook.learning import LogRead
 from archway.webhook.policy import Policy
 from archway.webhook.workloadcache import WorkloadCache
 from lab.kube import pod_path
@@ -82,7 +82,7 @@ class Logs:
         self.reads: list[tuple[str, str, bool]] = []
 
     def wording(self, namespace: str, pod: str, read: LogRead) -> str | None:
-        from archway.webhook.learning import log_wording
+        from archway.gate.podstatus import log_wording
         self.reads.append((pod, read.container, read.previous))
         return log_wording(self.tail)
 

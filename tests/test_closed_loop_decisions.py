@@ -7,8 +7,8 @@ import pytest
 
 from archway.gate.failingpods import failing_pod
 from archway.gate.logreads import LogReadBudget
+from archway.gate.podstatus import LogRead, log_reads, log_wording
 from archway.podview import OwnerReference
-from archway.webhook.learning import LogRead, log_reads, log_wording
 from archway.webhook.workloadcache import controlling_workload, selector_matches, workload_facts
 
 D1 = "sha256:" + "1" * 64

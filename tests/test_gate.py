@@ -462,14 +462,15 @@ def test_a_worker_not_ready_yet_reads_the_lease_again_for_a_miss_past_a_lease_du
     admitted ungated: it must read the Lease again for them as long as it is not ready."""
     import time
 
-    from archway.webhook.app import _gate_readiness, startup_seconds
+    from archway.webhook.app import gate_readiness
+    from archway.webhook.wiring import startup_seconds
     _, kube = api
     config = config_from_dict({"admission": {"unresolved": "gate", "gate_lease_seconds": 6}})
     startup = startup_seconds(config)
     clock = ManualClock()
     observer = LeaseObserver(kube, "archway", duration_seconds=6, clock=clock,
                              eager_seconds=startup)
-    ready = _gate_readiness(observer, lambda: True, startup)  # this server's controller is up
+    ready = gate_readiness(observer, lambda: True, startup)  # this server's controller is up
     observer.start()
     wait_until(lambda: observer.has_read, 5, "the observer's first read")    # no leader yet
     clock.now += 7               # longer than a Lease duration, within the start-up allowance
@@ -482,11 +483,11 @@ def test_a_worker_not_ready_yet_reads_the_lease_again_for_a_miss_past_a_lease_du
 def test_a_worker_is_ready_once_its_observer_stops_waiting_for_a_leader(api):
     """Without a leader for the start-up allowance, a worker is ready (a webhook without
     endpoints would hold up the cluster's pods) and its observer no longer reads eagerly."""
-    from archway.webhook.app import _gate_readiness
+    from archway.webhook.app import gate_readiness
     _, kube = api
     clock = ManualClock()
     observer = LeaseObserver(kube, "archway", duration_seconds=3, clock=clock, eager_seconds=10)
-    ready = _gate_readiness(observer, lambda: True, 10)
+    ready = gate_readiness(observer, lambda: True, 10)
     assert ready() == "reading the gate controller's Lease"
     observer.start()
     wait_until(lambda: observer.has_read, 5, "the observer's first read")

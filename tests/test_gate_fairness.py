@@ -2,7 +2,7 @@
 at once of a pod whose images can never be read (finding 6).
 
 fairqueue's order and caps, pure; then the controller's own process (`python -m
-archway.gate.controller`, as `archway serve` starts it) against a real control plane of this
+archway.gate.process`, as `archway serve` starts it) against a real control plane of this
 module's own and a real registry, with a proxy in front of it that accepts connections and never
 answers (a registry that hangs)."""
 import pickle
@@ -168,7 +168,7 @@ def controller(plane, registries, tmp_path_factory):
         "kubernetes": {"kubeconfig": plane.admin_kubeconfig, "namespace": "archway"}})
     log_path = str(tmp_path_factory.mktemp("fair-controller") / "controller.log")
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "-P", "-m", "archway.gate.controller"],
+        process = subprocess.Popen([sys.executable, "-P", "-m", "archway.gate.process"],
                                    stdin=subprocess.PIPE, stderr=log)
     process.stdin.write(pickle.dumps(config))
     process.stdin.close()

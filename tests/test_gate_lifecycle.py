@@ -91,7 +91,7 @@ class Archway:
         for task in os.listdir(f"/proc/{self.server.proc.pid}/task"):
             with open(f"/proc/{self.server.proc.pid}/task/{task}/children") as f:
                 pids += [int(p) for p in f.read().split()]
-        return [p for p in pids if b"archway.gate.controller" in _cmdline(p)]
+        return [p for p in pids if b"archway.gate.process" in _cmdline(p)]
 
     def log(self) -> str:
         with open(self.log_path, encoding="utf-8", errors="replace") as f:
@@ -171,7 +171,7 @@ def test_every_admission_after_readyz_is_gated_when_the_controller_starts_slower
     (hook / "sitecustomize.py").write_text(
         "import time\n"
         "with open('/proc/self/cmdline', 'rb') as f:\n"
-        "    if b'archway.gate.controller' in f.read():\n"
+        "    if b'archway.gate.process' in f.read():\n"
         f"        time.sleep({LEASE + 1.5})\n")
     archway = Archway(tmp_path, api.kubeconfig(str(tmp_path)), api.namespace,
                       env={"PYTHONPATH": str(hook)})
@@ -238,8 +238,9 @@ def test_a_killed_controller_is_started_again_counted_and_shown(api, tmp_path):
 
 def test_the_controller_starts_from_a_directory_holding_an_archway_folder(api, tmp_path,
                                                                          monkeypatch):
-    """Issue 21, item 3: `python -m archway.gate.controller` from a checkout imported
-    the checkout's archway/ and died (No module named 'archway.webhook'); gating was off."""
+    """Issue 21, item 3: the controller's process (`python -m archway.gate.controller` then, now
+    archway.gate.process) from a checkout imported the checkout's archway/ and died (No module
+    named 'archway.webhook'); gating was off."""
     shadow = tmp_path / "checkout"
     (shadow / "archway").mkdir(parents=True)
     (shadow / "archway" / "__init__.py").write_text("raise SystemExit('the shadow was imported')\n")
@@ -356,7 +357,7 @@ def test_the_controller_logs_in_the_servers_format(log_format):
     import pickle
     config = config_from_dict({"server": {"log_format": log_format},
                                "kubernetes": {"enabled": "off"}})
-    out = subprocess.run([sys.executable, "-P", "-m", "archway.gate.controller"],
+    out = subprocess.run([sys.executable, "-P", "-m", "archway.gate.process"],
                          input=pickle.dumps(config), capture_output=True, timeout=60)
     assert out.returncode == 0, out.stderr
     (line,) = out.stderr.decode().splitlines()

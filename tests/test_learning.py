@@ -14,6 +14,7 @@ from archway.errors import ConfigError, DeadlineExceeded
 from archway.extender.ceiling import utilisation_ceiling
 from archway.extender.traffic import NodeLoad
 from archway.gate.failingpods import failing_pod
+from archway.gate.podstatus import exec_format_failures, image_digest
 from archway.gate.release import plan_release
 from archway.gate.tagwatch import tag_key
 from archway.podview import PodView
@@ -25,8 +26,6 @@ from archway.webhook.learning import (
     MAX_EVIDENCE,
     Evidence,
     Learned,
-    exec_format_failures,
-    image_digest,
     learned_from,
     merged_annotations,
     reset_reason,

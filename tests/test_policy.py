@@ -96,9 +96,9 @@ def webhook(config_file, apiserver):
         apiserver.kube.create("/api/v1/namespaces", body)
     app = create_app(load_config(config_file))
     state, service = app.extensions["archway"], app.extensions["archway.webhook"]
-    assert service.namespaces.wait_synced(10) and state.node_cache.wait_synced(10)
+    assert service.caches.namespaces.wait_synced(10) and state.node_cache.wait_synced(10)
     yield app.test_client(), service
-    service.namespaces.stop()
+    service.caches.namespaces.stop()
     state.node_cache.stop()
 
 
@@ -181,11 +181,11 @@ def test_a_namespace_label_change_arrives_through_the_watch(webhook, images, api
     client, service = webhook
     mark = apiserver.audit_mark()
     apiserver.kube.create("/api/v1/namespaces", namespace("later"))
-    wait_until(lambda: "later" in service.namespaces.items)
+    wait_until(lambda: "later" in service.caches.namespaces.items)
     assert admit(client, "later", images["multi"])[0]["auditAnnotations"]["outcome"] == "mutated"
     apiserver.kube.patch("/api/v1/namespaces/later", {"metadata": {"labels": {
         "archway.dev/mode": "off"}}})
-    wait_until(lambda: service.namespaces.items["later"].mode == "off")
+    wait_until(lambda: service.caches.namespaces.items["later"].mode == "off")
     assert "patch" not in admit(client, "later", images["multi"])[0]
     # the watch brought both: no list again, and no request per admission
     asked = [(verb, uri) for verb, uri in apiserver.requests_since(mark, user="admin")

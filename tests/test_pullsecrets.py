@@ -300,6 +300,6 @@ def test_a_worker_holds_one_api_client_for_every_reader(tmp_path):
             assert os.waitpid(pid, 0)[1] == 0
         finally:
             extender.stop()
-            app.extensions["archway.webhook"].namespaces.stop()
+            app.extensions["archway.webhook"].caches.namespaces.stop()
     finally:
         api.stop()

@@ -4,6 +4,7 @@ The resolver and the pull-secret reader are stand-ins recording what they were a
 clock is a counter: these tests do no I/O and take milliseconds.
 """
 import base64
+import dataclasses
 import json
 
 import jsonpatch
@@ -15,9 +16,15 @@ from archway.registry.credentials import Keyring
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
 from archway.webhook.admission import MAX_WARNINGS
+from archway.webhook.caches import ClusterCaches
 from archway.webhook.policy import Policy
 from archway.webhook.pullsecrets import PullCredentials
-from archway.webhook.service import ANSWER_MARGIN_SECONDS, PULL_SECRETS_SHARE, AdmissionService
+from archway.webhook.service import (
+    ANSWER_MARGIN_SECONDS,
+    PULL_SECRETS_SHARE,
+    AdmissionService,
+    AdmissionSettings,
+)
 from lab.clock import ManualClock
 
 START = 1000.0
@@ -47,12 +54,20 @@ class Secrets:
         return PullCredentials(self.keyring, self.warnings)
 
 
-def service(resolver=None, secrets=None, clock=None, policy=Policy(), **kw):
+CACHES = {field.name for field in dataclasses.fields(ClusterCaches)}
+
+
+def service(resolver=None, secrets=None, clock=None, policy=Policy(), gating=None, events=None,
+            **kw):
+    """A service over stand-ins; `kw`: AdmissionSettings' fields and ClusterCaches' (fakes)."""
     settings = dict(deadline_seconds=3.0, exclude_namespaces=("kube-system",),
                     max_body_bytes=3 * 1024 * 1024)
-    settings.update(kw)
-    return AdmissionService(policy=policy, resolver=resolver or Resolver(),
-                            pull_secrets=secrets or Secrets(), clock=clock or ManualClock(START), **settings)
+    settings.update((k, v) for k, v in kw.items() if k not in CACHES)
+    caches = ClusterCaches(**{k: v for k, v in kw.items() if k in CACHES})
+    return AdmissionService(AdmissionSettings(policy=policy, **settings),
+                            resolver=resolver or Resolver(), pull_secrets=secrets or Secrets(),
+                            caches=caches, gating=gating, events=events,
+                            clock=clock or ManualClock(START))
 
 
 def review(*images, namespace="shop", operation="CREATE", annotations=None, node_name=None,

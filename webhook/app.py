@@ -12,11 +12,9 @@ from flask import Flask, Response, request
 
 from archway import metrics
 from archway.deadline import arrival, caller_timeout
-from archway.kubeclient import build_api_client
 
-from .namespaces import NamespaceCache
-from .pullsecrets import PullSecrets
 from .service import AdmissionService
+from .wiring import build_webhook, startup_seconds
 
 # Bounds each socket read of a request body (gunicorn's gthread sockets block without limit).
 _BODY_READ_TIMEOUT_SECONDS = 5.0
@@ -29,46 +27,17 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
     """Add POST /mutate to `app`; `state` is the worker's archway.app.ServerState (config,
     resolver, node cache, readiness). `pull_secrets` replaces the reader built from the config."""
     config = state.config
-    if pull_secrets is None:
-        pull_secrets = PullSecrets.from_config(config)
-    gating, events = _gate_support(config, pull_secrets)
-    accounts = getattr(pull_secrets, "accounts", None)
-    if accounts is not None:
-        accounts.ensure_started()     # in this worker, listed before the first pods come
-    namespaces = None
-    if config.kubernetes.namespace_cache and config.kubernetes.enabled != "off":
-        namespaces = NamespaceCache(lambda: build_api_client(config.kubernetes)[0])
-        namespaces.ensure_started()   # in this worker: the first pods need it listed
-    workloads = None
-    if config.remediation.learn_failed_architectures and config.kubernetes.enabled != "off":
-        from .workloadcache import WorkloadCache
-        workloads = WorkloadCache(lambda: build_api_client(config.kubernetes)[0])
-        workloads.ensure_started()   # in this worker, like the namespace cache
-    node_pools = None
-    if config.kubernetes.karpenter_node_pools and config.kubernetes.enabled != "off":
-        from .nodepools import NodePoolCache
-        node_pools = NodePoolCache(lambda: build_api_client(config.kubernetes)[0])
-        node_pools.ensure_started()
-    service = AdmissionService.from_config(
-        config, resolver=state.resolver, pull_secrets=pull_secrets, namespaces=namespaces,
-        nodes=state.node_cache, gating=gating, events=events, workloads=workloads,
-        node_pools=node_pools)
+    parts = build_webhook(config, state.resolver, state.node_cache, pull_secrets)
+    service, gating = parts.service, parts.gating
     app.extensions["archway.webhook"] = service
-    prewarm = config.registry.prewarm
-    if prewarm.enabled and getattr(pull_secrets, "api", None) is not None:
-        from archway.cluster import ClusterReader
-
-        from .prewarm import Prewarmer
+    if parts.prewarmer is not None:
         # Started by `archway serve` as each worker boots (archway.serve), never by a test app.
-        app.extensions["archway.prewarm"] = Prewarmer(
-            lambda: ClusterReader(pull_secrets.api.client), state.resolver, pull_secrets,
-            per_second=prewarm.requests_per_second,
-            exclude_namespaces=config.admission.exclude_namespaces)
-    state.readiness_facts["kubernetes_api"] = lambda: pull_secrets.api_kind
+        app.extensions["archway.prewarm"] = parts.prewarmer
+    state.readiness_facts["kubernetes_api"] = lambda: parts.pull_secrets.api_kind
     if gating is not None:
         # Whether this worker would gate a pod now (admission.unresolved: gate).
         state.readiness_facts["gate_controller"] = lambda: _leader_fact(gating)
-        state.readiness_checks["gate_controller"] = _gate_readiness(
+        state.readiness_checks["gate_controller"] = gate_readiness(
             gating, state.controller_up, startup_seconds(config))
     max_bytes = config.server.max_body_bytes
 
@@ -110,13 +79,6 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
     return service
 
 
-def startup_seconds(config) -> float:
-    """How long a starting worker may wait, not ready, for a gate controller to take the Lease:
-    a Lease duration, and time for the controller's process to start on a busy machine. Its
-    observer reads eagerly as long (_gate_support)."""
-    return max(config.admission.gate_lease_seconds, 10.0)
-
-
 def _leader_fact(gating) -> str:
     if gating.leader_fresh():
         return "leader alive"
@@ -124,7 +86,7 @@ def _leader_fact(gating) -> str:
     return f"no leader{why}: pods are admitted unplaced"
 
 
-def _gate_readiness(gating, controller_up, startup: float):
+def gate_readiness(gating, controller_up, startup: float):
     """/readyz's check while a worker starts: not ready until the Lease was read once (for at
     most `startup` seconds), nor, when this server runs a controller that is up, while the
     observer still looks eagerly for a leader (at most `startup` seconds without one). Then
@@ -150,25 +112,6 @@ def _gate_readiness(gating, controller_up, startup: float):
         return None
 
     return check
-
-
-def _gate_support(config, pull_secrets):
-    """(Lease observer, Event sink) when a Kubernetes API is configured, else (None, None)."""
-    api_client = getattr(getattr(pull_secrets, "api", None), "client", None)
-    if api_client is None:
-        return None, None
-    from archway.kubeapi import KubeApi
-    from archway.lease import LeaseObserver, lease_namespace, new_identity
-
-    from .events import EventSink
-    api = KubeApi(api_client, timeout_seconds=5)
-    gating = None
-    if config.admission.unresolved == "gate":
-        gating = LeaseObserver(api, lease_namespace(config.kubernetes.namespace),
-                               duration_seconds=config.admission.gate_lease_seconds,
-                               eager_seconds=startup_seconds(config))
-        gating.start()
-    return gating, EventSink(api, instance=new_identity())
 
 
 def _json(value) -> bytes:

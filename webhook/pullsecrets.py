@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from archway.errors import ArchwayError, ConfigError
 from archway.kubeapi import ApiError, KubeApi
-from archway.kubeclient import api_kind, build_api_client
+from archway.kubeclient import api_client_factory, api_kind, build_api_client
 from archway.podview import PodView
 from archway.registry.cache import TTLCache
 from archway.registry.credentials import MAX_CONFIG_BYTES, Keyring
@@ -69,11 +69,14 @@ class PullSecrets:
         return api_kind(self.source, connected=self.api is not None)
 
     @classmethod
-    def from_config(cls, config) -> "PullSecrets":
+    def from_config(cls, config, client_factory=None) -> "PullSecrets":
+        """`client_factory`: the process's (wiring.py's), which the ServiceAccounts' watch reads
+        through; None: one of its own."""
         api_client, source = build_api_client(config.kubernetes)
         accounts = None
         if api_client is not None:
-            accounts = ServiceAccountCache(lambda: build_api_client(config.kubernetes)[0])
+            accounts = ServiceAccountCache(client_factory
+                                           or api_client_factory(config.kubernetes))
         return cls(api_client, cache_seconds=config.kubernetes.secret_cache_seconds,
                    source=source, accounts=accounts)
 

@@ -10,7 +10,8 @@ in the background and fill the cache.
 
 The Flask view (app.py) only reads the body and writes the answer; everything admission means
 happens here, so it is tested without a server. The resolver and the pull-secret reader are
-small interfaces (`resolve_many`, `credentials_for`) handed in; `decide` is the pure placement
+small interfaces (`resolve_many`, `credentials_for`) handed in, with what it reads of the
+cluster (caches.py), all built once per worker by wiring.py; `decide` is the pure placement
 decision. The reply's warnings are put together and capped once, here: the pull-secret warnings
 (the ones a user can act on) first, then the decision's.
 """
@@ -38,6 +39,7 @@ from .admission import (
     review_response,
     skip_reason,
 )
+from .caches import ClusterCaches
 from .events import REASON_UNSCHEDULABLE, owner_reference, pod_or_owner
 from .namespaces import NamespaceFacts, namespace_policy
 from .patches import gate_patch
@@ -66,27 +68,6 @@ class PullCredentialSource(Protocol):
     def credentials_for(self, pod: PodView, deadline: float) -> Any: ...  # -> PullCredentials
 
 
-class FactsCache(Protocol):
-    """A list + watch cache (archway.watchcache.WatchCache): name -> facts."""
-    items: dict
-
-    def wait_synced(self, timeout: float) -> bool: ...
-
-
-class NodePools(Protocol):
-    """Karpenter's NodePools (nodepools.NodePoolCache): the nodes they may launch."""
-    def wait_synced(self, timeout: float) -> bool: ...
-
-    def nodes_that_may_join(self) -> list: ...
-
-
-class Workloads(Protocol):
-    """The workload caches (workloadcache.WorkloadCache): a pod's top workload, from memory."""
-    def wait_synced(self, timeout: float) -> bool: ...
-
-    def top_of(self, pod: PodView, timeout: float = 0.0) -> Any: ...   # -> WorkloadFacts | None
-
-
 class Gating(Protocol):
     """admission.unresolved: gate -- is a gate controller alive to remove the gate? `deadline`:
     the answer may wait until then for a fresh look (archway/lease.py)."""
@@ -112,51 +93,48 @@ class Resolution:
     warnings: tuple[str, ...] = ()       # about credentials that could not be used
 
 
-class AdmissionService:
-    def __init__(self, *, policy: Policy, resolver: ImageResolver,
-                 pull_secrets: PullCredentialSource, deadline_seconds: float,
-                 exclude_namespaces=(), max_body_bytes: int, log_every: bool = False,
-                 max_images: int | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 namespaces: FactsCache | None = None, nodes: FactsCache | None = None,
-                 unresolved: str = "admit", gating: Gating | None = None,
-                 events: EventRecorder | None = None, gate_max_seconds: float = 120.0,
-                 workloads: Workloads | None = None, node_pools: NodePools | None = None):
-        self.policy = policy
-        self.resolver = resolver
-        self.pull_secrets = pull_secrets
-        self.deadline_seconds = deadline_seconds
-        self.exclude_namespaces = tuple(exclude_namespaces)
-        self.max_body_bytes = max_body_bytes
-        self.log_every = log_every
-        self.max_images = max_images
-        self.clock = clock
-        self.namespaces = namespaces   # Namespace label/annotation overrides; None: config only
-        self.nodes = nodes             # the cluster's nodes; None: not consulted
-        self.unresolved = unresolved          # admission.unresolved: admit | gate | deny
-        self.gating = gating                  # None: no Kubernetes API, nobody could release
-        self.events = events           # Warning Events: unschedulable pods, fail-open owners
-        self.gate_max_seconds = gate_max_seconds
-        self.workloads = workloads     # learned exclusions (remediation); None: not consulted
-        self.node_pools = node_pools   # Karpenter's NodePools: nodes that may join; None: not read
+@dataclass(frozen=True)
+class AdmissionSettings:
+    """How the service decides: the configured policy and admission's bounds and choices."""
+    policy: Policy
+    deadline_seconds: float
+    max_body_bytes: int
+    exclude_namespaces: tuple[str, ...] = ()
+    log_every: bool = False             # server.log_every_admission
+    max_images: int | None = None       # admission.max_images_per_pod
+    unresolved: str = "admit"           # admission.unresolved: admit | gate | deny
+    gate_max_seconds: float = 120.0     # how long a gated pod waits at most (its warning says)
 
     @classmethod
-    def from_config(cls, config, *, resolver: ImageResolver,
-                    pull_secrets: PullCredentialSource, namespaces: FactsCache | None = None,
-                    nodes: FactsCache | None = None, gating: Gating | None = None,
-                    events: EventRecorder | None = None,
-                    workloads: Workloads | None = None,
-                    node_pools: NodePools | None = None) -> "AdmissionService":
-        return cls(policy=Policy.from_config(config), resolver=resolver, pull_secrets=pull_secrets,
+    def from_config(cls, config) -> "AdmissionSettings":
+        return cls(policy=Policy.from_config(config),
                    deadline_seconds=config.admission.deadline_seconds,
-                   exclude_namespaces=config.admission.exclude_namespaces,
                    max_body_bytes=config.server.max_body_bytes,
+                   exclude_namespaces=tuple(config.admission.exclude_namespaces),
                    log_every=config.server.log_every_admission,
                    max_images=config.admission.max_images_per_pod,
-                   namespaces=namespaces, nodes=nodes,
-                   unresolved=config.admission.unresolved, gating=gating, events=events,
-                   gate_max_seconds=config.admission.gate_max_seconds, workloads=workloads,
-                   node_pools=node_pools)
+                   unresolved=config.admission.unresolved,
+                   gate_max_seconds=config.admission.gate_max_seconds)
+
+
+class AdmissionService:
+    """`settings`: how it decides; `resolver` and `pull_secrets`: how it reads images; `caches`:
+    what it reads of the cluster, from memory (each None: not consulted); `gating`: whether a
+    gate controller is alive (None: no Kubernetes API, nobody could release a gated pod);
+    `events`: where its Warning Events go (unschedulable pods, fail-open owners). Built by
+    wiring.py."""
+
+    def __init__(self, settings: AdmissionSettings, *, resolver: ImageResolver,
+                 pull_secrets: PullCredentialSource, caches: ClusterCaches | None = None,
+                 gating: Gating | None = None, events: EventRecorder | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.settings = settings
+        self.resolver = resolver
+        self.pull_secrets = pull_secrets
+        self.caches = caches or ClusterCaches()
+        self.gating = gating
+        self.events = events
+        self.clock = clock
 
     def review(self, body: bytes, *, started: float | None = None, timeout: float | None = None,
                peer: str = "-") -> Answer:
@@ -165,16 +143,16 @@ class AdmissionService:
         apiserver's `?timeout=`), None: not said."""
         now = self.clock()
         start = now if started is None or started > now else started
-        due = answer_by(now, start, self.deadline_seconds, timeout)
+        due = answer_by(now, start, self.settings.deadline_seconds, timeout)
         api_by = share_of(now, due, PULL_SECRETS_SHARE)   # the Kubernetes API reads, all told
         try:
-            request = parse_review(body, self.max_body_bytes)
+            request = parse_review(body, self.settings.max_body_bytes)
         except AdmissionError as e:
             metrics.bad_request(e.status)
             log.info("rejected a malformed admission request from %s: %s", peer, e)
             return Answer(e.status, {"error": str(e)})
 
-        skipped = skip_reason(request, self.exclude_namespaces)
+        skipped = skip_reason(request, self.settings.exclude_namespaces)
         if skipped is not None:
             log.info("admission %s uid=%s unchanged: %s", request.display_name, request.uid, skipped)
             metrics.admission_finished("unchanged", self.clock() - start, 0)
@@ -213,18 +191,18 @@ class AdmissionService:
         """The configured policy with the namespace's label and annotation over it, and what of
         them was ignored. Right after start-up the first list may still be on its way: it may
         wait until `api_by` (the Kubernetes API's share of the time), never more."""
-        cache = self.namespaces
+        cache = self.caches.namespaces
         if cache is None or not cache.wait_synced(api_by - self.clock()):
-            return self.policy, ()
+            return self.settings.policy, ()
         facts: NamespaceFacts | None = cache.items.get(namespace)
-        return namespace_policy(self.policy, facts), facts.problems if facts else ()
+        return namespace_policy(self.settings.policy, facts), facts.problems if facts else ()
 
     def learned_for(self, pod: PodView, api_by: float):
         """What the pod's workload learned (learning.Learned), from the workload caches: no
         request per admission. Right after start-up their first lists, and a controller made a
         moment before the pod, may wait until `api_by`, never more; a pod with no controller
         costs nothing."""
-        cache = self.workloads
+        cache = self.caches.workloads
         if cache is None or not pod.owner_references:
             return None
         if not cache.wait_synced(api_by - self.clock()):
@@ -236,10 +214,10 @@ class AdmissionService:
         """The node cache's nodes once it has listed them, with the nodes Karpenter's NodePools
         may launch when those are read; None: the cluster is not consulted (no waiting here: a
         pod admitted before the first lists is simply not checked)."""
-        cache = self.nodes
+        cache = self.caches.nodes
         if cache is None or not cache.wait_synced(0):
             return None
-        pools = self.node_pools
+        pools = self.caches.node_pools
         if pools is None:
             return cache.items.values()
         if not pools.wait_synced(0):
@@ -270,7 +248,8 @@ class AdmissionService:
         timeout = max(0.0, due - ANSWER_MARGIN_SECONDS - self.clock())
         results = self.resolver.resolve_many(images, keyring=credentials.keyring,
                                              timeout=timeout,
-                                             revalidate=pod.always_pulled, limit=self.max_images)
+                                             revalidate=pod.always_pulled,
+                                             limit=self.settings.max_images)
         return Resolution(results, tuple(credentials.warnings))
 
     def _unresolved(self, request: AdmissionRequest, decision: Decision, deadline: float
@@ -279,14 +258,14 @@ class AdmissionService:
         release it, else admit it unplaced and tell its owner with a Warning Event."""
         pod = request.pod
         assert pod is not None
-        if self.unresolved == "gate":
+        if self.settings.unresolved == "gate":
             # The Lease's deadline is time.monotonic()'s, the service's clock may be a test's.
             wait_until = time.monotonic() + max(0.0, deadline - self.clock())
             if self.gating is not None and self.gating.leader_fresh(wait_until):
                 return replace(decision, patch=gate_patch(pod, decision.patch), outcome="gated",
                                reason="gated until its images are read", warnings=(
                                    ("the pod waits (SchedulingGated) for archway to read its "
-                                    f"images, at most {self.gate_max_seconds:g} s"),
+                                    f"images, at most {self.settings.gate_max_seconds:g} s"),
                                ) + gated_warnings(decision.warnings))
             decision = replace(decision, warnings=(
                 "no archway gate controller is running: admitted without waiting",
@@ -300,7 +279,7 @@ class AdmissionService:
         return decision
 
     def _internal_error(self) -> Decision:
-        if self.policy.fail_closed:
+        if self.settings.policy.fail_closed:
             return Decision(allowed=False, outcome="denied", reason="internal error",
                             message="archway failed to decide (internal error; see its log) "
                                     "and admission.unresolved is deny")
@@ -311,7 +290,8 @@ class AdmissionService:
     def _log(self, request: AdmissionRequest, decision: Decision, outcome: str, warnings,
              elapsed: float, results: dict) -> None:
         # A log line costs as much as the decision itself: by default only what needs a look.
-        level = logging.INFO if self.log_every or outcome in _WORTH_A_LINE else logging.DEBUG
+        level = logging.INFO if self.settings.log_every or outcome in _WORTH_A_LINE \
+            else logging.DEBUG
         if not log.isEnabledFor(level):
             return
         images = request.pod.images if request.pod is not None else ()

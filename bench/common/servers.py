@@ -145,7 +145,7 @@ def children(pid: int) -> list[int]:
 def is_gate_controller(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"archway.gate.controller" in f.read()
+            return b"archway.gate.process" in f.read()
     except OSError:
         return False
 

@@ -220,10 +220,11 @@ def _admission(plane: ControlPlane, namespaces: list[str], registry: RegistrySer
     from archway.config import RegistrySettings
     from archway.kubeclient import build_api_client
     from archway.registry.resolver import Resolver
+    from archway.webhook.caches import ClusterCaches
     from archway.webhook.learning import Evidence, merged_annotations
     from archway.webhook.policy import Policy
     from archway.webhook.pullsecrets import PullCredentials
-    from archway.webhook.service import AdmissionService
+    from archway.webhook.service import AdmissionService, AdmissionSettings
     from archway.webhook.workloadcache import WorkloadCache
 
     kube = plane.kube
@@ -261,8 +262,10 @@ def _admission(plane: ControlPlane, namespaces: list[str], registry: RegistrySer
         raise RuntimeError("the workload caches did not sync")
     resolver = Resolver(RegistrySettings(insecure_hosts=(registry.host,)))
     services = {
-        name: AdmissionService(policy=Policy(), resolver=resolver, pull_secrets=NoSecrets(),
-                               deadline_seconds=3.0, max_body_bytes=3 * MB, workloads=cache)
+        name: AdmissionService(AdmissionSettings(policy=Policy(), deadline_seconds=3.0,
+                                                 max_body_bytes=3 * MB),
+                               resolver=resolver, pull_secrets=NoSecrets(),
+                               caches=ClusterCaches(workloads=cache))
         for name, cache in (("without", None), ("with", workloads))}
 
     def body(rs: dict, uid: str) -> bytes:

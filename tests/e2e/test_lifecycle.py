@@ -20,7 +20,7 @@ def controller_pid(archway) -> int | None:
                 cmdline = f.read()
         except OSError:
             continue
-        if int(fields[1]) == master and b"archway.gate.controller" in cmdline and fields[0] != b"Z":
+        if int(fields[1]) == master and b"archway.gate.process" in cmdline and fields[0] != b"Z":
             return int(pid)
     return None
 

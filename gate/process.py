@@ -1,0 +1,130 @@
+"""The gate controller's process: `python -m archway.gate.process`, started beside `archway
+serve`'s gunicorn workers and kept running by its master (supervisor.py) whenever a Kubernetes
+API is configured.
+
+    build once: the API client, the controller's resolver and pull-secret reader, the Event sink
+      -> a candidate for the Lease (archway/lease.py), until SIGTERM or the server is gone
+      -> each leadership: the caches listed afresh, the gate controller (controller.py) and
+         beside it the closed loop (remediation.py; tagwatch.py when workloads are read)
+      -> the Lease lost: that leadership stopped, its caches with it
+"""
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from archway import logs
+from archway.background import supervised_child
+from archway.kubeapi import KubeApi
+from archway.kubeclient import api_client_factory, build_api_client
+from archway.lease import LeaderElector, lead_while_elected, lease_namespace, new_identity
+from archway.registry.resolver import Resolver
+from archway.webhook.caches import ClusterCaches
+from archway.webhook.events import EventSink
+from archway.webhook.policy import Policy
+from archway.webhook.pullsecrets import PullSecrets
+
+from .controller import GateController
+from .remediation import Remediation
+from .tagwatch import TagWatch
+
+log = logging.getLogger("archway.gate")
+
+NEGATIVE_TTL_SECONDS = 0.5    # the controller's own resolver forgets failures this fast
+
+
+@dataclass(frozen=True)
+class ControllerParts:
+    """What the process builds once and every leadership uses."""
+    config: Any
+    api_client_factory: Callable[[], object | None]   # for every watch and cache
+    api: KubeApi
+    resolver: Resolver
+    pull_secrets: PullSecrets
+    events: EventSink
+    controller: GateController
+
+    @classmethod
+    def build(cls, config, api_client, source: str, identity: str) -> "ControllerParts":
+        api = KubeApi(api_client)
+        # Its own resolver: failures are forgotten within the retry interval, so a registry that
+        # comes back is seen at the next retry, not after registry.cache.negative_ttl_seconds.
+        registry = replace(config.registry, cache=replace(
+            config.registry.cache, negative_ttl_seconds=NEGATIVE_TTL_SECONDS))
+        resolver = Resolver(registry, sif=config.sif)
+        pull_secrets = PullSecrets(api_client, source=source,
+                                   cache_seconds=config.kubernetes.secret_cache_seconds)
+        events = EventSink(api, instance=identity)
+        controller = GateController(
+            api=api, resolver=resolver, pull_secrets=pull_secrets,
+            policy=Policy.from_config(config), max_seconds=config.admission.gate_max_seconds,
+            fallback=config.placement.fallback_architectures, events=events,
+            resolve_timeout=config.registry.timeout_seconds)
+        return cls(config, api_client_factory(config.kubernetes), api, resolver, pull_secrets,
+                   events, controller)
+
+    def lead(self, stop: threading.Event) -> None:
+        """One leadership: the gate controller's work, and beside it the closed loop
+        (remediation.py, tagwatch.py) with the caches they read, listed afresh for each
+        leadership and stopped with it."""
+        config = self.config
+        learn = config.remediation.learn_failed_architectures
+        # The chart grants list/watch of the workloads only when something here reads them.
+        caches = ClusterCaches.for_config(
+            config, self.api_client_factory, nodes=True,
+            workloads=learn or config.remediation.watch_tags).start()
+        self.controller.workloads = caches.workloads if learn else None
+        common = dict(api=self.api, settings=config.remediation,
+                      policy=Policy.from_config(config), events=self.events,
+                      workloads=caches.workloads, namespaces=caches.namespaces,
+                      exclude_namespaces=config.admission.exclude_namespaces)
+        loops = [threading.Thread(target=Remediation(nodes=caches.nodes, **common).lead,
+                                  args=(stop, self.api_client_factory),
+                                  name="archway-remediation", daemon=True)]
+        if caches.workloads is not None:
+            registry = config.registry
+            tags = TagWatch(resolver=self.resolver, pull_secrets=self.pull_secrets,
+                            round_seconds=registry.cache.tag_ttl_seconds,
+                            resolve_timeout=registry.timeout_seconds * 2,
+                            per_second=registry.prewarm.requests_per_second, **common)
+            loops.append(threading.Thread(target=tags.lead, args=(stop,),
+                                          name="archway-tag-watch", daemon=True))
+        for loop in loops:
+            loop.start()
+        try:
+            self.controller.lead(stop)
+        finally:
+            stop.set()
+            for loop in loops:
+                loop.join(10)
+            self.controller.workloads = None
+            caches.stop()
+
+
+def run(config, stop: threading.Event | None = None) -> None:
+    """Elect, lead while elected, until `stop` (or SIGTERM) -- the process's main."""
+    stop = stop or threading.Event()
+    api_client, source = build_api_client(config.kubernetes)
+    if api_client is None:
+        log.info("gate controller not started: no Kubernetes API configured")
+        return
+    identity = new_identity()
+    parts = ControllerParts.build(config, api_client, source, identity)
+    namespace = lease_namespace(config.kubernetes.namespace)
+    elector = LeaderElector(parts.api, namespace, identity=identity,
+                            duration_seconds=config.admission.gate_lease_seconds)
+    log.info("gate controller %s: candidate for Lease %s/%s (%s)", identity, namespace,
+             "archway-gate-controller", source)
+    lead_while_elected(elector, parts.lead, stop, what="gate controller",
+                       thread_name="archway-gate-lead", logger=log)
+
+
+def main() -> None:
+    config, stop = supervised_child("gate controller")
+    logs.configure(logging.INFO, config.server.log_format)   # as `archway serve` logs
+    run(config, stop)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""The list + watch caches a process reads the cluster from, in memory: Nodes, Namespaces, the
+workloads, Karpenter's NodePools. A webhook worker (wiring.py) and a leadership of the gate
+controller (gate/process.py) each build theirs here, from the config and the one client
+factory of their process; None where that process does not read the kind (the chart grants the
+list/watch of workloads and NodePools only when something reads them).
+
+Every cache takes the same client (archway.kubeclient builds one per process, so one connection
+pool: each watch holds one of its connections for as long as it is open).
+"""
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from archway.nodes import NodeCache
+
+from .namespaces import NamespaceCache
+from .nodepools import NodePoolCache
+from .workloadcache import WorkloadCache
+
+
+@dataclass(frozen=True)
+class ClusterCaches:
+    nodes: NodeCache | None = None
+    namespaces: NamespaceCache | None = None     # label/annotation overrides of the policy
+    workloads: WorkloadCache | None = None       # owner chains, learned exclusions, templates
+    node_pools: NodePoolCache | None = None      # Karpenter's: nodes that may join
+
+    @classmethod
+    def for_config(cls, config, api_client_factory: Callable[[], object | None], *, nodes: bool,
+                   workloads: bool, node_pools: bool = False) -> "ClusterCaches":
+        """The caches asked for, on `api_client_factory`'s client, and the Namespace cache when
+        kubernetes.namespace_cache is on; none without a Kubernetes API (kubernetes.enabled)."""
+        if config.kubernetes.enabled == "off":
+            return cls()
+        return cls(nodes=NodeCache(api_client_factory) if nodes else None,
+                   namespaces=(NamespaceCache(api_client_factory)
+                               if config.kubernetes.namespace_cache else None),
+                   workloads=WorkloadCache(api_client_factory) if workloads else None,
+                   node_pools=NodePoolCache(api_client_factory) if node_pools else None)
+
+    def _present(self) -> list:
+        return [c for c in (self.nodes, self.namespaces, self.workloads, self.node_pools)
+                if c is not None]
+
+    def start(self) -> "ClusterCaches":
+        """Each listing from now, in this process (threads do not survive a fork)."""
+        for cache in self._present():
+            cache.ensure_started()
+        return self
+
+    def stop(self) -> None:
+        for cache in self._present():
+            cache.stop()
