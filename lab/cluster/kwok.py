@@ -20,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import yaml
 
-from lab.cluster.controlplane import ControlPlane, ControlPlaneError, pid_alive, start_process, tail
+from lab.cluster.controlplane import ControlPlane
+from lab.cluster.processes import ControlPlaneError, pid_alive, start_process, tail
 from lab.kube import KubeError
 from lab.procs import REPO, free_port
 
