@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A real Kubernetes control plane on this machine with archway installed by its Helm chart:
 #
-#   bash scripts/cluster.sh up [--archway-config FILE] [--values FILE] [--kwok-nodes N]
+#   bash scripts/cluster.sh up [--archway-config FILE] [--values FILE]
 #                                          (last line: export KUBECONFIG=...)
+#   bash scripts/cluster.sh up --kwok-nodes N ... N Nodes KWOK plays, and no other
 #   bash scripts/cluster.sh up --real-node ...    one real node of this machine's architecture
 #   bash scripts/cluster.sh up --in-cluster ...   that node, and archway's image installed on it by helm
 #   bash scripts/cluster.sh up --karpenter ...    no Nodes until Karpenter launches them (KWOK provider)
@@ -17,11 +18,14 @@
 # as the chart's ServiceAccounts. FILE: a YAML fragment of archway's configuration deep-merged
 # over the chart's (e.g. registry.insecure_hosts). State and logs: ~/.local/state/archway/cluster
 # ($ARCHWAY_CLUSTER_DIR). --real-node: containerd, a kubelet and kube-proxy run pods for real
-# (root only; the API-only Nodes of the other architectures stay); --in-cluster: archway's image
-# built from this checkout, `helm install --wait` with hooks. --kwok-nodes N adds N Nodes
-# simulated by KWOK (scripts/kwok-build.sh, lab/cluster/kwok.py: amd64, arm64 and some ppc64le,
-# Ready, labelled archway.dev/simulated=kwok; pods bound to them become Running). --karpenter:
-# none of the API-only Nodes; Karpenter's KWOK provider (scripts/karpenter-build.sh,
+# (root only). The API-only Nodes of the other architectures stay, to show archway choosing: Ready,
+# schedulable, untainted, they run nothing, so a pod archway skips, or one whose image also runs
+# on their architecture, may be bound to one and never start. --in-cluster: archway's image
+# built from this checkout, `helm install --wait` with hooks. --kwok-nodes N: N Nodes simulated
+# by KWOK (scripts/kwok-build.sh, lab/cluster/kwok.py: amd64, arm64 and some ppc64le, Ready,
+# labelled archway.dev/simulated=kwok; pods bound to them become Running) in place of the
+# API-only Nodes, so every Node runs its pods (with --real-node: the real node and KWOK's).
+# --karpenter: none of the API-only Nodes; Karpenter's KWOK provider (scripts/karpenter-build.sh,
 # lab/cluster/karpenter.py) launches Nodes for pending pods from NodePool `default` (amd64 and
 # arm64, arm64 20 % cheaper), KWOK makes them Ready and runs their pods.
 # Details: docs/real-control-plane.md.

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 import requests
 import yaml
 
-from lab.cluster.controlplane import (
-    ControlPlane,
+from lab.cluster.controlplane import ControlPlane, kubeconfig
+from lab.cluster.processes import (
     ControlPlaneError,
     Process,
-    kubeconfig,
     pid_alive,
     start_process,
     stop_process,

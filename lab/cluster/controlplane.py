@@ -8,27 +8,32 @@ workload controllers and garbage collection. Recipe and pitfalls: docs/real-cont
     plane.kube.create(...)                               # admin (system:masters), see kube.py
     plane.stop()
 
-Every process runs in a session of its own and is recorded in state_dir/processes.json, so a
-ControlPlane started by one process (scripts/cluster.sh up) is stopped by another (down).
+Every process runs in a session of its own (processes.py) and is recorded in
+state_dir/processes.json, so a ControlPlane started by one process (scripts/cluster.sh up) is
+stopped by another (down). Its credentials: pki.py.
 """
 import datetime
 import json
 import os
-import secrets
-import signal
 import subprocess
 import time
-import warnings
-from dataclasses import dataclass
 
 import requests
-import urllib3
 import yaml
-from cryptography.hazmat.primitives import serialization
 
-from lab.kube import Kube, KubeError
+from lab.cluster.pki import issue_pki
+from lab.cluster.processes import (
+    ControlPlaneError,
+    Process,
+    healthz,
+    pid_alive,
+    start_process,
+    stop_process,
+    wait_answering,
+)
+from lab.kube import Kube
 from lab.procs import REPO, free_port
-from lab.tls import CertificateAuthority, new_key
+from lab.tls import CertificateAuthority
 
 K8S_BUILD = os.path.join(REPO, "scripts", "k8s-build.sh")
 SERVICE_CIDR = "10.0.0.0/24"
@@ -51,107 +56,12 @@ DEFAULT_NODES = (("amd64-1", "amd64"), ("amd64-2", "amd64"), ("arm64-1", "arm64"
                  ("arm64-2", "arm64"), ("ppc64le-1", "ppc64le"))
 
 
-class ControlPlaneError(RuntimeError):
-    """A step that failed: which one, and the log that says why."""
-
-
 def build_binaries() -> str:
     """The folder holding etcd, kube-apiserver, ... (built once per version, then cached)."""
     done = subprocess.run(["bash", K8S_BUILD], capture_output=True, text=True)
     if done.returncode != 0:
         raise ControlPlaneError(f"scripts/k8s-build.sh failed:\n{done.stderr[-3000:]}")
     return done.stdout.strip().splitlines()[-1]
-
-
-@dataclass
-class Process:
-    name: str
-    pid: int
-    log: str
-
-
-def clean_env() -> dict:
-    # A proxy from the environment would carry the apiserver's calls to the webhook elsewhere.
-    return {k: v for k, v in os.environ.items() if k.lower() not in
-            ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "kubeconfig")}
-
-
-def start_process(name: str, args: list[str], state_dir: str, env: dict | None = None) -> Process:
-    log = os.path.join(state_dir, "logs", f"{name}.log")
-    os.makedirs(os.path.dirname(log), exist_ok=True)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env or clean_env(), start_new_session=True, cwd=state_dir)
-    return Process(name, proc.pid, log)
-
-
-def stop_process(process: Process, timeout: float = 10.0) -> None:
-    """SIGTERM to the process's session, SIGKILL after `timeout`; reaps it when it is a child."""
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if not pid_alive(process.pid):
-            return
-        time.sleep(0.05)
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    pid_alive(process.pid)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)   # reap our own children
-        if waited == pid:
-            return False
-    except ChildProcessError:
-        pass                                       # not our child: ask the kernel
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat", "rb") as f:     # a zombie of another parent is gone too
-        return f.read().split(b") ", 1)[1][:1] != b"Z"
-
-
-def _healthz(port: int) -> bool:
-    # The components' secure ports serve a certificate they made for themselves at start.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
-        return requests.get(f"https://127.0.0.1:{port}/healthz", verify=False, timeout=2).text == "ok"
-
-
-def wait_answering(what: str, process: Process, answers, *, timeout: float,
-                   interval: float = 0.2) -> None:
-    """Until `answers()` (a probe of a process just started; an error reaching it counts as
-    not yet) is true; ControlPlaneError with the end of the process's log when it exits first or
-    `timeout` passes."""
-    end = time.monotonic() + timeout
-    while True:
-        if not pid_alive(process.pid):
-            raise ControlPlaneError(f"{what} exited at start; its log {process.log} ends:\n"
-                                    f"{tail(process.log)}")
-        try:
-            if answers():
-                return
-        except (KubeError, OSError):   # requests' errors are OSErrors
-            pass
-        if time.monotonic() > end:
-            raise ControlPlaneError(f"{what} not ready after {timeout:g} s; its log "
-                                    f"{process.log} ends:\n{tail(process.log)}")
-        time.sleep(interval)
-
-
-def tail(path: str, lines: int = 30) -> str:
-    try:
-        with open(path, "rb") as f:
-            return b"\n".join(f.read().splitlines()[-lines:]).decode("utf-8", "replace")
-    except OSError:
-        return "(no log)"
 
 
 def kubeconfig(path: str, server: str, ca_path: str, token: str, user: str = "admin") -> str:
@@ -202,40 +112,8 @@ class ControlPlane:
         return os.path.join(self.bin_dir, name)
 
     def _pki(self) -> dict[str, str]:
-        """A CA, the apiserver's serving pair, the ServiceAccount signing key and static tokens
-        for the admin and the two components (their bootstrap RBAC roles bind these users)."""
-        pki = self.path("pki")
-        ca = self.ca = CertificateAuthority(pki, name="ca", days=365)
-        os.replace(ca.cert_path, self.ca_path)
-        serving = ca.issue("apiserver", hosts=("127.0.0.1", "localhost", "10.0.0.1", "kubernetes",
-                                              "kubernetes.default", "kubernetes.default.svc",
-                                              *([self.node_ip] if self.node_ip else [])),
-                           days=365)
-        # What the apiserver shows a kubelet's port (logs, exec): an admin's client certificate.
-        kubelet_client = ca.issue("apiserver-kubelet-client", hosts=(), client=True, days=365,
-                                  organizations=("system:masters",))
-        # The front proxy's CA and client: the aggregation layer and every component's delegated
-        # authentication read them from kube-system/extension-apiserver-authentication.
-        front = CertificateAuthority(pki, name="front-proxy-ca", days=365)
-        proxy_client = front.issue("front-proxy-client", hosts=(), client=True, days=365)
-        sa_key = new_key("rsa")
-        with open(self.path("pki", "sa.key"), "wb") as f:
-            f.write(sa_key.private_bytes(serialization.Encoding.PEM,
-                                         serialization.PrivateFormat.TraditionalOpenSSL,
-                                         serialization.NoEncryption()))
-        with open(self.path("pki", "sa.pub"), "wb") as f:
-            f.write(sa_key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
-        tokens = {user: secrets.token_hex(24) for user in
-                  ("admin", "system:kube-controller-manager", "system:kube-scheduler")}
-        with open(self.path("pki", "tokens.csv"), "w") as f:
-            f.write(f'{tokens["admin"]},admin,uid-admin,"system:masters"\n')
-            for user in ("system:kube-controller-manager", "system:kube-scheduler"):
-                f.write(f"{tokens[user]},{user},uid-{user.split(':')[1]}\n")
-        os.chmod(self.path("pki", "tokens.csv"), 0o600)
-        return {"cert": serving.cert_path, "key": serving.key_path, "front_ca": front.cert_path,
-                "kubelet_cert": kubelet_client.cert_path, "kubelet_key": kubelet_client.key_path,
-                "proxy_cert": proxy_client.cert_path, "proxy_key": proxy_client.key_path, **tokens}
+        self.ca, files = issue_pki(self.path("pki"), self.node_ip)
+        return files
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> "ControlPlane":
@@ -388,7 +266,7 @@ class ControlPlane:
             # Its default client limit (20/s, burst 30) throttles pod creation at ~18/s: a
             # scale test would measure that (docs/real-control-plane.md, KWOK).
             "--kube-api-qps=200", "--kube-api-burst=400",
-        ], lambda: _healthz(port), 60)
+        ], lambda: healthz(port), 60)
 
     def _start_scheduler(self, token: str) -> None:
         self.start_scheduler("kube-scheduler", token, {"leaderElection": {"leaderElect": False}},
@@ -412,7 +290,7 @@ class ControlPlane:
             f"--secure-port={port}", f"--cert-dir={self.path(name + '-certs')}", "--v=1",
             # Its secure port authenticates and authorizes through the API, as in a pod.
             f"--authentication-kubeconfig={client}", f"--authorization-kubeconfig={client}",
-        ], lambda: _healthz(port), 60)
+        ], lambda: healthz(port), 60)
         self.save()
         return self.processes[name]
 

@@ -18,8 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 import yaml
 
 from lab.cluster.chart import ChartInstall, deep_merge
-from lab.cluster.controlplane import ControlPlane, ControlPlaneError
+from lab.cluster.controlplane import ControlPlane
 from lab.cluster.nodeimages import OciImage, machine_arch
+from lab.cluster.processes import ControlPlaneError
 from lab.cluster.realnode import RealNode
 from lab.procs import REPO
 

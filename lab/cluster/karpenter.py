@@ -24,16 +24,8 @@ import time
 import requests
 import yaml
 
-from lab.cluster.controlplane import (
-    ControlPlane,
-    ControlPlaneError,
-    clean_env,
-    kubeconfig,
-    pid_alive,
-    start_process,
-    tail,
-    wait_answering,
-)
+from lab.cluster.controlplane import ControlPlane, kubeconfig
+from lab.cluster.processes import ControlPlaneError, clean_env, pid_alive, start_process, tail, wait_answering
 from lab.kube import KubeError
 from lab.procs import REPO, free_port
 

@@ -10,8 +10,10 @@ KWOK's behaviour is its Stages: those of its own module (kustomize/stage, cached
 binary) are written into its configuration file here, at start, with one change: node-initialize
 reports the Node's kubernetes.io/arch label as status.nodeInfo.architecture (KWOK writes "amd64"
 when the Node does not say otherwise). Only Nodes annotated kwok.x-k8s.io/node=fake are KWOK's,
-so the plane's other Nodes stay as they are. Notes measured here: /work/shared/spec/real-nodes.md
-("Simulated nodes at scale") and docs/real-control-plane.md.
+so the plane's other Nodes stay as they are: `scripts/cluster.sh up --kwok-nodes N` makes none of
+the plane's API-only Nodes (plane_options), so every Node runs the pods bound to it. Notes
+measured here: /work/shared/spec/real-nodes.md ("Simulated nodes at scale") and
+docs/real-control-plane.md.
 """
 import os
 import subprocess
@@ -20,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import yaml
 
-from lab.cluster.controlplane import ControlPlane, ControlPlaneError, pid_alive, start_process, tail
+from lab.cluster.controlplane import ControlPlane
+from lab.cluster.processes import ControlPlaneError, pid_alive, start_process, tail
 from lab.kube import KubeError
 from lab.procs import REPO, free_port
 
@@ -173,6 +176,13 @@ class Kwok:
                                         f"Nodes not Ready after {timeout:g} s; kwok's log ends:\n"
                                         f"{tail(self.plane.path('logs', 'kwok.log'))}")
             time.sleep(1)
+
+
+def plane_options(count: int) -> dict:
+    """ControlPlane arguments for a cluster with `count` KWOK Nodes: none of the plane's API-only
+    Nodes. They are Ready, untainted and roomier than KWOK's, so kube-scheduler would fill them
+    first (110 pods each) and, KWOK not playing them, their pods would stay Pending for ever."""
+    return {"nodes": ()} if count else {}
 
 
 def start_kwok_nodes(plane: ControlPlane, count: int, timeout: float = 600.0) -> dict[str, str]:

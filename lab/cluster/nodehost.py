@@ -133,13 +133,7 @@ def _netns_files() -> list[str]:
 
 def leftovers(record: HostRecord) -> list[str]:
     """Everything the node made that is still on this machine (empty after `undo`)."""
-    found = []
-    for tool in iptables_tools():
-        for table in TABLES:
-            found += [f"{tool} -t {table} chain {c}" for c in chains(tool, table)
-                      if record.ours(tool, table, c)]
-            found += [f"{tool} -t {table} rule {r}" for r in rules(tool, table)
-                      if jumps_to_ours(record, tool, table, r)]
+    found = leftover_firewall(record)
     if os.path.exists(f"/sys/class/net/{record.bridge}"):
         found.append(f"bridge {record.bridge}")
     found += [f"cgroup {d}" for d in cgroup_dirs(record.cgroup_root) if os.path.isdir(d)]
@@ -152,6 +146,18 @@ def leftovers(record: HostRecord) -> list[str]:
     found += [f"sysctl {name}={read_sysctl(name)} (was {value})"
               for name, value in record.sysctls.items()
               if value is not None and read_sysctl(name) != value]
+    return found
+
+
+def leftover_firewall(record: HostRecord) -> list[str]:
+    """The iptables chains the node made, and the rules that jump to them, still there."""
+    found = []
+    for tool in iptables_tools():
+        for table in TABLES:
+            found += [f"{tool} -t {table} chain {c}" for c in chains(tool, table)
+                      if record.ours(tool, table, c)]
+            found += [f"{tool} -t {table} rule {r}" for r in rules(tool, table)
+                      if jumps_to_ours(record, tool, table, r)]
     return found
 
 

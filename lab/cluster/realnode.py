@@ -22,17 +22,10 @@ import time
 import requests
 import yaml
 
-from lab.cluster.controlplane import (
-    DEFAULT_NODES,
-    SERVICE_CIDR,
-    ControlPlane,
-    ControlPlaneError,
-    kubeconfig,
-    stop_process,
-    tail,
-)
+from lab.cluster.controlplane import DEFAULT_NODES, SERVICE_CIDR, ControlPlane, kubeconfig
 from lab.cluster.nodehost import HostRecord, guard_in_place, guard_rules, leftovers, undo
 from lab.cluster.nodeimages import OciImage, go_binary, machine_arch
+from lab.cluster.processes import ControlPlaneError, stop_process, tail
 from lab.kube import KubeError
 from lab.procs import free_port
 

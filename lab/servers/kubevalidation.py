@@ -105,35 +105,48 @@ def validate_pod_update(old: dict, new: dict, *,
                                   old_spec.get("schedulingGates") or [])
     if equal(old_spec, new_spec):
         return errors
+    munged = _with_mutable_fields_of(old_spec, new_spec)
+    if old_spec.get("schedulingGates") and mutable_scheduling_directives:
+        errors += _scheduling_directives(old_spec, new_spec, munged)
+    if not equal(munged, old_spec):
+        errors.append(FieldError("Forbidden", "spec", _SPEC_FORBIDDEN))
+    return errors
+
+
+def _with_mutable_fields_of(old_spec: dict, new_spec: dict) -> dict:
+    """A copy of `new_spec` with what any pod update may change (images, the deadline, gates,
+    tolerations: each validated on its own) as it was in `old_spec`."""
     munged = json.loads(json.dumps(new_spec))
     for field in ("containers", "initContainers"):
         for mine, theirs in zip(munged.get(field) or [], old_spec.get(field) or []):
             mine["image"] = theirs.get("image")
     # activeDeadlineSeconds may be set or lowered (validated on its own; not by archway).
-    _set(munged, "activeDeadlineSeconds", old_spec.get("activeDeadlineSeconds"))
-    _set(munged, "schedulingGates", old_spec.get("schedulingGates"))
-    _set(munged, "tolerations", old_spec.get("tolerations"))
-    if old_spec.get("schedulingGates") and mutable_scheduling_directives:
-        errors += _node_selector_mutation(new_spec.get("nodeSelector") or {},
-                                          old_spec.get("nodeSelector") or {})
-        _set(munged, "nodeSelector", old_spec.get("nodeSelector"))
-        old_affinity = old_spec.get("affinity")
-        old_na = old_affinity.get("nodeAffinity") if isinstance(old_affinity, dict) else None
-        new_affinity = new_spec.get("affinity")
-        new_na = new_affinity.get("nodeAffinity") if isinstance(new_affinity, dict) else None
-        errors += _node_affinity_mutation(new_na, old_na)
-        munged_affinity = munged.get("affinity")
-        if munged_affinity is None and old_na is None:
-            pass
-        elif munged_affinity is None:
-            munged["affinity"] = {"nodeAffinity": old_na}
-        elif old_affinity is None and not munged_affinity.get("podAffinity") \
-                and not munged_affinity.get("podAntiAffinity"):
-            del munged["affinity"]
-        else:
-            _set(munged_affinity, "nodeAffinity", old_na)
-    if not equal(munged, old_spec):
-        errors.append(FieldError("Forbidden", "spec", _SPEC_FORBIDDEN))
+    for field in ("activeDeadlineSeconds", "schedulingGates", "tolerations"):
+        _set(munged, field, old_spec.get(field))
+    return munged
+
+
+def _scheduling_directives(old_spec: dict, new_spec: dict, munged: dict) -> list[FieldError]:
+    """A gated pod's nodeSelector and node affinity may gain terms (KEP-3838): the errors if
+    they lost or changed one; `munged` given the old ones back, for the rest of the comparison."""
+    errors = _node_selector_mutation(new_spec.get("nodeSelector") or {},
+                                     old_spec.get("nodeSelector") or {})
+    _set(munged, "nodeSelector", old_spec.get("nodeSelector"))
+    old_affinity = old_spec.get("affinity")
+    old_na = old_affinity.get("nodeAffinity") if isinstance(old_affinity, dict) else None
+    new_affinity = new_spec.get("affinity")
+    new_na = new_affinity.get("nodeAffinity") if isinstance(new_affinity, dict) else None
+    errors += _node_affinity_mutation(new_na, old_na)
+    munged_affinity = munged.get("affinity")
+    if munged_affinity is None and old_na is None:
+        pass
+    elif munged_affinity is None:
+        munged["affinity"] = {"nodeAffinity": old_na}
+    elif old_affinity is None and not munged_affinity.get("podAffinity") \
+            and not munged_affinity.get("podAntiAffinity"):
+        del munged["affinity"]
+    else:
+        _set(munged_affinity, "nodeAffinity", old_na)
     return errors
 
 
@@ -277,14 +290,7 @@ def _only_additions(new_term: dict, old_term: dict) -> bool:
 
 def validate_event_create(event: dict, namespace: str) -> list[FieldError]:
     """ValidateEventCreate for events.k8s.io/v1 (strict: the new-style Event)."""
-    errors = []
-    meta = event.get("metadata") or {}
-    name = meta.get("name") or ""
-    if not name:
-        errors.append(FieldError("Required", "metadata.name", "name or generateName is required"))
-    elif len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
-        errors.append(FieldError("Invalid", "metadata.name", "a lowercase RFC 1123 subdomain",
-                                 name))
+    errors = _event_name(event.get("metadata") or {})
     regarding = event.get("regarding") or {}
     if not event.get("eventTime"):
         errors.append(FieldError("Required", "eventTime", ""))
@@ -299,14 +305,27 @@ def validate_event_create(event: dict, namespace: str) -> list[FieldError]:
     elif not _qualified_name(controller):
         errors.append(FieldError("Invalid", "reportingController", "must be a qualified name",
                                  controller))
-    for field, limit, internal in (("reportingInstance", 128, "reportingInstance"),
-                                   ("action", 128, "action"), ("reason", 128, "reason")):
+    return errors + _event_texts(event)
+
+
+def _event_name(meta: dict) -> list[FieldError]:
+    name = meta.get("name") or ""
+    if not name:
+        return [FieldError("Required", "metadata.name", "name or generateName is required")]
+    if len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+        return [FieldError("Invalid", "metadata.name", "a lowercase RFC 1123 subdomain", name)]
+    return []
+
+
+def _event_texts(event: dict) -> list[FieldError]:
+    """The Event's required strings within their lengths, and no deprecated field set."""
+    errors = []
+    for field in ("reportingInstance", "action", "reason"):
         value = event.get(field) or ""
         if not value:
-            errors.append(FieldError("Required", internal, ""))
-        elif len(value) > limit:
-            errors.append(FieldError("Invalid", internal, f"can have at most {limit} characters",
-                                     ""))
+            errors.append(FieldError("Required", field, ""))
+        elif len(value) > 128:
+            errors.append(FieldError("Invalid", field, "can have at most 128 characters", ""))
     if len((event.get("note") or "").encode()) > 1024:   # Go's len: bytes
         errors.append(FieldError("Invalid", "message", "can have at most 1024 characters", ""))
     for field in ("deprecatedFirstTimestamp", "deprecatedLastTimestamp", "deprecatedCount",

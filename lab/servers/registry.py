@@ -1,4 +1,5 @@
-"""A real Debian `docker-registry` (distribution 2.8) for tests, plus a small token server.
+"""A real Debian `docker-registry` (distribution 2.8) for tests, with a token server of its own
+(tokenserver.py) when its auth is "token".
 
     reg = RegistryServer(tmp_dir)                                  # plain HTTP, anonymous
     reg = RegistryServer(tmp_dir, ca=test_ca)                      # TLS signed by the test CA
@@ -24,21 +25,16 @@ import json
 import os
 import re
 import subprocess
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
-from urllib.parse import parse_qs, urlsplit
 
 import requests
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, padding
-from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
-from lab.httpd import BackgroundHTTPServer
 from lab.procs import Server, free_port, require_binary
-from lab.tls import CertificateAuthority, IssuedCert, self_signed
+from lab.servers.jws import sign_schema1
+from lab.servers.tokenserver import DEFAULT_USERS, ISSUER, SERVICE, TokenServer
+from lab.tls import CertificateAuthority
 
 # Media types (OCI image spec, Docker distribution, Sylabs' oras layout).
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -54,21 +50,8 @@ SIF_CONFIG = "application/vnd.sylabs.sif.config.v1+json"
 SIF_LAYER = "application/vnd.sylabs.sif.layer.v1.sif"
 IN_TOTO = "application/vnd.in-toto+json"
 
-SERVICE = "archway-test-registry"
-ISSUER = "archway-test-token-issuer"
-DEFAULT_USERS = {"alice": "wonderland-7"}
-
-
 def sha256_digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _canonical(obj) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
 
 
 def split_platform(text: str) -> dict:
@@ -78,167 +61,6 @@ def split_platform(text: str) -> dict:
     if len(parts) > 2:
         platform["variant"] = parts[2]
     return platform
-
-
-# --------------------------------------------------------------------------------------------
-# Token server (distribution token auth spec)
-
-
-@dataclass
-class TokenRequest:
-    method: str
-    params: dict            # query (GET) or form (POST), single values
-    authorization: str | None   # the raw Authorization header (None when absent)
-    user: str | None        # the user whose Basic credentials or refresh token were accepted
-
-
-class TokenServer:
-    """Issues RS256 JWTs the registry trusts (header `x5c` = the signing certificate).
-
-    It checks Basic credentials (or an identity/refresh token via POST, per the distribution
-    token spec), grants pull+push to known users and, when `anonymous_pull`, pull to anyone.
-    Wrong credentials get 401. Every request is recorded in `.requests`.
-    """
-
-    def __init__(self, directory, users=None, *, anonymous_pull: bool = False,
-                 expires_in: int | None = 300, tls: IssuedCert | None = None,
-                 refresh_tokens: dict | None = None, realm_host: str = "127.0.0.1"):
-        self.realm_host = realm_host   # "localhost" puts the realm on another host than 127.0.0.1
-        self.users = dict(DEFAULT_USERS if users is None else users)
-        self.anonymous_pull = anonymous_pull
-        self.expires_in = expires_in
-        self.refresh_tokens = dict(refresh_tokens or {})   # identity token -> user
-        self.signing = self_signed(directory, "token-signing", key_kind="rsa")
-        self.requests: list[TokenRequest] = []
-        self._lock = threading.Lock()
-        self.scheme = "http" if tls is None else "https"
-        self._server = BackgroundHTTPServer(self._handler(), tls=tls)
-        self.port = self._server.port
-
-    @property
-    def host(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def realm(self) -> str:
-        return f"{self.scheme}://{self.realm_host}:{self.port}/token"
-
-    @property
-    def cert_path(self) -> str:
-        return self.signing.cert_path
-
-    def count(self) -> int:
-        with self._lock:
-            return len(self.requests)
-
-    def clear(self) -> None:
-        with self._lock:
-            self.requests.clear()
-
-    def mint(self, subject: str, access: list[dict], expires_in: int = 600) -> str:
-        """A signed token; tests use it to push without going through the counted endpoint."""
-        now = int(time.time())
-        header = {"typ": "JWT", "alg": "RS256",
-                  "x5c": [base64.b64encode(self.signing.cert.public_bytes(
-                      serialization.Encoding.DER)).decode()]}
-        claims = {"iss": ISSUER, "sub": subject, "aud": SERVICE, "exp": now + expires_in,
-                  "nbf": now - 10, "iat": now, "jti": uuid.uuid4().hex, "access": access}
-        signing_input = f"{_b64url(_canonical(header))}.{_b64url(_canonical(claims))}".encode()
-        signature = self.signing.key.sign(signing_input, padding.PKCS1v15(), hashes.SHA256())
-        return signing_input.decode() + "." + _b64url(signature)
-
-    def stop(self) -> None:
-        self._server.stop()
-
-    # -- request handling
-    def _authenticate(self, authorization: str | None, params: dict) -> tuple[str | None, bool]:
-        """(user, rejected): rejected when credentials were offered and are wrong."""
-        if params.get("grant_type") == "refresh_token":
-            user = self.refresh_tokens.get(params.get("refresh_token", ""))
-            return user, user is None
-        if params.get("grant_type") == "password":
-            user = params.get("username", "")
-            ok = self.users.get(user) == params.get("password") and user in self.users
-            return (user if ok else None), not ok
-        if not authorization:
-            return None, False
-        scheme, _, value = authorization.partition(" ")
-        if scheme.lower() != "basic":
-            return None, True
-        try:
-            user, _, password = base64.b64decode(value).decode().partition(":")
-        except Exception:
-            return None, True
-        ok = user in self.users and self.users[user] == password
-        return (user if ok else None), not ok
-
-    def _grant(self, user: str | None, scopes: list[str]) -> list[dict]:
-        access = []
-        for scope in scopes:
-            kind, _, rest = scope.partition(":")
-            name, _, actions = rest.rpartition(":")
-            if kind != "repository" or not name:
-                continue
-            wanted = set(actions.split(","))
-            allowed = {"pull", "push"} if user else ({"pull"} if self.anonymous_pull else set())
-            granted = sorted(wanted & allowed)
-            if granted:
-                access.append({"type": "repository", "name": name, "actions": granted})
-        return access
-
-    def _answer(self, method: str, authorization: str | None, params: dict) -> tuple[int, dict]:
-        user, rejected = self._authenticate(authorization, params)
-        with self._lock:
-            self.requests.append(TokenRequest(method, params, authorization, user))
-        if rejected:
-            return 401, {"errors": [{"code": "UNAUTHORIZED", "message": "bad credentials"}]}
-        if params.get("service") != SERVICE:
-            return 400, {"errors": [{"code": "DENIED", "message": "unknown service"}]}
-        scopes = params.get("scope", "").split(" ") if params.get("scope") else []
-        token = self.mint(user or "", self._grant(user, scopes), self.expires_in or 60)
-        body = {"token": token, "access_token": token,
-                "issued_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        if self.expires_in is not None:
-            body["expires_in"] = self.expires_in
-        if params.get("offline_token") == "true" and user:
-            refresh = uuid.uuid4().hex
-            self.refresh_tokens[refresh] = user
-            body["refresh_token"] = refresh
-        return 200, body
-
-    def _handler(self):
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep test output quiet
-                pass
-
-            def _reply(self, status, body):
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                parts = urlsplit(self.path)
-                params = {}
-                for key, values in parse_qs(parts.query).items():
-                    # several scope= parameters are allowed: join them like one space list
-                    params[key] = " ".join(values) if key == "scope" else values[0]
-                self._reply(*server._answer("GET", self.headers.get("Authorization"), params))
-
-            def do_POST(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                form = {k: v[0] for k, v in parse_qs(self.rfile.read(length).decode()).items()}
-                self._reply(*server._answer("POST", self.headers.get("Authorization"), form))
-
-        return Handler
-
-
-# --------------------------------------------------------------------------------------------
-# The registry
 
 
 @dataclass(frozen=True)
@@ -602,24 +424,3 @@ class RegistryServer:
         self.http.close()
         if self._own_token_server:
             self.token_server.stop()
-
-
-def sign_schema1(manifest: dict) -> bytes:
-    """Sign a schema1 manifest as docker/libtrust does (pretty JWS, ES256, embedded JWK)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    payload = json.dumps(manifest, indent=3).encode()
-    format_length = payload.rindex(b"\n}")
-    format_tail = payload[format_length:]
-    protected = _b64url(json.dumps({
-        "formatLength": format_length, "formatTail": _b64url(format_tail),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode())
-    signing_input = f"{protected}.{_b64url(payload)}".encode()
-    r, s = decode_dss_signature(key.sign(signing_input, ec.ECDSA(hashes.SHA256())))
-    numbers = key.public_key().public_numbers()
-    jwk = {"crv": "P-256", "kty": "EC",
-           "x": _b64url(numbers.x.to_bytes(32, "big")), "y": _b64url(numbers.y.to_bytes(32, "big"))}
-    signature = {"header": {"jwk": jwk, "alg": "ES256"},
-                 "signature": _b64url(r.to_bytes(32, "big") + s.to_bytes(32, "big")),
-                 "protected": protected}
-    signatures = json.dumps([signature], indent=3).replace("\n", "\n   ").encode()
-    return payload[:format_length] + b',\n   "signatures": ' + signatures + format_tail

@@ -1,12 +1,13 @@
 """`scripts/cluster.sh` as an operator (or an acceptance test) uses it: up with a config fragment,
-a workload placed through it, status, down; and a failed up that says where it failed and
-leaves nothing running."""
+a workload placed through it, status, down; a failed up that says where it failed and leaves
+nothing running; up with Karpenter; and up with KWOK Nodes, every one of which runs its pods."""
 import os
 import subprocess
 
 import yaml
 
-from lab.kube import Kube
+from lab.cluster.kwok import ANNOTATION
+from lab.kube import Kube, pod_path
 from lab.procs import REPO
 
 from .workloads import arches_of, create_deployment, deployment, wait_bound
@@ -36,6 +37,14 @@ def running_under(path) -> list[str]:
     return found
 
 
+def admin_of(state) -> Kube:
+    """A client of the cluster `up` started in `state`, as its admin kubeconfig says."""
+    with open(state / "admin.kubeconfig") as f:
+        config = yaml.safe_load(f)
+    return Kube(config["clusters"][0]["cluster"]["server"], config["users"][0]["user"]["token"],
+                config["clusters"][0]["cluster"]["certificate-authority"])
+
+
 def test_up_places_a_workload_then_down_stops_everything(tmp_path, images):
     state = tmp_path / "cluster"
     fragment = tmp_path / "archway.yaml"
@@ -45,10 +54,7 @@ def test_up_places_a_workload_then_down_stops_everything(tmp_path, images):
         assert up.returncode == 0, up.stderr[-3000:]
         last = up.stdout.strip().splitlines()[-1]
         assert last == f"export KUBECONFIG={state}/admin.kubeconfig", up.stdout
-        with open(state / "admin.kubeconfig") as f:
-            config = yaml.safe_load(f)
-        kube = Kube(config["clusters"][0]["cluster"]["server"], config["users"][0]["user"]["token"],
-                    config["clusters"][0]["cluster"]["certificate-authority"])
+        kube = admin_of(state)
         nodes = {n["metadata"]["name"]: n["metadata"]["labels"]["kubernetes.io/arch"]
                  for n in kube.items("/api/v1/nodes")}
         assert sorted(nodes.values()) == ["amd64", "amd64", "arm64", "arm64", "ppc64le"]
@@ -101,10 +107,7 @@ def test_up_with_karpenter_has_no_node_until_a_pod_needs_one_and_down_stops_it(t
     try:
         assert up.returncode == 0, up.stderr[-3000:]
         assert "nodes: none yet" in up.stderr and "NodePool default" in up.stderr
-        with open(state / "admin.kubeconfig") as f:
-            config = yaml.safe_load(f)
-        kube = Kube(config["clusters"][0]["cluster"]["server"], config["users"][0]["user"]["token"],
-                    config["clusters"][0]["cluster"]["certificate-authority"])
+        kube = admin_of(state)
         assert kube.items("/api/v1/nodes") == []     # archway's own Deployments were idled
         lease = kube.get("/apis/coordination.k8s.io/v1/namespaces/karpenter/leases/"
                          "karpenter-leader-election")
@@ -119,6 +122,46 @@ def test_up_with_karpenter_has_no_node_until_a_pod_needs_one_and_down_stops_it(t
         assert status.returncode == 0, status.stdout
         assert "kwok " in status.stdout and "karpenter " in status.stdout
         assert "1 NodeClaims (amd64)" in status.stdout, status.stdout
+    finally:
+        down = cluster_sh(state, "down")
+    assert down.returncode == 0, down.stderr
+    assert running_under(state) == []
+
+
+def test_up_with_kwok_nodes_makes_only_nodes_kwok_plays_and_every_bound_pod_runs(tmp_path, images):
+    """Issue 34, finding 8: beside KWOK's Nodes, the plane's five API-only Nodes (Ready,
+    untainted, roomier) took the scheduler's pods, which stayed Pending for ever. Now every Node
+    is KWOK's: the pods archway places and the ones it skips alike become Running."""
+    state = tmp_path / "cluster"
+    fragment = tmp_path / "archway.yaml"
+    fragment.write_text(yaml.safe_dump({"registry": {"insecure_hosts": [images.registry.host]}}))
+    up = cluster_sh(state, "up", "--kwok-nodes", "6", "--archway-config", str(fragment))
+    try:
+        assert up.returncode == 0, up.stderr[-3000:]
+        kube = admin_of(state)
+        kube.create("/api/v1/namespaces", {"metadata": {"name": "shop"}})
+        kube.wait_for(lambda: kube.get("/api/v1/namespaces/shop/serviceaccounts/default"), timeout=30)
+        create_deployment(kube, "shop", deployment("web", [images.ref("e2e/everywhere")], replicas=12))
+        skipped = deployment("skipped", [images.ref("e2e/amd64")], replicas=4)
+        skipped["spec"]["template"]["metadata"]["annotations"] = {"archway.dev/skip": "true"}
+        create_deployment(kube, "shop", skipped)
+
+        def all_running():
+            pods = kube.items(pod_path("shop"))
+            return pods if len(pods) == 16 and all(
+                p.get("status", {}).get("phase") == "Running" for p in pods) else None
+        try:
+            pods = kube.wait_for(all_running, timeout=120, what="16 pods Running")
+        except AssertionError:
+            pending = {p["metadata"]["name"]: p["spec"].get("nodeName")
+                       for p in kube.items(pod_path("shop"))
+                       if p.get("status", {}).get("phase") != "Running"}
+            raise AssertionError(f"pods not Running (name -> node): {pending}") from None
+        nodes = kube.items("/api/v1/nodes")
+        assert len(nodes) == 6
+        assert all(n["metadata"]["annotations"].get(ANNOTATION) == "fake" for n in nodes)
+        assert {p["spec"]["nodeName"] for p in pods} <= {n["metadata"]["name"] for n in nodes}
+        assert "nodes: 6 KWOK Nodes" in up.stderr, up.stderr[-3000:]
     finally:
         down = cluster_sh(state, "down")
     assert down.returncode == 0, down.stderr
