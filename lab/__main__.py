@@ -56,7 +56,7 @@ def prepare(args) -> tuple[dict, dict]:
             raise Refused(f"a cluster is already up in {args.state_dir} "
                           f"(`scripts/cluster.sh down` first)", 1)
         shutil.rmtree(args.state_dir)
-    fragment = {}
+    fragment: dict = {}
     if args.archway_config:
         with open(args.archway_config) as f:
             fragment = yaml.safe_load(f) or {}
@@ -99,6 +99,7 @@ def start(plane: ControlPlane, args, fragment: dict, values: dict, steps: list[s
         lines.append(kwok.describe_kwok_nodes(kwok.start_kwok_nodes(plane, args.kwok_nodes)))
     print(f"cluster.sh: control plane up ({plane.server}); installing archway ...", file=sys.stderr)
     if args.in_cluster:
+        assert node is not None   # --in-cluster implies --real-node
         steps.append("archway in the cluster (image, helm install with hooks)")
         installed = incluster.InClusterInstall(plane, node, archway_config=fragment,
                                                values=values).install()

@@ -48,7 +48,7 @@ def _now() -> datetime.datetime:
 
 
 def _san(hosts) -> x509.SubjectAlternativeName:
-    names = []
+    names: list[x509.GeneralName] = []
     for host in hosts:
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))

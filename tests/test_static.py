@@ -1,5 +1,5 @@
 """The code's own checks, run by CI with the tests: ruff (pyproject's [tool.ruff]) on everything,
-and mypy (0 errors) on the `archway` packages as installed: the folders mapped by package-dir
+and mypy (0 errors) on the `archway` packages as installed and on the lab: the folders mapped by package-dir
 (webhook/ -> archway.webhook, ...) are linked into one tree first, since mypy reads sources,
 not the install's import hooks."""
 import os
@@ -37,4 +37,12 @@ def test_mypy_finds_no_error_in_the_packages(tmp_path):
                           os.path.join(REPO, "pyproject.toml"), "--cache-dir", str(tmp_path / "cache"),
                           "-p", "archway"], cwd=tmp_path, capture_output=True, text=True,
                          timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_mypy_finds_no_error_in_the_lab(tmp_path):
+    """The lab (outside the wheel) is held to the same bar: the tests and the bench stand on it."""
+    out = subprocess.run([sys.executable, "-m", "mypy", "--config-file",
+                          os.path.join(REPO, "pyproject.toml"), "--cache-dir", str(tmp_path / "cache"),
+                          "-p", "lab"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -174,7 +174,7 @@ class ChartInstall:
                 kind = KIND_ORDER.index(doc["kind"]) if doc["kind"] in KIND_ORDER else len(KIND_ORDER)
                 hooks.append((weight, kind, doc["metadata"]["name"], doc))
         ordered = [doc for *_, doc in sorted(hooks, key=lambda h: h[:3])]
-        outputs = [self.run_job(doc) if doc["kind"] == "Job" else self.apply(doc) and ""
+        outputs = [self.run_job(doc) if doc["kind"] == "Job" else (self.apply(doc), "")[1]
                    for doc in ordered]
         for doc in ordered:   # the Jobs never existed: only what apply() created goes
             policy = (doc["metadata"].get("annotations") or {}).get("helm.sh/hook-delete-policy", "")

@@ -359,7 +359,7 @@ class ControlPlane:
             timeout=30, what=f"the default ServiceAccount of {name}")
         return name
 
-    def identity(self, namespace: str, name: str, *, cluster_rules: list[dict] = (),
+    def identity(self, namespace: str, name: str, *, cluster_rules: tuple[dict, ...] | list[dict] = (),
                  namespace_rules: dict[str, list[dict]] | None = None) -> str:
         """A kubeconfig of ServiceAccount `namespace/name` (made here) bound to exactly these
         rules: `cluster_rules` cluster-wide, `namespace_rules` per namespace; RBAC refuses the

@@ -327,6 +327,8 @@ class RecordingProxy(_HttpsServer):
 
     def __init__(self, ca: CertificateAuthority, upstream_url: str, *, upstream_ca: str | None = None):
         target = urlsplit(upstream_url)
+        if not target.hostname:
+            raise ValueError(f"upstream {upstream_url!r} names no host")
         self._upstream_host = target.hostname
         self._upstream_port = target.port
         self._upstream_tls = target.scheme == "https"
@@ -336,6 +338,7 @@ class RecordingProxy(_HttpsServer):
 
     def handle(self, request) -> None:
         import http.client
+        upstream: http.client.HTTPConnection
         if self._upstream_tls:
             upstream = http.client.HTTPSConnection(self._upstream_host, self._upstream_port,
                                                    context=self._upstream_context, timeout=30)

@@ -181,7 +181,7 @@ class PrometheusServer:
                        "scrape_configs": scrape_configs}, f)  # JSON is YAML
         self.http = requests.Session()
         self.http.trust_env = False
-        self.server = None
+        self.server: Server | None = None
         self.start()
 
     def start(self) -> None:
@@ -226,7 +226,7 @@ class PrometheusServer:
             if len(result) >= at_least and (check is None or check(result)):
                 return result
             time.sleep(0.25)
-        raise TimeoutError(f"{promql!r} gave {result!r} after {timeout} s; log:\n{self.server.log()}")
+        raise TimeoutError(f"{promql!r} gave {result!r} after {timeout} s; log:\n{self.server.log() if self.server else ''}")
 
 
 def short_window(query: str, window: str = "4s", job: str = PrometheusServer.FAKE_JOB) -> str:

@@ -143,7 +143,7 @@ class RegistryServer:
 
     # -- setup
     def _config(self, schema1: bool) -> dict:
-        config = {
+        config: dict = {
             "version": 0.1,
             "log": {"level": "warn", "accesslog": {"disabled": False},
                     "fields": {"service": "registry"}},
@@ -163,6 +163,7 @@ class RegistryServer:
         if self.auth == "htpasswd":
             config["auth"] = {"htpasswd": {"realm": "archway-test", "path": self._htpasswd()}}
         elif self.auth == "token":
+            assert self.token_server is not None
             config["auth"] = {"token": {"realm": self.token_server.realm, "service": SERVICE,
                                         "issuer": ISSUER,
                                         "rootcertbundle": self.token_server.cert_path}}
@@ -422,5 +423,5 @@ class RegistryServer:
     def stop(self) -> None:
         self.server.stop()
         self.http.close()
-        if self._own_token_server:
+        if self._own_token_server and self.token_server is not None:
             self.token_server.stop()

@@ -133,7 +133,7 @@ class TokenServer:
             return 400, {"errors": [{"code": "DENIED", "message": "unknown service"}]}
         scopes = params.get("scope", "").split(" ") if params.get("scope") else []
         token = self.mint(user or "", self._grant(user, scopes), self.expires_in or 60)
-        body = {"token": token, "access_token": token,
+        body: dict[str, str | int] = {"token": token, "access_token": token,
                 "issued_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if self.expires_in is not None:
             body["expires_in"] = self.expires_in
