@@ -102,8 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
-    status = _run(argv)
+def main(argv=None, **options) -> int:
+    """Run the command `argv` names (default: sys.argv). `options`: keyword arguments for the
+    command's function, beyond its parsed arguments: how bench/ runs variants of `archway serve`
+    (archway.serve.serve's keywords) through this same command line."""
+    status = _run(argv, options)
     if argv is None and any(t.daemon and t.is_alive() for t in threading.enumerate()):
         # A command that stopped waiting for lookups still running (--timeout) ends here: a
         # daemon thread caught mid-request by interpreter shutdown can abort the process
@@ -116,12 +119,12 @@ def main(argv=None) -> int:
     return status
 
 
-def _run(argv) -> int:
+def _run(argv, options: dict) -> int:
     args = build_parser().parse_args(argv)
     # Every value logged is escaped (archway.logsafe): a pod name cannot forge a log line.
     logs.configure(logging.DEBUG if args.verbose else logging.INFO)
     try:
-        status = args.func(args)
+        status = args.func(args, **options)
         sys.stdout.flush()   # a reader that went away shows here, not at interpreter exit
         return status
     except ArchwayError as e:

@@ -1,6 +1,6 @@
 """The gate: pods the webhook admitted behind archway's scheduling gate (their images unread in
 time) are placed and released by the gate controller; the one leading controller also learns from
 what runs (remediation, tagwatch). controller (the process, one leader by a Lease), release (the
-one update that releases a pod, pure), cli (`archway gate release-all`), supervisor (keeps the
-controller's process running), remediation and tagwatch (the closed loop; remediation stands on
-failingpods, logreads and eviction)."""
+one update that releases a pod, pure), cli (`archway gate release-all`), remediation and
+tagwatch (the closed loop; remediation stands on failingpods, logreads and eviction).
+`archway serve`'s master keeps the controller's process running (archway.server.supervisor)."""
