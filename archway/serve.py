@@ -9,7 +9,9 @@ Nothing heavy is imported at module level: the CLI imports this module for every
 """
 import logging
 import os
+import shlex
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import replace
@@ -255,7 +257,13 @@ def _announce(config, bind, host, port, tls) -> None:
         print(f"archway: TLS certificate {tls[0]}; clients trust it with: "
               f"curl --cacert {tls[2]} ...", flush=True)
     if product != "extender":
-        print(f"archway: try  curl {'--cacert ' + tls[2] + ' ' if tls else ''}"
-              f"-H 'Content-Type: application/json' "
-              f"--data @tests/fixtures/admission/v1-pod-unreachable-image.json "
-              f"{base}/mutate", flush=True)
+        # A review the installed archway prints (archway.webhook.admissionreview): no file of a
+        # checkout, which neither the image nor a pip install has.
+        print(f"archway: try  {_archway_command()} admission-review | curl "
+              f"{'--cacert ' + shlex.quote(tls[2]) + ' ' if tls else ''}"
+              f"-H 'Content-Type: application/json' --data @- {base}/mutate", flush=True)
+
+
+def _archway_command() -> str:
+    """How a shell here runs archway: `archway` when it is on PATH, else this interpreter."""
+    return "archway" if shutil.which("archway") else f"{shlex.quote(sys.executable)} -m archway.cli"
