@@ -22,11 +22,11 @@ from archway.certs.selfsigned import tls_dir
 from archway.certs.x509 import CertificateError, load_cert, remaining
 from archway.extender import pollerprocess
 from archway.extender.routes import register_extender
-from archway.gate import supervisor
 from archway.hostport import split_bind
 from archway.nodes import NodeCache
 from archway.registry.resolver import Resolver
 from archway.registry.sharedlookups import SharedLookups
+from archway.server import supervisor
 from archway.webhook.app import register_webhook
 
 log = logging.getLogger("archway.server")
@@ -104,12 +104,12 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
 def _controller_health(state: ServerState, status_path: str) -> None:
     """The gate controller process this server runs: whether it is up (the webhook's readiness
     asks), a fact on /readyz, a problem on /healthz when nothing brings it back
-    (archway.gate.supervisor)."""
+    (archway.server.supervisor)."""
     state.controller_up = lambda: supervisor.is_up(supervisor.read_status(status_path))
     state.readiness_facts["gate_controller_process"] = lambda: supervisor.process_fact(
         supervisor.read_status(status_path), time.time())
     state.health_checks["gate_controller"] = lambda: supervisor.process_problem(
-        supervisor.read_status(status_path), time.time())
+        supervisor.read_status(status_path), time.time(), what="gate controller")
 
 
 def _poller_health(state: ServerState, status_path: str, settings) -> None:

@@ -1,5 +1,5 @@
-"""The `archway` command: inspect, explain, report, serve, scheduler-config, certs, gate,
-completion."""
+"""The `archway` command: inspect, explain, report, serve, admission-review, scheduler-config,
+certs, gate, completion."""
 import argparse
 import atexit
 import importlib
@@ -18,7 +18,8 @@ EXIT_INTERRUPTED = 130   # Ctrl-C
 EXIT_BROKEN_PIPE = 141   # the reader of stdout went away (128 + SIGPIPE, as a shell reports)
 
 # Each module adds its own subcommands through `register(subparsers)`.
-_COMMAND_MODULES = ("archway.registry.inspect", "archway.serve", "archway.extender.schedconfig",
+_COMMAND_MODULES = ("archway.registry.inspect", "archway.serve", "archway.webhook.admissionreview",
+                    "archway.extender.schedconfig",
                     "archway.certs.cli", "archway.tools.explain", "archway.tools.report",
                     "archway.gate.cli", "archway.completion")
 
@@ -38,6 +39,9 @@ EXAMPLES = {
                "archway report -n shop --json"),
     "serve": ("archway serve",
               "archway serve --config archway.yaml --bind 0.0.0.0:8443 --product webhook"),
+    "admission-review": ("archway admission-review | curl --cacert ~/.local/state/archway/tls/ca.crt "
+                         "-H 'Content-Type: application/json' --data @- https://127.0.0.1:8443/mutate",
+                         "archway admission-review --image nginx:1.27 --namespace shop"),
     "scheduler-config": ("archway scheduler-config > scheduler-config.yaml",
                          "archway scheduler-config --extender-url https://archway-extender.example:8444/scheduler "
                          "--ca-file ca.crt"),
@@ -102,8 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
-    status = _run(argv)
+def main(argv=None, **options) -> int:
+    """Run the command `argv` names (default: sys.argv). `options`: keyword arguments for the
+    command's function, beyond its parsed arguments: how bench/ runs variants of `archway serve`
+    (archway.serve.serve's keywords) through this same command line."""
+    status = _run(argv, options)
     if argv is None and any(t.daemon and t.is_alive() for t in threading.enumerate()):
         # A command that stopped waiting for lookups still running (--timeout) ends here: a
         # daemon thread caught mid-request by interpreter shutdown can abort the process
@@ -116,12 +123,12 @@ def main(argv=None) -> int:
     return status
 
 
-def _run(argv) -> int:
+def _run(argv, options: dict) -> int:
     args = build_parser().parse_args(argv)
     # Every value logged is escaped (archway.logsafe): a pod name cannot forge a log line.
     logs.configure(logging.DEBUG if args.verbose else logging.INFO)
     try:
-        status = args.func(args)
+        status = args.func(args, **options)
         sys.stdout.flush()   # a reader that went away shows here, not at interpreter exit
         return status
     except ArchwayError as e:

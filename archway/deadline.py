@@ -4,9 +4,9 @@ A request can wait before a handler thread takes it (the worker's queue, behind 
 slow lookups), and the apiserver's clock runs from the moment it sent the request: it gives up at
 the webhook's `timeoutSeconds` and, with failurePolicy Ignore, admits the pod as if archway had
 never been asked (it "fails open"). So the deadline counts from when the request began arriving
-(archway.worker puts that time.monotonic() into the WSGI environ under ARRIVED), and it never
-goes past the timeout the apiserver sends with each call (`?timeout=5s`, a Go duration) minus a
-margin. A request that waited gets the time it has left; one with none left is answered at once.
+(archway.server.worker puts that time.monotonic() into the WSGI environ under ARRIVED), and it
+never goes past the timeout the apiserver sends with each call (`?timeout=5s`, a Go duration)
+minus a margin. A request that waited gets the time it has left; one with none left is answered at once.
 
 Pure: the callers read the clock and the environ.
 """
@@ -14,11 +14,8 @@ import re
 from urllib.parse import unquote
 
 # WSGI environ key: time.monotonic() when the request's first byte (or, on a new connection,
-# the connection) arrived. Absent when the request did not come through archway.worker.
+# the connection) arrived. Absent when the request did not come through archway.server.worker.
 ARRIVED = "archway.arrived"
-# WSGI environ key: True when archway.worker's main loop read the whole request body before a
-# thread got the request, so reading it cannot wait on the client.
-BODY_READ = "archway.body_read"
 
 # Kept back from the caller's timeout: its clock started before ours (connecting, the TLS
 # handshake, the kernel's accept queue), the answer still has to travel back, and the apiserver
@@ -62,8 +59,8 @@ def caller_timeout(query_string: str) -> float | None:
 
 
 def arrival(environ: dict) -> float | None:
-    """When the request began arriving, as archway.worker put it in the WSGI environ; None when
-    it did not come through the worker."""
+    """When the request began arriving, as archway.server.worker put it in the WSGI environ;
+    None when it did not come through the worker."""
     arrived = environ.get(ARRIVED)
     return arrived if isinstance(arrived, float) else None
 

@@ -1,31 +1,34 @@
 """`archway serve`: the webhook and/or the extender (server.product) under a real gunicorn, over TLS.
 
+This is the top: it reads the config, finds the TLS files, checks at start-up what every worker
+would otherwise die of, says where it serves, and hands the server room (archway.server) the
+gunicorn options, the app each worker loads and the child processes its master keeps running.
 With no certificate configured it serves the embedded default: a local CA and serving pair
 generated once into server.state_dir (archway.certs.selfsigned), so a newcomer can curl it at once.
 Nothing heavy is imported at module level: the CLI imports this module for every subcommand.
 """
 import logging
 import os
+import shlex
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
-
-from gunicorn.app.base import BaseApplication
-from gunicorn.arbiter import Arbiter
+from functools import partial
 
 from archway.errors import ConfigError
-from archway.gate.supervisor import STATUS_FILE
 from archway.hostport import join_host_port, split_bind
 
 from .config import deprecations, load_config
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-GRACEFUL_TIMEOUT_SECONDS = 10
-# The apiserver's HTTP client drops idle connections after 90 s. Keeping ours open longer means
-# the client, not the server, always closes first, so no POST is ever sent on a connection the
-# server is closing at that instant (Go does not retry a POST that failed that way).
-KEEPALIVE_SECONDS = 100
+# The processes the master keeps running beside the workers (archway.server.supervisor): the
+# module each runs as (`python -P -m`), and the gate controller's status file in the run
+# directory (the traffic poller's is extender/pollerprocess.py's STATUS_FILE).
+GATE_CONTROLLER_MODULE = "archway.gate.process"
+GATE_CONTROLLER_STATUS_FILE = "gate-controller.json"
+TRAFFIC_POLLER_MODULE = "archway.extender.pollerprocess"
 
 
 def register(subparsers) -> None:
@@ -42,15 +45,21 @@ def register(subparsers) -> None:
     parser.set_defaults(func=_run)
 
 
-def _run(args) -> int:
+def _run(args, **options) -> int:
     config = load_config(args.config)
     if args.product:
         config = replace(config, server=replace(config.server, product=args.product))
-    return serve(config, bind=args.bind)
+    return serve(config, bind=args.bind, **options)
 
 
-def serve(config, bind: str | None = None) -> int:
-    """Run gunicorn until it is stopped (SIGTERM: graceful). Returns the exit status."""
+def serve(config, bind: str | None = None, *, poller_process: bool = True,
+          extend_app: Callable | None = None) -> int:
+    """Run gunicorn until it is stopped (SIGTERM: graceful). Returns the exit status.
+
+    `poller_process` False: no traffic poller process; the workers elect a poller among
+    themselves, as before issue 28 (figure 7's baseline, bench/apps/poller_in_worker.py).
+    `extend_app(app)`: called in each worker on the app it built (figure 9's fill route,
+    bench/apps/memory_worker.py). `archway.cli.main(**options)` passes these through."""
     bind = bind or config.server.bind
     host, port = split_bind(bind)
     if config.server.metrics_bind and split_bind(config.server.metrics_bind)[1] == port:
@@ -84,14 +93,16 @@ def serve(config, bind: str | None = None) -> int:
     master = os.getpid()
     controller = None
     if has_api and config.server.product in ("all", "webhook"):
-        controller = _controller_supervisor(config, os.path.join(metrics_dir, STATUS_FILE))
-    poller = _poller_supervisor(config)
+        controller = _controller_supervisor(
+            config, os.path.join(metrics_dir, GATE_CONTROLLER_STATUS_FILE))
+    poller = _poller_supervisor(config) if poller_process else None
     children = [child for child in (controller, poller) if child is not None]
     try:
         _announce(config, bind, host, port, tls)
+        from archway.server.master import Application, gunicorn_options
+        load_app = partial(_worker_app, config, lookups_dir, controller, poller, extend_app)
         try:
-            _Gunicorn(config, _options(config, bind, tls, children), lookups_dir=lookups_dir,
-                      controller=controller, poller=poller).run()
+            Application(gunicorn_options(config, bind, tls), load_app, children).run()
         except SystemExit as e:  # gunicorn's arbiter exits through sys.exit
             if os.getpid() != master:
                 raise
@@ -104,12 +115,12 @@ def serve(config, bind: str | None = None) -> int:
 
 def _controller_supervisor(config, status_path: str):
     """The gate controller beside the webhook (a Kubernetes API is configured), kept running
-    by the master (archway.gate.supervisor)."""
-    from archway.gate.supervisor import Supervisor, start_process
+    by the master (archway.server.supervisor)."""
+    from archway.server.supervisor import Supervisor, start_process
 
     from . import metrics
-    return Supervisor(lambda: start_process(config), status_path,
-                      on_exit=metrics.mark_process_dead,
+    return Supervisor(lambda: start_process(GATE_CONTROLLER_MODULE, config), status_path,
+                      what="gate controller", on_exit=metrics.mark_process_dead,
                       on_restart=metrics.GATE_CONTROLLER_RESTARTS.inc)
 
 
@@ -119,18 +130,41 @@ def _poller_supervisor(config):
     before the workers fork: they learn from the environment that they only follow it."""
     if config.server.product not in ("all", "extender") or not config.prometheus.url:
         return None
-    from archway.extender.pollerprocess import POLLER_PROCESS_ENV, STATUS_FILE, start_process
+    from archway.extender.pollerprocess import POLLER_PROCESS_ENV, STATUS_FILE
     from archway.extender.service import traffic_dir
-    from archway.gate.supervisor import Supervisor
+    from archway.server.supervisor import Supervisor, start_process
 
     from . import metrics
     directory = traffic_dir()
     assert directory is not None   # serve set the metrics directory before
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.environ[POLLER_PROCESS_ENV] = "1"
-    return Supervisor(lambda: start_process(config, directory),
+    return Supervisor(lambda: start_process(TRAFFIC_POLLER_MODULE, (config, directory)),
                       os.path.join(directory, STATUS_FILE),
-                      on_exit=metrics.mark_process_dead, what="traffic poller")
+                      what="traffic poller", on_exit=metrics.mark_process_dead)
+
+
+def _worker_app(config, lookups_dir: str, controller, poller, extend_app):
+    """The app of one worker, built after the fork (preload_app is off): the worker's own, with
+    what it lists or starts at boot started."""
+    from archway.app import create_app
+    app = create_app(config, lookups_dir=lookups_dir,
+                     controller_status=controller.status_path if controller is not None else None,
+                     poller_status=poller.status_path if poller is not None else None)
+    # Listed while the worker boots, not on the scheduler's first filter call, which has
+    # only extender.deadline_seconds to wait for it.
+    node_cache = app.extensions["archway"].node_cache
+    if node_cache is not None:
+        node_cache.ensure_started()
+    extender = app.extensions.get("archway.extender")
+    if extender is not None:
+        extender.start()
+    prewarm = app.extensions.get("archway.prewarm")
+    if prewarm is not None:
+        prewarm.start()
+    if extend_app is not None:
+        extend_app(app)
+    return app
 
 
 def tls_files(config, host: str):
@@ -223,120 +257,13 @@ def _announce(config, bind, host, port, tls) -> None:
         print(f"archway: TLS certificate {tls[0]}; clients trust it with: "
               f"curl --cacert {tls[2]} ...", flush=True)
     if product != "extender":
-        print(f"archway: try  curl {'--cacert ' + tls[2] + ' ' if tls else ''}"
-              f"-H 'Content-Type: application/json' "
-              f"--data @tests/fixtures/admission/v1-pod-unreachable-image.json "
-              f"{base}/mutate", flush=True)
+        # A review the installed archway prints (archway.webhook.admissionreview): no file of a
+        # checkout, which neither the image nor a pip install has.
+        print(f"archway: try  {_archway_command()} admission-review | curl "
+              f"{'--cacert ' + shlex.quote(tls[2]) + ' ' if tls else ''}"
+              f"-H 'Content-Type: application/json' --data @- {base}/mutate", flush=True)
 
 
-def _options(config, bind: str, tls, children=()) -> dict:
-    """gunicorn's settings; `children`: the Supervisors of the processes the master keeps
-    running beside the workers (gate controller, traffic poller), stopped with the server (the
-    master's loop starts and restarts them: _Arbiter)."""
-    from . import metrics
-    from .worker import MAX_CONNECTIONS, GuardedThreadWorker
-
-    def child_exit(_arbiter, worker):
-        metrics.mark_process_dead(worker.pid)
-
-    def on_exit(_arbiter):
-        for child in children:
-            child.stop()
-
-    options = {
-        "bind": [bind] + ([config.server.metrics_bind] if config.server.metrics_bind else []),
-        "workers": config.server.workers,
-        "threads": config.server.threads,
-        # gthread, with handshakes and request heads read in its main loop under deadlines
-        # (slow clients never hold a thread) and connections spread over the workers.
-        "worker_class": type("ArchwayWorker", (GuardedThreadWorker,),
-                             {"preread_limit": config.server.max_body_bytes}),
-        "reuse_port": True,            # each worker also listens on a socket of its own
-        # The worker enforces MAX_CONNECTIONS itself (closing the oldest idle connection to make
-        # room); gunicorn's own cap, which stops accepting, stays out of its way.
-        "worker_connections": 2 * MAX_CONNECTIONS,
-        # gthread workers heartbeat from their main loop, so this only catches a hung worker;
-        # admissions themselves end at admission.deadline_seconds.
-        "timeout": 30,
-        "graceful_timeout": GRACEFUL_TIMEOUT_SECONDS,
-        "keepalive": KEEPALIVE_SECONDS,
-        "accesslog": None,             # one line per admission comes from the app, without secrets
-        "errorlog": "-",
-        "loglevel": "info",
-        "proc_name": "archway",
-        "preload_app": False,          # the app (and its resolver) is built in each worker
-        "control_socket_disable": True,
-        "child_exit": child_exit,
-        "on_exit": on_exit,
-    }
-    if config.server.log_format == "json":
-        from archway.logs import logging_dict
-        options["logconfig_dict"] = logging_dict(logging.getLogger().level)
-    if tls:
-        from archway.certs.tls import gunicorn_ssl_context
-        options.update(certfile=tls[0], keyfile=tls[1],
-                       ssl_context=gunicorn_ssl_context(tls[0], tls[1]))
-    return options
-
-
-class _Arbiter(Arbiter):
-    """gunicorn's master, also looking after the gate controller and traffic poller processes
-    at every turn of its loop (at least once a second, and at once when a child exits)."""
-    app: "_Gunicorn"
-
-    def manage_workers(self):
-        super().manage_workers()
-        for child in self.app.children:
-            child.tick()
-
-    def reap_workers(self):
-        for child in self.app.children:
-            child.reap()   # before waitpid(-1) takes its exit status
-        super().reap_workers()
-
-
-class _Gunicorn(BaseApplication):
-    """gunicorn configured from Python: no config file, no command line of its own."""
-
-    def __init__(self, config, options: dict, *, lookups_dir: str | None = None,
-                 controller=None, poller=None):
-        self.archway_config = config
-        self.options = options
-        self.lookups_dir = lookups_dir
-        self.controller = controller
-        self.poller = poller
-        self.children = [child for child in (controller, poller) if child is not None]
-        super().__init__()
-
-    def run(self):
-        try:
-            _Arbiter(self).run()
-        except RuntimeError as e:   # as BaseApplication.run
-            print(f"\nError: {e}\n", file=sys.stderr, flush=True)
-            sys.exit(1)
-
-    def load_config(self):
-        for key, value in self.options.items():
-            if key not in self.cfg.settings:
-                raise ConfigError(f"gunicorn has no setting {key!r}")
-            self.cfg.set(key, value)
-
-    def load(self):
-        # Runs in each worker after the fork (preload_app is off): the app is the worker's own.
-        from archway.app import create_app
-        app = create_app(self.archway_config, lookups_dir=self.lookups_dir,
-                         controller_status=(self.controller.status_path
-                                            if self.controller is not None else None),
-                         poller_status=self.poller.status_path if self.poller is not None else None)
-        # Listed while the worker boots, not on the scheduler's first filter call, which has
-        # only extender.deadline_seconds to wait for it.
-        node_cache = app.extensions["archway"].node_cache
-        if node_cache is not None:
-            node_cache.ensure_started()
-        extender = app.extensions.get("archway.extender")
-        if extender is not None:
-            extender.start()
-        prewarm = app.extensions.get("archway.prewarm")
-        if prewarm is not None:
-            prewarm.start()
-        return app
+def _archway_command() -> str:
+    """How a shell here runs archway: `archway` when it is on PATH, else this interpreter."""
+    return "archway" if shutil.which("archway") else f"{shlex.quote(sys.executable)} -m archway.cli"

@@ -7,16 +7,15 @@ parse run where no request is answered; the workers only follow the snapshot fil
 (prometheus.py's SharedSnapshot: a quarter of the size, each series' score already worked out)
 and never query themselves while this process exists (POLLER_PROCESS_ENV).
 
-Its health, for the workers' /healthz (archway/app.py), as the gate controller's: the master's
-supervisor writes STATUS_FILE (died, restarting, a crash loop: archway.gate.supervisor), and the
-process itself touches HEARTBEAT_FILE at every turn of its loop, so one that is alive but stuck
-(it stopped producing) is seen too (`stall_problem`, pure).
+`archway serve`'s master starts it as `python -P -m archway.extender.pollerprocess`, its config
+and directory pickled on stdin (archway.server.supervisor). Its health, for the workers'
+/healthz (archway/app.py), as the gate controller's: the master's supervisor writes STATUS_FILE
+(died, restarting, a crash loop), and the process itself touches HEARTBEAT_FILE at every turn of
+its loop, so one that is alive but stuck (it stopped producing) is seen too (`stall_problem`,
+pure).
 """
 import logging
 import os
-import pickle
-import subprocess
-import sys
 import threading
 
 from archway.background import supervised_child
@@ -38,20 +37,6 @@ def poller_process_runs() -> bool:
     return os.environ.get(POLLER_PROCESS_ENV) == "1"
 
 
-def start_process(config, shared_dir: str) -> subprocess.Popen:
-    """The poller in a fresh interpreter (`-P`, as the gate controller: nothing inherited from
-    gunicorn's master); its config and directory travel pickled on stdin."""
-    process = subprocess.Popen([sys.executable, "-P", "-m", "archway.extender.pollerprocess"],
-                               stdin=subprocess.PIPE)
-    assert process.stdin is not None
-    try:
-        process.stdin.write(pickle.dumps((config, shared_dir)))
-        process.stdin.close()
-    except OSError:   # it died at once: the supervisor sees it exit
-        pass
-    return process
-
-
 def stall_limit(settings) -> float:
     """Seconds without a turn of the loop after which the process counts as stuck: a turn is a
     query or two bounded by timeout_seconds each (twice that at worst), its parse, and the
@@ -63,7 +48,7 @@ def stall_limit(settings) -> float:
 def stall_problem(status: dict | None, heartbeat: float | None, now: float,
                   settings) -> str | None:
     """Why /healthz fails although the process runs: no turn of its loop for stall_limit.
-    `status`: the supervisor's (archway.gate.supervisor.read_status); `heartbeat`: the wall
+    `status`: the supervisor's (archway.server.supervisor.read_status); `heartbeat`: the wall
     time of the last turn (HEARTBEAT_FILE's mtime), None before the first. A process is given
     the limit from its own start: a heartbeat left by one before it does not count."""
     if status is None or status.get("state") != "running":

@@ -10,16 +10,14 @@ that is why unknown things pass instead of blocking.
 """
 import json
 import logging
-import os
-import socket
-import threading
 import time
 
 from flask import Flask, Response, request
 
 from archway import metrics
-from archway.deadline import BODY_READ, arrival
+from archway.deadline import arrival
 from archway.nodes import NodeCache
+from archway.requestbody import read_body
 
 from .service import Extender
 from .wire import MalformedExtenderArgs, TooManyNodes, parse_extender_args
@@ -31,50 +29,11 @@ log = logging.getLogger("archway.extender")
 # kubelet's 50 status.images each measure 58.8 MB in JSON (bench/common/extender_cluster.py), 11.8 KB a node.
 # Parsing holds about twice the body (wire.py), so a worker's threads stay within a few GB.
 MAX_BODY_BYTES = 64 * 1024 * 1024
-# Bounds each socket read of a request body (gunicorn's gthread sockets block without limit)...
-BODY_READ_TIMEOUT_SECONDS = 5.0
-# ... and the whole body: these large bodies are read by a handler thread, not by the worker's
-# main loop (archway.worker), so a client dripping one is cut off here. 64 MiB over loopback
-# takes well under a second; kube-scheduler gives up on the call after its httpTimeout anyway.
+# The whole body by this deadline (archway.requestbody, which bounds each read too): these
+# large bodies are read by a handler thread, not by the worker's main loop
+# (archway.server.worker), so a client dripping one is cut off here. 64 MiB over loopback takes
+# well under a second; kube-scheduler gives up on the call after its httpTimeout anyway.
 BODY_DEADLINE_SECONDS = 10.0
-
-
-def read_body(environ: dict, limit: int, deadline: float) -> bytes:
-    """Up to `limit` bytes of the request body, all of it in by `deadline`, else TimeoutError
-    (archway.app answers 408). gunicorn reads a body in a loop of socket reads that each wait
-    at most BODY_READ_TIMEOUT_SECONDS, which a client sending a byte now and then never trips:
-    at the deadline a timer shuts the socket's receiving side, which ends that loop (over plain
-    HTTP, the extender sidecar's, the 408 still goes out; a TLS session is over).
-    A body archway.worker's main loop read already (environ[BODY_READ]: one with a
-    Content-Length up to server.max_body_bytes, NodeNames calls) has nothing left to wait for:
-    no timer, whose thread per call cost tens of ms in figure 7's tail on a busy machine."""
-    sock = environ.get("gunicorn.socket")
-    if sock is None or environ.get(BODY_READ):   # no socket (a test client) or nothing to wait for
-        return environ["wsgi.input"].read(limit)
-    sock.settimeout(BODY_READ_TIMEOUT_SECONDS)
-    expired = threading.Event()
-
-    def cut_off() -> None:
-        expired.set()
-        # Through a duplicate of the descriptor: SSLSocket.shutdown would drop the TLS layer
-        # the answer still needs.
-        with socket.socket(fileno=os.dup(sock.fileno())) as raw:
-            raw.shutdown(socket.SHUT_RD)
-
-    timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut_off)
-    timer.daemon = True
-    timer.start()
-    try:
-        body = environ["wsgi.input"].read(limit)
-    except Exception:
-        if expired.is_set():
-            raise TimeoutError("request body not complete before its deadline") from None
-        raise
-    finally:
-        timer.cancel()
-    if expired.is_set():
-        raise TimeoutError("request body not complete before its deadline")
-    return body
 
 
 # --- HTTP -----------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 time) are placed and released by the gate controller; the one leading controller also learns from
 what runs (remediation, tagwatch). process (the controller's process: one leader by a Lease, and
 each leadership's wiring), controller (what the leader does with gated pods), release (the one
-update that releases a pod, pure), cli (`archway gate release-all`), supervisor (keeps the
-controller's process running), remediation and tagwatch (the closed loop, sharing leaderloop;
-remediation stands on podstatus, failingpods, logreads and eviction)."""
+update that releases a pod, pure), cli (`archway gate release-all`), remediation and tagwatch
+(the closed loop, sharing leaderloop; remediation stands on podstatus, failingpods, logreads and
+eviction). `archway serve`'s master keeps the controller's process running
+(archway.server.supervisor)."""

@@ -21,9 +21,9 @@ def control_plane(tmp_path_factory):
 
 @pytest.fixture
 def quick_supervisor(monkeypatch):
-    """archway.gate.supervisor's limits in a test's seconds: back-off at most 0.2 s, a run
+    """archway.server.supervisor's limits in a test's seconds: back-off at most 0.2 s, a run
     counts as stable after 3 s, a crash loop fails /healthz after 1.5 s (90 s in production)."""
-    from archway.gate import supervisor
+    from archway.server import supervisor
     for name, seconds in (("RESTART_MIN_SECONDS", 0.05), ("RESTART_MAX_SECONDS", 0.2),
                           ("STABLE_SECONDS", 3.0), ("DOWN_LIMIT_SECONDS", 1.5)):
         monkeypatch.setattr(supervisor, name, seconds)

@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -791,6 +792,28 @@ def test_embedded_default_serves_a_fixture_as_is(default_serve):
     assert response["allowed"] and "patch" not in response
     assert response["warnings"] == ["could not inspect 127.0.0.1:9/team/app:1.0 (registry "
                                     "unreachable); it does not restrict placement"]
+
+
+def test_the_line_serve_prints_to_try_it_works_outside_the_checkout(default_serve, tmp_path):
+    """Issue 34, finding 7: the line told a user to post tests/fixtures/..., which neither the
+    image nor a pip install has. The line `archway serve` prints, run as printed by a shell in
+    a directory that is not the checkout, gets the webhook's answer."""
+    server, home, port = default_serve
+    deadline = time.monotonic() + 20
+    while "archway: try  " not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    line = server.log().split("archway: try  ", 1)[1].splitlines()[0]
+    assert "tests/" not in line and line.endswith(f"https://127.0.0.1:{port}/mutate"), line
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env["HOME"] = str(home)
+    done = subprocess.run(["bash", "-c", f"set -o pipefail; {line}"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["kind"] == "AdmissionReview" and answer["response"]["allowed"], answer
+    assert answer["response"]["warnings"] == [
+        "could not inspect 127.0.0.1:9/team/app:1.0 (registry unreachable); it does not "
+        "restrict placement"]
 
 
 def test_sigterm_lets_an_admission_in_flight_finish(default_serve, tmp_path):

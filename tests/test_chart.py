@@ -17,7 +17,7 @@ import yaml
 
 from archway.config import config_from_dict
 from archway.podview import PodView
-from archway.serve import GRACEFUL_TIMEOUT_SECONDS
+from archway.server.master import GRACEFUL_TIMEOUT_SECONDS
 from archway.vocabulary import ARCH_KEYS
 from archway.webhook.admission import SKIP_ANNOTATION, parse_review, skip_reason
 from archway.webhook.archset import pod_arch_constraint

@@ -2,6 +2,7 @@
 --help that really parses, shell completion that bash and zsh really run, explain -f DIR, and
 digests printed as references. No server: the commands that read images are tested against the
 real registry in test_inspect_cli.py and test_policy.py."""
+import json
 import os
 import shlex
 import subprocess
@@ -40,6 +41,21 @@ def archway_argv(line: str) -> list[str]:
 def run_cli(*args, stdin=None):
     return subprocess.run([sys.executable, "-m", "archway.cli", *args], cwd=REPO, input=stdin,
                           capture_output=True, text=True, timeout=60)
+
+
+def test_admission_review_prints_a_review_of_the_pod_asked_for():
+    """What `archway serve`'s line to try pipes to curl (tests/test_admission_http.py posts it)."""
+    result = run_cli("admission-review", "--image", "nginx:1.27", "--namespace", "shop")
+    assert result.returncode == 0, result.stderr
+    review = json.loads(result.stdout)
+    request = review["request"]
+    assert (review["apiVersion"], review["kind"]) == ("admission.k8s.io/v1", "AdmissionReview")
+    assert (request["operation"], request["namespace"], request["kind"]["kind"]) == (
+        "CREATE", "shop", "Pod")
+    assert [c["image"] for c in request["object"]["spec"]["containers"]] == ["nginx:1.27"]
+    default = json.loads(run_cli("admission-review").stdout)["request"]
+    assert default["object"]["spec"]["containers"][0]["image"] == "127.0.0.1:9/team/app:1.0"
+    assert default["uid"] != request["uid"]   # each review its own, as the apiserver's
 
 
 # --- --help: an example for every command, and every example parses ------------------------------
@@ -161,8 +177,8 @@ def completion_scripts(tmp_path):
 
 
 @pytest.mark.parametrize("line, expected", [
-    ("archway ", ["inspect", "serve", "scheduler-config", "certs", "explain", "report", "gate",
-                  "completion"]),
+    ("archway ", ["inspect", "serve", "admission-review", "scheduler-config", "certs", "explain",
+                  "report", "gate", "completion"]),
     ("archway ce", ["certs"]),
     ("archway certs ", ["generate", "bootstrap"]),
     ("archway --config x.yaml -v certs gen", ["generate"]),

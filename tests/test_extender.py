@@ -177,7 +177,7 @@ def test_a_pod_of_unknown_architecture_passes_every_node():
 
 
 def test_the_filters_deadline_counts_from_the_requests_arrival_not_from_a_thread_taking_it():
-    """A call that waited 2.8 s for a thread (archway.worker's ARRIVED) has 0.2 s of its 3 s
+    """A call that waited 2.8 s for a thread (archway.server.worker's ARRIVED) has 0.2 s of its 3 s
     left: an image on a registry that never answers is given up after that, not after 3 s."""
     hole = BlackHole()
     try:
@@ -296,14 +296,13 @@ def test_archway_serve_answers_the_extender_ahead_of_flask(verb):
 
 def test_a_body_the_worker_read_already_is_taken_without_a_timer():
     """read_body arms a timer (a thread of its own) against a client dripping its body. A body
-    archway.worker read whole before a thread took the request (environ[BODY_READ], every
+    archway.server.worker read whole before a thread took the request (environ[BODY_READ], every
     NodeNames call) cannot drip: it is taken without touching the socket, so no thread is
     started per call (in figure 7 that start cost tens of ms of the tail on a busy machine)."""
     import io
     import socket
 
-    from archway.deadline import BODY_READ
-    from archway.extender.routes import read_body
+    from archway.requestbody import BODY_READ, read_body
     closed = socket.socket()
     closed.close()   # arming the socket's timeout or the timer's duplicate of it fails
     body = raw("filter-nodenames.json")

@@ -158,8 +158,8 @@ def registries(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def controller(plane, registries, tmp_path_factory):
-    """The gate controller's process as `archway serve` starts it (gate/supervisor.py): 8
-    threads, registry.timeout_seconds 5 s (the defaults), gate_max_seconds 120 s."""
+    """The gate controller's process as `archway serve` starts it (archway.server.supervisor):
+    8 threads, registry.timeout_seconds 5 s (the defaults), gate_max_seconds 120 s."""
     registry, stalled = registries
     config = config_from_dict({
         "admission": {"unresolved": "gate", "gate_max_seconds": GATE_MAX,

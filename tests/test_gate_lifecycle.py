@@ -19,8 +19,9 @@ import requests
 import yaml
 
 from archway.config import config_from_dict
-from archway.gate import supervisor
 from archway.lease import lease_path
+from archway.serve import GATE_CONTROLLER_MODULE
+from archway.server import supervisor
 from lab.clock import ManualClock
 from lab.kube import KubeError
 from lab.procs import REPO, Server, free_port, wait_until
@@ -248,7 +249,7 @@ def test_the_controller_starts_from_a_directory_holding_an_archway_folder(api, t
     config = config_from_dict({
         "admission": {"unresolved": "gate", "gate_lease_seconds": LEASE},
         "kubernetes": {"kubeconfig": api.kubeconfig(str(tmp_path)), "namespace": api.namespace}})
-    process = supervisor.start_process(config)
+    process = supervisor.start_process(GATE_CONTROLLER_MODULE, config)
     try:
         lease = wait_until(lambda: process.poll() is None and api.lease(),
                            20, "the controller to take the Lease")
@@ -267,7 +268,8 @@ def test_the_supervisor_backs_off_and_starts_afresh_after_a_stable_run(tmp_path)
     def start():
         return subprocess.Popen([sys.executable, "-c", program["code"]])
 
-    keeper = supervisor.Supervisor(start, status, clock=clock, on_exit=exits.append)
+    keeper = supervisor.Supervisor(start, status, what="gate controller", clock=clock,
+                                   on_exit=exits.append)
     delays = []
     for _ in range(7):
         keeper.tick()                                   # started
@@ -307,7 +309,8 @@ def test_a_controller_dying_at_every_launch_fails_healthz_after_the_limit(tmp_pa
                         controller_status=status).test_client()
     program = ["false"]                               # dies at once, every time
     started = time.monotonic()
-    keeper = supervisor.Supervisor(lambda: subprocess.Popen(program), status)
+    keeper = supervisor.Supervisor(lambda: subprocess.Popen(program), status,
+                                   what="gate controller")
 
     def healthz(code: int):
         keeper.tick()                                 # the master's loop
@@ -330,23 +333,26 @@ def test_a_controller_dying_at_every_launch_fails_healthz_after_the_limit(tmp_pa
 
 def test_what_the_health_endpoints_say_about_the_controller_process():
     now = 10_000.0
+
+    def problem(status):
+        return supervisor.process_problem(status, now, what="gate controller")
+
     running = {"state": "running", "pid": 7, "since": now - 30, "restarts": 2,
                "last_exit": "killed by SIGKILL", "next_start": None, "heartbeat": now - 1}
     assert supervisor.process_fact(running, now) == "running (pid 7, up 30 s, restarted 2 times)"
-    assert supervisor.process_problem(running, now) is None
+    assert problem(running) is None
     down = dict(running, state="restarting", since=now - 20, next_start=now + 4)
     assert supervisor.process_fact(down, now) == (
         "not running: killed by SIGKILL; starting again in 4 s, restarted 2 times")
-    assert supervisor.process_problem(down, now) is None   # being brought back: liveness holds
+    assert problem(down) is None   # being brought back: liveness holds
     long_down = dict(down, down_since=now - supervisor.DOWN_LIMIT_SECONDS - 1)
     assert "no gate controller has stayed up for 91 s (2 restarts, last: killed by SIGKILL)" \
-        in supervisor.process_problem(long_down, now)
+        in problem(long_down)
     # a crash loop seen between two deaths: running, but none stayed up since
-    assert supervisor.process_problem(dict(long_down, state="running"), now)
+    assert problem(dict(long_down, state="running"))
     silent = dict(running, heartbeat=now - supervisor.HEARTBEAT_LIMIT_SECONDS - 5)
-    assert "has not looked after the gate controller for 20 s" in supervisor.process_problem(
-        silent, now)
-    assert supervisor.process_problem(dict(silent, state="stopped"), now) is None
+    assert "has not looked after the gate controller for 20 s" in problem(silent)
+    assert problem(dict(silent, state="stopped")) is None
     assert supervisor.process_fact(None, now) == "not run by this server"
 
 

@@ -21,7 +21,7 @@ import pytest
 import requests
 import yaml
 
-from archway.worker import MAX_CONNECTIONS
+from archway.server.worker import MAX_CONNECTIONS
 from lab.procs import REPO, Server, free_port
 from lab.servers.registry import RegistryServer
 from lab.servers.stalled import KINDS, request_head, stalled

@@ -76,7 +76,7 @@ TEXT_KINDS = (".py", ".md", ".yaml", ".yml", ".json", ".sh", ".tpl", ".toml", ".
 def repository_files() -> list[str]:
     found = []
     for root, dirs, files in os.walk(REPO):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("__pycache__", "build")]
         found += [os.path.relpath(os.path.join(root, f), REPO) for f in files]
     return found
 

@@ -1,5 +1,5 @@
 """The extender's traffic poller process (extender/pollerprocess.py) in /healthz and /readyz, as
-the gate controller's process is (archway/app.py, archway.gate.supervisor): a poller that keeps
+the gate controller's process is (archway/app.py, archway.server.supervisor): a poller that keeps
 dying, or that is alive and stopped producing, fails /healthz so the kubelet restarts the pod;
 one being brought back does not."""
 import json
@@ -14,7 +14,7 @@ import requests
 from archway.app import create_app
 from archway.config import config_from_dict
 from archway.extender import pollerprocess
-from archway.gate import supervisor
+from archway.server import supervisor
 from lab.procs import cmdline, free_port, serve_extender, wait_until
 
 

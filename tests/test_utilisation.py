@@ -279,7 +279,7 @@ def test_two_workers_make_one_query_per_refresh(prom, tmp_path):
         os.kill(int(leader), signal.SIGKILL)
 
         def scrape():
-            # Each worker listens on its own socket (archway.worker): a connection the kernel
+            # Each worker listens on its own socket (archway.server.worker): a connection the kernel
             # had queued for the killed one is reset. The next goes to a live worker.
             try:
                 return requests.get(f"{url}/metrics", timeout=5).text

@@ -1,6 +1,6 @@
-"""archway.worker's pure parts: which body the main loop reads, the per-worker listener, the
-lingering close; and, under a real gunicorn, when a request arrived and whether its body is in,
-as the app is told them."""
+"""archway.server.worker's pure parts: which body the main loop reads, the per-worker listener,
+the lingering close; and, under a real gunicorn, when a request arrived and whether its body is
+in, as the app is told them."""
 import json
 import selectors
 import socket
@@ -11,10 +11,11 @@ import time
 import pytest
 import requests
 
-from archway.deadline import ARRIVED, BODY_READ
-from archway.linger import LINGER_SECONDS, MAX_DRAIN_BYTES, Lingering
-from archway.listeners import own_listener
-from archway.worker import GuardedThreadWorker, body_to_preread
+from archway.deadline import ARRIVED
+from archway.requestbody import BODY_READ
+from archway.server.linger import LINGER_SECONDS, MAX_DRAIN_BYTES, Lingering
+from archway.server.listeners import own_listener
+from archway.server.worker import GuardedThreadWorker, body_to_preread
 from lab.procs import REPO, Server, free_port
 
 
@@ -68,7 +69,7 @@ def test_the_app_is_told_when_a_request_arrived_not_when_a_thread_took_it(tmp_pa
     it with its own)."""
     port = free_port()
     with Server([sys.executable, "-m", "gunicorn", "--worker-class",
-                 "archway.worker.GuardedThreadWorker", "--workers", "1", "--threads", "1",
+                 "archway.server.worker.GuardedThreadWorker", "--workers", "1", "--threads", "1",
                  "--bind", f"127.0.0.1:{port}", "tests.test_worker:echo_arrival"],
                 port=port, log_path=str(tmp_path / "gunicorn.log"), cwd=REPO, ready_timeout=30):
         seen: list[dict] = []
@@ -109,7 +110,7 @@ def test_the_app_is_told_whether_the_main_loop_read_the_whole_body(tmp_path):
     port = free_port()
     limit = GuardedThreadWorker.preread_limit
     with Server([sys.executable, "-m", "gunicorn", "--worker-class",
-                 "archway.worker.GuardedThreadWorker", "--workers", "1", "--threads", "2",
+                 "archway.server.worker.GuardedThreadWorker", "--workers", "1", "--threads", "2",
                  "--bind", f"127.0.0.1:{port}", "tests.test_worker:echo_body_read"],
                 port=port, log_path=str(tmp_path / "gunicorn.log"), cwd=REPO, ready_timeout=30):
         url = f"http://127.0.0.1:{port}/"

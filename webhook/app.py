@@ -12,12 +12,11 @@ from flask import Flask, Response, request
 
 from archway import metrics
 from archway.deadline import arrival, caller_timeout
+from archway.requestbody import body_stream, read_body
 
 from .service import AdmissionService
 from .wiring import build_webhook, startup_seconds
 
-# Bounds each socket read of a request body (gunicorn's gthread sockets block without limit).
-_BODY_READ_TIMEOUT_SECONDS = 5.0
 # An oversized body up to this size is read and dropped before the 413: a client still sending
 # when the server hangs up sees a reset instead of the answer. Larger ones are cut off at once.
 _DRAIN_LIMIT_BYTES = 16 * 1024 * 1024
@@ -44,25 +43,20 @@ def register_webhook(app: Flask, state, pull_secrets=None) -> AdmissionService:
     def mutate_environ(environ: dict) -> tuple[int, bytes]:
         """POST /mutate from its WSGI environ: (status, JSON body). archway.app calls it ahead
         of Flask (the warm path without the framework's request and response objects). The
-        deadline counts from the request's arrival (archway.worker), else from now, and stops
+        deadline counts from the request's arrival (archway.server.worker), else from now, and stops
         short of the apiserver's `?timeout=`."""
         start = arrival(environ)
         if start is None:
             start = time.monotonic()
-        sock = environ.get("gunicorn.socket")
-        if sock is not None:
-            sock.settimeout(_BODY_READ_TIMEOUT_SECONDS)
-        stream = environ["wsgi.input"]
         length = _content_length(environ)
         if length is not None and length > max_bytes:
-            _drain(stream, length)
+            _drain(body_stream(environ), length)
             metrics.bad_request(413)
             return 413, _json({"error": f"request body of {length} bytes exceeds "
                                         f"server.max_body_bytes ({max_bytes})"})
-        # Straight from the stream: the worker has usually read the whole body already
-        # (archway.worker). A chunked body (no Content-Length) is cut one byte over the limit
-        # and refused by the service.
-        body = stream.read(max_bytes + 1)
+        # The worker has usually read the whole body already (archway.server.worker). A chunked
+        # body (no Content-Length) is cut one byte over the limit and refused by the service.
+        body = read_body(environ, max_bytes + 1)
         answer = service.review(body, started=start,
                                 timeout=caller_timeout(environ.get("QUERY_STRING") or ""),
                                 peer=environ.get("REMOTE_ADDR") or "-")

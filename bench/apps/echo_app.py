@@ -3,9 +3,9 @@
 
 It parses the AdmissionReview and answers it (uid echoed, allowed) and nothing else: no image
 lookup, no patch, no metrics, no log line. Everything around it is archway's own serving code:
-`archway.serve.tls_files` and `archway.serve._options` give the same gunicorn settings (gthread,
-workers, threads, keep-alive, timeouts) and the same TLS context on the same certificate, so
-the throughput ratio isolates what archway's request handling costs.
+`archway.serve.tls_files` and `archway.server.master.gunicorn_options` give the same gunicorn
+settings (gthread, workers, threads, keep-alive, timeouts) and the same TLS context on the same
+certificate, so the throughput ratio isolates what archway's request handling costs.
 
     python3 -m bench.apps.echo_app --config FILE serve --bind 127.0.0.1:PORT
 
@@ -23,6 +23,7 @@ from gunicorn.app.base import BaseApplication
 from archway import serve
 from archway.config import load_config
 from archway.hostport import split_bind
+from archway.server.master import gunicorn_options
 
 
 def _canned_patch() -> str | None:
@@ -76,10 +77,8 @@ def main(argv=None) -> int:
     config = load_config(args.config)
     host, _ = split_bind(args.bind)
     tls = serve.tls_files(config, host)
-    options = serve._options(config, args.bind, tls)
+    options = gunicorn_options(config, args.bind, tls)
     options["proc_name"] = "archway-bench-echo"
-    for hook in ("when_ready", "on_exit"):   # archway's gate controller is not part of the echo
-        options.pop(hook, None)
     _EchoGunicorn(options).run()
     return 0
 

@@ -3,8 +3,8 @@
     python3 -m bench.apps.memory_worker --config FILE serve --bind 127.0.0.1:PORT
 
 Everything is archway's own serving code (archway.cli -> archway.serve -> archway.app); the
-only difference is that the gunicorn application class adds `POST /bench/fill` to the app each
-worker builds. That route resolves many image names through the worker's own resolver
+only difference is `POST /bench/fill`, added to the app each worker builds through
+archway.serve.serve's own `extend_app`. That route resolves many image names through the worker's own resolver
 (`Resolver.resolve_many`: cache keys, digest aliases, TTLs, single-flight as for any pod) and its
 registry client's parsing (`RegistryClient.resolve`, the client its access layer calls), replacing
 only the network: the manifest of one real image is fetched from the registry once, and every
@@ -24,20 +24,15 @@ import time
 from flask import jsonify, request
 from requests.structures import CaseInsensitiveDict
 
-from archway import cli, serve
+from archway import cli
 from archway.registry import manifests, oci
 from archway.registry.http import Response
 from archway.registry.reference import parse_reference
 
-_Gunicorn = serve._Gunicorn
 
-
-class _FillableGunicorn(_Gunicorn):
-    def load(self):
-        app = super().load()
-        resolver = app.extensions["archway"].resolver
-        app.add_url_rule("/bench/fill", "bench_fill", lambda: _fill(resolver), methods=["POST"])
-        return app
+def _add_fill_route(app) -> None:
+    resolver = app.extensions["archway"].resolver
+    app.add_url_rule("/bench/fill", "bench_fill", lambda: _fill(resolver), methods=["POST"])
 
 
 class _ReplayedRegistry:
@@ -81,8 +76,7 @@ def _fill(resolver):
 
 
 def main(argv=None) -> int:
-    serve._Gunicorn = _FillableGunicorn
-    return cli.main(argv)
+    return cli.main(argv, extend_app=_add_fill_route)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Figures 1 and 2: warm-cache admission throughput against a bare Flask app, and latency.
 
-Both servers are gunicorn with the same options (archway.serve._options: gthread, 2 workers x
-8 threads, keep-alive) and the same TLS certificate; wrk POSTs the multi-arch fixture
+Both servers are gunicorn with the same options (archway.server.master.gunicorn_options:
+gthread, 2 workers x 8 threads, keep-alive) and the same TLS certificate; wrk POSTs the multi-arch fixture
 AdmissionReview over the same number of keep-alive connections for the same time, archway and
 baseline alternating, so a change in the machine's load hits both.
 """
@@ -25,7 +25,7 @@ from lab.servers.registry import RegistryServer
 
 ROUNDS = 4
 SECONDS = 3
-# Each worker listens on a socket of its own (archway/worker.py, SO_REUSEPORT) and the kernel
+# Each worker listens on a socket of its own (archway/server/worker.py, SO_REUSEPORT) and the kernel
 # spreads wrk's connections by hash, so a run can still be uneven (figure 1c). Closing one
 # connection every CLOSE_EVERY requests lets reconnections even it out; a TLS handshake per
 # 200 requests is the same small cost for both servers.
@@ -180,7 +180,8 @@ def _measure(archway, echo, body, specs) -> list[Figure]:
             f"real mutation (archway_admissions_total{{outcome=\"mutated\"}} grew by "
             f"{mutated:.0f} for {served_all} requests wrk counted)",
             "baseline: bench/apps/echo_app.py, Flask parses the AdmissionReview and answers "
-            "allowed with the uid; gunicorn options and TLS context from archway.serve",
+            "allowed with the uid; gunicorn options and TLS context as archway serve's "
+            "(archway.server.master.gunicorn_options)",
             f"wrk closes one connection every {CLOSE_EVERY} requests so that reconnections even "
             f"out the kernel's spread of the {CONNECTIONS} connections over the workers (see "
             f"1c); only runs in which each worker did >= "

@@ -13,17 +13,22 @@ Here the main loop does those steps itself, non-blocking, each under a deadline:
            -> a pool thread, which finds the whole request already read
 
 A kept-alive connection goes through the same steps from its next request's first byte; one
-that ends after its answer lingers in the poller until its client closes (archway.linger). When a
-request began arriving (its connection's accept, or a kept-alive request's first byte) goes to
-the app in the WSGI environ (archway.deadline.ARRIVED): a request that waited in the queue for a
-thread, behind others held by slow lookups, has that much less time before the apiserver gives
-up on it, and the webhook counts its deadline from there. A
-worker holds at most MAX_CONNECTIONS connections and PREREAD_BUDGET_BYTES of partial requests:
+that ends after its answer lingers in the poller until its client closes (archway.server.linger).
+
+When a request began arriving (its connection's accept, or a kept-alive request's first byte)
+goes to the app in the WSGI environ (archway.deadline.ARRIVED), with whether the main loop read
+its whole body (archway.requestbody.BODY_READ): a request that waited in the queue for a thread,
+behind others held by slow lookups, has that much less time before the apiserver gives up on
+it, and the webhook counts its deadline from there. The main loop notes both against the
+connection's socket as it hands the request over; gunicorn builds the environ in the pool thread
+and puts that socket in it, and the worker's WSGI entry moves the note into the environ.
+
+A worker holds at most MAX_CONNECTIONS connections and PREREAD_BUDGET_BYTES of partial requests:
 past either, the oldest partial request (else the oldest idle kept-alive connection) is closed
 to make room. Every cut is counted in archway_client_connections_cut_total{reason} and
 summarised in one log line per LOG_EVERY_SECONDS.
 
-Spreading connections over the workers' own listening sockets: archway.listeners.
+Spreading connections over the workers' own listening sockets: archway.server.listeners.
 """
 import errno
 import logging
@@ -31,7 +36,6 @@ import re
 import selectors
 import socket
 import ssl
-import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
@@ -42,11 +46,13 @@ from gunicorn.sock import ssl_context
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from archway import metrics
-from archway.deadline import ARRIVED, BODY_READ
-from archway.linger import Lingering
-from archway.listeners import own_listener
+from archway.deadline import ARRIVED
 from archway.logs import JsonFormatter
 from archway.logsafe import SafeFormatter, escape
+from archway.requestbody import BODY_READ
+
+from .linger import Lingering
+from .listeners import own_listener
 
 log = logging.getLogger("archway.server")
 
@@ -112,6 +118,9 @@ class GuardedThreadWorker(ThreadWorker):
         self.buffered = 0
         self.own_listeners: list[socket.socket] = []
         self.shared_listeners: list = []   # the master's, until run() stops them listening
+        # socket descriptor -> (arrived, body read) of the request handed to a pool thread on
+        # it, until the app is called (_hand_over, load_wsgi)
+        self.handed_over: dict[int, tuple[float, bool]] = {}
         self._next_sweep = 0.0
         self._cuts: Counter[str] = Counter()
         self._last_cut_peer = "-"
@@ -304,22 +313,26 @@ class GuardedThreadWorker(ThreadWorker):
             conn.initialized = True
         conn.data_ready = True
         conn.parser.unreader.unread(bytes(arrival.buf))
-        # For handle_request, in the thread: when it arrived, and whether its body is all here.
-        conn.arrival = (arrival.arrived, arrival.stage == "body")
+        # For the app, in the thread: when it arrived, and whether its body is all here. A
+        # note left by a request that failed before the app is replaced by the next hand-over
+        # on that descriptor, before its app call.
+        self.handed_over[conn.sock.fileno()] = (arrival.arrived, arrival.stage == "body")
         self.enqueue_req(conn)
 
     # --- in a pool thread ---------------------------------------------------------------------
     def load_wsgi(self) -> None:
+        """The app, called with its request's arrival and body state in the environ."""
         super().load_wsgi()
-        self.wsgi = with_arrival(self.wsgi)
+        app, handed_over = self.wsgi, self.handed_over
 
-    def handle_request(self, req, conn: TConn):
-        """One request, in a pool thread: the app's environ learns when it arrived."""
-        _this_request.arrival = getattr(conn, "arrival", None)
-        try:
-            return super().handle_request(req, conn)
-        finally:
-            _this_request.arrival = None
+        def told_of_arrival(environ, start_response):
+            sock = environ.get("gunicorn.socket")   # gunicorn's: the connection's own socket
+            note = handed_over.pop(sock.fileno(), None) if sock is not None else None
+            if note is not None:
+                environ[ARRIVED], environ[BODY_READ] = note
+            return app(environ, start_response)
+
+        self.wsgi = told_of_arrival
 
     # --- cutting off ------------------------------------------------------------------------------
     def _forget(self, arrival: _Arrival) -> None:
@@ -398,20 +411,6 @@ class GuardedThreadWorker(ThreadWorker):
         self.lingering.sweep(now)
         if self._cuts and now >= self._next_log:
             self._log_cuts(now)
-
-
-# The request the pool thread is handling: gunicorn builds its environ inside handle_request.
-_this_request = threading.local()
-
-
-def with_arrival(app):
-    """`app` (WSGI), told when the thread's request began arriving and if its body is in."""
-    def stamped(environ, start_response):
-        arrival = getattr(_this_request, "arrival", None)
-        if arrival is not None:
-            environ[ARRIVED], environ[BODY_READ] = arrival
-        return app(environ, start_response)
-    return stamped
 
 
 def _is_reset(e: Exception) -> bool:

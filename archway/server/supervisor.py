@@ -1,17 +1,18 @@
-"""The gate controller's process, kept running by `archway serve`'s master.
+"""The processes `archway serve`'s master keeps running beside its workers (the gate
+controller, the extender's traffic poller), one Supervisor each.
 
     start (a fresh interpreter, `-P`: no working directory can shadow the installed package)
       -> the master looks at it every turn of its loop (at least once a second)
       -> died: restarted after 1 s, 2 s, 4 s ... RESTART_MAX_SECONDS (back to 1 s once it has
-         run STABLE_SECONDS), each restart counted in archway_gate_controller_restarts_total
-      -> the server stops: SIGTERM (it gives the Lease up), SIGKILL after a grace
+         run STABLE_SECONDS), each restart counted (`on_restart`)
+      -> the server stops: SIGTERM (the process winds down: a leader gives its Lease up),
+         SIGKILL after a grace
 
 What it is doing goes into a small JSON file in the server's run directory, its mtime touched at
-every turn: the workers read it for /readyz (a fact, never a reason to refuse admissions: the
-webhook answers correctly without its own controller) and /healthz (failing when nobody brings
-the controller back: the master stopped turning, or no controller has stayed up (run
-STABLE_SECONDS) for DOWN_LIMIT_SECONDS, across restarts: a crash loop counts as down, so the
-kubelet restarts the pod). `process_problem` and `process_fact` decide that, without I/O.
+every turn: the workers read it for /readyz (a fact) and /healthz (failing when nobody brings
+the process back: the master stopped turning, or none has stayed up (run STABLE_SECONDS) for
+DOWN_LIMIT_SECONDS, across restarts: a crash loop counts as down, so the kubelet restarts the
+pod). `process_problem` and `process_fact` decide that, without I/O.
 """
 import json
 import logging
@@ -22,27 +23,26 @@ import subprocess
 import sys
 import time
 
-log = logging.getLogger("archway.gate")
+log = logging.getLogger("archway.server")
 
 RESTART_MIN_SECONDS = 1.0
 RESTART_MAX_SECONDS = 30.0
-STABLE_SECONDS = 60.0         # a controller that ran this long starts the back-off afresh
-DOWN_LIMIT_SECONDS = 90.0     # no controller stayed up this long (restarts failed): /healthz fails
+STABLE_SECONDS = 60.0         # a process that ran this long starts the back-off afresh
+DOWN_LIMIT_SECONDS = 90.0     # none stayed up this long (restarts failed): /healthz fails
 HEARTBEAT_LIMIT_SECONDS = 15.0  # the master has not looked for this long: /healthz fails
-STATUS_FILE = "gate-controller.json"
 
 
-def start_process(config) -> subprocess.Popen:
-    """The controller in a fresh process of its own: nothing inherited from gunicorn's master
-    (its threads, its signal handlers), and nothing the workers it forks later would inherit.
-    `-P`: the working directory is not put on sys.path, so a folder named `archway` there (a
-    checkout) cannot replace the installed package; PYTHONPATH still counts (the image sets it).
-    The config travels pickled on stdin (it is the server's own, already checked)."""
-    process = subprocess.Popen([sys.executable, "-P", "-m", "archway.gate.process"],
-                               stdin=subprocess.PIPE)
+def start_process(module: str, payload) -> subprocess.Popen:
+    """`python -P -m <module>` in a fresh process of its own: nothing inherited from gunicorn's
+    master (its threads, its signal handlers), and nothing the workers it forks later would
+    inherit. `-P`: the working directory is not put on sys.path, so a folder named `archway`
+    there (a checkout) cannot replace the installed package; PYTHONPATH still counts (the image
+    sets it). `payload` travels pickled on stdin (archway.background.supervised_child reads it:
+    the server's own config, already checked, and what else the process needs)."""
+    process = subprocess.Popen([sys.executable, "-P", "-m", module], stdin=subprocess.PIPE)
     assert process.stdin is not None
     try:
-        process.stdin.write(pickle.dumps(config))
+        process.stdin.write(pickle.dumps(payload))
         process.stdin.close()
     except OSError:   # it died at once: the supervisor sees it exit
         pass
@@ -52,7 +52,7 @@ def start_process(config) -> subprocess.Popen:
 def stop_process(process: subprocess.Popen | None, timeout: float = 10.0) -> None:
     if process is None or process.poll() is not None:
         return
-    process.terminate()   # SIGTERM: it gives the Lease up and exits
+    process.terminate()   # SIGTERM: it winds down (a leader gives its Lease up) and exits
     try:
         process.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -72,11 +72,11 @@ def describe_exit(code: int | None) -> str:
 
 
 class Supervisor:
-    """Keeps one controller process running; `tick()` is called by the master's loop. `what`
-    names the process in the log (`archway serve` keeps its traffic poller running so too)."""
+    """Keeps one process running; `tick()` is called by the master's loop. `what` names the
+    process in the log and in /healthz's words."""
 
-    def __init__(self, start, status_path: str | None, *, clock=time.monotonic, wall=time.time,
-                 on_exit=None, what: str = "gate controller", on_restart=None):
+    def __init__(self, start, status_path: str | None, *, what: str, clock=time.monotonic,
+                 wall=time.time, on_exit=None, on_restart=None):
         self._start = start            # () -> subprocess.Popen
         self.what = what
         self._on_restart = on_restart  # () -> None, at each restart (a counter's inc)
@@ -90,8 +90,8 @@ class Supervisor:
         self._started_at = 0.0
         self._next_start = 0.0
         self._since = wall()           # wall time of the last change of state
-        # wall time since which no controller has stayed up (run STABLE_SECONDS); None while
-        # one has. Kept across restarts: a controller dying at every launch stays down.
+        # wall time since which no process has stayed up (run STABLE_SECONDS); None while
+        # one has. Kept across restarts: a process dying at every launch stays down.
         self._down_since: float | None = wall()
         self._last_exit: str | None = None
         self._stopping = False
@@ -119,7 +119,7 @@ class Supervisor:
             self._touch()
 
     def reap(self) -> None:
-        """Collect the controller's exit status before gunicorn's waitpid(-1) reaps every child
+        """Collect the process's exit status before gunicorn's waitpid(-1) reaps every child
         (it would be lost: Popen then reports 0)."""
         if self.process is not None:
             self.process.poll()
@@ -199,7 +199,7 @@ class Supervisor:
 
 def read_status(path: str | None) -> dict | None:
     """The supervisor's status with `heartbeat` (the file's mtime) added; None: this server
-    runs no controller (or its status cannot be read yet)."""
+    runs no such process (or its status cannot be read yet)."""
     if not path:
         return None
     try:
@@ -212,13 +212,13 @@ def read_status(path: str | None) -> dict | None:
 
 
 def is_up(status: dict | None) -> bool:
-    """Whether the controller is running, as far as its status file says (None: the file is not
+    """Whether the process is running, as far as its status file says (None: the file is not
     written yet, which a starting server counts as up)."""
     return status is None or status.get("state") == "running"
 
 
 def process_fact(status: dict | None, now: float) -> str:
-    """What /readyz says about this server's controller process."""
+    """What /readyz says about a process this server keeps running."""
     if status is None:
         return "not run by this server"
     restarts = int(status.get("restarts") or 0)
@@ -233,10 +233,10 @@ def process_fact(status: dict | None, now: float) -> str:
     return str(state)
 
 
-def process_problem(status: dict | None, now: float, what: str = "gate controller") -> str | None:
-    """Why /healthz fails: the controller (or the supervised process `what`) is down and nothing
-    brings it back. Down is since the last one that stayed up, whatever started and died since
-    (a crash loop)."""
+def process_problem(status: dict | None, now: float, what: str) -> str | None:
+    """Why /healthz fails: the supervised process `what` is down and nothing brings it back.
+    Down is since the last one that stayed up, whatever started and died since (a crash
+    loop)."""
     if status is None or status.get("state") == "stopped":
         return None
     silent = now - float(status.get("heartbeat") or now)
