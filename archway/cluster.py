@@ -7,10 +7,9 @@ never arrives as one giant answer. An API error is an ArchwayError naming the ca
 from collections.abc import Iterator
 
 from archway.errors import ArchwayError
-from archway.kubeapi import ApiError, KubeApi
+from archway.kubeapi import LIST_PAGE_SIZE, ApiError, KubeApi
 
 REQUEST_TIMEOUT_SECONDS = 30.0
-PAGE_SIZE = 500
 
 # kind -> its collection: API prefix and plural (in a namespace: prefix/namespaces/NS/plural)
 WORKLOAD_LISTS = {
@@ -71,7 +70,7 @@ class ClusterReader:
 
     def _pages(self, what: str, path: str) -> Iterator[dict]:
         try:
-            for page in self.api.pages(path, PAGE_SIZE):
+            for page in self.api.pages(path, LIST_PAGE_SIZE):
                 yield from page.get("items") or ()
         except ApiError as e:
             raise ArchwayError(f"Kubernetes API: {what}: {e}") from None

@@ -15,6 +15,9 @@ from archway.errors import ArchwayError
 
 MAX_OBJECT_BYTES = 4 * 1024 * 1024     # a pod is at most ~1.5 MiB in etcd; a list page more
 MAX_LIST_BYTES = 64 * 1024 * 1024
+# Objects per list page (limit/continue) for every reader that lists: a page of full Nodes or
+# Pods stays far below MAX_LIST_BYTES, and 5,000 objects take 10 round trips.
+LIST_PAGE_SIZE = 500
 MAX_WATCH_LINE_BYTES = 4 * 1024 * 1024
 
 

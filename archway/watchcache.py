@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from archway.kubeapi import LIST_PAGE_SIZE
 from archway.listwatch import ListWatch
 
 log = logging.getLogger("archway.watchcache")
@@ -22,7 +23,7 @@ class WatchCache(ListWatch, Generic[F]):
     facts before the next is read: 5,000 full Nodes are ~60 MB of JSON in one answer (near the
     64 MiB cap of one response) and hundreds of thousands of objects at once."""
 
-    page_size = 500
+    page_size = LIST_PAGE_SIZE
 
     def __init__(self, api_client_factory, *, what: str, path: str,
                  facts: Callable[[dict], F | None], **kwargs):

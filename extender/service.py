@@ -11,6 +11,7 @@ import os
 import time
 
 from archway import metrics
+from archway.kubeclient import api_client_factory
 from archway.nodes import NodeCache
 from archway.podview import PodShapeError, PodView
 
@@ -49,7 +50,7 @@ class Extender:
         self.traffic = traffic or TrafficPoller(config.prometheus, shared_dir=traffic_dir(),
                                                 follow_only=poller_process_runs())
         self.traffic_score = TrafficScore(config, self.traffic, node_cache,
-                                          lambda: _cluster_client(config.kubernetes))
+                                          api_client_factory(config.kubernetes))
         self.herd, self.pod_watch = self.traffic_score.herd, self.traffic_score.pod_watch
         self.signals = score_signals(config, self.traffic_score)
         self.prioritizer = Prioritizer(self.signals)
@@ -142,8 +143,3 @@ def traffic_dir() -> str | None:
     directory serve.py makes for their metrics (PROMETHEUS_MULTIPROC_DIR). None outside it."""
     directory = metrics.multiprocess_dir()
     return os.path.join(directory, "traffic") if directory else None
-
-
-def _cluster_client(kubernetes_settings):
-    from archway.kubeclient import build_api_client
-    return build_api_client(kubernetes_settings)[0]

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from archway import metrics
-from archway.kubeapi import ApiError, KubeApi
+from archway.kubeapi import LIST_PAGE_SIZE, ApiError, KubeApi
 from archway.lease import parse_time
 from archway.listwatch import ListWatch
 from archway.podview import PodShapeError, PodView
@@ -38,7 +38,6 @@ log = logging.getLogger("archway.gate")
 RETRY_MIN_SECONDS = 0.25      # first retry of a pod whose images did not resolve
 RETRY_MAX_SECONDS = 1.0       # the back-off's cap: a registry that is back is seen within it
 WATCH_SECONDS = 240
-PAGE_SIZE = 500
 
 
 @dataclass
@@ -256,7 +255,7 @@ class GatedPods(ListWatch):
     (with the label or not), then a watch of the labelled ones."""
     what = "gate controller's pod watch"
     path = "/api/v1/pods"
-    page_size = PAGE_SIZE
+    page_size = LIST_PAGE_SIZE
     watch_query = {"labelSelector": GATED_LABEL}
 
     def __init__(self, controller: GateController):

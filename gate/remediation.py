@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from archway import metrics
-from archway.kubeapi import ApiError, KubeApi
+from archway.kubeapi import LIST_PAGE_SIZE, ApiError, KubeApi
 from archway.listwatch import ListWatch
 from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED
 from archway.webhook.events import EventSink
@@ -46,7 +46,6 @@ from .podstatus import Failure
 
 log = logging.getLogger("archway.remediation")
 
-PAGE_SIZE = 500
 RETRY_SECONDS = 30.0              # a workload that could not be read or written: looked at again
 MAX_TRACKED = 10_000              # failing pods remembered at once (one of each is a few facts)
 MAX_EPISODES = 16                 # failed instances remembered per pod as read
@@ -94,7 +93,7 @@ class FailingPods(ListWatch):
     passed on (`failing_pod`)."""
     what = "exec format error watch"
     path = "/api/v1/pods"
-    page_size = PAGE_SIZE
+    page_size = LIST_PAGE_SIZE
 
     def __init__(self, remediation: "Remediation", api_client_factory, watch_seconds: int):
         super().__init__(api_client_factory, thread_name="archway-exec-format-watch",

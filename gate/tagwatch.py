@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from archway import metrics
 from archway.errors import ArchwayError
-from archway.kubeapi import KubeApi
+from archway.kubeapi import LIST_PAGE_SIZE, KubeApi
 from archway.podview import PodView
 from archway.registry.imageref import ImageReference
 from archway.registry.model import ImageInfo
@@ -39,7 +39,6 @@ from .podstatus import admitted_digests
 log = logging.getLogger("archway.remediation")
 
 MIN_ROUND_SECONDS = 1.0
-PAGE_SIZE = 500                   # pods listed a page at a time for their admitted digests
 REASON_DROPPED = "ArchitecturesDropped"
 REASON_RESET = "FailedArchitecturesReset"
 
@@ -146,7 +145,7 @@ class TagWatch(LeaderLoop):
         """(namespace, image) -> the digests the cluster's pods were admitted with (their
         archway.dev/images), listed a page at a time."""
         found: dict[tuple[str, str], set[str]] = {}
-        for page in self.api.pages("/api/v1/pods", PAGE_SIZE):
+        for page in self.api.pages("/api/v1/pods", LIST_PAGE_SIZE):
             for obj in page.get("items") or ():
                 meta = obj.get("metadata") if isinstance(obj, dict) else None
                 if not isinstance(meta, dict) or meta.get("deletionTimestamp"):

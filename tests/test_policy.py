@@ -460,7 +460,7 @@ def test_report_lists_each_workload_once_with_its_readiness_for_arm64(cluster, c
 def test_report_pages_through_long_lists(cluster, config_file, monkeypatch, capsys, apiserver):
     from archway import cli
     from archway import cluster as cluster_module
-    monkeypatch.setattr(cluster_module, "PAGE_SIZE", 1)
+    monkeypatch.setattr(cluster_module, "LIST_PAGE_SIZE", 1)
     mark = apiserver.audit_mark()
     assert cli.main(["report", "--json", "--config", config_file]) == 0
     report = json.loads(capsys.readouterr().out)

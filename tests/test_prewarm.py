@@ -54,7 +54,7 @@ def seed(kube, shop, ops, plain, private, images):
 
 @pytest.fixture
 def world(control_plane, plain_registry, basic_auth_registry, tmp_path, monkeypatch):
-    monkeypatch.setattr(cluster, "PAGE_SIZE", 5)
+    monkeypatch.setattr(cluster, "LIST_PAGE_SIZE", 5)
     images = []
     for i in range(15):
         plain_registry.push_image(f"warm/app{i}", "v1", "linux/arm64")
