@@ -67,7 +67,6 @@ def prepare(args) -> tuple[dict, dict]:
     for path in args.values or []:
         with open(path) as f:
             values = deep_merge(values, yaml.safe_load(f) or {})
-    args.real_node = args.real_node or args.in_cluster
     if args.karpenter and (args.real_node or args.kwok_nodes):
         raise Refused("--karpenter makes its own Nodes: it goes with neither --real-node, "
                       "--in-cluster nor --kwok-nodes", 2)
@@ -226,8 +225,15 @@ def command_line() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
+def parse(argv=None) -> argparse.Namespace:
     args = command_line().parse_args(argv)
+    if getattr(args, "in_cluster", False):
+        args.real_node = True   # --in-cluster implies --real-node
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
     return args.func(args)
 
 

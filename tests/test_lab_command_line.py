@@ -10,7 +10,7 @@ from lab.cluster.controlplane import DEFAULT_NODES, ControlPlane
 
 
 def parsed(*argv: str):
-    return lab_main.command_line().parse_args(["--state-dir", "/nonexistent/lab-state", *argv])
+    return lab_main.parse(["--state-dir", "/nonexistent/lab-state", *argv])
 
 
 @pytest.mark.parametrize(("command", "function"), [
@@ -46,9 +46,7 @@ def test_an_archway_config_that_is_no_mapping_is_refused(tmp_path, capsys):
 def nodes_made(*argv: str, monkeypatch) -> tuple:
     """The (name, arch) Nodes the control plane of `up *argv` makes."""
     monkeypatch.setattr(realnode, "node_address", lambda: "192.0.2.2")   # no routing table read
-    args = parsed("up", *argv)
-    args.real_node = args.real_node or args.in_cluster
-    return ControlPlane("/nonexistent/lab-state", **lab_main.plane_options(args)).nodes
+    return ControlPlane("/nonexistent/lab-state", **lab_main.plane_options(parsed("up", *argv))).nodes
 
 
 def test_only_kwok_plays_the_nodes_of_up_with_kwok_nodes(monkeypatch):
