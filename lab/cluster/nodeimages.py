@@ -18,12 +18,10 @@ import tempfile
 from dataclasses import dataclass
 
 from lab.procs import REPO
+from lab.servers.registry import OCI_CONFIG, OCI_INDEX, OCI_MANIFEST, sha256_digest
 
 GO_SOURCES = os.path.join(REPO, "lab", "cluster", "go")
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"      # uncompressed: its digest is its diff_id
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 # e_machine values (ELF header offset 18, 2 bytes little-endian).
 EM_IA_64 = 50   # a machine no kernel or binfmt/qemu handler here runs
 
@@ -74,10 +72,6 @@ def _layer(files: dict[str, bytes]) -> bytes:
             info.size, info.mode, info.mtime = len(data), 0o755, 0
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
-
-
-def sha256_digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)

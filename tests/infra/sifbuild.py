@@ -9,7 +9,6 @@ Two ways, on purpose:
 `generated_corpus()` makes, with both, one file of every shape the third-party corpus
 (../shared/testdata/sif, not part of the project) has, so the reader is covered without it.
 """
-import hashlib
 import json
 import os
 import struct
@@ -18,6 +17,7 @@ import uuid
 from dataclasses import dataclass
 
 from lab.procs import require_binary
+from lab.servers.registry import sha256_digest
 
 HEADER_SIZE = 128
 DESCRIPTOR_SIZE = 585
@@ -152,7 +152,7 @@ def partition(data: bytes, arch: str | None, parttype: int = PART_PRIMARY,
 
 
 def oci_blob(data: bytes, digest: str | None = None, root_index: bool = False) -> SifObject:
-    digest = digest or "sha256:" + hashlib.sha256(data).hexdigest()
+    digest = digest or sha256_digest(data)
     return SifObject(DATA_OCI_ROOT_INDEX if root_index else DATA_OCI_BLOB, data,
                      digest.encode() + b"\0")
 
@@ -233,21 +233,17 @@ def oci_sif(config: dict | None = None, *, index_platforms: list[dict] | None = 
         manifest = json.dumps({
             "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                       "digest": _digest(config_bytes), "size": len(config_bytes)},
+                       "digest": sha256_digest(config_bytes), "size": len(config_bytes)},
             "layers": []}).encode()
         blobs += [config_blob, oci_blob(manifest)]
         entry = {"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                 "digest": _digest(manifest), "size": len(manifest)}
+                 "digest": sha256_digest(manifest), "size": len(manifest)}
         if index_platforms is not None:
             entry["platform"] = index_platforms[number]
         entries.append(entry)
     index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
                         "manifests": entries}).encode()
     return write_sif(blobs + [oci_blob(index, root_index=True)], total=len(blobs) + 1)
-
-
-def _digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ rewrite that makes a binary no kernel here runs, the OCI image a node imports.""
 import json
 
 from lab.cluster.nodehost import HostRecord, guard_rules, jumps_to_ours
-from lab.cluster.nodeimages import EM_IA_64, OciImage, sha256_digest, with_machine
+from lab.cluster.nodeimages import EM_IA_64, OciImage, with_machine
+from lab.servers.registry import sha256_digest
 
 
 def test_the_guard_drops_what_pods_and_services_send_out_of_any_other_interface():
