@@ -176,7 +176,8 @@ class Supervisor:
         if self.status_path is None:
             return
         status = {"state": state, "pid": self.process.pid if self.process else None,
-                  "since": self._since, "down_since": self._down_since, "restarts": self.restarts, "last_exit": self._last_exit,
+                  "since": self._since, "down_since": self._down_since,
+                  "restarts": self.restarts, "last_exit": self._last_exit,
                   "next_start": (self._wall() + max(0.0, self._next_start - self._clock())
                                  if state == "restarting" else None)}
         temporary = f"{self.status_path}.{os.getpid()}.tmp"
