@@ -43,10 +43,12 @@ TOP = {"archway.cli", "archway.serve", "archway.app", "archway.addresses", "arch
 
 
 def modules(folder: str) -> list[str]:
-    """The folder's Python files, in its subfolders too (repository-relative paths)."""
+    """The folder's Python files, in its subfolders too (repository-relative paths), but for a
+    subfolder that is a folder of its own in FOLDERS (archway/server)."""
     found = []
     for root, dirs, files in os.walk(os.path.join(REPO, folder)):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        here = os.path.relpath(root, REPO)
+        dirs[:] = [d for d in dirs if d != "__pycache__" and os.path.join(here, d) not in FOLDERS]
         found += [os.path.relpath(os.path.join(root, name), REPO) for name in files
                   if name.endswith(".py")]
     return sorted(found)
