@@ -14,6 +14,10 @@ import pytest
 import requests
 import yaml
 
+from archway.config import config_from_dict
+from archway.kubeclient import api_client_factory
+from archway.podview import PodView
+from archway.webhook.workloadcache import WorkloadCache
 from lab.procs import REPO, Server, free_port
 from lab.servers.apiserver import FakeApiServer
 from lab.servers.registry import RegistryServer
@@ -152,3 +156,40 @@ def test_pods_naming_made_up_controllers_do_not_slow_the_admission_of_others(web
     # A few waited (at most 2 a worker at once), most were answered at once.
     assert made_up_ms[PODS // 2] < 800, report
     assert webhook.metric("archway_admission_owner_waits_total", 'result="busy"') > 0, report
+
+
+def _wait(condition, what: str, timeout: float = 15.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, what
+        time.sleep(0.02)
+
+
+def _seconds_to_miss(workloads: WorkloadCache, name: str, timeout: float) -> float:
+    pod = PodView.of({"metadata": {"namespace": "shop", "name": "p", "ownerReferences": [
+        {"kind": "ReplicaSet", "name": name, "uid": str(uuid.uuid4()), "controller": True}]}})
+    started = time.monotonic()
+    assert workloads.top_of(pod, timeout=timeout) is None
+    return time.monotonic() - started
+
+
+def test_no_admission_waits_for_a_controller_while_the_workload_watch_is_not_following(tmp_path):
+    """While a watch fails and retries (or lists again) nothing it would bring arrives sooner:
+    an admission does not wait for it then."""
+    api = FakeApiServer()
+    settings = config_from_dict({"kubernetes": {"kubeconfig": api.kubeconfig(str(tmp_path))}})
+    workloads = WorkloadCache(api_client_factory(settings.kubernetes), kinds=("ReplicaSet",),
+                              watch_timeout_seconds=1, max_backoff_seconds=1)
+    try:
+        workloads.ensure_started()
+        _wait(lambda: workloads.current, "the ReplicaSet watch never followed the API")
+        assert _seconds_to_miss(workloads, "made-up-1", 0.4) >= 0.4
+        api.faults["/apis/apps/v1/replicasets"] = 500   # the next watch (within 1 s) fails
+        _wait(lambda: not workloads.current, "the failing watch was still taken as following")
+        assert _seconds_to_miss(workloads, "made-up-2", 5.0) < 0.3
+        del api.faults["/apis/apps/v1/replicasets"]
+        _wait(lambda: workloads.current, "the watch never followed the API again")
+        assert _seconds_to_miss(workloads, "made-up-3", 0.4) >= 0.4
+    finally:
+        workloads.stop()
+        api.stop()
