@@ -18,6 +18,7 @@ import ssl
 
 from archway.errors import ArchwayError
 from archway.hostport import join_host_port
+from archway.vocabulary import USER_AGENT
 
 PROBE_SECONDS = 1.0
 
@@ -63,7 +64,8 @@ def answers_as_archway(host: str, port: int) -> bool:
                                                    context=insecure),
                        http.client.HTTPConnection(target, port, timeout=PROBE_SECONDS)):
         try:
-            connection.request("GET", "/healthz", headers={"Host": join_host_port(target, port)})
+            connection.request("GET", "/healthz", headers={"Host": join_host_port(target, port),
+                                                           "User-Agent": USER_AGENT})
             answer = connection.getresponse()
             body = json.loads(answer.read(4096))
             return (answer.getheader("Server", "").startswith("gunicorn")

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 
 from archway.errors import ArchwayError, ConfigError
+from archway.vocabulary import USER_AGENT
 
 IN_CLUSTER_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 # One pool for every reader of a worker: its request threads (server.threads) reading pull
@@ -129,4 +130,6 @@ def _api_client(configuration):
     # back-off, and a failure is one line (urllib3 logs a warning per retry).
     configuration.retries = False
     configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, POOL_SIZE)
-    return k8s.ApiClient(configuration)
+    client = k8s.ApiClient(configuration)
+    client.user_agent = USER_AGENT   # not the client library's OpenAPI-Generator/...
+    return client

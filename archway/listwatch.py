@@ -38,6 +38,9 @@ class ListWatch:
         self.available: bool | None = None   # None: not known yet; False: no cluster configured
         self.lists = 0                        # how many full lists were made (re-lists included)
         self._synced = threading.Event()
+        # The first list is in and the watch follows the API now: not listing again, not
+        # retrying after a failure. What the API makes now may arrive any moment.
+        self._current = threading.Event()
         self._settled = threading.Event()     # synced, or the first attempt failed / no cluster
         self._stop = threading.Event()
         self._runner = ProcessThread(self._run, thread_name)
@@ -62,11 +65,17 @@ class ListWatch:
     def synced(self) -> bool:
         return self._synced.is_set()
 
+    @property
+    def current(self) -> bool:
+        """Synced, and following the watch now (not listing again, not retrying)."""
+        return self._current.is_set()
+
     def ensure_started(self) -> None:
         self._runner.start_once(self._reset)
 
     def _reset(self) -> None:
         self._synced.clear()
+        self._current.clear()
         self._settled.clear()
         self._stop.clear()
 
@@ -79,6 +88,7 @@ class ListWatch:
 
     def stop(self) -> None:
         self._stop.set()
+        self._current.clear()
         stream = self._stream
         if stream is not None:
             stream.close()   # ends a read waiting for the next event
@@ -121,9 +131,11 @@ class ListWatch:
                 resource_version = self._watch_from(api, resource_version)
                 backoff, failures = 0.0, self._recovered(failures)
             except _Relist as why:
+                self._current.clear()
                 log.info("%s: %s: listing again", self.what, why)
                 resource_version = None
             except Exception as e:  # any failure: retry with backoff
+                self._current.clear()
                 if self._stop.is_set():
                     break
                 # A first list that fails (no RBAC, API down) must not make callers wait for a
@@ -153,6 +165,7 @@ class ListWatch:
         self._on_list(items)
         self.lists += 1
         self._synced.set()
+        self._current.set()
         self._settled.set()
         return meta.get("resourceVersion") or ""
 
@@ -163,6 +176,7 @@ class ListWatch:
                 timeout_seconds=self.watch_timeout_seconds)
             if self._stop.is_set():   # stopped while the watch was opening
                 return resource_version
+            self._current.set()       # again, after a failed watch resumed where it was
             for event in stream:
                 if self._stop.is_set():
                     break

@@ -91,6 +91,10 @@ CLIENT_CUTS = Counter(
     "Client connections archway closed before their request was in: handshake_timeout, "
     "header_timeout, body_timeout (too slow), header_too_large, tls_failed (no TLS client), "
     "overflow (the oldest partial or idle connection, to make room)", ["reason"])
+OWNER_WAITS = Counter(
+    "archway_admission_owner_waits_total",
+    "Admissions of pods whose controller the workload watch had not brought, by result: found "
+    "or missed (waited), busy, not_watching or missed_before (answered at once)", ["result"])
 BAD_REQUESTS = Counter("archway_bad_requests_total",
                        "Requests rejected as malformed, by HTTP status", ["code"])
 

@@ -4,7 +4,12 @@ operator tools all say these things the same way because they say them from here
 """
 from collections.abc import Iterable, Mapping
 
+from archway import __version__
 from archway.logsafe import redact_url
+
+# What archway calls itself in every request it makes -- to registries, Prometheus, the
+# Kubernetes API (RFC 9110 10.1.5: product/version): their operators can tell its traffic apart.
+USER_AGENT = f"archway/{__version__}"
 
 ARCH_LABEL = "kubernetes.io/arch"
 # kubelet still sets the deprecated beta label; a pod selecting on it does constrain its arch.

@@ -32,6 +32,7 @@ from archway.errors import (
     TransportError,
     classify_error,
 )
+from archway.vocabulary import USER_AGENT
 
 from .connections import CheckedAdapter
 from .deadlines import sockets_end_at
@@ -85,6 +86,7 @@ class HttpClient:
         self.session = requests.Session()
         # No CA bundle from the environment overriding config; proxies come from ProxyRules.
         self.session.trust_env = False
+        self.session.headers["User-Agent"] = USER_AGENT   # not python-requests'
         # No cookies kept: the session serves every pod, and a cookie a token service set for
         # one pod's credentials must not authenticate another pod's lookup.
         self.session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))

@@ -19,6 +19,7 @@ from archway.registry.oci import RegistryClient
 from archway.registry.reference import parse_reference
 from archway.registry.resolver import Resolver
 from archway.registry.sifsources import resolve_https
+from archway.vocabulary import USER_AGENT
 from lab.servers.faults import ScriptedServer
 from lab.servers.registry import RegistryServer
 from lab.tls import session_ca
@@ -121,9 +122,9 @@ def test_head_through_registry_access_uses_the_mirror_as_resolve_does(tmp_path_f
         up_mark, mirror_mark = upstream.mark(), mirror.mark()
         assert access.head_digest(ref, Keyring.empty(), deadline()) == pushed
         assert [e.method for e in mirror.requests_since(mirror_mark)
-                if e.agent.startswith("python-requests")] == ["HEAD"]
+                if e.agent == USER_AGENT] == ["HEAD"]
         assert [e for e in upstream.requests_since(up_mark)
-                if e.agent.startswith("python-requests")] == []
+                if e.agent == USER_AGENT] == []
     finally:
         mirror.stop()
         upstream.stop()

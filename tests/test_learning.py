@@ -9,6 +9,7 @@ import time
 import jsonpatch
 import pytest
 
+from archway import metrics
 from archway.config import config_from_dict
 from archway.errors import ConfigError, DeadlineExceeded
 from archway.extender.ceiling import utilisation_ceiling
@@ -348,35 +349,83 @@ def test_the_top_workload_of_a_pod():
     assert top_workload("shop", ("Node", "x"), lookup) is None
 
 
+def _following(workloads):
+    """The caches as if their first lists were in and their watches open."""
+    for cache in workloads.caches.values():
+        cache._current.set()
+    return workloads
+
+
+def _owned_by(kind, name, uid="u"):
+    return PodView.of({"metadata": {"namespace": "shop", "name": "p", "ownerReferences": [
+        {"kind": kind, "name": name, "uid": uid, "controller": True}]}, "spec": {}})
+
+
+def _owner_waits():
+    return {result: metrics.OWNER_WAITS.labels(result)._value.get()
+            for result in ("found", "missed", "busy", "not_watching", "missed_before")}
+
+
 def test_a_controller_the_watch_has_not_brought_yet_is_waited_for_within_the_time_given():
     """A Deployment's new ReplicaSet, a CronJob's Job: its first pods may be admitted before the
     webhook's watch has it. Admission gives the watch the time it may spend on the API."""
-    workloads = WorkloadCache(lambda: None)
+    workloads = _following(WorkloadCache(lambda: None))
     deployment = obj("Deployment", "web", annotations={ANNOTATION_FAILED: "arm64"})
     workloads.caches["Deployment"]._upsert(workload_facts("Deployment")(deployment))
 
-    def owned_by(kind, name):
-        return PodView.of({"metadata": {"namespace": "shop", "name": "p", "ownerReferences": [
-            {"kind": kind, "name": name, "uid": "u", "controller": True}]}, "spec": {}})
     arrives = threading.Timer(0.2, lambda: workloads.caches["ReplicaSet"]._upsert(
         workload_facts("ReplicaSet")(obj("ReplicaSet", "web-5d8", ("Deployment", "web")))))
     started = time.monotonic()
     arrives.start()
     try:
-        top = workloads.top_of(owned_by("ReplicaSet", "web-5d8"), timeout=10)
+        top = workloads.top_of(_owned_by("ReplicaSet", "web-5d8"), timeout=10)
     finally:
         arrives.cancel()
     assert top is not None and top.learned.architectures == {"arm64"}
     assert 0.15 < time.monotonic() - started < 5
     # A link that never comes costs the time given, and no more; none given, none spent.
     started = time.monotonic()
-    assert workloads.top_of(owned_by("Job", "gone"), timeout=0.3) is None
+    assert workloads.top_of(_owned_by("Job", "gone"), timeout=0.3) is None
     assert 0.3 <= time.monotonic() - started < 2
     started = time.monotonic()
-    assert workloads.top_of(owned_by("Job", "gone")) is None
+    assert workloads.top_of(_owned_by("Job", "gone")) is None
     # A kind archway does not watch is never waited for.
-    assert workloads.top_of(owned_by("Rollout", "canary"), timeout=10) is None
+    assert workloads.top_of(_owned_by("Rollout", "canary"), timeout=10) is None
     assert time.monotonic() - started < 1
+
+
+def test_a_missing_controller_is_waited_for_by_a_few_pods_at_once_only_while_the_watch_follows():
+    """Any pod's author may name a controller that never comes: the wait holds a handler thread,
+    so only `waits_at_once` admissions wait at once (the others are answered at once, as with no
+    controller), none while the watch is not following the API (a list brings nothing sooner),
+    and none again for a controller a whole wait missed."""
+    workloads = WorkloadCache(lambda: None, waits_at_once=1)
+    before = _owner_waits()
+    started = time.monotonic()
+    assert workloads.top_of(_owned_by("ReplicaSet", "made-up"), timeout=10) is None
+    assert time.monotonic() - started < 1, "waited while no watch follows the API"
+
+    _following(workloads)
+    waiting = threading.Thread(target=workloads.top_of,
+                               args=(_owned_by("ReplicaSet", "made-up", "u1"), 1.0))
+    waiting.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    assert workloads.top_of(_owned_by("ReplicaSet", "made-up-too", "u2"), timeout=10) is None
+    assert time.monotonic() - started < 0.5, "a second admission waited beside the first"
+    waiting.join()
+    # The controller the first wait missed is not waited for again...
+    started = time.monotonic()
+    assert workloads.top_of(_owned_by("ReplicaSet", "made-up", "u1"), timeout=10) is None
+    assert time.monotonic() - started < 0.5
+    # ...but another one is, and one that arrives is found.
+    arrives = threading.Timer(0.2, lambda: workloads.caches["ReplicaSet"]._upsert(
+        workload_facts("ReplicaSet")(obj("ReplicaSet", "web-5d8"))))
+    arrives.start()
+    assert workloads.top_of(_owned_by("ReplicaSet", "web-5d8"), timeout=10) is not None
+    after = _owner_waits()
+    assert {k: after[k] - before[k] for k in after} == {
+        "found": 1, "missed": 1, "busy": 1, "not_watching": 1, "missed_before": 1}
 
 
 def test_workload_facts_skip_what_is_not_a_workload():

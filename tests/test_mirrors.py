@@ -14,11 +14,12 @@ from archway.registry.credentials import Keyring
 from archway.registry.mirrors import Mirrors, RegistryHost, parse_hosts_dir
 from archway.registry.reference import parse_reference
 from archway.registry.resolver import Resolver
+from archway.vocabulary import USER_AGENT
 from lab.servers.registry import RegistryServer
 from lab.tls import session_ca
 from tests.infra.fixtures import test_ca
 
-ARCHWAY_AGENT = "python-requests"
+ARCHWAY_AGENT = USER_AGENT
 
 
 @pytest.fixture(scope="module")

@@ -200,8 +200,8 @@ class AdmissionService:
     def learned_for(self, pod: PodView, api_by: float):
         """What the pod's workload learned (learning.Learned), from the workload caches: no
         request per admission. Right after start-up their first lists, and a controller made a
-        moment before the pod, may wait until `api_by`, never more; a pod with no controller
-        costs nothing."""
+        moment before the pod, may wait until `api_by`, never more (the latter only for a few
+        pods at once: WorkloadCache.top_of); a pod with no controller costs nothing."""
         cache = self.caches.workloads
         if cache is None or not pod.owner_references:
             return None

@@ -7,11 +7,14 @@ own; the leading gate controller uses the same caches to learn (remediation.py) 
 workloads a moved tag concerns. Only a few facts are kept per object, so a cluster of 10,000
 ReplicaSets costs a few megabytes, not the objects.
 """
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
+from archway import metrics
 from archway.cluster import WORKLOAD_LISTS
 from archway.podview import OwnerReference, PodView
 from archway.watchcache import WatchCache
@@ -27,6 +30,14 @@ COLLECTIONS = {kind: f"{prefix}/{plural}" for kind, (prefix, plural) in WORKLOAD
 MAX_CHAIN = 3
 # How often admission looks again for a controller its watch has not brought yet.
 LINK_POLL_SECONDS = 0.01
+# How many admissions of one process may wait for such a controller at once. Any pod's author
+# can name a controller that never comes, and each wait holds a handler thread (the chart runs
+# 8 per process) for the API's share of the deadline: the others are answered at once, as if
+# their pod had no controller.
+OWNER_WAITS_AT_ONCE = 2
+# Controllers a whole wait missed, remembered (the most recent) so that the pods naming them
+# again are answered at once: waiting again would buy nothing the first wait did not.
+MISSED_OWNERS_KEPT = 1024
 # The kinds whose controllers make pods: a pod's first link is one of them, never a Deployment or
 # a CronJob (theirs are a ReplicaSet's, a Job's).
 POD_CONTROLLERS = ("ReplicaSet", "Job", "StatefulSet", "DaemonSet")
@@ -217,14 +228,52 @@ def pod_owner(pod: PodView) -> tuple[str, str] | None:
     return (owner.kind, owner.name) if owner is not None else None
 
 
+def _owner_key(pod: PodView) -> tuple[str, str, str, str]:
+    owner = next(o for o in pod.owner_references if o.controller)
+    return (pod.namespace, owner.kind, owner.name, owner.uid)
+
+
+class OwnerWaits:
+    """Which admissions may wait for a controller the watch has not brought: at most
+    `at_once` at a time (taken without blocking), never for a controller a whole wait already
+    missed. archway_admission_owner_waits_total counts each wait and each skip by its result."""
+
+    def __init__(self, at_once: int = OWNER_WAITS_AT_ONCE, kept: int = MISSED_OWNERS_KEPT):
+        self._slots = threading.BoundedSemaphore(max(1, at_once))
+        self._missed: OrderedDict[tuple, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self._kept = kept
+
+    def begin(self) -> bool:
+        return self._slots.acquire(blocking=False)
+
+    def end(self, key: tuple, *, found: bool, trusted: bool) -> None:
+        """A wait is over. A miss is remembered only when the watches follow the API at its end
+        (`trusted`): a list or a retry in progress may yet bring the controller."""
+        self._slots.release()
+        metrics.OWNER_WAITS.labels("found" if found else "missed").inc()
+        if not found and trusted:
+            with self._lock:
+                self._missed[key] = None
+                self._missed.move_to_end(key)
+                while len(self._missed) > self._kept:
+                    self._missed.popitem(last=False)
+
+    def missed_before(self, key: tuple) -> bool:
+        with self._lock:
+            return key in self._missed
+
+
 class WorkloadCache:
     """One WatchCache per workload kind, started together."""
 
-    def __init__(self, api_client_factory, kinds: Iterable[str] = tuple(COLLECTIONS), **kwargs):
+    def __init__(self, api_client_factory, kinds: Iterable[str] = tuple(COLLECTIONS),
+                 waits_at_once: int = OWNER_WAITS_AT_ONCE, **kwargs):
         self.caches: dict[str, WatchCache[WorkloadFacts]] = {
             kind: WatchCache(api_client_factory, what=f"{kind.lower()}",
                              path=COLLECTIONS[kind], facts=workload_facts(kind), **kwargs)
             for kind in kinds}
+        self.owner_waits = OwnerWaits(waits_at_once)
 
     def ensure_started(self) -> None:
         for cache in self.caches.values():
@@ -238,6 +287,11 @@ class WorkloadCache:
     def synced(self) -> bool:
         return all(cache.synced for cache in self.caches.values())
 
+    @property
+    def current(self) -> bool:
+        """Every watch follows the API now: a controller made now may arrive any moment."""
+        return all(cache.current for cache in self.caches.values())
+
     def stop(self) -> None:
         for cache in self.caches.values():
             cache.stop()
@@ -250,15 +304,34 @@ class WorkloadCache:
         """The top of the pod's owner chain. A controller is created a moment before its pods (a
         Deployment's new ReplicaSet, a CronJob's Job) and its first pods may be admitted before
         the watch has brought it: while a link of a chain archway follows is missing, the watch
-        gets up to `timeout` seconds to bring it."""
+        gets up to `timeout` seconds to bring it -- only while every watch follows the API (a
+        list in progress brings nothing sooner), for a few pods at once and not again for a
+        controller a whole wait missed (OwnerWaits)."""
         owner = pod_owner(pod)
-        until = time.monotonic() + timeout
-        while True:
-            top = top_workload(pod.namespace, owner, self.lookup)
-            if top is not None or owner is None or owner[0] not in self.caches \
-                    or time.monotonic() >= until:
-                return top
+        top = top_workload(pod.namespace, owner, self.lookup)
+        if top is not None or owner is None or owner[0] not in self.caches or timeout <= 0:
+            return top
+        key = _owner_key(pod)
+        skip = ("not_watching" if not self.current else
+                "missed_before" if self.owner_waits.missed_before(key) else
+                "busy" if not self.owner_waits.begin() else None)
+        if skip is not None:
+            metrics.OWNER_WAITS.labels(skip).inc()
+            return None
+        try:
+            top = self._poll(pod.namespace, owner, time.monotonic() + timeout)
+        finally:
+            self.owner_waits.end(key, found=top is not None, trusted=self.current)
+        return top
+
+    def _poll(self, namespace: str, owner: tuple[str, str],
+              until: float) -> WorkloadFacts | None:
+        while time.monotonic() < until:
             time.sleep(LINK_POLL_SECONDS)
+            top = top_workload(namespace, owner, self.lookup)
+            if top is not None:
+                return top
+        return None
 
     def tops(self) -> Iterable[WorkloadFacts]:
         """Every workload at the top of its chain (what carries a template that matters)."""

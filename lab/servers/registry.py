@@ -70,10 +70,10 @@ class AccessEntry:
     query: str
     status: int
     size: int       # response body bytes the registry sent
-    agent: str = ""  # the client's User-Agent: archway (python-requests) or a mirror (Go)
+    agent: str = ""  # the client's User-Agent: archway/<version> or a mirror (Go)
 
 
-# 127.0.0.1 - - [02/Jan/2025:10:00:00 +0000] "GET /v2/ HTTP/1.1" 200 2 "" "python-requests/2.31"
+# 127.0.0.1 - - [02/Jan/2025:10:00:00 +0000] "GET /v2/ HTTP/1.1" 200 2 "" "archway/0.1.0"
 _ACCESS_LINE = re.compile(
     r'^\S+ \S+ \S+ \[[^\]]+\] "(?P<method>[A-Z]+) (?P<target>\S+) HTTP/[0-9.]+" '
     r'(?P<status>\d{3}) (?P<size>\d+|-)(?: "[^"]*" "(?P<agent>[^"]*)")?')
