@@ -458,9 +458,9 @@ def test_cert_manager_mode(render):
     ca_cert = next(c for c in find(docs, "Certificate") if c["spec"].get("isCA"))
     assert issuer["spec"]["ca"]["secretName"] == ca_cert["spec"]["secretName"]
     assert one(docs, "Issuer", ca_cert["spec"]["issuerRef"]["name"])["spec"] == {"selfSigned": {}}
-    # no certgen Job (the only Job is the uninstall hook that releases gated pods)
-    assert [d["metadata"]["name"] for d in docs if d["kind"] in ("Job", "CronJob")] == [
-        f"{RELEASE}-archway-gate-release"]
+    # no certgen Job (the only Jobs are the uninstall hooks: gated pods released, Leases deleted)
+    assert sorted(d["metadata"]["name"] for d in docs if d["kind"] in ("Job", "CronJob")) == [
+        f"{RELEASE}-archway-cleanup", f"{RELEASE}-archway-gate-release"]
 
     own = render("cert-manager-own-issuer")
     assert [d["kind"] for d in own if d["kind"] in ("Issuer", "Certificate")] == ["Certificate"]
@@ -476,7 +476,7 @@ def test_user_secret_mode(render):
                                 for v in deployment["spec"]["template"]["spec"]["volumes"] if "secret" in v]
     assert [d["metadata"]["name"] for d in docs
             if d["kind"] in ("Job", "CronJob", "Certificate", "Issuer")] == [
-        f"{RELEASE}-archway-gate-release"]
+        f"{RELEASE}-archway-cleanup", f"{RELEASE}-archway-gate-release"]
 
 
 def expected_scheduler_config(**kwargs):
@@ -684,7 +684,7 @@ def test_archway_pods_run_only_where_the_image_can(render, case, archs):
     specs = archway_pod_specs(docs)
     expected = {"Deployment arch-archway", "Job arch-archway-certgen-create",
                 "Job arch-archway-certgen-patch", "CronJob arch-archway-certgen-renew",
-                "Job arch-archway-gate-release"}
+                "Job arch-archway-gate-release", "Job arch-archway-cleanup"}
     if case != "default":
         expected.add("Deployment arch-archway-scheduler")
     assert set(specs) == expected
