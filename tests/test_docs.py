@@ -133,3 +133,16 @@ def test_the_chart_defaults_are_the_sizing_pages_row():
                           written(webhook["resources"], "limits"),
                           written(extender["resources"], "requests"),
                           written(extender["resources"], "limits")]
+
+
+def test_the_egress_guard_is_documented_in_the_table_it_lives_in():
+    """docs/real-control-plane.md says where the real node's egress guard is, as
+    lab/cluster/nodehost.py puts it (issue 38: the page said "first in FORWARD", of no table,
+    while the chain is jumped to from the mangle table's FORWARD)."""
+    from lab.cluster.nodehost import GUARD_TABLE, guard_rules
+    jump = guard_rules("CHAIN", "bridge0", ["10.0.0.0/8"])[-1]
+    assert jump[:4] == ["-t", GUARD_TABLE, "-I", "FORWARD"]
+    with open(os.path.join(REPO, "docs", "real-control-plane.md")) as f:
+        text = " ".join(f.read().split())
+    (guard,) = re.findall(r"\*\*Every packet stays on this machine\.\*\*(.*?)\n?is dropped", text)
+    assert "FORWARD" in guard and f"**{GUARD_TABLE}** table" in guard
