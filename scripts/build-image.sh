@@ -107,10 +107,16 @@ base() {
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] \
       || ! "${buildah[@]}" inspect --type image "$name" >/dev/null 2>&1; then
     local c; c=$("${buildah[@]}" from --arch "$arch" scratch)
-    "${buildah[@]}" add --quiet "$c" "$tarball" / >/dev/null
-    "${buildah[@]}" config --os linux --arch "$arch" \
-      --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/bash "$c"
-    "${buildah[@]}" commit --quiet --rm "$c" "$name" >/dev/null
+    # commit --rm removes the working container; a step that fails removes it here.
+    if ! { "${buildah[@]}" add --quiet "$c" "$tarball" / >/dev/null &&
+           "${buildah[@]}" config --os linux --arch "$arch" \
+             --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+             --cmd /bin/bash "$c" &&
+           "${buildah[@]}" commit --quiet --rm "$c" "$name" >/dev/null; }; then
+      "${buildah[@]}" rm "$c" >/dev/null 2>&1 || true
+      echo "build-image.sh: importing the $kind base for $arch into buildah failed" >&2
+      exit 1
+    fi
     echo "$want" >"$stamp"
   fi
   echo "$name"
@@ -137,7 +143,8 @@ for arch in "${arches[@]}"; do
   start=$(seconds)
   # buildah 1.28 does not set BUILDPLATFORM itself (BuildKit does); --pull=never: the bases are
   # the local images made above, never anything of the same name on a registry.
-  "${buildah[@]}" build --quiet --isolation chroot --platform "linux/$arch" "${mounts[@]}" \
+  # --force-rm: a failed step leaves no intermediate container behind either.
+  "${buildah[@]}" build --quiet --force-rm --isolation chroot --platform "linux/$arch" "${mounts[@]}" \
     --pull=never --build-arg "BUILDPLATFORM=linux/$host_arch" \
     --build-arg "BASE=$run_base" --build-arg "BUILD_BASE=$build_base" \
     --manifest "$list" -f Dockerfile . >/dev/null
