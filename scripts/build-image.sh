@@ -143,8 +143,7 @@ for arch in "${arches[@]}"; do
   start=$(seconds)
   # buildah 1.28 does not set BUILDPLATFORM itself (BuildKit does); --pull=never: the bases are
   # the local images made above, never anything of the same name on a registry.
-  # --force-rm: a failed step leaves no intermediate container behind either.
-  "${buildah[@]}" build --quiet --force-rm --isolation chroot --platform "linux/$arch" "${mounts[@]}" \
+  "${buildah[@]}" build --quiet --isolation chroot --platform "linux/$arch" "${mounts[@]}" \
     --pull=never --build-arg "BUILDPLATFORM=linux/$host_arch" \
     --build-arg "BASE=$run_base" --build-arg "BUILD_BASE=$build_base" \
     --manifest "$list" -f Dockerfile . >/dev/null
