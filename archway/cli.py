@@ -1,5 +1,5 @@
 """The `archway` command: inspect, explain, report, serve, admission-review, scheduler-config,
-certs, gate, completion."""
+certs, gate, cleanup, completion."""
 import argparse
 import atexit
 import importlib
@@ -21,7 +21,7 @@ EXIT_BROKEN_PIPE = 141   # the reader of stdout went away (128 + SIGPIPE, as a s
 _COMMAND_MODULES = ("archway.registry.inspect", "archway.serve", "archway.webhook.admissionreview",
                     "archway.extender.schedconfig",
                     "archway.certs.cli", "archway.tools.explain", "archway.tools.report",
-                    "archway.gate.cli", "archway.completion")
+                    "archway.gate.cli", "archway.tools.cleanup", "archway.completion")
 
 # What `--help` of each command shows under "examples:" (tests/test_cli.py parses every line
 # that starts with `archway`, so an example cannot drift from the options).
@@ -54,6 +54,8 @@ EXAMPLES = {
     "gate": ("archway gate release-all",),
     "gate release-all": ("archway gate release-all",
                          "archway gate release-all --config archway.yaml -v"),
+    "cleanup": ("archway cleanup -n archway-system --lease archway-gate-controller "
+                "--lease archway-scheduler --wait-for-pods app.kubernetes.io/instance=archway",),
     "completion": ("source <(archway completion bash)",
                    'archway completion zsh > "${fpath[1]}/_archway"'),
 }

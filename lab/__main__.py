@@ -5,7 +5,9 @@
     python -m lab status
     python -m lab down
 
-State and logs live in $ARCHWAY_CLUSTER_DIR (default ~/.local/state/archway/cluster).
+State and logs live in $ARCHWAY_CLUSTER_DIR (default ~/.local/state/archway/cluster). `up`
+records where (~/.local/state/archway/cluster-dir): `status` and `down` in a new shell, without
+the variable, find the cluster that `up` started.
 """
 import argparse
 import os
@@ -19,9 +21,49 @@ from lab.cluster.chart import ChartInstall, deep_merge
 from lab.cluster.controlplane import ControlPlane
 
 
-def default_state_dir() -> str:
+def _state_base() -> str:
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return os.environ.get("ARCHWAY_CLUSTER_DIR") or os.path.join(base, "archway", "cluster")
+    return os.path.join(base, "archway")
+
+
+def default_state_dir() -> str:
+    return os.environ.get("ARCHWAY_CLUSTER_DIR") or os.path.join(_state_base(), "cluster")
+
+
+def record_path() -> str:
+    """Where `up` writes the state folder it started in, for `down` and `status` to find."""
+    return os.path.join(_state_base(), "cluster-dir")
+
+
+def recorded_state_dir() -> str | None:
+    try:
+        with open(record_path()) as f:
+            recorded = f.read().strip()
+    except OSError:
+        return None
+    return recorded if os.path.isabs(recorded) else None
+
+
+def record_state_dir(state_dir: str) -> None:
+    os.makedirs(os.path.dirname(record_path()), exist_ok=True)
+    with open(record_path(), "w") as f:
+        f.write(os.path.abspath(state_dir) + "\n")
+
+
+def forget_state_dir(state_dir: str) -> None:
+    """The record goes with the cluster it names (never another `up`'s)."""
+    if recorded_state_dir() == os.path.abspath(state_dir):
+        os.unlink(record_path())
+
+
+def state_dir_of(command: str) -> str:
+    """--state-dir's default: $ARCHWAY_CLUSTER_DIR; else, for `status` and `down`, the folder
+    the last `up` recorded; else ~/.local/state/archway/cluster."""
+    if not os.environ.get("ARCHWAY_CLUSTER_DIR") and command in ("status", "down"):
+        recorded = recorded_state_dir()
+        if recorded:
+            return recorded
+    return default_state_dir()
 
 
 class Refused(Exception):
@@ -70,6 +112,7 @@ def prepare(args) -> tuple[dict, dict]:
     if args.karpenter and (args.real_node or args.kwok_nodes):
         raise Refused("--karpenter makes its own Nodes: it goes with neither --real-node, "
                       "--in-cluster nor --kwok-nodes", 2)
+    record_state_dir(args.state_dir)      # before anything starts: `down` finds even a half `up`
     return fragment, values
 
 
@@ -127,6 +170,7 @@ def clean_up_after(plane: ControlPlane, state_dir: str, step: str, error: Except
         shutil.copytree(plane.path("logs"), keep)
         print(f"cluster.sh: the logs were kept in {keep}", file=sys.stderr)
     shutil.rmtree(state_dir, ignore_errors=True)
+    forget_state_dir(state_dir)
 
 
 def report(plane: ControlPlane, args, about_archway: list[str]) -> int:
@@ -161,11 +205,13 @@ def down(args) -> int:
     if not os.path.exists(os.path.join(args.state_dir, "processes.json")):
         print(f"cluster.sh: no cluster in {args.state_dir}", file=sys.stderr)
         shutil.rmtree(args.state_dir, ignore_errors=True)
+        forget_state_dir(args.state_dir)
         return 0
     plane = ControlPlane.load(args.state_dir)
     left = realnode.teardown(plane)
     plane.stop()
     shutil.rmtree(args.state_dir, ignore_errors=True)
+    forget_state_dir(args.state_dir)
     if left:
         print("cluster.sh: could not remove: " + "; ".join(left), file=sys.stderr)
         return 1
@@ -193,9 +239,10 @@ def command_line() -> argparse.ArgumentParser:
         "A real Kubernetes control plane on this machine (etcd, kube-apiserver, "
         "kube-controller-manager, kube-scheduler built from source; Nodes of several "
         "architectures, no kubelet) with archway installed by its Helm chart and running here."))
-    parser.add_argument("--state-dir", default=default_state_dir(),
+    parser.add_argument("--state-dir",
                         help="where processes, certificates and logs live (default: "
-                             "$ARCHWAY_CLUSTER_DIR or ~/.local/state/archway/cluster)")
+                             "$ARCHWAY_CLUSTER_DIR; for status and down, else where the last "
+                             "up ran; else ~/.local/state/archway/cluster)")
     sub = parser.add_subparsers(dest="command", required=True)
     starting = sub.add_parser("up", help="start it (prints `export KUBECONFIG=...` last)")
     starting.add_argument("--archway-config", metavar="FILE",
@@ -227,6 +274,7 @@ def command_line() -> argparse.ArgumentParser:
 
 def parse(argv=None) -> argparse.Namespace:
     args = command_line().parse_args(argv)
+    args.state_dir = args.state_dir or state_dir_of(args.command)
     if getattr(args, "in_cluster", False):
         args.real_node = True   # --in-cluster implies --real-node
     return args

@@ -107,10 +107,16 @@ base() {
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] \
       || ! "${buildah[@]}" inspect --type image "$name" >/dev/null 2>&1; then
     local c; c=$("${buildah[@]}" from --arch "$arch" scratch)
-    "${buildah[@]}" add --quiet "$c" "$tarball" / >/dev/null
-    "${buildah[@]}" config --os linux --arch "$arch" \
-      --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/bash "$c"
-    "${buildah[@]}" commit --quiet --rm "$c" "$name" >/dev/null
+    # commit --rm removes the working container; a step that fails removes it here.
+    if ! { "${buildah[@]}" add --quiet "$c" "$tarball" / >/dev/null &&
+           "${buildah[@]}" config --os linux --arch "$arch" \
+             --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+             --cmd /bin/bash "$c" &&
+           "${buildah[@]}" commit --quiet --rm "$c" "$name" >/dev/null; }; then
+      "${buildah[@]}" rm "$c" >/dev/null 2>&1 || true
+      echo "build-image.sh: importing the $kind base for $arch into buildah failed" >&2
+      exit 1
+    fi
     echo "$want" >"$stamp"
   fi
   echo "$name"

@@ -17,7 +17,7 @@
 # ServiceAccounts, and `archway serve` (webhook, extender) and the second kube-scheduler run here
 # as the chart's ServiceAccounts. FILE: a YAML fragment of archway's configuration deep-merged
 # over the chart's (e.g. registry.insecure_hosts). State and logs: ~/.local/state/archway/cluster
-# ($ARCHWAY_CLUSTER_DIR). --real-node: containerd, a kubelet and kube-proxy run pods for real
+# ($ARCHWAY_CLUSTER_DIR; `up` records it, so status and down find it without). --real-node: containerd, a kubelet and kube-proxy run pods for real
 # (root only). The API-only Nodes of the other architectures stay, to show archway choosing: Ready,
 # schedulable, untainted, they run nothing, so a pod archway skips, or one whose image also runs
 # on their architecture, may be bound to one and never start. --in-cluster: archway's image

@@ -1,13 +1,15 @@
 """See archway patch a pod, on one machine, with no cluster.
 
-Starts a real registry (Debian's docker-registry) on localhost, pushes a two-architecture image
+Starts a real registry (Debian's docker-registry) on 127.0.0.1, pushes a two-architecture image
 and an arm64-only one, starts `archway serve` configured for that registry, posts the
 AdmissionReview fixtures exactly as kube-apiserver would, and prints what archway answers and
-what the pod looks like after the patch. Run it with `bash scripts/demo.sh`.
+what the pod looks like after the patch; then stops both and removes its temporary folder. Run
+it with `bash scripts/demo.sh`.
 """
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -81,6 +83,7 @@ def main() -> int:
             server.terminate()
             server.wait(10)
         registry.stop()
+        shutil.rmtree(work, ignore_errors=True)   # the registry's blobs, archway's state and CA
 
 
 if __name__ == "__main__":

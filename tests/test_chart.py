@@ -458,9 +458,9 @@ def test_cert_manager_mode(render):
     ca_cert = next(c for c in find(docs, "Certificate") if c["spec"].get("isCA"))
     assert issuer["spec"]["ca"]["secretName"] == ca_cert["spec"]["secretName"]
     assert one(docs, "Issuer", ca_cert["spec"]["issuerRef"]["name"])["spec"] == {"selfSigned": {}}
-    # no certgen Job (the only Job is the uninstall hook that releases gated pods)
-    assert [d["metadata"]["name"] for d in docs if d["kind"] in ("Job", "CronJob")] == [
-        f"{RELEASE}-archway-gate-release"]
+    # no certgen Job (the only Jobs are the uninstall hooks: gated pods released, Leases deleted)
+    assert sorted(d["metadata"]["name"] for d in docs if d["kind"] in ("Job", "CronJob")) == [
+        f"{RELEASE}-archway-cleanup", f"{RELEASE}-archway-gate-release"]
 
     own = render("cert-manager-own-issuer")
     assert [d["kind"] for d in own if d["kind"] in ("Issuer", "Certificate")] == ["Certificate"]
@@ -476,7 +476,7 @@ def test_user_secret_mode(render):
                                 for v in deployment["spec"]["template"]["spec"]["volumes"] if "secret" in v]
     assert [d["metadata"]["name"] for d in docs
             if d["kind"] in ("Job", "CronJob", "Certificate", "Issuer")] == [
-        f"{RELEASE}-archway-gate-release"]
+        f"{RELEASE}-archway-cleanup", f"{RELEASE}-archway-gate-release"]
 
 
 def expected_scheduler_config(**kwargs):
@@ -684,7 +684,7 @@ def test_archway_pods_run_only_where_the_image_can(render, case, archs):
     specs = archway_pod_specs(docs)
     expected = {"Deployment arch-archway", "Job arch-archway-certgen-create",
                 "Job arch-archway-certgen-patch", "CronJob arch-archway-certgen-renew",
-                "Job arch-archway-gate-release"}
+                "Job arch-archway-gate-release", "Job arch-archway-cleanup"}
     if case != "default":
         expected.add("Deployment arch-archway-scheduler")
     assert set(specs) == expected
@@ -1584,3 +1584,86 @@ def test_every_job_of_the_chart_is_one_template():
                                       open(os.path.join(top, name)).read(), re.M)
                          and name != "_jobs.tpl")
     assert spelled_out == [], "a Job's spec belongs in archway.commandJobSpec"
+
+
+# --- uninstall always finishes; the second scheduler drains (issue 38, findings 4 and 9) ---------
+
+def _hook_events(doc) -> set[str]:
+    return set((doc["metadata"].get("annotations") or {}).get("helm.sh/hook", "").split(",")) - {""}
+
+
+@pytest.mark.parametrize("case", ["default", "scheduler-on", "cert-manager"])
+def test_every_hook_job_preempts_with_a_class_there_only_while_hooks_run(render, case):
+    """On a full node a hook Job's pod must preempt a workload's, or `helm install/upgrade/
+    uninstall --wait` never ends: each hook Job gets the chart's PriorityClass, itself a hook of
+    every event a Job runs in (made first, deleted after), so nothing of it outlives a hook."""
+    docs = render(case)
+    (priority,) = find(docs, "PriorityClass")
+    annotations = priority["metadata"]["annotations"]
+    assert set(annotations["helm.sh/hook-delete-policy"].split(",")) == {
+        "before-hook-creation", "hook-succeeded"}
+    assert priority["value"] == 1000000 and priority["globalDefault"] is False
+    jobs = [d for d in docs if d["kind"] == "Job"]
+    assert jobs and all(_hook_events(j) for j in jobs)
+    for job in jobs:
+        assert job["spec"]["template"]["spec"]["priorityClassName"] == priority["metadata"]["name"]
+    assert _hook_events(priority) == set().union(*(_hook_events(j) for j in jobs))
+    hooks = [d for d in docs if _hook_events(d) and d is not priority]
+    assert all(int(annotations["helm.sh/hook-weight"]) < int(d["metadata"]["annotations"][
+        "helm.sh/hook-weight"]) for d in hooks)
+    for cron in find(docs, "CronJob") if case != "cert-manager" else []:   # runs after the hooks
+        assert "priorityClassName" not in cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("values, expected", [
+    (["--set", "tls.bootstrap.priorityClassName=system-cluster-critical"], "system-cluster-critical"),
+    (["--set", "hooks.priorityClass.create=false"], None)])
+def test_hook_jobs_take_a_named_class_or_none(helm_env, values, expected):
+    docs = [d for d in yaml.safe_load_all(helm(helm_env, "template", RELEASE, CHART, "-n", NS,
+                                                *values).stdout) if d]
+    assert not [d for d in docs if d["kind"] == "PriorityClass"]
+    for job in find(docs, "Job"):
+        assert job["spec"]["template"]["spec"].get("priorityClassName") == expected
+
+
+def test_the_post_delete_cleanup_deletes_exactly_the_leases_archways_processes_hold(render):
+    """What `helm uninstall` leaves otherwise: the Leases the gate controller and the second
+    scheduler create (helm does not own them). The cleanup may delete those, by name, and list
+    pods, nothing else; it waits for the pods that would make them again."""
+    docs = render("scheduler-on")
+    held = {name for role in find(docs, "Role") if not _hook_events(role)
+            for rule in role["rules"] if "leases" in rule["resources"]
+            for name in rule.get("resourceNames", [])}
+    assert held == {"archway-gate-controller", "archway-scheduler"}
+    cleanup = one(docs, "Role", f"{RELEASE}-archway-cleanup")
+    assert _hook_events(cleanup) == {"post-delete"}
+    assert cleanup["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "resourceNames": sorted(held), "verbs": ["delete"]}]
+    job = one(docs, "Job", f"{RELEASE}-archway-cleanup")
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "cleanup" and {a for a in args if a.startswith("--lease=")} == {
+        f"--lease={name}" for name in held}
+    selector = next(a for a in args if a.startswith("--wait-for-pods=")).split("=", 1)[1]
+    assert selector == (f"app.kubernetes.io/instance={RELEASE},"
+                        "app.kubernetes.io/component in (webhook,scheduler)")
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == cleanup["metadata"]["name"]
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_the_second_scheduler_has_a_budget_that_never_blocks_a_drain(helm_env, replicas):
+    docs = [d for d in yaml.safe_load_all(helm(
+        helm_env, "template", RELEASE, CHART, "-n", NS, "--set", "scheduler.enabled=true",
+        "--set", f"scheduler.replicas={replicas}").stdout) if d]
+    scheduler = one(docs, "Deployment", f"{RELEASE}-archway-scheduler")
+    pdb = one(docs, "PodDisruptionBudget", f"{RELEASE}-archway-scheduler")
+    labels = scheduler["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    webhook = one(docs, "Deployment", f"{RELEASE}-archway")["spec"]["template"]["metadata"]["labels"]
+    assert not pdb["spec"]["selector"]["matchLabels"].items() <= webhook.items()
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    refused = helm(helm_env, "template", RELEASE, CHART, "--set", "scheduler.enabled=true",
+                   "--set", "scheduler.podDisruptionBudget.maxUnavailable=0", check=False)
+    assert refused.returncode != 0 and "maxUnavailable" in refused.stderr

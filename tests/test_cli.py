@@ -178,7 +178,7 @@ def completion_scripts(tmp_path):
 
 @pytest.mark.parametrize("line, expected", [
     ("archway ", ["inspect", "serve", "admission-review", "scheduler-config", "certs", "explain",
-                  "report", "gate", "completion"]),
+                  "report", "gate", "cleanup", "completion"]),
     ("archway ce", ["certs"]),
     ("archway certs ", ["generate", "bootstrap"]),
     ("archway --config x.yaml -v certs gen", ["generate"]),

@@ -1,14 +1,16 @@
 """The README's demo keeps working: it really patches pods through a real server and registry."""
+import os
 import subprocess
 import sys
 
 from lab.procs import REPO
 
 
-def test_demo_shows_patches_and_a_denial():
+def test_demo_shows_patches_and_a_denial_and_leaves_nothing(tmp_path):
     result = subprocess.run([sys.executable, "scripts/demo.py"], cwd=REPO, capture_output=True,
-                            text=True, timeout=120)
+                            text=True, timeout=120, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr
+    assert os.listdir(tmp_path) == []        # its registry, archway's state and CA went with it
     out = result.stdout
     assert out.count("allowed: True") == 3 and out.count("allowed: False") == 1
     assert "kubernetes.io/arch: arm64" in out                      # the single-arch nodeSelector

@@ -133,3 +133,45 @@ def test_the_chart_defaults_are_the_sizing_pages_row():
                           written(webhook["resources"], "limits"),
                           written(extender["resources"], "requests"),
                           written(extender["resources"], "limits")]
+
+
+def test_the_egress_guard_is_documented_in_the_table_it_lives_in():
+    """docs/real-control-plane.md says where the real node's egress guard is, as
+    lab/cluster/nodehost.py puts it (issue 38: the page said "first in FORWARD", of no table,
+    while the chain is jumped to from the mangle table's FORWARD)."""
+    from lab.cluster.nodehost import GUARD_TABLE, guard_rules
+    jump = guard_rules("CHAIN", "bridge0", ["10.0.0.0/8"])[-1]
+    assert jump[:4] == ["-t", GUARD_TABLE, "-I", "FORWARD"]
+    with open(os.path.join(REPO, "docs", "real-control-plane.md")) as f:
+        text = " ".join(f.read().split())
+    (guard,) = re.findall(r"\*\*Every packet stays on this machine\.\*\*(.*?)\n?is dropped", text)
+    assert "FORWARD" in guard and f"**{GUARD_TABLE}** table" in guard
+
+
+def _quickstart_commands() -> list[str]:
+    """The shell lines of the README's "Try it on one machine", in order."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        section = f.read().split("## Try it on one machine", 1)[1].split("\n## ", 1)[0]
+    return [line for block in re.findall(r"```sh\n(.*?)```", section, re.S)
+            for line in block.splitlines()]
+
+
+def test_the_one_machine_quickstart_takes_away_what_it_made():
+    """Issue 38, finding 9: the quickstart left /tmp/try-registry, its registry listening on
+    every interface, and buildah's working containers behind."""
+    lines = _quickstart_commands()
+    text = "\n".join(lines)
+    (addr,) = re.findall(r"addr: \"?([^\"}]*)\"?}", text)
+    assert addr == "$NODE_IP:5000"        # the node's address only, never ":5000"
+    assert "<<'YAML'" not in text          # the heredoc expands $NODE_IP
+    commits = [line for line in lines if "buildah commit" in line]
+    assert commits and all("--rm" in line.split("buildah commit", 1)[1] for line in commits)
+    images = set(re.findall(r"buildah commit -q --rm \"\$c\" (try/[\w$]+)", text))
+    images = {i.replace("$arch", a) for i in images
+              for a in (re.findall(r"for arch in ([\w ]+);", text)[0].split() if "$arch" in i
+                        else [""])}
+    cleanup = lines[lines.index(next(x for x in lines if x.startswith("bash scripts/cluster.sh down"))):]
+    removed = " ".join(cleanup)
+    assert "rm -rf /tmp/try-registry" in removed and "try.yaml" in removed
+    assert all(image in removed.split("buildah rmi", 1)[1] for image in images), images
+    assert "$(cat /tmp/try-registry/pid)" in removed     # a new shell finds the registry too

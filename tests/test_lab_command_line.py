@@ -9,6 +9,13 @@ from lab.cluster import realnode
 from lab.cluster.controlplane import DEFAULT_NODES, ControlPlane
 
 
+@pytest.fixture(autouse=True)
+def own_state_home(tmp_path, monkeypatch):
+    """Where `up` records its state folder: this test's, never the user's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
+    monkeypatch.delenv("ARCHWAY_CLUSTER_DIR", raising=False)
+
+
 def parsed(*argv: str):
     return lab_main.parse(["--state-dir", "/nonexistent/lab-state", *argv])
 
@@ -25,6 +32,23 @@ def test_status_and_down_of_no_cluster(tmp_path, capsys):
     assert lab_main.main(["--state-dir", state, "status"]) == 3
     assert lab_main.main(["--state-dir", state, "down"]) == 0
     assert f"no cluster in {state}" in capsys.readouterr().out
+
+
+def test_down_and_status_in_a_new_shell_find_the_cluster_up_started(tmp_path, monkeypatch, capsys):
+    """Issue 38, finding 9: `ARCHWAY_CLUSTER_DIR=X cluster.sh up`, then `cluster.sh down` in a
+    new shell (no variable) stopped nothing: it looked in the default folder."""
+    elsewhere = tmp_path / "elsewhere"
+    monkeypatch.setenv("ARCHWAY_CLUSTER_DIR", str(elsewhere))
+    lab_main.prepare(lab_main.parse(["up"]))          # what `up` does before it starts anything
+    monkeypatch.delenv("ARCHWAY_CLUSTER_DIR")
+    default = str(tmp_path / "xdg-state" / "archway" / "cluster")
+    assert lab_main.parse(["down"]).state_dir == str(elsewhere)
+    assert lab_main.parse(["status"]).state_dir == str(elsewhere)
+    assert lab_main.parse(["up"]).state_dir == default        # a new `up` goes where it always did
+    assert lab_main.parse(["--state-dir", "/x", "down"]).state_dir == "/x"
+    assert lab_main.main(["down"]) == 0                       # nothing ran there: the record goes
+    assert f"no cluster in {elsewhere}" in capsys.readouterr().err
+    assert lab_main.parse(["down"]).state_dir == default
 
 
 @pytest.mark.parametrize("others", [["--kwok-nodes", "3"], ["--real-node"], ["--in-cluster"]])

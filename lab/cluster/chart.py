@@ -45,8 +45,9 @@ RELEASE = "archway"
 NAMESPACE = "archway-system"
 PROBE_NAMESPACE = "archway-probe"
 # helm's InstallOrder for the kinds the chart's hooks hold.
-KIND_ORDER = ("Namespace", "ServiceAccount", "Secret", "ConfigMap", "ClusterRole",
+KIND_ORDER = ("PriorityClass", "Namespace", "ServiceAccount", "Secret", "ConfigMap", "ClusterRole",
               "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Job")
+CLUSTER_KINDS = ("PriorityClass", "ClusterRole", "ClusterRoleBinding")
 
 
 def deep_merge(base: dict, extra: dict) -> dict:
@@ -142,11 +143,14 @@ class ChartInstall:
 
     def uninstall(self) -> None:
         """What `helm uninstall` does with its hooks: pre-delete hooks (the gate release), then
-        the release's objects. helm deletes the Deployments before the RBAC; their pods' grace
-        period races the RBAC's deletion, and here the processes stop first."""
-        self.run_hooks("pre-delete")
+        the release's objects, then post-delete hooks (the cleanup of archway's Leases). helm
+        deletes the Deployments before the RBAC; their pods' grace period races the RBAC's
+        deletion, and here the processes stop first."""
+        hooks = self.hook_manifests()
+        self.run_hooks("pre-delete", hooks)
         self.stop_processes()
         self.helm("uninstall", self.release, "--no-hooks")
+        self.run_hooks("post-delete", hooks)
 
     def stop_processes(self) -> None:
         for archway in [*self.replicas, self.webhook, self.extender]:
@@ -162,11 +166,11 @@ class ChartInstall:
         out = self.helm("get", "hooks", self.release).stdout
         return [doc for doc in yaml.safe_load_all(out) if doc]
 
-    def run_hooks(self, event: str) -> list[str]:
-        """The chart's hooks for `event` in helm's order (weight, kind, name); returns what
-        each Job's command printed."""
+    def run_hooks(self, event: str, manifests: list[dict] | None = None) -> list[str]:
+        """The chart's hooks for `event` (of `manifests`, default the release's) in helm's order
+        (weight, kind, name); returns what each Job's command printed."""
         hooks = []
-        for doc in self.hook_manifests():
+        for doc in self.hook_manifests() if manifests is None else manifests:
             annotations = doc["metadata"].get("annotations") or {}
             events = [e.strip() for e in annotations.get("helm.sh/hook", "").split(",")]
             if event in events:
@@ -185,14 +189,14 @@ class ChartInstall:
     def object_path(self, doc: dict, collection: bool = False) -> str:
         group_version = doc["apiVersion"]
         base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
-        plural = {"ServiceAccount": "serviceaccounts", "Secret": "secrets",
-                  "ConfigMap": "configmaps", "ClusterRole": "clusterroles",
+        plural = {"PriorityClass": "priorityclasses", "ServiceAccount": "serviceaccounts",
+                  "Secret": "secrets", "ConfigMap": "configmaps", "ClusterRole": "clusterroles",
                   "ClusterRoleBinding": "clusterrolebindings", "Role": "roles",
                   "RoleBinding": "rolebindings", "Service": "services", "Job": "jobs"}[doc["kind"]]
-        namespace = doc["metadata"].get("namespace") if doc["kind"] not in (
-            "ClusterRole", "ClusterRoleBinding") else None
-        path = f"{base}/namespaces/{namespace or self.namespace}/{plural}" if doc["kind"] not in (
-            "ClusterRole", "ClusterRoleBinding") else f"{base}/{plural}"
+        if doc["kind"] in CLUSTER_KINDS:
+            path = f"{base}/{plural}"
+        else:
+            path = f"{base}/namespaces/{doc['metadata'].get('namespace') or self.namespace}/{plural}"
         return path if collection else f"{path}/{doc['metadata']['name']}"
 
     def apply(self, doc: dict) -> dict:

@@ -148,10 +148,10 @@ class InClusterInstall(ChartInstall):
             timeout=120, what="archway's replaced pods gone")
         self.wait_until_webhook_acts(timeout=60)
 
-    def uninstall(self) -> None:
-        """`helm uninstall` as a user runs it: its pre-delete hooks run as Jobs on the node."""
+    def uninstall(self, timeout: str = HELM_TIMEOUT) -> None:
+        """`helm uninstall --wait` as a user runs it: its hooks run as Jobs on the node."""
         self.installed = False
-        self.helm("uninstall", self.release, "--wait", "--timeout", HELM_TIMEOUT)
+        self.helm("uninstall", self.release, "--wait", "--timeout", timeout)
 
     def save_in_cluster(self) -> None:
         with open(self.plane.path("archway.json"), "w") as f:

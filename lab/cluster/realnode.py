@@ -8,10 +8,10 @@ mode. Recipe and pitfalls: docs/real-control-plane.md ("A real node").
     node.import_image(OciImage.of(...), "localhost/x:1")
     teardown(plane)          # stops it and undoes everything it changed on this machine
 
-Every packet stays on this machine: before the first pod, FORWARD jumps to a chain that drops
-whatever the pods or the Service range send out of any interface but the node's bridge
-(`guard_in_place` reads it back), the bridge does not masquerade, and pods get a resolv.conf
-naming only their own loopback.
+Every packet stays on this machine: before the first pod, the mangle table's FORWARD (the first
+table a forwarded packet meets) jumps to a chain that drops whatever the pods or the Service
+range send out of any interface but the node's bridge (`guard_in_place` reads it back), the
+bridge does not masquerade, and pods get a resolv.conf naming only their own loopback.
 """
 import hashlib
 import json

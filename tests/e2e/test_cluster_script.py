@@ -15,8 +15,14 @@ from .workloads import arches_of, create_deployment, deployment, wait_bound
 SCRIPT = os.path.join(REPO, "scripts", "cluster.sh")
 
 
-def cluster_sh(state_dir, *args, timeout=300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, ARCHWAY_CLUSTER_DIR=str(state_dir), ARCHWAY_SKIP_SETUP="1")
+def cluster_sh(state_dir, *args, timeout=300, variable=True) -> subprocess.CompletedProcess:
+    """scripts/cluster.sh with ARCHWAY_CLUSTER_DIR=`state_dir` (variable=False: as a new shell
+    without it runs), recording where `up` ran beside `state_dir`, never in the user's home."""
+    env = {k: v for k, v in os.environ.items() if k != "ARCHWAY_CLUSTER_DIR"}
+    env.update(ARCHWAY_SKIP_SETUP="1", XDG_STATE_HOME=os.path.join(os.path.dirname(state_dir),
+                                                                   "xdg-state"))
+    if variable:
+        env["ARCHWAY_CLUSTER_DIR"] = str(state_dir)
     return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, env=env,
                           timeout=timeout)
 
@@ -72,12 +78,16 @@ def test_up_places_a_workload_then_down_stops_everything(tmp_path, images):
                      "archway-webhook", "archway-extender", "archway-scheduler"):
             assert f"{name} " in status.stdout and "STOPPED" not in status.stdout
         assert running_under(state)
+        # A new shell, without the variable, finds the cluster `up` started (issue 38).
+        assert str(state) in cluster_sh(state, "status", variable=False).stdout
     finally:
-        down = cluster_sh(state, "down")
+        down = cluster_sh(state, "down", variable=False)
     assert down.returncode == 0, down.stderr
+    assert f"stopped and removed {state}" in down.stderr
     assert not state.exists()
     assert running_under(state) == []
     assert cluster_sh(state, "status").returncode == 3
+    assert cluster_sh(state, "status", variable=False).returncode == 3
 
 
 def test_a_failed_up_names_the_step_and_the_log_and_leaves_nothing_running(tmp_path):

@@ -28,7 +28,8 @@ SCRIPT = os.path.join(REPO, "scripts", "cluster.sh")
 
 
 def cluster_sh(state_dir, *args, timeout=400) -> subprocess.CompletedProcess:
-    env = dict(os.environ, ARCHWAY_CLUSTER_DIR=str(state_dir), ARCHWAY_SKIP_SETUP="1")
+    env = dict(os.environ, ARCHWAY_CLUSTER_DIR=str(state_dir), ARCHWAY_SKIP_SETUP="1",
+               XDG_STATE_HOME=os.path.join(os.path.dirname(state_dir), "xdg-state"))
     return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, env=env,
                           timeout=timeout)
 

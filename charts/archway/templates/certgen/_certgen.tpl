@@ -29,10 +29,10 @@ because on a first install nothing else exists yet when the pre-install Job runs
 {{- end -}}
 
 {{/* The Job spec of every certgen run (archway.commandJobSpec). Call with
-(dict "root" $ "serviceAccount" NAME "allowMissing" BOOL). */}}
+(dict "root" $ "serviceAccount" NAME "allowMissing" BOOL "hook" BOOL). */}}
 {{- define "archway.certgen.jobSpec" -}}
 {{- include "archway.commandJobSpec" (dict "root" .root "component" "certgen"
-      "serviceAccount" .serviceAccount "args" (include "archway.certgen.args" .)) }}
+      "serviceAccount" .serviceAccount "hook" .hook "args" (include "archway.certgen.args" .)) }}
 {{- end -}}
 
 {{/* Least-privilege RBAC of a certgen ServiceAccount. Call with (dict "root" $ "name" NAME "hook" BOOL). */}}
