@@ -135,21 +135,32 @@ def _mtime(path: str) -> float | None:
 
 
 class _MetricsListener:
-    """WSGI middleware: on server.metrics_bind's port, only what scrapers and probes read."""
+    """WSGI middleware: on server.metrics_bind's port, only what scrapers and probes read; and
+    /metrics only there, so that whoever may call the product's port (the apiserver, from an
+    address nobody can predict) needs no way to the metrics."""
     PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
     NOT_HERE = json.dumps({"error": "this address serves only /metrics, /healthz and /readyz"}
                           ).encode()
+    ELSEWHERE = json.dumps({"error": "/metrics is served on server.metrics_bind"}).encode()
 
     def __init__(self, app, port: int):
         self.app = app
         self.port = str(port)
 
     def __call__(self, environ, start_response):
-        if environ.get("SERVER_PORT") == self.port and environ.get("PATH_INFO") not in self.PATHS:
-            start_response("404 Not Found", [("Content-Type", "application/json"),
-                                             ("Content-Length", str(len(self.NOT_HERE)))])
-            return [self.NOT_HERE]
+        on_metrics_port = environ.get("SERVER_PORT") == self.port
+        path = environ.get("PATH_INFO")
+        if on_metrics_port and path not in self.PATHS:
+            return self._not_found(start_response, self.NOT_HERE)
+        if not on_metrics_port and path == "/metrics":
+            return self._not_found(start_response, self.ELSEWHERE)
         return self.app(environ, start_response)
+
+    @staticmethod
+    def _not_found(start_response, body: bytes) -> list[bytes]:
+        start_response("404 Not Found", [("Content-Type", "application/json"),
+                                         ("Content-Length", str(len(body)))])
+        return [body]
 
 
 class _FastRoutes:

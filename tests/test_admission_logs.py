@@ -77,7 +77,7 @@ def test_a_dead_proxy_is_named_as_the_proxy(plain_registry, caplog):
     caplog.set_level(logging.INFO, logger="archway.admission")
     admit(resolver, image)
     line = fail_open_record(caplog).getMessage()
-    assert (f"{image} (egress proxy failed: cannot reach the egress proxy {proxy} (for "
+    assert (f"{image} (registry unreachable: cannot reach the egress proxy {proxy} (for "
             f"{plain_registry.host}): connection refused)") in line, line
     assert f"cannot reach {plain_registry.host}" not in line
     result = resolver.resolve_many([image], timeout=5)[image]

@@ -16,7 +16,7 @@ from archway.registry.reference import parse_reference
 from archway.registry.resolver import Resolver
 from lab.servers.registry import RegistryServer
 from lab.tls import session_ca
-from tests.infra.fixtures import test_ca
+from tests.infra.fixtures import LOOPBACK_HOSTS, test_ca
 
 ARCHWAY_AGENT = "python-requests"
 
@@ -42,7 +42,7 @@ def hosts_dir(tmp_path, registry_host: str, body: str, dirname: str | None = Non
 
 
 def resolver(test_ca, hosts: str | None, **kw) -> Resolver:
-    return Resolver(RegistrySettings(ca_file=test_ca.cert_path, hosts_dir=hosts, **kw))
+    return Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=test_ca.cert_path, hosts_dir=hosts, **kw))
 
 
 def archway_requests(registry, mark):

@@ -277,7 +277,8 @@ class ChartInstall:
     def host_config(self, key: str, name: str, port: int, account: str, overrides: dict,
                     tls: tuple[str, str, str] | None) -> str:
         """The chart's rendered config + the fragment + what running here needs."""
-        here = {"server": {"bind": f"127.0.0.1:{port}",
+        # No metrics_bind: /metrics on the one port a test reads (the chart's pods have two).
+        here = {"server": {"bind": f"127.0.0.1:{port}", "metrics_bind": None,
                            "state_dir": self.plane.path(f"{name}-state")},
                 "kubernetes": {"kubeconfig": self.account_kubeconfig(account, name),
                                "namespace": self.namespace}}

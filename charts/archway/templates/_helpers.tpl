@@ -199,11 +199,20 @@ affinity:
 {{- toJson $c -}}
 {{- end -}}
 
+{{/* The webhook's metrics-only port (server.metrics_bind), never the webhook port. */}}
+{{- define "archway.webhookMetricsPort" -}}
+{{- if eq (int .Values.webhook.metricsPort) (int .Values.webhook.port) -}}
+{{- fail "webhook.metricsPort must differ from webhook.port: /metrics is served apart from the webhook" -}}
+{{- end -}}
+{{- int .Values.webhook.metricsPort -}}
+{{- end -}}
+
 {{- define "archway.webhookConfig" -}}
 {{- $c := include "archway.configBase" . | fromJson -}}
 {{- $_ := set $c "server" (dict
     "product" "webhook"
     "bind" (printf "%s:%d" (include "archway.bindHost" .Values.webhook.bindAddress) (int .Values.webhook.port))
+    "metrics_bind" (printf "%s:%d" (include "archway.bindHost" .Values.webhook.bindAddress) (int (include "archway.webhookMetricsPort" .)))
     "tls" true
     "cert_file" "/etc/archway/tls/tls.crt"
     "key_file" "/etc/archway/tls/tls.key"
