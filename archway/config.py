@@ -241,6 +241,7 @@ class KubernetesSettings:
     enabled: str = choice("auto", "off")  # auto: kubeconfig, in-cluster, ~/.kube/config, or none
     kubeconfig: str | None = None
     secret_cache_seconds: float = 60.0
+    pull_secret_namespaces: tuple[str, ...] = ("*",)  # where pull secrets are read; "*": everywhere
     namespace_cache: bool = True          # list+watch Namespaces for per-namespace mode/preferences
     karpenter_node_pools: bool = False    # count Karpenter NodePools' archs as nodes that may join
     namespace: str | None = None          # the gate controller's Lease; none: the pod's own

@@ -56,7 +56,8 @@ class ControllerParts:
         resolver = Resolver(registry, sif=config.sif)
         keep_cluster_ranges(config, api_client, resolver)
         pull_secrets = PullSecrets(api_client, source=source,
-                                   cache_seconds=config.kubernetes.secret_cache_seconds)
+                                   cache_seconds=config.kubernetes.secret_cache_seconds,
+                                   namespaces=config.kubernetes.pull_secret_namespaces)
         events = EventSink(api, instance=identity)
         controller = GateController(
             api=api, resolver=resolver, pull_secrets=pull_secrets,

@@ -1002,6 +1002,12 @@ def test_rbac_grants_secrets_and_pod_updates_only_where_a_feature_needs_them(hel
     assert bindings(some, role) == [("RoleBinding", "shop"), ("RoleBinding", "team-a")]
     every = rendered("--set", "rbac.pullSecretNamespaces={*}")
     assert bindings(every, role) == [("ClusterRoleBinding", "")]
+    # archway asks for Secrets only where it was granted them (no 403 per pod elsewhere)
+    def namespaces(docs):
+        return config_from_dict(archway_configs(docs)["webhook.yaml"]
+                                ).kubernetes.pull_secret_namespaces
+    assert namespaces(default) == () and namespaces(some) == ("shop", "team-a")
+    assert namespaces(every) == ("*",)
 
     def pod_verbs(docs):
         gate = one(docs, "ClusterRole", f"{RELEASE}-archway-gate-controller")
@@ -1232,7 +1238,7 @@ def test_admit_mode_has_no_uninstall_hook_and_passes_fallback_through(render):
 
 
 # Keys of archway's config that the chart sets itself from other values (never by `config:`).
-CHART_OWNED_KEYS = {"placement.scheduler_name"} | {
+CHART_OWNED_KEYS = {"placement.scheduler_name", "kubernetes.pull_secret_namespaces"} | {
     f"server.{key}" for key in ("bind", "cert_file", "key_file", "log_every_admission",
                                 "log_format", "max_body_bytes", "metrics_bind", "product",
                                 "state_dir", "threads", "tls", "workers")}

@@ -12,10 +12,9 @@ import pytest
 
 from archway.config import RegistrySettings
 from archway.errors import HostRefused
-from archway.registry.hostpolicy import ClusterAddresses, HostPolicy, parse_networks
+from archway.registry.hostpolicy import HostPolicy
 from archway.registry.http import HttpClient
 from archway.registry.resolver import Resolver
-from archway.webhook.clusterranges import read_cluster_networks
 from lab.procs import free_port
 from lab.servers.faults import BlackHole, ScriptedServer
 from tests.test_service import response, review, service
@@ -34,6 +33,7 @@ def no_dns(host, port, *args, **kwargs):
 
 
 def policy(**kw) -> HostPolicy:
+    from archway.registry.hostpolicy import ClusterAddresses, parse_networks
     return HostPolicy(resolve=no_dns, cluster=ClusterAddresses(parse_networks(
         [SERVICE_RANGE, "192.0.2.10"], "test")), **kw)
 
@@ -118,6 +118,7 @@ class _Api:
 
 
 def test_the_cluster_ranges_are_read_from_the_api():
+    from archway.webhook.clusterranges import read_cluster_networks
     networks, problems = read_cluster_networks(_Api(), (), {"KUBERNETES_SERVICE_HOST": "10.96.0.1"})
     assert not problems
     assert set(map(str, networks)) == {"10.96.0.0/12", "fd00:10:96::/112", "10.96.0.1/32",
@@ -155,3 +156,20 @@ def test_the_warning_does_not_tell_one_network_error_from_another():
     finally:
         for server in (hole, plain, unlisted):
             server.stop()
+
+
+def test_pull_secrets_are_read_only_where_archway_may_read_secrets():
+    """kubernetes.pull_secret_namespaces (the chart's rbac.pullSecretNamespaces): elsewhere no
+    Secret is asked for, so no 403 per pod, and the node's credentials are used."""
+    from archway.podview import PodView
+    from archway.webhook.pullsecrets import PullSecrets
+
+    class NoApi:
+        def param_serialize(self, *args, **kwargs):
+            raise AssertionError("the API was asked for a Secret")
+
+    reader = PullSecrets(NoApi(), namespaces=())
+    pod = PodView.of({"metadata": {"namespace": "shop"}, "spec": {
+        "imagePullSecrets": [{"name": "regcred"}], "containers": [{"name": "c", "image": "x"}]}})
+    credentials = reader.credentials_for(pod, deadline=1e12)
+    assert credentials.secrets_used == 0 and credentials.warnings == ()

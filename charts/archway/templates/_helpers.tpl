@@ -189,6 +189,8 @@ affinity:
 {{- $_ := set $registry "hosts_dir" .Values.registryHosts.hostPath -}}
 {{- end -}}
 {{- $_ := set $c "registry" $registry -}}
+{{- /* Pull secrets are read only where RBAC lets archway read them. */ -}}
+{{- $_ := set $c "kubernetes" (merge (dict "pull_secret_namespaces" (default list .Values.rbac.pullSecretNamespaces)) (default dict $c.kubernetes)) -}}
 {{- $sched := include "archway.injectedSchedulerName" . -}}
 {{- if $sched -}}
 {{- $_ := set $c "placement" (merge (dict "scheduler_name" $sched) (default dict $c.placement)) -}}
