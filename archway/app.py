@@ -23,11 +23,13 @@ from archway.certs.x509 import CertificateError, load_cert, remaining
 from archway.extender import pollerprocess
 from archway.extender.routes import register_extender
 from archway.hostport import split_bind
+from archway.kubeclient import build_api_client
 from archway.nodes import NodeCache
 from archway.registry.resolver import Resolver
 from archway.registry.sharedlookups import SharedLookups
 from archway.server import supervisor
 from archway.webhook.app import register_webhook
+from archway.webhook.clusterranges import ClusterRanges
 
 log = logging.getLogger("archway.server")
 
@@ -77,6 +79,8 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
         resolver = Resolver(config.registry, sif=config.sif,
                             shared=SharedLookups(lookups_dir) if lookups_dir else None)
     node_cache = NodeCache.for_config(config)
+    if "webhook" not in products:   # the webhook's wiring keeps them, per worker
+        _refuse_cluster_addresses(config, resolver)
     state = ServerState(config, resolver, node_cache)
     metrics.started(__version__)
     app.extensions["archway"] = state
@@ -99,6 +103,17 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
         app.wsgi_app = _MetricsListener(  # type: ignore[method-assign]
             app.wsgi_app, split_bind(config.server.metrics_bind)[1])
     return app
+
+
+def _refuse_cluster_addresses(config, resolver) -> None:
+    """The extender resolves pods' images too: the cluster's Service ranges and API server are
+    read once, before the workers fork (their copies keep what was read)."""
+    if config.kubernetes.enabled == "off":
+        return
+    api_client, _ = build_api_client(config.kubernetes)
+    ranges = ClusterRanges.for_resolver(config, api_client, resolver)
+    if ranges is not None:
+        ranges.refresh()
 
 
 def _controller_health(state: ServerState, status_path: str) -> None:

@@ -90,11 +90,17 @@ class ClusterRanges:
             self.refresh()
 
 
+    @classmethod
+    def for_resolver(cls, config, api_client, resolver) -> "ClusterRanges | None":
+        """The keeper of `resolver`'s refused cluster addresses, with an API client; None
+        without one (then only registry.service_cidrs, loopback and kubelet ports apply)."""
+        cluster = getattr(getattr(getattr(resolver, "http", None), "policy", None), "cluster", None)
+        if api_client is None or cluster is None:
+            return None
+        return cls(KubeApi(api_client, timeout_seconds=5), cluster, config.registry.service_cidrs)
+
+
 def keep_cluster_ranges(config, api_client, resolver) -> ClusterRanges | None:
-    """Start keeping `resolver`'s refused cluster addresses up to date, with an API client;
-    None without one (then only registry.service_cidrs, loopback and kubelet ports apply)."""
-    cluster = getattr(getattr(getattr(resolver, "http", None), "policy", None), "cluster", None)
-    if api_client is None or cluster is None:
-        return None
-    return ClusterRanges(KubeApi(api_client, timeout_seconds=5), cluster,
-                         config.registry.service_cidrs).start()
+    """Start keeping `resolver`'s refused cluster addresses up to date (ClusterRanges.start)."""
+    ranges = ClusterRanges.for_resolver(config, api_client, resolver)
+    return ranges.start() if ranges is not None else None
