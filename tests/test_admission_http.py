@@ -30,6 +30,7 @@ from lab.servers.proxy import DelayProxy
 from lab.servers.registry import RegistryServer
 from lab.tls import session_ca
 from tests.infra import sifbuild
+from tests.infra.fixtures import LOOPBACK_HOSTS
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow
@@ -175,6 +176,7 @@ def world(control_plane, tmp_path_factory):
             "admission": {"deadline_seconds": DEADLINE},
             "registry": {"insecure_hosts": [registry.host, hang.host, err500.host,
                                             junk_json.host, garbage.host],
+                         "allow_hosts": list(LOOPBACK_HOSTS),
                          "ca_file": ca.cert_path, "timeout_seconds": 5},
             "kubernetes": {"kubeconfig": kubeconfig, "namespace": NS},
         }
@@ -759,12 +761,25 @@ def test_admission_latency_cold_and_warm(world):
 def default_serve(tmp_path_factory):
     """`archway serve` exactly as a newcomer runs it: no config, only --bind (HOME is a temp
     dir so the generated certificate lands there, not in the real home)."""
+    yield from _serve(tmp_path_factory)
+
+
+@pytest.fixture
+def loopback_serve(tmp_path_factory):
+    """The same with a config listing loopback in registry.allow_hosts (a hanging registry)."""
+    config = tmp_path_factory.mktemp("config") / "archway.yaml"
+    config.write_text(yaml.safe_dump({"registry": {"allow_hosts": list(LOOPBACK_HOSTS)}}))
+    yield from _serve(tmp_path_factory, "--config", str(config))
+
+
+def _serve(tmp_path_factory, *options: str):
     home = tmp_path_factory.mktemp("home")
     port = free_port()
     env = {k: v for k, v in os.environ.items()
            if k not in ("ARCHWAY_CONFIG", "PROMETHEUS_MULTIPROC_DIR", "KUBECONFIG")}
     env["HOME"] = str(home)
-    server = Server([sys.executable, "-m", "archway.cli", "serve", "--bind", f"127.0.0.1:{port}"],
+    server = Server([sys.executable, "-m", "archway.cli", *options, "serve",
+                     "--bind", f"127.0.0.1:{port}"],
                     port=port, log_path=str(home / "serve.log"), cwd=REPO, env=env,
                     ready_timeout=30)
     try:
@@ -816,8 +831,8 @@ def test_the_line_serve_prints_to_try_it_works_outside_the_checkout(default_serv
         "restrict placement"]
 
 
-def test_sigterm_lets_an_admission_in_flight_finish(default_serve, tmp_path):
-    server, home, port = default_serve
+def test_sigterm_lets_an_admission_in_flight_finish(loopback_serve, tmp_path):
+    server, home, port = loopback_serve
     cacert = str(home / ".local" / "state" / "archway" / "tls" / "ca.crt")
     hang = DelayProxy(free_port(), hang=True)   # default deadline: 3 s
     try:
