@@ -565,7 +565,7 @@ def served(apiserver, tmp_path_factory):
 
 
 def test_served_filter_in_both_modes_and_prioritize(served, apiserver):
-    session, url, log_path, _ = served
+    session, url, log_path, metrics_url = served
     r = session.post(f"{url}/scheduler/filter", data=raw("filter-nodenames.json"), timeout=10)
     assert r.status_code == 200 and r.headers["Content-Type"] == "application/json"
     assert r.json()["NodeNames"] == [AMD64, ARM64] and list(r.json()) == REPLY_KEYS
@@ -575,8 +575,10 @@ def test_served_filter_in_both_modes_and_prioritize(served, apiserver):
     assert r.status_code == 200 and {e["Score"] for e in r.json()} == {5}
     r = session.post(f"{url}/scheduler/filter", data=b'{"Pod": {}}', timeout=10)
     assert r.status_code == 400 and "neither Nodes nor NodeNames" in r.json()["error"]
-    # gunicorn's workers write multiprocess metrics; /metrics adds them up.
-    text = session.get(f"{url}/metrics", timeout=10).text
+    # gunicorn's workers write multiprocess metrics; /metrics adds them up (on the metrics
+    # address only: the product's port answers 404 there).
+    assert session.get(f"{url}/metrics", timeout=10).status_code == 404
+    text = session.get(f"{metrics_url}/metrics", timeout=10).text
     assert 'archway_extender_requests_total{outcome="ok",verb="filter"} 2.0' in text
     assert 'archway_extender_requests_total{outcome="bad_request",verb="filter"} 1.0' in text
     assert 'archway_extender_duration_seconds_count{verb="prioritize"} 1.0' in text
