@@ -23,11 +23,13 @@ from archway.certs.x509 import CertificateError, load_cert, remaining
 from archway.extender import pollerprocess
 from archway.extender.routes import register_extender
 from archway.hostport import split_bind
+from archway.kubeclient import build_api_client
 from archway.nodes import NodeCache
 from archway.registry.resolver import Resolver
 from archway.registry.sharedlookups import SharedLookups
 from archway.server import supervisor
 from archway.webhook.app import register_webhook
+from archway.webhook.clusterranges import ClusterRanges
 
 log = logging.getLogger("archway.server")
 
@@ -77,6 +79,8 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
         resolver = Resolver(config.registry, sif=config.sif,
                             shared=SharedLookups(lookups_dir) if lookups_dir else None)
     node_cache = NodeCache.for_config(config)
+    if "webhook" not in products:   # the webhook's wiring keeps them, per worker
+        _refuse_cluster_addresses(config, resolver)
     state = ServerState(config, resolver, node_cache)
     metrics.started(__version__)
     app.extensions["archway"] = state
@@ -99,6 +103,17 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
         app.wsgi_app = _MetricsListener(  # type: ignore[method-assign]
             app.wsgi_app, split_bind(config.server.metrics_bind)[1])
     return app
+
+
+def _refuse_cluster_addresses(config, resolver) -> None:
+    """The extender resolves pods' images too: the cluster's Service ranges and API server are
+    read once, before the workers fork (their copies keep what was read)."""
+    if config.kubernetes.enabled == "off":
+        return
+    api_client, _ = build_api_client(config.kubernetes)
+    ranges = ClusterRanges.for_resolver(config, api_client, resolver)
+    if ranges is not None:
+        ranges.refresh()
 
 
 def _controller_health(state: ServerState, status_path: str) -> None:
@@ -135,21 +150,32 @@ def _mtime(path: str) -> float | None:
 
 
 class _MetricsListener:
-    """WSGI middleware: on server.metrics_bind's port, only what scrapers and probes read."""
+    """WSGI middleware: on server.metrics_bind's port, only what scrapers and probes read; and
+    /metrics only there, so that whoever may call the product's port (the apiserver, from an
+    address nobody can predict) needs no way to the metrics."""
     PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
     NOT_HERE = json.dumps({"error": "this address serves only /metrics, /healthz and /readyz"}
                           ).encode()
+    ELSEWHERE = json.dumps({"error": "/metrics is served on server.metrics_bind"}).encode()
 
     def __init__(self, app, port: int):
         self.app = app
         self.port = str(port)
 
     def __call__(self, environ, start_response):
-        if environ.get("SERVER_PORT") == self.port and environ.get("PATH_INFO") not in self.PATHS:
-            start_response("404 Not Found", [("Content-Type", "application/json"),
-                                             ("Content-Length", str(len(self.NOT_HERE)))])
-            return [self.NOT_HERE]
+        on_metrics_port = environ.get("SERVER_PORT") == self.port
+        path = environ.get("PATH_INFO")
+        if on_metrics_port and path not in self.PATHS:
+            return self._not_found(start_response, self.NOT_HERE)
+        if not on_metrics_port and path == "/metrics":
+            return self._not_found(start_response, self.ELSEWHERE)
         return self.app(environ, start_response)
+
+    @staticmethod
+    def _not_found(start_response, body: bytes) -> list[bytes]:
+        start_response("404 Not Found", [("Content-Type", "application/json"),
+                                         ("Content-Length", str(len(body)))])
+        return [body]
 
 
 class _FastRoutes:

@@ -7,6 +7,7 @@ exactly these keys (a test compares the two). Every section is checked the same 
 are refused with the file, section and key named; values must have the default's type.
 """
 import dataclasses
+import ipaddress
 import os
 import re
 import typing
@@ -99,6 +100,7 @@ class RegistrySettings:
     credentials_file: str | None = None     # a dockerconfigjson used for every pod
     allow_hosts: tuple[str, ...] = ()       # when non-empty, only these hosts are contacted
     deny_hosts: tuple[str, ...] = ()        # never contacted
+    service_cidrs: tuple[str, ...] = ()     # the cluster's Service ranges; empty: read from the API
     timeout_seconds: float = 5.0            # per request; a lookup may take twice this
     max_lookups_per_host: int = 8           # lookups of one host at once: a hung host holds no more
     max_queued_lookups: int = 1024          # lookups waiting in all; past it new images fail at once
@@ -113,6 +115,11 @@ class RegistrySettings:
         # Host lists compare case-insensitively, with the surrounding blanks of a hand-edited file.
         for name in ("insecure_hosts", "allow_hosts", "deny_hosts"):
             object.__setattr__(self, name, tuple(h.strip().lower() for h in getattr(self, name)))
+        for cidr in self.service_cidrs:
+            try:
+                ipaddress.ip_network(cidr.strip().strip("[]"), strict=False)
+            except ValueError:
+                raise ConfigError(f"registry.service_cidrs: {cidr!r} is not a CIDR range") from None
 
 
 @dataclass(frozen=True)
@@ -234,6 +241,7 @@ class KubernetesSettings:
     enabled: str = choice("auto", "off")  # auto: kubeconfig, in-cluster, ~/.kube/config, or none
     kubeconfig: str | None = None
     secret_cache_seconds: float = 60.0
+    pull_secret_namespaces: tuple[str, ...] = ("*",)  # where pull secrets are read; "*": everywhere
     namespace_cache: bool = True          # list+watch Namespaces for per-namespace mode/preferences
     karpenter_node_pools: bool = False    # count Karpenter NodePools' archs as nodes that may join
     namespace: str | None = None          # the gate controller's Lease; none: the pod's own

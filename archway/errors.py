@@ -110,8 +110,14 @@ class ErrorClass:
     words: str   # for a warning: a few words, never the error's message (it can hold URLs)
 
 
+# The words of every failure to reach a host: a timeout, a refused connection, a TLS error, a
+# proxy's failure and archway's host policy read alike to the pod's author, who could otherwise
+# use archway to tell open ports from closed ones (a port scanner). The label and the log keep
+# the difference for the operator.
+UNREACHABLE = "registry unreachable"
+
 _ERROR_CLASSES = (  # most specific first: the classes form a hierarchy
-    (DeadlineExceeded, ErrorClass("deadline_exceeded", "timed out")),
+    (DeadlineExceeded, ErrorClass("deadline_exceeded", UNREACHABLE)),
     (Overloaded, ErrorClass("overloaded", "archway is resolving too many images at once")),
     (CredentialProviderError, ErrorClass("credential_provider_error", "credential provider failed")),
     (CredentialsRequired, ErrorClass("auth_error", "credentials required; none sent")),
@@ -120,13 +126,13 @@ _ERROR_CLASSES = (  # most specific first: the classes form a hierarchy
     (RateLimited, ErrorClass("rate_limited", "registry rate limit (HTTP 429)")),
     (ResponseTooLarge, ErrorClass("response_too_large", "registry response too large")),
     (UnsupportedImage, ErrorClass("unsupported_image", "unsupported image format")),
-    (ProxyFailed, ErrorClass("proxy_error", "egress proxy failed")),
-    (TransportError, ErrorClass("transport_error", "registry unreachable")),
-    (HostRefused, ErrorClass("host_refused", "host not allowed by archway's config")),
+    (ProxyFailed, ErrorClass("proxy_error", UNREACHABLE)),
+    (TransportError, ErrorClass("transport_error", UNREACHABLE)),
+    (HostRefused, ErrorClass("host_refused", UNREACHABLE)),
     (InvalidReference, ErrorClass("invalid_reference", "invalid image reference")),
     (SIFError, ErrorClass("sif_error", "unreadable SIF image")),
 )
-_NO_ANSWER = ErrorClass("deadline_exceeded", "no answer before the deadline")
+_NO_ANSWER = ErrorClass("deadline_exceeded", UNREACHABLE)
 
 
 def classify_error(error: BaseException | None) -> ErrorClass:

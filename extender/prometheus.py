@@ -222,7 +222,9 @@ class TrafficPoller:
         self.settings = settings
         self.clock = clock
         self.wall = wall
-        self.http = http or HttpClient(RegistrySettings(timeout_seconds=settings.timeout_seconds))
+        # Prometheus is the operator's URL, often a Service address: not refused as a cluster one.
+        self.http = http or HttpClient(RegistrySettings(timeout_seconds=settings.timeout_seconds),
+                                       refuse_cluster=False)
         self.shared_dir = shared_dir
         self.follow_only = follow_only and shared_dir is not None
         self.queries = 0

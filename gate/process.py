@@ -21,6 +21,7 @@ from archway.kubeclient import api_client_factory, build_api_client
 from archway.lease import LeaderElector, lead_while_elected, lease_namespace, new_identity
 from archway.registry.resolver import Resolver
 from archway.webhook.caches import ClusterCaches
+from archway.webhook.clusterranges import keep_cluster_ranges
 from archway.webhook.events import EventSink
 from archway.webhook.policy import Policy
 from archway.webhook.pullsecrets import PullSecrets
@@ -53,8 +54,10 @@ class ControllerParts:
         registry = replace(config.registry, cache=replace(
             config.registry.cache, negative_ttl_seconds=NEGATIVE_TTL_SECONDS))
         resolver = Resolver(registry, sif=config.sif)
+        keep_cluster_ranges(config, api_client, resolver)
         pull_secrets = PullSecrets(api_client, source=source,
-                                   cache_seconds=config.kubernetes.secret_cache_seconds)
+                                   cache_seconds=config.kubernetes.secret_cache_seconds,
+                                   namespaces=config.kubernetes.pull_secret_namespaces)
         events = EventSink(api, instance=identity)
         controller = GateController(
             api=api, resolver=resolver, pull_secrets=pull_secrets,

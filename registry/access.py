@@ -60,7 +60,8 @@ class RegistryAccess:
             return self._with_credentials(self.client, ref, keyring, deadline, call)
         usable = [host for host in hosts if host.serves(ref) or not host.mirror]
         for host in usable:
-            if not host.default:
+            if not host.default:   # written by the operator (hosts.toml), not by a pod
+                self.client.http.policy.name_host(host.netloc)
                 self.client.http.trust_host(host.netloc, host.ca_files, host.skip_verify)
             client = self.client if host.default else self.client.via(host)
             try:

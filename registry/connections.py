@@ -81,7 +81,8 @@ def _checked_pool(pool_class, policy: HostPolicy):
         def _new_conn(self):
             sock = self._connect_by(current_deadline())
             try:
-                policy.check_peer(sock.getpeername()[0], join_host_port(self.host, self.port))
+                peer = sock.getpeername()
+                policy.check_peer(peer[0], join_host_port(self.host, self.port), peer[1])
             except HostRefused:
                 sock.close()
                 raise

@@ -7,6 +7,13 @@ Addresses compare as addresses, not text: `2130706433`, `0x7f000001`, `127.1`, `
 `[::ffff:127.0.0.1]` all connect to 127.0.0.1 (the C resolver accepts every inet_aton spelling),
 so each is matched as 127.0.0.1. An address or CIDR range in deny_hosts also refuses a name that
 resolves into it, checked again on the connected socket.
+
+The cluster's own addresses are refused unless the operator names the host: loopback, the
+Service ranges and the API server's addresses (ClusterAddresses, discovered by the webhook's
+wiring or set in registry.service_cidrs), and the kubelet's ports on any address. Without this,
+any pod creator could make archway open connections to them: a port scanner inside the cluster.
+A host is named when registry.allow_hosts matches it, or it is an insecure_hosts entry, a mirror
+of hosts_dir, the proxy or the SIF library: hosts only the operator writes.
 """
 import fnmatch
 import ipaddress
@@ -25,6 +32,8 @@ _METADATA_ADDRESSES = {
     ipaddress.ip_address("fd00:ec2::254"),     # AWS IMDS over IPv6
 }
 _METADATA_NAMES = {"metadata.google.internal", "metadata", "instance-data", "metadata.azure.com"}
+# The kubelet's authenticated API and its read-only port, on every node.
+KUBELET_PORTS = frozenset({10250, 10255})
 
 
 def _host_port(netloc: str) -> tuple[str, int | None]:
@@ -132,17 +141,67 @@ def forbidden_address(address: str) -> bool:
             or ip in _METADATA_ADDRESSES)
 
 
-class HostPolicy:
-    """Allow and deny lists from config, plus the addresses that are always refused."""
+def parse_networks(entries, key: str) -> tuple[Network, ...]:
+    """CIDR ranges or single addresses (any spelling); ValueError naming `key` otherwise."""
+    networks = []
+    for entry in entries:
+        address = canonical_address(entry)
+        try:
+            networks.append(ipaddress.ip_network(address) if address is not None
+                            else ipaddress.ip_network(entry.strip().strip("[]"), strict=False))
+        except ValueError:
+            raise ValueError(f"{key}: {entry!r} is not an address or CIDR range") from None
+    return tuple(networks)
 
-    def __init__(self, allow_hosts=(), deny_hosts=(), resolve=None, forbidden=forbidden_address):
-        """`resolve`: a getaddrinfo to use instead of the system's (tests)."""
+
+class ClusterAddresses:
+    """The cluster's Service ranges and API server addresses, as last discovered or configured:
+    replaced whole (`update`), read without a lock."""
+
+    def __init__(self, networks: tuple[Network, ...] = ()):
+        self.networks = tuple(networks)
+
+    def update(self, networks) -> None:
+        self.networks = tuple(networks)
+
+    def covers(self, address: IPAddress) -> bool:
+        return any(address in network for network in self.networks
+                   if address.version == network.version)
+
+
+def internal_reason(address: IPAddress, port: int | None, cluster: ClusterAddresses) -> str | None:
+    """Why `address:port` is one of the cluster's own places, or None when it is not."""
+    if address.is_loopback:
+        return "a loopback address"
+    if port in KUBELET_PORTS:
+        return "a kubelet port"
+    if cluster.covers(address):
+        return "in the cluster's Service range or the API server's"
+    return None
+
+
+class HostPolicy:
+    """Allow and deny lists from config, plus the addresses that are always refused, and the
+    cluster's own addresses (loopback, Service ranges, the API server, kubelet ports) unless
+    the host is named. `cluster=None` turns the last check off: for a peer the operator
+    configured (Prometheus) and the operator's own `archway inspect`."""
+
+    def __init__(self, allow_hosts=(), deny_hosts=(), resolve=None, forbidden=forbidden_address,
+                 *, named_hosts=(), cluster: ClusterAddresses | None = None):
+        """`resolve`: a getaddrinfo to use instead of the system's (tests); `named_hosts`:
+        host[:port] the operator wrote elsewhere in the config (insecure_hosts, the proxy)."""
         self.allow_hosts = tuple(allow_hosts)
         self.deny_hosts = tuple(deny_hosts)
         self._allow = HostPatterns.parse(self.allow_hosts)
         self._deny = HostPatterns.parse(self.deny_hosts)
+        self._named = {n.lower() for n in named_hosts}
         self.lookups = LOOKUPS if resolve is None else NameLookups(resolve)
         self._forbidden = forbidden
+        self.cluster = cluster
+
+    def name_host(self, netloc: str) -> None:
+        """Count `netloc` as named by the operator (a mirror read from hosts_dir)."""
+        self._named = self._named | {netloc.lower()}
 
     def check(self, netloc: str, deadline: float | None = None) -> None:
         """Raise HostRefused unless archway may connect to `netloc` (host[:port]); a name
@@ -159,20 +218,38 @@ class HostPolicy:
         except LookupTimeout as e:
             raise DeadlineExceeded(f"deadline passed reaching {netloc}: {e}") from None
         for address in addresses:
-            self.check_peer(address, netloc)
+            self.check_peer(address, netloc, port)
 
-    def check_peer(self, address: str, netloc: str) -> None:
-        """Raise HostRefused if `address`, where a connection to `netloc` landed, is forbidden.
+    def check_peer(self, address: str, netloc: str, port: int | None = None) -> None:
+        """Raise HostRefused if `address` (at `port`, else the port of `netloc`), where a
+        connection to `netloc` landed, is forbidden.
 
         Checked again on the connected socket: a name may resolve to a harmless address when
-        checked and to a metadata address a moment later, when the connection resolves it.
+        checked and to a metadata or cluster address a moment later, when the connection
+        resolves it.
         """
         if self._forbidden(address):
             raise HostRefused(
                 f"{netloc} resolves to {address}, a link-local or metadata address: refused")
         ip = canonical_address(address)
-        if ip is not None and self._deny.covers(ip, _port_of(netloc)):
+        port = port if port is not None else _port_of(netloc)
+        if ip is not None and self._deny.covers(ip, port):
             raise HostRefused(f"{netloc} resolves to {address}, which registry.deny_hosts refuses")
+        if ip is None or self.cluster is None or self._is_named(netloc):
+            return
+        reason = internal_reason(ip, port, self.cluster)
+        if reason is not None:
+            raise HostRefused(f"{netloc} resolves to {address}, {reason}: archway contacts it "
+                              f"only when registry.allow_hosts lists it")
+
+    def _is_named(self, netloc: str) -> bool:
+        if netloc.lower() in self._named:
+            return True
+        try:
+            host, port = split_host_port(netloc)
+        except ValueError:
+            return False
+        return bool(self._allow) and self._allow.matches(host or netloc.lower(), port)
 
     def _addresses(self, host: str, port: int | None, deadline: float | None) -> set[str]:
         address = canonical_address(host)

@@ -36,7 +36,7 @@ from archway.vocabulary import USER_AGENT
 
 from .connections import CheckedAdapter
 from .deadlines import sockets_end_at
-from .hostpolicy import HostPolicy
+from .hostpolicy import ClusterAddresses, HostPolicy, parse_networks
 from .proxy import ProxyRules
 from .redirects import authority, redirect_step, safe_url
 from .trust import trust_bundle
@@ -80,9 +80,16 @@ class Stats:
 
 class HttpClient:
     def __init__(self, settings: RegistrySettings, policy: HostPolicy | None = None,
-                 pool_size: int = 32, environ=None):
+                 pool_size: int = 32, environ=None, *, refuse_cluster: bool = True):
+        """`refuse_cluster=False`: the cluster's own addresses are not refused (a peer the
+        operator configured, the operator's own `archway inspect`; see registry.hostpolicy)."""
         self.settings = settings
-        self.policy = policy or HostPolicy(settings.allow_hosts, settings.deny_hosts)
+        self.proxies = ProxyRules.from_settings(settings.proxy, environ)
+        self.policy = policy or HostPolicy(
+            settings.allow_hosts, settings.deny_hosts,
+            named_hosts=settings.insecure_hosts + self.proxies.netlocs(),
+            cluster=ClusterAddresses(parse_networks(settings.service_cidrs, "registry.service_cidrs"))
+            if refuse_cluster else None)
         self.session = requests.Session()
         # No CA bundle from the environment overriding config; proxies come from ProxyRules.
         self.session.trust_env = False
@@ -90,7 +97,6 @@ class HttpClient:
         # No cookies kept: the session serves every pod, and a cookie a token service set for
         # one pod's credentials must not authenticate another pod's lookup.
         self.session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
-        self.proxies = ProxyRules.from_settings(settings.proxy, environ)
         self.stats = Stats()
         self._lock = threading.Lock()
         self._trust = trust_bundle(settings.ca_file) if settings.ca_file else True

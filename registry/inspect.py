@@ -15,6 +15,7 @@ from archway.errors import ArchwayError
 from archway.logsafe import redact_url
 
 from . import sif
+from .http import HttpClient
 from .model import ImageInfo
 from .reference import KINDS, parse_reference
 from .resolver import Resolver
@@ -82,8 +83,11 @@ def run(args) -> int:
     config = load_config(args.config)
     local = {image for image in args.images if os.path.isfile(image) or looks_like_path(image)}
     remote = [image for image in args.images if image not in local]
-    results = Resolver(config.registry, sif=config.sif).resolve_many(remote,
-                             timeout=args.timeout) if remote else {}
+    # The images the operator typed: loopback and the cluster's addresses are theirs to ask
+    # about (registry.hostpolicy refuses them for references a pod's author wrote).
+    resolver = Resolver(config.registry, sif=config.sif,
+                        http=HttpClient(config.registry, refuse_cluster=False))
+    results = resolver.resolve_many(remote, timeout=args.timeout) if remote else {}
     rows = [_redacted(image, _local_file(image) if image in local else results[image])
             for image in args.images]
     if args.json:

@@ -56,6 +56,11 @@ class ProxyRules:
             return {}
         return {parts.scheme: proxy}
 
+    def netlocs(self) -> tuple[str, ...]:
+        """host:port of the proxies: hosts the operator named (registry.hostpolicy)."""
+        return tuple(urlsplit(url).netloc.rsplit("@", 1)[-1].lower()
+                     for url in (self.https, self.http) if url)
+
     def __repr__(self):   # a proxy URL may carry a password
         return (f"ProxyRules(https={self.https and redact_url(self.https)}, "
                 f"http={self.http and redact_url(self.http)}, "

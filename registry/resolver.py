@@ -93,6 +93,7 @@ class Resolver:
         self.fetch_timeout = self.settings.timeout_seconds * 2
         self._shared = shared  # lookups shared with the server's other worker processes
         self._library_host = urlsplit(self.sif.library_url).netloc or "library.sylabs.io"
+        self.http.policy.name_host(self._library_host)   # the operator's sif.library_url
         # Told (reference, old answer, new answer) when a revalidation finds a tag naming another
         # digest: archway.gate.remediation raises ArchitecturesDropped from it.
         self.tag_moved: Callable[[ImageReference, ImageInfo, ImageInfo], None] | None = None

@@ -17,7 +17,7 @@ from archway.registry.resolver import Resolver
 from archway.webhook.policy import Policy
 from lab.procs import free_port
 from lab.tls import session_ca
-from tests.infra.fixtures import plain_registry, test_ca, token_registry
+from tests.infra.fixtures import LOOPBACK_HOSTS, plain_registry, test_ca, token_registry
 from tests.infra.forwardproxy import ForwardProxy
 from tests.test_service import Secrets, review, service
 
@@ -39,7 +39,7 @@ def test_the_line_names_each_failed_image_and_why(token_registry, test_ca, caplo
     reg = token_registry
     reg.push_image("team/private", "v1", "linux/arm64")
     down = f"127.0.0.1:{free_port()}"
-    resolver = Resolver(RegistrySettings(ca_file=test_ca.cert_path, insecure_hosts=(down,),
+    resolver = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=test_ca.cert_path, insecure_hosts=(down,),
                                          timeout_seconds=2))
     private, gone = reg.ref("team/private", "v1"), f"{down}/team/gone:v1"
     caplog.set_level(logging.INFO, logger="archway.admission")
@@ -62,7 +62,7 @@ def test_credentials_that_were_sent_and_refused_are_said_to_be_refused(token_reg
     reg = token_registry
     reg.push_image("team/refused", "v1", "linux/arm64")
     wrong = Keyring([Credential(reg.host, "archway", "not-the-password")])
-    answer = Resolver(RegistrySettings(ca_file=test_ca.cert_path)).resolve_many(
+    answer = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=test_ca.cert_path)).resolve_many(
         [reg.ref("team/refused", "v1")], keyring=wrong, timeout=20)[reg.ref("team/refused", "v1")]
     assert isinstance(answer, AuthError)
     assert classify_error(answer).words == "registry refused the credentials"
@@ -71,13 +71,13 @@ def test_credentials_that_were_sent_and_refused_are_said_to_be_refused(token_reg
 def test_a_dead_proxy_is_named_as_the_proxy(plain_registry, caplog):
     plain_registry.push_image("team/app", "v1", "linux/amd64")
     proxy = f"http://127.0.0.1:{free_port()}"
-    resolver = Resolver(RegistrySettings(insecure_hosts=(plain_registry.host,), timeout_seconds=2,
+    resolver = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=(plain_registry.host,), timeout_seconds=2,
                                          proxy=ProxySettings(url=proxy)))
     image = plain_registry.ref("team/app", "v1")
     caplog.set_level(logging.INFO, logger="archway.admission")
     admit(resolver, image)
     line = fail_open_record(caplog).getMessage()
-    assert (f"{image} (egress proxy failed: cannot reach the egress proxy {proxy} (for "
+    assert (f"{image} (registry unreachable: cannot reach the egress proxy {proxy} (for "
             f"{plain_registry.host}): connection refused)") in line, line
     assert f"cannot reach {plain_registry.host}" not in line
     result = resolver.resolve_many([image], timeout=5)[image]
@@ -88,7 +88,7 @@ def test_a_proxy_that_cannot_reach_the_registry_says_so(tmp_path, test_ca):
     proxy = ForwardProxy(tmp_path / "tinyproxy")
     try:
         gone = f"127.0.0.1:{free_port()}"
-        resolver = Resolver(RegistrySettings(ca_file=test_ca.cert_path, timeout_seconds=5,
+        resolver = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=test_ca.cert_path, timeout_seconds=5,
                                              proxy=ProxySettings(url=proxy.url)))
         image = f"{gone}/team/app:v1"
         answer = resolver.resolve_many([image], timeout=10)[image]

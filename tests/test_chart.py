@@ -426,10 +426,11 @@ def test_bootstrap_mode_jobs_and_rbac(render):
     reader = one(docs, "ClusterRole", f"{RELEASE}-archway-pull-secret-reader")
     assert reader["rules"] == [{"apiGroups": [""], "resources": ["serviceaccounts"],
                                 "verbs": ["get", "list", "watch"]},
-                               # secrets: read one by one, never listed (issue 28)
-                               {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+                               # secrets: no longer here (rbac.pullSecretNamespaces)
                                {"apiGroups": [""], "resources": ["namespaces", "nodes"],
                                 "verbs": ["list", "watch"]},
+                               {"apiGroups": ["networking.k8s.io"], "resources": ["servicecidrs"],
+                                "verbs": ["list"]},
                                # pre-warming (config.registry.prewarm.enabled, on by default)
                                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
                                # and the workload caches (config.remediation, on by default)
@@ -571,7 +572,9 @@ def test_monitoring_scrapes_the_webhook_over_verified_tls(render):
     service = one(docs, "Service", f"{RELEASE}-archway")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     [endpoint] = monitor["spec"]["endpoints"]
-    assert endpoint["port"] == service["spec"]["ports"][0]["name"] and endpoint["path"] == "/metrics"
+    # /metrics on the metrics-only port, not on the port the apiserver calls
+    assert [p["name"] for p in service["spec"]["ports"]] == ["https", "https-metrics"]
+    assert endpoint["port"] == "https-metrics" and endpoint["path"] == "/metrics"
     assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": f"{RELEASE}-archway-tls", "key": "ca.crt"}
     assert endpoint["tlsConfig"]["serverName"] == f"{RELEASE}-archway.{NS}.svc"
     sidecar = config_from_dict(archway_configs(docs)["extender.yaml"])
@@ -924,17 +927,31 @@ def test_rbac_create_false_leaves_the_service_accounts_only(render):
 
 
 def test_network_policy(render):
-    assert not [d for d in render("default") if d["kind"] == "NetworkPolicy"]
+    """On by default: the webhook port open to every source (the apiserver's address is not
+    predictable), /metrics only on the metrics port and only for the scrapers; egress as given."""
+    docs = render("default")
+    webhook = one(docs, "NetworkPolicy", f"{RELEASE}-archway")
+    assert webhook["spec"]["policyTypes"] == ["Ingress"]   # egress not restricted by default
+    calls, scrapes = webhook["spec"]["ingress"]
+    assert calls == {"ports": [{"port": "https", "protocol": "TCP"}]}   # no `from`: anyone
+    assert scrapes["ports"] == [{"port": "https-metrics", "protocol": "TCP"}]
+    assert scrapes["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "prometheus"}}}]
+    config = config_from_dict(archway_configs(docs)["webhook.yaml"])
+    assert config.server.metrics_bind == "0.0.0.0:8442" and config.server.bind == "0.0.0.0:8443"
+
     docs = render("production")
     webhook = one(docs, "NetworkPolicy", f"{RELEASE}-archway")
     deployment = one(docs, "Deployment", f"{RELEASE}-archway")
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert webhook["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
-    [rule] = webhook["spec"]["ingress"]
+    calls, scrapes = webhook["spec"]["ingress"]
     port_names = {p["name"] for p in container(deployment, "webhook")["ports"]}
-    assert {p["port"] for p in rule["ports"]} <= port_names
+    assert {p["port"] for r in (calls, scrapes) for p in r["ports"]} == port_names
     # Webhook calls from anywhere (the apiserver is not a pod); egress as given.
-    assert "from" not in rule
+    assert "from" not in calls
+    assert scrapes["from"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}]
     assert webhook["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert {p["port"] for r in webhook["spec"]["egress"] for p in r["ports"]} == {53, 443, 6443}
     scheduler = one(docs, "NetworkPolicy", f"{RELEASE}-archway-scheduler")
@@ -943,8 +960,68 @@ def test_network_policy(render):
     declared = {p["name"] for c in sched["spec"]["template"]["spec"]["containers"]
                 for p in c.get("ports", [])}
     assert {p["port"] for p in rule["ports"]} == declared == {"https-metrics", "http-metrics"}
-    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {
-        "kubernetes.io/metadata.name": "monitoring"}}}]
+    assert rule["from"] == scrapes["from"]
+
+
+def test_no_scraper_listed_means_no_scraper_reaches_the_metrics(helm_env):
+    out = helm(helm_env, "template", RELEASE, CHART, "-n", NS, "--set", "scheduler.enabled=true",
+               "--set", "networkPolicy.metricsFrom=null").stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert one(docs, "NetworkPolicy", f"{RELEASE}-archway")["spec"]["ingress"] == [
+        {"ports": [{"port": "https", "protocol": "TCP"}]}]
+    assert one(docs, "NetworkPolicy", f"{RELEASE}-archway-scheduler")["spec"]["ingress"] == []
+    off = helm(helm_env, "template", RELEASE, CHART, "-n", NS,
+               "--set", "networkPolicy.enabled=false").stdout
+    assert "kind: NetworkPolicy" not in off
+
+
+def test_rbac_grants_secrets_and_pod_updates_only_where_a_feature_needs_them(helm_env, render):
+    """Secrets (get) only in rbac.pullSecretNamespaces (none by default; "*" everywhere);
+    `update pods` only with admission.unresolved gate; the Service ranges and the API server's
+    EndpointSlice readable for the host policy."""
+    def rendered(*args):
+        out = helm(helm_env, "template", RELEASE, CHART, "-n", NS, *args).stdout
+        return [d for d in yaml.safe_load_all(out) if d]
+
+    def secret_rules(docs):
+        return [(d["kind"], d["metadata"].get("namespace"), r["verbs"]) for d in docs
+                if d["kind"] in ("ClusterRole", "Role") for r in d["rules"]
+                if "secrets" in r["resources"] and d["metadata"]["name"].startswith(
+                    f"{RELEASE}-archway") and "certgen" not in d["metadata"]["name"]]
+
+    def bindings(docs, role):
+        return sorted((d["kind"], d["metadata"].get("namespace") or "") for d in docs
+                      if d["kind"] in ("ClusterRoleBinding", "RoleBinding")
+                      and d["roleRef"]["name"] == role)
+
+    default = render("default")
+    role = f"{RELEASE}-archway-secret-reader"
+    assert [r for r in secret_rules(default) if r[1] != NS] == [] and not bindings(default, role)
+    some = rendered("--set", "rbac.pullSecretNamespaces={shop,team-a}")
+    assert secret_rules(some) == [("ClusterRole", None, ["get"])]
+    assert bindings(some, role) == [("RoleBinding", "shop"), ("RoleBinding", "team-a")]
+    every = rendered("--set", "rbac.pullSecretNamespaces={*}")
+    assert bindings(every, role) == [("ClusterRoleBinding", "")]
+    # archway asks for Secrets only where it was granted them (no 403 per pod elsewhere)
+    def namespaces(docs):
+        return config_from_dict(archway_configs(docs)["webhook.yaml"]
+                                ).kubernetes.pull_secret_namespaces
+    assert namespaces(default) == () and namespaces(some) == ("shop", "team-a")
+    assert namespaces(every) == ("*",)
+
+    def pod_verbs(docs):
+        gate = one(docs, "ClusterRole", f"{RELEASE}-archway-gate-controller")
+        return [r["verbs"] for r in gate["rules"] if r["resources"] == ["pods"]]
+    assert pod_verbs(default) == [["get", "list", "watch", "update"]]
+    assert pod_verbs(render("unresolved-admit")) == [["get", "list", "watch"]]
+
+    reader = one(default, "ClusterRole", f"{RELEASE}-archway-pull-secret-reader")
+    assert {"apiGroups": ["networking.k8s.io"], "resources": ["servicecidrs"],
+            "verbs": ["list"]} in reader["rules"]
+    endpoints = one(default, "Role", f"{RELEASE}-archway-apiserver-endpoints")
+    assert endpoints["metadata"]["namespace"] == "default" and endpoints["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+         "resourceNames": ["kubernetes"], "verbs": ["get"]}]
 
 
 def test_host_network(render):
@@ -1161,7 +1238,7 @@ def test_admit_mode_has_no_uninstall_hook_and_passes_fallback_through(render):
 
 
 # Keys of archway's config that the chart sets itself from other values (never by `config:`).
-CHART_OWNED_KEYS = {"placement.scheduler_name"} | {
+CHART_OWNED_KEYS = {"placement.scheduler_name", "kubernetes.pull_secret_namespaces"} | {
     f"server.{key}" for key in ("bind", "cert_file", "key_file", "log_every_admission",
                                 "log_format", "max_body_bytes", "metrics_bind", "product",
                                 "state_dir", "threads", "tls", "workers")}

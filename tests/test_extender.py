@@ -28,7 +28,7 @@ from archway.registry.resolver import Resolver
 from lab.procs import REPO, free_port, wait_for_port, wait_until
 from lab.servers.apiserver import FakeApiServer
 from lab.servers.faults import BlackHole
-from tests.infra.fixtures import plain_registry
+from tests.infra.fixtures import LOOPBACK_HOSTS, plain_registry
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow
@@ -168,7 +168,7 @@ def test_a_pod_of_unknown_architecture_passes_every_node():
     args = load("filter-nodes.json")
     del args["Pod"]["metadata"]["annotations"]
     args["Pod"]["spec"]["containers"][0]["image"] = "127.0.0.1:9/nothing/here:1"
-    resolver = Resolver(RegistrySettings(insecure_hosts=("127.0.0.1:9",)))
+    resolver = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=("127.0.0.1:9",)))
     app = make_app(resolver, extender={"node_cache": False, "deadline_seconds": 1.5})
     started = time.monotonic()
     result = post(app.test_client(), "filter", args).get_json()
@@ -184,7 +184,7 @@ def test_the_filters_deadline_counts_from_the_requests_arrival_not_from_a_thread
         args = load("filter-nodes.json")
         del args["Pod"]["metadata"]["annotations"]
         args["Pod"]["spec"]["containers"][0]["image"] = f"{hole.host}/never/answers:1"
-        resolver = Resolver(RegistrySettings(insecure_hosts=(hole.host,), timeout_seconds=10))
+        resolver = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=(hole.host,), timeout_seconds=10))
         app = make_app(resolver, extender={"node_cache": False, "deadline_seconds": 3.0})
         started = time.monotonic()
         reply = app.test_client().post("/scheduler/filter", data=json.dumps(args),
@@ -201,7 +201,7 @@ def test_unannotated_pod_resolved_through_a_real_registry(plain_registry):
     plain_registry.push_image("archway-test/arm64-only", "1.0", "linux/arm64")
     plain_registry.push_index("archway-test/multi", "1.0", ["linux/amd64", "linux/arm64", "linux/s390x"])
     plain_registry.push_image("archway-test/amd64-only", "1.0", "linux/amd64")
-    resolver = Resolver(RegistrySettings(insecure_hosts=(plain_registry.host,)))
+    resolver = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=(plain_registry.host,)))
     app = make_app(resolver)
     body = raw("filter-unannotated-nodes.json").replace(b"REGISTRY", plain_registry.host.encode())
     result = post(app.test_client(), "filter", body).get_json()
@@ -565,7 +565,7 @@ def served(apiserver, tmp_path_factory):
 
 
 def test_served_filter_in_both_modes_and_prioritize(served, apiserver):
-    session, url, log_path, _ = served
+    session, url, log_path, metrics_url = served
     r = session.post(f"{url}/scheduler/filter", data=raw("filter-nodenames.json"), timeout=10)
     assert r.status_code == 200 and r.headers["Content-Type"] == "application/json"
     assert r.json()["NodeNames"] == [AMD64, ARM64] and list(r.json()) == REPLY_KEYS
@@ -575,8 +575,10 @@ def test_served_filter_in_both_modes_and_prioritize(served, apiserver):
     assert r.status_code == 200 and {e["Score"] for e in r.json()} == {5}
     r = session.post(f"{url}/scheduler/filter", data=b'{"Pod": {}}', timeout=10)
     assert r.status_code == 400 and "neither Nodes nor NodeNames" in r.json()["error"]
-    # gunicorn's workers write multiprocess metrics; /metrics adds them up.
-    text = session.get(f"{url}/metrics", timeout=10).text
+    # gunicorn's workers write multiprocess metrics; /metrics adds them up (on the metrics
+    # address only: the product's port answers 404 there).
+    assert session.get(f"{url}/metrics", timeout=10).status_code == 404
+    text = session.get(f"{metrics_url}/metrics", timeout=10).text
     assert 'archway_extender_requests_total{outcome="ok",verb="filter"} 2.0' in text
     assert 'archway_extender_requests_total{outcome="bad_request",verb="filter"} 1.0' in text
     assert 'archway_extender_duration_seconds_count{verb="prioritize"} 1.0' in text

@@ -23,11 +23,11 @@ from archway.vocabulary import USER_AGENT
 from lab.servers.faults import ScriptedServer
 from lab.servers.registry import RegistryServer
 from lab.tls import session_ca
-from tests.infra.fixtures import plain_registry, test_ca, token_registry
+from tests.infra.fixtures import LOOPBACK_HOSTS, plain_registry, test_ca, token_registry
 
 
 def client_for(**settings_kw) -> RegistryClient:
-    settings = RegistrySettings(**settings_kw)
+    settings = RegistrySettings(**{"allow_hosts": LOOPBACK_HOSTS, **settings_kw})
     return RegistryClient(HttpClient(settings), settings)
 
 
@@ -116,7 +116,7 @@ def test_head_through_registry_access_uses_the_mirror_as_resolve_does(tmp_path_f
         certs.mkdir(parents=True)
         (certs / "hosts.toml").write_text(f'server = "{upstream.url}"\n[host."{mirror.url}"]\n'
                                           f'  capabilities = ["pull", "resolve"]\n')
-        access = Resolver(RegistrySettings(ca_file=ca.cert_path,
+        access = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=ca.cert_path,
                                            hosts_dir=str(tmp_path / "certs.d"))).access
         ref = parse_reference(upstream.ref("head/mirrored", "v1"))
         up_mark, mirror_mark = upstream.mark(), mirror.mark()

@@ -40,7 +40,7 @@ from archway.registry.reference import parse_reference
 from archway.registry.sifsources import resolve_https
 from lab.procs import REPO, wait_until
 from lab.servers.faults import BlackHole, DripServer, ScriptedServer
-from tests.infra.fixtures import test_ca
+from tests.infra.fixtures import LOOPBACK_HOSTS, test_ca
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow
@@ -66,7 +66,7 @@ def run_with_limit(fn, limit: float):
 
 
 def client_for(**settings_kw) -> RegistryClient:
-    settings = RegistrySettings(**settings_kw)
+    settings = RegistrySettings(**{"allow_hosts": LOOPBACK_HOSTS, **settings_kw})
     return RegistryClient(HttpClient(settings), settings)
 
 
@@ -90,7 +90,7 @@ def test_a_hostile_peer_is_cut_off_at_the_deadline(servers, peer, scheme):
     """1 byte a second satisfies every per-read timeout (5 s here): only a deadline enforced on
     the socket ends the request. The peer sees its connection closed: no thread stays on it."""
     server = servers(BlackHole() if peer == "black-hole" else DripServer(peer, interval=1.0))
-    http = HttpClient(RegistrySettings(insecure_hosts=(server.host,), timeout_seconds=5))
+    http = HttpClient(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=(server.host,), timeout_seconds=5))
     budget = 1.5
     finished, answer = run_with_limit(
         lambda: http.get(f"{scheme}://{server.host}/v2/", deadline=time.monotonic() + budget,
@@ -123,7 +123,7 @@ def test_a_dripping_token_service_and_redirect_target_end_at_the_deadline(server
 
 def test_a_request_without_a_deadline_still_ends(servers):
     drip = servers(DripServer("headers", interval=0.2))
-    http = HttpClient(RegistrySettings(insecure_hosts=(drip.host,), timeout_seconds=0.5))
+    http = HttpClient(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=(drip.host,), timeout_seconds=0.5))
     finished, answer = run_with_limit(
         lambda: http.get(f"http://{drip.host}/v2/", max_bytes=1024), 3 * 0.5 + SLACK)
     assert finished and isinstance(answer, DeadlineExceeded), answer
@@ -132,7 +132,7 @@ def test_a_request_without_a_deadline_still_ends(servers):
 def test_a_connection_reused_from_the_pool_is_watched_too(servers):
     """The first answer is quick and keeps the connection alive; the second drips on it."""
     drip = servers(DripServer("headers", interval=1.0, quick_answers=1))
-    http = HttpClient(RegistrySettings(insecure_hosts=(drip.host,), timeout_seconds=5))
+    http = HttpClient(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=(drip.host,), timeout_seconds=5))
     assert http.get(f"http://{drip.host}/a", max_bytes=64, deadline=time.monotonic() + 5).body == b"{}"
     finished, answer = run_with_limit(
         lambda: http.get(f"http://{drip.host}/b", max_bytes=64, deadline=time.monotonic() + 1.5),
@@ -145,7 +145,7 @@ def test_a_request_done_before_its_deadline_leaves_its_connection_alone(servers)
     """The watchdog lets go of a socket when its request ends: once that request's deadline has
     passed, the pooled connection still serves the next request."""
     peer = servers(DripServer("headers", interval=1.0, quick_answers=2))
-    http = HttpClient(RegistrySettings(insecure_hosts=(peer.host,), timeout_seconds=5))
+    http = HttpClient(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=(peer.host,), timeout_seconds=5))
     assert http.get(f"http://{peer.host}/a", max_bytes=64, deadline=time.monotonic() + 0.3).body == b"{}"
     time.sleep(0.5)   # past the first request's deadline
     assert http.get(f"http://{peer.host}/b", max_bytes=64, deadline=time.monotonic() + 5).body == b"{}"
@@ -239,7 +239,7 @@ def test_cookies_a_peer_sets_are_never_sent_back(servers):
     along on another pod's lookup."""
     server = servers(ScriptedServer(lambda request: (
         200, {"Set-Cookie": "session=earned-with-alices-password; Path=/"}, b"{}")))
-    http = HttpClient(RegistrySettings(insecure_hosts=(server.host,)))
+    http = HttpClient(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=(server.host,)))
     for _ in range(2):
         http.get(f"http://{server.host}/token", max_bytes=64, deadline=time.monotonic() + 5)
     assert [r.headers.get("Cookie") for r in server.requests] == [None, None]
@@ -323,8 +323,9 @@ def test_no_spelling_of_a_denied_address_reaches_it(servers, deny):
     assert listener.accepted == 0
 
 
-def test_every_spelling_of_loopback_does_connect_when_nothing_denies_it(servers):
-    """The control for the test above: these spellings are real ways to reach 127.0.0.1."""
+def test_every_spelling_of_loopback_does_connect_when_listed(servers):
+    """The control for the test above: these spellings are real ways to reach 127.0.0.1 (listed
+    in allow_hosts: loopback is refused unless named, test_safe_defaults.py)."""
     listener = servers(BlackHole())
     for spelling in SPELLINGS_OF_LOOPBACK:
         netloc = f"{spelling}:{listener.port}"
@@ -497,7 +498,7 @@ def test_no_error_about_a_url_reference_holds_its_password(servers, peer):
     else:
         server = servers(ScriptedServer(lambda request: (int(peer) if peer != "denied" else 200, {}, b"")))
     url = f"http://alice:{SECRET}@{server.host}/images/app.sif"
-    http = HttpClient(RegistrySettings(insecure_hosts=(server.host,), timeout_seconds=1,
+    http = HttpClient(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=(server.host,), timeout_seconds=1,
                                        deny_hosts=(server.host,) if peer == "denied" else ()))
     with pytest.raises(ArchwayError) as caught:
         resolve_https(parse_reference(url), http, time.monotonic() + 1.5)
@@ -573,7 +574,7 @@ def test_a_hostile_realm_of_one_repository_never_stops_another_on_the_same_host(
 
     from archway.registry.resolver import Resolver
     registry, front, (huge, hang) = poisoned
-    resolver = Resolver(RegistrySettings(
+    resolver = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS,
         insecure_hosts=(front.host, registry.token_server.host, huge.host, hang.host),
         timeout_seconds=2))
 
@@ -604,8 +605,8 @@ def test_a_hosts_challenge_expires(poisoned):
     from lab.clock import ManualClock
     registry, front, _ = poisoned
     clock = ManualClock()
-    http = HttpClient(RegistrySettings(insecure_hosts=(front.host, registry.token_server.host)))
-    client = RegistryClient(http, RegistrySettings(), auth=RegistryAuth(http, clock=clock))
+    http = HttpClient(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=(front.host, registry.token_server.host)))
+    client = RegistryClient(http, RegistrySettings(allow_hosts=LOOPBACK_HOSTS), auth=RegistryAuth(http, clock=clock))
 
     def statuses(tag):
         mark = registry.mark()
@@ -664,10 +665,10 @@ def test_a_kept_alive_connection_closed_by_the_peer_is_retried_once_on_a_new_one
     server = ClosesKeptAliveConnections()
     try:
         if through == "registry":
-            url, settings = f"http://{server.host}/v2/", RegistrySettings(
+            url, settings = f"http://{server.host}/v2/", RegistrySettings(allow_hosts=LOOPBACK_HOSTS,
                 insecure_hosts=(server.host,), timeout_seconds=5)
         else:   # plain HTTP through a proxy that answers for the registry itself
-            url, settings = "http://127.0.0.1:9/v2/", RegistrySettings(
+            url, settings = "http://127.0.0.1:9/v2/", RegistrySettings(allow_hosts=LOOPBACK_HOSTS,
                 insecure_hosts=("127.0.0.1:9",), timeout_seconds=5,
                 proxy=ProxySettings(url=f"http://{server.host}"))
         http = HttpClient(settings)

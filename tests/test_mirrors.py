@@ -17,7 +17,7 @@ from archway.registry.resolver import Resolver
 from archway.vocabulary import USER_AGENT
 from lab.servers.registry import RegistryServer
 from lab.tls import session_ca
-from tests.infra.fixtures import test_ca
+from tests.infra.fixtures import LOOPBACK_HOSTS, test_ca
 
 ARCHWAY_AGENT = USER_AGENT
 
@@ -43,7 +43,7 @@ def hosts_dir(tmp_path, registry_host: str, body: str, dirname: str | None = Non
 
 
 def resolver(test_ca, hosts: str | None, **kw) -> Resolver:
-    return Resolver(RegistrySettings(ca_file=test_ca.cert_path, hosts_dir=hosts, **kw))
+    return Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=test_ca.cert_path, hosts_dir=hosts, **kw))
 
 
 def archway_requests(registry, mark):

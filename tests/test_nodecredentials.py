@@ -15,7 +15,7 @@ from archway.registry.nodecredentials import NodeCredentials
 from archway.registry.resolver import Resolver
 from lab.tls import session_ca
 from tests.infra.credprovider import ProviderPlugin, provider
-from tests.infra.fixtures import basic_auth_registry, test_ca
+from tests.infra.fixtures import LOOPBACK_HOSTS, basic_auth_registry, test_ca
 
 
 class MountedSecret:
@@ -55,7 +55,7 @@ def test_a_credentials_file_swapped_on_disk_is_used_by_the_next_lookup(basic_aut
     reg.push_image("team/other", "v1", "linux/amd64")
     secret = MountedSecret(tmp_path / "pull-secret")
     secret.write(secret_for(reg.host, "alice", "an-old-password"))
-    resolver = Resolver(RegistrySettings(ca_file=test_ca.cert_path, credentials_file=secret.path))
+    resolver = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=test_ca.cert_path, credentials_file=secret.path))
     with pytest.raises(AuthError, match="rejected"):
         resolver.resolve(reg.ref("team/rotated", "v1"), deadline=time.monotonic() + 20)
 
@@ -75,7 +75,7 @@ def test_the_pods_wrong_secret_is_tried_first_then_the_nodes(basic_auth_registry
     reg.push_image("team/layered", "v1", "linux/ppc64le")
     secret = MountedSecret(tmp_path / "node")
     secret.write(secret_for(reg.host, "alice", reg.users["alice"]))
-    resolver = Resolver(RegistrySettings(ca_file=test_ca.cert_path, credentials_file=secret.path))
+    resolver = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=test_ca.cert_path, credentials_file=secret.path))
     pod = Keyring.from_dockerconfigjson(secret_for(reg.host, "alice", "stale-pod-secret"))
     mark = reg.mark()
     info = resolver.resolve(reg.ref("team/layered", "v1"), keyring=pod, deadline=time.monotonic() + 20)

@@ -54,7 +54,14 @@ from archway.registry.reference import parse_reference
 from lab.httpd import BackgroundHTTPServer
 from lab.servers.registry import OCI_MANIFEST, RegistryServer, sha256_digest
 from tests.infra import sifbuild
-from tests.infra.fixtures import basic_auth_registry, plain_registry, test_ca, tls_registry, token_registry
+from tests.infra.fixtures import (
+    LOOPBACK_HOSTS,
+    basic_auth_registry,
+    plain_registry,
+    test_ca,
+    tls_registry,
+    token_registry,
+)
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow
@@ -68,7 +75,7 @@ def linux(*names):
 
 
 def make_client(policy=None, auth_clock=None, **settings_kw):
-    settings = RegistrySettings(**settings_kw)
+    settings = RegistrySettings(**{"allow_hosts": LOOPBACK_HOSTS, **settings_kw})
     http = HttpClient(settings, policy=policy)
     auth = RegistryAuth(http, clock=auth_clock) if auth_clock else None
     return RegistryClient(http, settings, auth=auth)

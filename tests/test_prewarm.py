@@ -16,7 +16,7 @@ from archway.registry.resolver import Resolver
 from archway.webhook.prewarm import Prewarmer, wanted_images
 from archway.webhook.pullsecrets import PullSecrets
 from lab.tls import session_ca
-from tests.infra.fixtures import basic_auth_registry, plain_registry
+from tests.infra.fixtures import LOOPBACK_HOSTS, basic_auth_registry, plain_registry
 
 RATE = 20.0   # lookups a second per host: the test's pace (the default is 5)
 
@@ -72,7 +72,7 @@ def world(control_plane, plain_registry, basic_auth_registry, tmp_path, monkeypa
     api_client, _ = build_api_client(type("K", (), {
         "enabled": "auto", "kubeconfig": control_plane.admin_kubeconfig,
         "secret_cache_seconds": 60.0})())
-    resolver = Resolver(RegistrySettings(insecure_hosts=(plain_registry.host,),
+    resolver = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=(plain_registry.host,),
                                          ca_file=basic_auth_registry.ca.cert_path,
                                          cache=CacheSettings()))
     # The cluster is shared: everything but the two namespaces seeded here is left out.

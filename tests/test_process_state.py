@@ -13,7 +13,7 @@ from archway.errors import TransportError
 from archway.registry.http import HttpClient
 from lab.procs import REPO
 from lab.servers.fileserver import FileServer
-from tests.infra.fixtures import test_ca
+from tests.infra.fixtures import LOOPBACK_HOSTS, test_ca
 
 _SNAPSHOT = """
 import gc, logging, os, socket, sys, warnings
@@ -61,6 +61,6 @@ def test_an_insecure_host_is_fetched_without_a_warning_and_others_still_verify(t
         assert [w for w in caught if "Unverified HTTPS" in str(w.message)] == []
         # The same server is refused when not listed: its certificate is not trusted.
         with pytest.raises(TransportError, match="certificate verify failed"):
-            HttpClient(RegistrySettings()).get(url, max_bytes=1024)
+            HttpClient(RegistrySettings(allow_hosts=LOOPBACK_HOSTS)).get(url, max_bytes=1024)
     finally:
         server.stop()

@@ -15,7 +15,7 @@ from archway.registry.providers import CredentialProviders
 from archway.registry.resolver import Resolver
 from lab.clock import ManualClock
 from tests.infra.credprovider import API_VERSION, ProviderPlugin, provider
-from tests.infra.fixtures import plain_registry, test_ca, token_registry
+from tests.infra.fixtures import LOOPBACK_HOSTS, plain_registry, test_ca, token_registry
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def test_the_plugins_credential_opens_a_token_registry(token_registry, test_ca, 
     reg = token_registry
     reg.push_image("team/app", "v1", "linux/arm64")
     plugin.config(provider(match=[reg.host], password=reg.users["alice"], args=["--region", "x"]))
-    settings = RegistrySettings(ca_file=test_ca.cert_path, credential_providers=CredentialProviderSettings(
+    settings = RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=test_ca.cert_path, credential_providers=CredentialProviderSettings(
         config=plugin.config_path, bin_dir=plugin.bin_dir))
     info = Resolver(settings).resolve(reg.ref("team/app", "v1"), deadline=time.monotonic() + 20)
     assert info.architectures == {"arm64"}
@@ -54,7 +54,7 @@ def test_the_plugins_credential_opens_a_token_registry(token_registry, test_ca, 
     assert reg.token_server.requests[-1].user == "alice"
     # Without the provider the same registry refuses archway.
     with pytest.raises(AuthError, match="no pull secret matched"):
-        Resolver(RegistrySettings(ca_file=test_ca.cert_path)).resolve(
+        Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=test_ca.cert_path)).resolve(
             reg.ref("team/app", "v1"), deadline=time.monotonic() + 20)
 
 
@@ -62,7 +62,7 @@ def test_a_failing_plugin_is_named_when_the_registry_then_refuses(token_registry
     reg = token_registry
     reg.push_image("team/locked", "v1", "linux/amd64")
     plugin.config(provider(match=[reg.host], mode="fail"))
-    settings = RegistrySettings(ca_file=test_ca.cert_path, credential_providers=CredentialProviderSettings(
+    settings = RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=test_ca.cert_path, credential_providers=CredentialProviderSettings(
         config=plugin.config_path, bin_dir=plugin.bin_dir))
     with pytest.raises(CredentialProviderError) as info:
         Resolver(settings).resolve(reg.ref("team/locked", "v1"), deadline=time.monotonic() + 20)
@@ -183,7 +183,7 @@ def test_a_failing_plugin_does_not_stop_a_public_image_from_resolving(plain_regi
     reg = plain_registry
     reg.push_image("public/app", "v1", "linux/s390x")
     plugin.config(provider(match=[reg.host], mode="garbage"))
-    settings = RegistrySettings(credential_providers=CredentialProviderSettings(
+    settings = RegistrySettings(allow_hosts=LOOPBACK_HOSTS, credential_providers=CredentialProviderSettings(
         config=plugin.config_path, bin_dir=plugin.bin_dir), insecure_hosts=(reg.host,))
     with caplog.at_level(logging.WARNING):
         info = Resolver(settings).resolve(reg.ref("public/app", "v1"), deadline=time.monotonic() + 20)

@@ -10,7 +10,7 @@ from archway.registry.credentials import Keyring
 from archway.registry.proxy import ProxyRules, bypassed
 from archway.registry.resolver import Resolver
 from lab.tls import session_ca
-from tests.infra.fixtures import plain_registry, test_ca, token_registry
+from tests.infra.fixtures import LOOPBACK_HOSTS, plain_registry, test_ca, token_registry
 from tests.infra.forwardproxy import ForwardProxy
 
 
@@ -36,7 +36,7 @@ def test_https_proxy_from_the_environment_carries_a_token_registry(token_registr
     no_proxy_env.setenv("HTTPS_PROXY", proxy.url)
     before = len(proxy.requests(settle=0))
     mark = reg.mark()
-    info = Resolver(RegistrySettings(ca_file=test_ca.cert_path)).resolve(
+    info = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=test_ca.cert_path)).resolve(
         reg.ref("team/app", "v1"), keyring=Keyring.from_dockerconfigjson(reg.dockerconfigjson()),
         deadline=time.monotonic() + 20)
     assert info.architectures == {"arm64"}

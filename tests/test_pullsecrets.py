@@ -49,7 +49,8 @@ def pod(*pull_secrets, sa=None):
 
 
 def k8s_settings(**kw):
-    values = {"enabled": "auto", "kubeconfig": None, "secret_cache_seconds": 60.0}
+    values = {"enabled": "auto", "kubeconfig": None, "secret_cache_seconds": 60.0,
+              "pull_secret_namespaces": ("*",)}
     values.update(kw)
     return SimpleNamespace(**values)
 

@@ -14,7 +14,7 @@ from archway.registry.resolver import Resolver
 from lab.clock import ManualClock
 from lab.servers.proxy import DelayProxy
 from lab.tls import session_ca
-from tests.infra.fixtures import basic_auth_registry, plain_registry
+from tests.infra.fixtures import LOOPBACK_HOSTS, basic_auth_registry, plain_registry
 from tests.infra.gateway import RegistryGateway
 
 
@@ -52,7 +52,7 @@ def test_answer_cache_serves_stale_answers_until_their_window_ends_and_counts_by
 
 
 def settings_for(*insecure, **cache):
-    return RegistrySettings(insecure_hosts=tuple(insecure), timeout_seconds=2,
+    return RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=tuple(insecure), timeout_seconds=2,
                             cache=CacheSettings(**cache) if cache else CacheSettings())
 
 
@@ -183,7 +183,7 @@ def test_a_pods_images_are_looked_up_concurrently_by_a_resolver_that_has_idle_th
 def test_failures_without_credentials_are_not_served_to_pods_with_them(basic_auth_registry):
     reg = basic_auth_registry
     reg.push_image("sf/private", "v1", "linux/arm64")
-    resolver = Resolver(RegistrySettings(ca_file=reg.ca.cert_path, timeout_seconds=2))
+    resolver = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=reg.ca.cert_path, timeout_seconds=2))
     image = reg.ref("sf/private", "v1")
     anonymous = resolver.resolve_many([image], timeout=5)[image]
     assert isinstance(anonymous, AuthError)

@@ -16,6 +16,7 @@ from lab.servers.fileserver import RecordingProxy
 from lab.servers.registry import RegistryServer
 from lab.tls import session_ca
 from tests.infra import sifbuild, sifcorpus
+from tests.infra.fixtures import LOOPBACK_HOSTS
 from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
 from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED
 
@@ -71,7 +72,7 @@ def corpus(setup):
 
 def resolve(setup, repo, tag):
     registry, proxy, _ = setup
-    settings = RegistrySettings(ca_file=registry.ca.cert_path)
+    settings = RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=registry.ca.cert_path)
     http = HttpClient(settings)
     proxy.clear()
     mark = registry.mark()

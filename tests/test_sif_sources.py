@@ -20,6 +20,7 @@ from archway.registry.sifsources import resolve_https, resolve_library
 from lab.servers.fileserver import FileServer, LibraryServer, parse_range
 from lab.tls import session_ca
 from tests.infra import sifbuild, sifcorpus
+from tests.infra.fixtures import LOOPBACK_HOSTS
 from tests.infra.sifbuild import SHARED_SIF_ERRORS as README_ERRORS
 from tests.infra.sifbuild import SHARED_SIF_EXPECTED as README_EXPECTED
 
@@ -68,7 +69,7 @@ def corpus(files):
 
 @pytest.fixture
 def http(ca):
-    return HttpClient(RegistrySettings(ca_file=ca.cert_path))
+    return HttpClient(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=ca.cert_path))
 
 
 def https(files, path, http):
@@ -231,14 +232,14 @@ def test_small_file_from_a_server_that_ignores_range_still_works(ignoring_range,
 
 
 def test_https_through_the_resolver(files, ca):
-    resolver = Resolver(RegistrySettings(ca_file=ca.cert_path))
+    resolver = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=ca.cert_path))
     info = resolver.resolve(files.url("/generated/siftool-arm64.sif"))
     assert info.architectures == {"arm64"} and info.source == "sif-https"
 
 
 def test_untrusted_certificate_is_a_transport_error(files):
     with pytest.raises(RegistryError, match="TLS error"):
-        https(files, "/generated/siftool-empty.sif", HttpClient(RegistrySettings()))
+        https(files, "/generated/siftool-empty.sif", HttpClient(RegistrySettings(allow_hosts=LOOPBACK_HOSTS)))
 
 
 @pytest.mark.parametrize("header,size,window", [
@@ -283,7 +284,7 @@ def library_settings(library, ca, tmp_path):
 
 def lib(library, settings, text):
     library.clear()
-    http = HttpClient(RegistrySettings(ca_file=library.ca_path))
+    http = HttpClient(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=library.ca_path))
     return resolve_library(parse_reference(text, library.host), http, settings, None)
 
 
@@ -364,12 +365,12 @@ def test_library_garbage_answer(files, ca):
     files.files["/v1/containers/a/b/c"] = b"\x1f\x8b not json"
     try:
         with pytest.raises(RegistryError, match="without a JSON `data` object"):
-            resolve_library(parse_reference("library://a/b/c", files.host), HttpClient(RegistrySettings(ca_file=ca.cert_path)),
+            resolve_library(parse_reference("library://a/b/c", files.host), HttpClient(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=ca.cert_path)),
                             settings, None)
     finally:
         del files.files["/v1/containers/a/b/c"]
 
 
 def test_library_through_the_resolver(library, library_settings):
-    info = Resolver(RegistrySettings(ca_file=library.ca_path), sif=library_settings).resolve("library://alice/tools/busybox:1.36")
+    info = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, ca_file=library.ca_path), sif=library_settings).resolve("library://alice/tools/busybox:1.36")
     assert info.architectures == {"amd64", "arm64", "ppc64le"}

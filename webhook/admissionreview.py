@@ -2,8 +2,9 @@
 one to POST /mutate, printed for curl (`archway serve` prints the line: it works wherever archway
 is installed, with no file of the checkout).
 
-The default image lives on 127.0.0.1:9, where nothing listens: the webhook answers at once,
-admitting the pod unchanged with a warning (fail-open), without a registry or the network.
+The default image names 127.0.0.1:9, a loopback address archway never contacts for a pod's image
+(registry.hostpolicy; and nothing listens there): the webhook answers at once, admitting the pod
+unchanged with a warning (fail-open), without a registry or the network.
 """
 import json
 import uuid

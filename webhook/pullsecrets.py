@@ -55,8 +55,12 @@ class _Unavailable:
 
 class PullSecrets:
     def __init__(self, api_client, *, cache_seconds: float = 60.0, source: str = "none",
-                 clock=time.monotonic, accounts: ServiceAccountCache | None = None):
+                 clock=time.monotonic, accounts: ServiceAccountCache | None = None,
+                 namespaces: tuple[str, ...] = ("*",)):
+        """`namespaces`: kubernetes.pull_secret_namespaces, where archway may read Secrets
+        (the chart's rbac.pullSecretNamespaces); "*" every namespace."""
         self.api = KubeApi(api_client) if api_client is not None else None
+        self.namespaces = frozenset(namespaces)
         self.accounts = accounts              # the ServiceAccounts' watch; None: GETs only
         self.source = source                  # for the start-up log: where the API was found
         self.cache_seconds = cache_seconds
@@ -78,7 +82,8 @@ class PullSecrets:
             accounts = ServiceAccountCache(client_factory
                                            or api_client_factory(config.kubernetes))
         return cls(api_client, cache_seconds=config.kubernetes.secret_cache_seconds,
-                   source=source, accounts=accounts)
+                   source=source, accounts=accounts,
+                   namespaces=config.kubernetes.pull_secret_namespaces)
 
     def credentials_for(self, pod: PodView, deadline: float) -> PullCredentials:
         """The keyring of `pod` in its namespace; stops asking the API at `deadline`."""
@@ -88,6 +93,9 @@ class PullSecrets:
             unread = (f"pull secrets not read (no Kubernetes API configured): "
                       f"{_join(names)}",) if names and self.source != "disabled" else ()
             return PullCredentials(Keyring.empty(), unread)
+        if "*" not in self.namespaces and namespace not in self.namespaces:
+            # Not granted (a 403 per pod would tell nothing new): the node's credentials only.
+            return PullCredentials(Keyring.empty())
         warnings: list[str] = []
         account = pod.service_account or "default"
         account_secrets = self._service_account_secrets(namespace, account, deadline)

@@ -1,6 +1,7 @@
 """A webhook worker's parts, built in one place, once: the client factory every cache of the
 worker reads through, the pull-secret reader, the caches (caches.py), the gate controller's
-Lease observer and the Event sink when a Kubernetes API is configured, the admission service
+Lease observer, the Event sink and the cluster addresses the resolver refuses (clusterranges.py)
+when a Kubernetes API is configured, the admission service
 over them, and pre-warming. register_webhook (app.py) puts them behind POST /mutate and
 /readyz; `archway serve` starts the pre-warming as each worker boots.
 """
@@ -12,6 +13,7 @@ from archway.kubeclient import api_client_factory
 from archway.lease import LeaseObserver, lease_namespace, new_identity
 
 from .caches import ClusterCaches
+from .clusterranges import keep_cluster_ranges
 from .events import EventSink
 from .prewarm import Prewarmer
 from .pullsecrets import PullSecrets
@@ -33,6 +35,9 @@ def build_webhook(config, resolver, node_cache, pull_secrets=None) -> WebhookPar
     if pull_secrets is None:
         pull_secrets = PullSecrets.from_config(config, factory)
     gating, events = _gate_support(config, pull_secrets)
+    # Before the first pod: the Service ranges and the API server a pod's image may not name.
+    keep_cluster_ranges(config, getattr(getattr(pull_secrets, "api", None), "client", None),
+                        resolver)
     accounts = getattr(pull_secrets, "accounts", None)
     if accounts is not None:
         accounts.ensure_started()     # in this worker, listed before the first pods come

@@ -11,6 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from lab.servers.registry import OCI_INDEX, RegistryServer
 from lab.tls import CertificateAuthority
 
+# registry.allow_hosts for the lab's registries, all on loopback, which archway refuses unless
+# the operator lists it (registry.hostpolicy).
+LOOPBACK_HOSTS = ("127.0.0.1:*", "localhost:*", "[::1]:*")
+
 PLATFORMS = ("linux/amd64", "linux/arm64", "linux/arm/v7")
 
 
@@ -34,7 +38,7 @@ class Lab:
         config = {
             "server": {"cert_file": self.serving.chain_path, "key_file": self.serving.key_path,
                        "state_dir": self.path("state", name), "workers": 2, "threads": 8},
-            "registry": {"ca_file": self.ca.cert_path},
+            "registry": {"ca_file": self.ca.cert_path, "allow_hosts": list(LOOPBACK_HOSTS)},
             "kubernetes": {"enabled": "off"},
         }
         for section, values in sections.items():

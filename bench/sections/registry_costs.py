@@ -11,7 +11,7 @@ import time
 from archway.config import RegistrySettings
 from archway.registry.credentials import Keyring
 from archway.registry.resolver import Resolver
-from bench.common.lab import Lab
+from bench.common.lab import LOOPBACK_HOSTS, Lab
 from bench.common.report import Figure
 from bench.common.section import Started, measured
 from lab.procs import SHARED_TESTDATA
@@ -45,7 +45,7 @@ def run(lab: Lab) -> list[Figure]:
 
 
 def _resolver(lab: Lab, keyring: Keyring | None = None) -> Resolver:
-    return Resolver(RegistrySettings(ca_file=lab.ca.cert_path), keyring=keyring or Keyring.empty())
+    return Resolver(RegistrySettings(ca_file=lab.ca.cert_path, allow_hosts=LOOPBACK_HOSTS), keyring=keyring or Keyring.empty())
 
 
 def _cost(registry: RegistryServer, resolver: Resolver, image: str) -> tuple[int, int, object]:

@@ -13,7 +13,7 @@ import requests
 
 from archway.config import RegistrySettings
 from archway.registry.resolver import Resolver
-from bench.common.lab import Lab, mutated_archs, pod_review, push_index_variants
+from bench.common.lab import LOOPBACK_HOSTS, Lab, mutated_archs, pod_review, push_index_variants
 from bench.common.report import Figure
 from bench.common.section import Started, measured
 from bench.common.servers import GunicornServer, cpu_seconds
@@ -90,7 +90,8 @@ def _single_flight(setup: _Setup, number: str, name: str, target: str) -> Figure
 
     # The same burst straight into one Resolver (one worker's worth), for comparison.
     in_process_tag, = setup.take(1)
-    resolver = Resolver(RegistrySettings(ca_file=setup.lab.ca.cert_path))
+    resolver = Resolver(RegistrySettings(ca_file=setup.lab.ca.cert_path,
+                                         allow_hosts=LOOPBACK_HOSTS))
     mark = setup.registry.mark()
     _threads(CONCURRENT, lambda: resolver.resolve(setup.image(in_process_tag),
                                                   deadline=time.monotonic() + 10))

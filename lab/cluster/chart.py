@@ -281,12 +281,14 @@ class ChartInstall:
     def host_config(self, key: str, name: str, port: int, account: str, overrides: dict,
                     tls: tuple[str, str, str] | None) -> str:
         """The chart's rendered config + the fragment + what running here needs."""
-        here = {"server": {"bind": f"127.0.0.1:{port}",
-                           "state_dir": self.plane.path(f"{name}-state")},
+        # No metrics_bind: /metrics on the one port a test reads (the chart's pods have two).
+        server: dict = {"bind": f"127.0.0.1:{port}", "metrics_bind": None,
+                        "state_dir": self.plane.path(f"{name}-state")}
+        here = {"server": server,
                 "kubernetes": {"kubeconfig": self.account_kubeconfig(account, name),
                                "namespace": self.namespace}}
         if tls:
-            here["server"].update(cert_file=tls[0], key_file=tls[1])
+            server.update(cert_file=tls[0], key_file=tls[1])
         config = deep_merge(deep_merge(deep_merge(self.chart_config(key), self.archway_config),
                                        overrides), here)
         path = self.plane.path(f"{name}.yaml")

@@ -23,9 +23,16 @@ def identity_of(archway, kube, component: str):
 def test_the_webhook_runs_as_the_charts_service_account_with_least_privilege(archway, kube):
     client, user = identity_of(archway, kube, "webhook")
     assert user == f"system:serviceaccount:{archway.namespace}:{archway.service_account('webhook')}"
-    # What archway needs: pull secrets by name, the gated pods, Events, its Lease, caches.
-    assert client.can_i("get", "secrets", namespace="default")
-    assert client.can_i("update", "pods", namespace="default")
+    # What archway needs: the gated pods, Events, its Lease, caches, the cluster's addresses it
+    # refuses to contact. Pull secrets only in rbac.pullSecretNamespaces: none by default.
+    assert not client.can_i("get", "secrets", namespace="default")
+    assert not client.can_i("get", "secrets", namespace="kube-system")
+    assert client.can_i("list", "servicecidrs", group="networking.k8s.io")
+    assert client.can_i("get", "endpointslices", namespace="default", group="discovery.k8s.io",
+                        name="kubernetes")
+    assert not client.can_i("get", "endpointslices", namespace="default",
+                            group="discovery.k8s.io", name="other")
+    assert client.can_i("update", "pods", namespace="default")   # the chart's default: gate
     assert client.can_i("watch", "nodes")
     assert client.can_i("watch", "serviceaccounts")   # their imagePullSecrets, no read per pod
     assert client.can_i("create", "events", namespace="default", group="events.k8s.io")

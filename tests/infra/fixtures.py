@@ -15,6 +15,10 @@ from lab.servers.prometheus import (
 from lab.servers.registry import RegistryServer
 from lab.tls import CertificateAuthority, session_ca
 
+# registry.allow_hosts for tests whose registries, token services and mirrors listen on
+# loopback: archway refuses loopback unless the operator lists it (registry.hostpolicy).
+LOOPBACK_HOSTS = ("127.0.0.1:*", "localhost:*", "[::1]:*")
+
 
 @pytest.fixture(scope="session")
 def test_ca(tmp_path_factory) -> CertificateAuthority:

@@ -59,7 +59,8 @@ def webhook_metric(install, name: str, outcome: str) -> float:
                                   labelSelector="app.kubernetes.io/component=webhook"):
         if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
             continue
-        port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
+        (port,) = [p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]
+                   if p["name"] == "https-metrics"]   # /metrics is served there only
         text = requests.get(f"https://{pod['status']['podIP']}:{port}/metrics", verify=False,
                             timeout=10).text
         for line in text.splitlines():

@@ -189,6 +189,8 @@ affinity:
 {{- $_ := set $registry "hosts_dir" .Values.registryHosts.hostPath -}}
 {{- end -}}
 {{- $_ := set $c "registry" $registry -}}
+{{- /* Pull secrets are read only where RBAC lets archway read them. */ -}}
+{{- $_ := set $c "kubernetes" (merge (dict "pull_secret_namespaces" (default list .Values.rbac.pullSecretNamespaces)) (default dict $c.kubernetes)) -}}
 {{- $sched := include "archway.injectedSchedulerName" . -}}
 {{- if $sched -}}
 {{- $_ := set $c "placement" (merge (dict "scheduler_name" $sched) (default dict $c.placement)) -}}
@@ -199,11 +201,20 @@ affinity:
 {{- toJson $c -}}
 {{- end -}}
 
+{{/* The webhook's metrics-only port (server.metrics_bind), never the webhook port. */}}
+{{- define "archway.webhookMetricsPort" -}}
+{{- if eq (int .Values.webhook.metricsPort) (int .Values.webhook.port) -}}
+{{- fail "webhook.metricsPort must differ from webhook.port: /metrics is served apart from the webhook" -}}
+{{- end -}}
+{{- int .Values.webhook.metricsPort -}}
+{{- end -}}
+
 {{- define "archway.webhookConfig" -}}
 {{- $c := include "archway.configBase" . | fromJson -}}
 {{- $_ := set $c "server" (dict
     "product" "webhook"
     "bind" (printf "%s:%d" (include "archway.bindHost" .Values.webhook.bindAddress) (int .Values.webhook.port))
+    "metrics_bind" (printf "%s:%d" (include "archway.bindHost" .Values.webhook.bindAddress) (int (include "archway.webhookMetricsPort" .)))
     "tls" true
     "cert_file" "/etc/archway/tls/tls.crt"
     "key_file" "/etc/archway/tls/tls.key"
