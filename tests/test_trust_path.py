@@ -337,3 +337,13 @@ def test_the_gate_process_builds_the_check_from_the_config(tmp_path):
                          f"--secret={SECRET}", f"--webhook-config={MWC}"]}}), None)
     assert watch is not None and watch.repair == SPEC
     assert (watch.cert_file, watch.key_file) == ("/tls/tls.crt", "/tls/tls.key")
+
+
+def test_archway_serve_refuses_repair_arguments_the_command_would_refuse(tmp_path):
+    from archway.errors import ConfigError
+    from archway.serve import serve
+    config = config_from_dict({"server": {"state_dir": str(tmp_path / "state")},
+                               "kubernetes": {"enabled": "off",
+                                              "trust_repair": ["certs", "bootstrap", "--days=0"]}})
+    with pytest.raises(ConfigError, match="kubernetes.trust_repair: archway certs bootstrap"):
+        serve(config, bind="127.0.0.1:1")      # refused before anything binds
