@@ -72,8 +72,8 @@ TRUST_PATH_OK = Gauge(
     multiprocess_mode="livemostrecent")
 TRUST_PATH_REPAIRS = Counter(
     "archway_trust_path_repairs_total",
-    "Repairs of the trust path by the leader (caBundle patched, TLS Secret stored again), by "
-    "outcome: repaired, failed", ["outcome"])
+    "Repairs of the trust path by the leader, by outcome: repaired (the caBundle patched or a "
+    "Secret stored), failed", ["outcome"])
 
 # --- admission ----------------------------------------------------------------------------------
 ADMISSIONS = Counter("archway_admissions_total", "Admission requests answered, by outcome",

@@ -159,10 +159,11 @@ class TrustWatch:
             self._record(None, f"not checked: {e}")
             return []
         problems = problems_of(seen)
-        if problems and leading and self._repairable(seen):
-            log.warning("trust path broken: %s; repairing", "; ".join(problems))
-            if self._repair(seen):
+        if problems and leading and self._repairable(seen) and self._repair(seen, problems):
+            try:
                 problems = problems_of(self.observe())
+            except (ApiError, OSError) as e:
+                log.info("trust path repaired; not checked again yet: %s", e)
         self._record(problems)
         return problems
 
@@ -188,19 +189,24 @@ class TrustWatch:
         return self.repair is not None and seen.configuration is not None \
             and not meta.get("deletionTimestamp")
 
-    def _repair(self, seen: Observation) -> bool:
+    def _repair(self, seen: Observation, problems: list[str]) -> bool:
+        """True when the bootstrap wrote something: the trust path changed."""
         from archway import metrics
         assert self.repair is not None
         try:
             result = run_bootstrap(self.repair, self.api_client, served=self._served(seen))
         except (BootstrapError, CertificateError, OSError) as e:
             metrics.TRUST_PATH_REPAIRS.labels("failed").inc()
-            log.error("could not repair the trust path: %s", e)
+            log.error("could not repair the trust path (%s): %s", "; ".join(problems), e)
+            return False
+        if (result.ca, result.certificate, result.webhook_config) == ("unchanged",) * 3:
+            # The Secrets and the caBundle agree; this pod's files wait for the kubelet's sync.
+            log.info("trust path: nothing to repair (%s)", "; ".join(problems))
             return False
         metrics.TRUST_PATH_REPAIRS.labels("repaired").inc()
         self.repairs += 1
         self.last_repair = result.summary(self.repair)
-        log.warning("trust path repaired: %s", self.last_repair)
+        log.warning("trust path repaired (%s): %s", "; ".join(problems), self.last_repair)
         return True
 
     def _served(self, seen: Observation) -> dict[str, bytes]:

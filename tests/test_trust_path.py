@@ -185,6 +185,25 @@ def test_both_secrets_deleted_a_new_ca_is_trusted_beside_the_one_still_served(po
     assert len(cx.load_certs(base64.b64decode(ca_bundles(pod.api)[0]))) == 2
 
 
+def test_a_pod_still_serving_what_the_secrets_replaced_waits_for_the_kubelet(pod):
+    """The Secrets and the caBundle agree, but this pod's files still hold a pair they no longer
+    trust (the kubelet syncs within about a minute): the leader reports it, writes nothing and
+    counts no repair, at every turn."""
+    other = cx.issue_ca("an older CA", days=30)
+    stale = cx.issue_serving_cert(other, [f"{SERVICE}.{NS}.svc"], days=10)
+    (pod.tls / "tls.crt").write_bytes(stale.cert_pem)
+    (pod.tls / "tls.key").write_bytes(stale.key_pem)
+    pod.api.requests.clear()
+    before = repairs("repaired")
+    for _ in range(2):
+        assert pod.watch().turn(leading=True) == [
+            "webhook pods.archway.dev has a caBundle that does not hold the CA that signed the "
+            "served certificate",
+            "webhook pods-v2.archway.dev has a caBundle that does not hold the CA that signed the "
+            "served certificate"]
+    assert pod.writes() == [] and repairs("repaired") == before
+
+
 def test_without_a_repair_it_only_reports(pod):
     """cert-manager's cainjector (or the user) owns the caBundle: archway never writes it."""
     config = pod.api.get(MWC_PATH)
