@@ -19,6 +19,8 @@ from werkzeug.exceptions import HTTPException
 
 from archway import __version__, metrics
 from archway.certs.selfsigned import tls_dir
+from archway.certs.trustpath import STATUS_FILE as TRUST_STATUS_FILE
+from archway.certs.trustpath import trust_fact
 from archway.certs.x509 import CertificateError, load_cert, remaining
 from archway.extender import pollerprocess
 from archway.extender.routes import register_extender
@@ -125,6 +127,12 @@ def _controller_health(state: ServerState, status_path: str) -> None:
         supervisor.read_status(status_path), time.time())
     state.health_checks["gate_controller"] = lambda: supervisor.process_problem(
         supervisor.read_status(status_path), time.time(), what="gate controller")
+    # Shown, never failing: an unready webhook pod restores no trust (the apiserver's call
+    # fails either way), and every pod unready would stall drains (PDB), rollouts and the
+    # `helm upgrade --wait` whose certificate Job repairs the caBundle (docs/serving.md).
+    if state.config.kubernetes.webhook_configuration:
+        trust_status = os.path.join(os.path.dirname(status_path), TRUST_STATUS_FILE)
+        state.readiness_facts["trust_path"] = lambda: trust_fact(trust_status, time.time())
 
 
 def _poller_health(state: ServerState, status_path: str, settings) -> None:

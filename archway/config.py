@@ -245,6 +245,8 @@ class KubernetesSettings:
     namespace_cache: bool = True          # list+watch Namespaces for per-namespace mode/preferences
     karpenter_node_pools: bool = False    # count Karpenter NodePools' archs as nodes that may join
     namespace: str | None = None          # the gate controller's Lease; none: the pod's own
+    webhook_configuration: str | None = None  # archway's own: its caBundle checked (trust path)
+    trust_repair: tuple[str, ...] = ()    # `archway certs bootstrap` arguments: the leader repairs
 
 
 @dataclass(frozen=True)

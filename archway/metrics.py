@@ -64,6 +64,16 @@ TLS_CERTIFICATE_EXPIRY = Gauge(
     "archway_tls_certificate_expiry_timestamp_seconds",
     "Unix time the serving certificate (server.cert_file) expires, read at every scrape",
     multiprocess_mode="livemostrecent")
+TRUST_PATH_OK = Gauge(
+    "archway_trust_path_ok",
+    "1 when every caBundle of archway's MutatingWebhookConfiguration verifies the certificate "
+    "this pod serves (and the TLS Secret's, when archway repairs it), 0 when the apiserver "
+    "cannot have verified it; checked every 5 s by the pod's gate controller process",
+    multiprocess_mode="livemostrecent")
+TRUST_PATH_REPAIRS = Counter(
+    "archway_trust_path_repairs_total",
+    "Repairs of the trust path by the leader, by outcome: repaired (the caBundle patched or a "
+    "Secret stored), failed", ["outcome"])
 
 # --- admission ----------------------------------------------------------------------------------
 ADMISSIONS = Counter("archway_admissions_total", "Admission requests answered, by outcome",

@@ -213,6 +213,13 @@ def _preflight(config, tls) -> bool:
     if config.registry.ca_file:
         read_ca_file(config.registry.ca_file)
     CredentialProviders.from_settings(config.registry.credential_providers)
+    if config.kubernetes.trust_repair:   # the leader would repair with them (certs/trustpath.py)
+        from archway.certs.bootstrap import BootstrapError
+        from archway.certs.cli import bootstrap_spec
+        try:
+            bootstrap_spec(config.kubernetes.trust_repair)
+        except BootstrapError as e:
+            raise ConfigError(f"kubernetes.trust_repair: {e}") from None
     ProxyRules.from_settings(config.registry.proxy)   # a bad proxy URL or variable
     hosts_dir = config.registry.hosts_dir
     if hosts_dir and not os.path.isdir(os.path.expanduser(hosts_dir)):

@@ -210,8 +210,11 @@ class BootstrapResult:
 
 
 def run_bootstrap(spec: BootstrapSpec, api_client, now: dt.datetime | None = None,
-                  attempts: int = 3) -> BootstrapResult:
-    """Bring the Secrets and the caBundle in line; retried when a concurrent writer wins a race."""
+                  attempts: int = 3, served: dict[str, bytes] | None = None) -> BootstrapResult:
+    """Bring the Secrets and the caBundle in line; retried when a concurrent writer wins a race.
+    `served` (tls.crt, tls.key, ca.crt: what a running webhook pod serves and is trusted with)
+    stands in for a TLS Secret that is gone or broken, so a valid served pair is stored again
+    rather than replaced (certs/trustpath.py)."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
@@ -219,7 +222,7 @@ def run_bootstrap(spec: BootstrapSpec, api_client, now: dt.datetime | None = Non
 
     for attempt in range(attempts):
         try:
-            return _bootstrap_once(spec, _Kube(api_client), now)
+            return _bootstrap_once(spec, _Kube(api_client), now, served)
         except ApiException as e:
             if e.status != 409 or attempt == attempts - 1:
                 raise BootstrapError(_api_message(e)) from None
@@ -229,11 +232,14 @@ def run_bootstrap(spec: BootstrapSpec, api_client, now: dt.datetime | None = Non
     raise AssertionError("unreachable")
 
 
-def _bootstrap_once(spec: BootstrapSpec, kube: "_Kube", now) -> BootstrapResult:
+def _bootstrap_once(spec: BootstrapSpec, kube: "_Kube", now, served=None) -> BootstrapResult:
     result = BootstrapResult()
     tls_secret = kube.read_secret(spec.namespace, spec.secret)
     ca_secret = kube.read_secret(spec.namespace, spec.ca_secret_name)
-    plan = plan_certificates(spec, _decoded(tls_secret), _decoded(ca_secret), now)
+    tls_data = _decoded(tls_secret)
+    if served and _stored_pair(tls_data, "tls.crt", "tls.key", "certificate")[0] is None:
+        tls_data = served
+    plan = plan_certificates(spec, tls_data, _decoded(ca_secret), now)
     result.serial = f"{plan.leaf.cert.serial_number:x}"
     webhook_config = kube.read_webhook_config(spec.webhook_config) if spec.webhook_config else None
     # Owned by the webhook configuration, the Secrets go with it (`helm uninstall`): Helm never

@@ -40,25 +40,31 @@ def register(subparsers) -> None:
         description="Run inside the cluster (Helm hook Job / CronJob): create or renew the "
                     "kubernetes.io/tls Secret for the Service and patch caBundle into every "
                     "webhook of the MutatingWebhookConfiguration. Idempotent.")
-    boot.add_argument("--service", required=True, metavar="NAME")
-    boot.add_argument("--namespace", metavar="NS",
-                      help="default: the pod's own namespace (in-cluster)")
-    boot.add_argument("--secret", required=True, metavar="NAME",
-                      help="the TLS Secret; the CA lives in NAME-ca unless --ca-secret")
-    boot.add_argument("--ca-secret", metavar="NAME")
-    boot.add_argument("--webhook-config", metavar="NAME",
-                      help="MutatingWebhookConfiguration to patch (omit: patch nothing)")
-    boot.add_argument("--allow-missing-webhook-config", action="store_true",
-                      help="succeed when it does not exist yet (the pre-install run)")
-    boot.add_argument("--days", type=_positive_int, default=365)
-    boot.add_argument("--ca-days", type=_positive_int, default=3650)
-    boot.add_argument("--renew-before-days", type=_positive_int, default=30)
-    boot.add_argument("--cluster-domain", default="cluster.local")
-    boot.add_argument("--host", action="append", default=[], metavar="NAME_OR_IP",
-                      help="an extra SAN (repeatable), e.g. the host of an external webhook URL")
-    boot.add_argument("--kubeconfig", metavar="FILE",
-                      help="default: in-cluster credentials, else $KUBECONFIG / ~/.kube/config")
+    add_bootstrap_arguments(boot)
     boot.set_defaults(func=_bootstrap)
+
+
+def add_bootstrap_arguments(parser: argparse.ArgumentParser) -> None:
+    """`archway certs bootstrap`'s arguments; the leader's repair of the trust path parses the
+    same ones (config kubernetes.trust_repair: the chart renders the certificate Job's)."""
+    parser.add_argument("--service", required=True, metavar="NAME")
+    parser.add_argument("--namespace", metavar="NS",
+                        help="default: the pod's own namespace (in-cluster)")
+    parser.add_argument("--secret", required=True, metavar="NAME",
+                        help="the TLS Secret; the CA lives in NAME-ca unless --ca-secret")
+    parser.add_argument("--ca-secret", metavar="NAME")
+    parser.add_argument("--webhook-config", metavar="NAME",
+                        help="MutatingWebhookConfiguration to patch (omit: patch nothing)")
+    parser.add_argument("--allow-missing-webhook-config", action="store_true",
+                        help="succeed when it does not exist yet (the pre-install run)")
+    parser.add_argument("--days", type=_positive_int, default=365)
+    parser.add_argument("--ca-days", type=_positive_int, default=3650)
+    parser.add_argument("--renew-before-days", type=_positive_int, default=30)
+    parser.add_argument("--cluster-domain", default="cluster.local")
+    parser.add_argument("--host", action="append", default=[], metavar="NAME_OR_IP",
+                        help="an extra SAN (repeatable), e.g. the host of an external webhook URL")
+    parser.add_argument("--kubeconfig", metavar="FILE",
+                        help="default: in-cluster credentials, else $KUBECONFIG / ~/.kube/config")
 
 
 def _positive_int(text: str) -> int:
@@ -86,17 +92,37 @@ def _generate(args) -> int:
     return 0
 
 
-def _bootstrap(args) -> int:
+class _ArgumentsError(argparse.ArgumentParser):
+    def error(self, message):
+        raise BootstrapError(f"archway certs bootstrap {message}")
+
+
+def bootstrap_spec(arguments: list[str] | tuple[str, ...]) -> BootstrapSpec:
+    """The BootstrapSpec `archway certs bootstrap ARGUMENTS` would run with (BootstrapError when
+    they are not its arguments); a leading `certs bootstrap` is allowed."""
+    arguments = list(arguments)
+    if arguments[:2] == ["certs", "bootstrap"]:
+        arguments = arguments[2:]
+    parser = _ArgumentsError(prog="archway certs bootstrap", add_help=False)
+    add_bootstrap_arguments(parser)
+    return _spec(parser.parse_args(arguments))
+
+
+def _spec(args) -> BootstrapSpec:
     namespace = args.namespace or in_cluster_namespace()
     if not namespace:
         raise BootstrapError("--namespace is required outside a pod")
-    spec = BootstrapSpec(namespace=namespace, service=args.service, secret=args.secret,
+    return BootstrapSpec(namespace=namespace, service=args.service, secret=args.secret,
                          ca_secret=args.ca_secret, webhook_config=args.webhook_config,
                          days=args.days, ca_days=args.ca_days,
                          renew_before_days=args.renew_before_days,
                          cluster_domain=args.cluster_domain,
                          allow_missing_webhook_config=args.allow_missing_webhook_config,
                          extra_hosts=tuple(args.host))
+
+
+def _bootstrap(args) -> int:
+    spec = _spec(args)
     api_client, source = build_api_client(KubernetesSettings(kubeconfig=args.kubeconfig))
     if api_client is None:
         raise no_api_configured(source, "--kubeconfig")

@@ -7,8 +7,11 @@ API is configured.
       -> each leadership: the caches listed afresh, the gate controller (controller.py) and
          beside it the closed loop (remediation.py; tagwatch.py when workloads are read)
       -> the Lease lost: that leadership stopped, its caches with it
+    beside it, leading or not: the check of archway's trust path (certs/trustpath.py), which
+      the leader also repairs
 """
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -16,6 +19,8 @@ from typing import Any
 
 from archway import logs
 from archway.background import supervised_child
+from archway.certs.cli import bootstrap_spec
+from archway.certs.trustpath import STATUS_FILE, TrustWatch
 from archway.kubeapi import KubeApi
 from archway.kubeclient import api_client_factory, build_api_client
 from archway.lease import LeaderElector, lead_while_elected, lease_namespace, new_identity
@@ -105,6 +110,23 @@ class ControllerParts:
             caches.stop()
 
 
+def trust_watch(config, api_client) -> TrustWatch | None:
+    """The check of the trust path this server's certificate files are served on, when
+    kubernetes.webhook_configuration names archway's MutatingWebhookConfiguration; repaired by
+    the leader with kubernetes.trust_repair (the certificate Job's arguments). Its status goes
+    beside the gate controller's, in the server's run directory, for the workers' /readyz."""
+    kube, server = config.kubernetes, config.server
+    if not (kube.webhook_configuration and server.tls and server.cert_file and server.key_file):
+        return None
+    run_directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")   # archway serve's, per run
+    return TrustWatch(api_client, configuration=kube.webhook_configuration,
+                      cert_file=os.path.expanduser(server.cert_file),
+                      key_file=os.path.expanduser(server.key_file),
+                      repair=bootstrap_spec(kube.trust_repair) if kube.trust_repair else None,
+                      status_path=os.path.join(run_directory, STATUS_FILE) if run_directory
+                      else None)
+
+
 def run(config, stop: threading.Event | None = None) -> None:
     """Elect, lead while elected, until `stop` (or SIGTERM) -- the process's main."""
     stop = stop or threading.Event()
@@ -119,7 +141,19 @@ def run(config, stop: threading.Event | None = None) -> None:
                             duration_seconds=config.admission.gate_lease_seconds)
     log.info("gate controller %s: candidate for Lease %s/%s (%s)", identity, namespace,
              "archway-gate-controller", source)
-    lead_while_elected(elector, parts.lead, stop, what="gate controller",
+    leading = threading.Event()
+    watch = trust_watch(config, api_client)
+    if watch is not None:
+        threading.Thread(target=watch.run, args=(stop, leading.is_set), name="archway-trust-path",
+                         daemon=True).start()
+
+    def lead(leadership: threading.Event) -> None:
+        leading.set()
+        try:
+            parts.lead(leadership)
+        finally:
+            leading.clear()
+    lead_while_elected(elector, lead, stop, what="gate controller",
                        thread_name="archway-gate-lead", logger=log)
 
 

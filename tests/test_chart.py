@@ -220,7 +220,12 @@ def test_alert_expressions_pass_promtool(render, tmp_path):
     alerts = {r["alert"]: r["expr"] for r in rule["spec"]["groups"][0]["rules"]}
     assert set(alerts) == {"ArchwayWebhookDown", "ArchwayHighFailOpenRate", "ArchwayPrometheusDataStale",
                            "ArchwayCertificateExpiresSoon", "ArchwayPodsGatedTooLong",
-                           "ArchwayImageDroppedArchitecture"}
+                           "ArchwayImageDroppedArchitecture", "ArchwayWebhookFailingOpen",
+                           "ArchwayTrustPathBroken"}
+    # The apiserver's own count of fail-opens of archway's webhook, by the name it renders.
+    assert 'apiserver_admission_webhook_fail_open_count{name="pods.archway.dev",type="admit"}' \
+        in alerts["ArchwayWebhookFailingOpen"]
+    assert "archway_trust_path_ok" in alerts["ArchwayTrustPathBroken"]
     # pods gated longer than half of admission.gate_max_seconds (120 by default)
     assert alerts["ArchwayPodsGatedTooLong"].endswith(") > 60")
     assert "archway_gate_oldest_seconds" in alerts["ArchwayPodsGatedTooLong"]
@@ -1238,7 +1243,8 @@ def test_admit_mode_has_no_uninstall_hook_and_passes_fallback_through(render):
 
 
 # Keys of archway's config that the chart sets itself from other values (never by `config:`).
-CHART_OWNED_KEYS = {"placement.scheduler_name", "kubernetes.pull_secret_namespaces"} | {
+CHART_OWNED_KEYS = {"placement.scheduler_name", "kubernetes.pull_secret_namespaces",
+                    "kubernetes.webhook_configuration", "kubernetes.trust_repair"} | {
     f"server.{key}" for key in ("bind", "cert_file", "key_file", "log_every_admission",
                                 "log_format", "max_body_bytes", "metrics_bind", "product",
                                 "state_dir", "threads", "tls", "workers")}

@@ -19,6 +19,8 @@
 {{/* Resource names derived from the full name (kept short: Service names are DNS labels). */}}
 {{- define "archway.webhookName" -}}{{ include "archway.fullname" . | trunc 55 | trimSuffix "-" }}{{- end -}}
 {{- define "archway.serviceName" -}}{{ include "archway.webhookName" . }}{{- end -}}
+{{- /* The webhook's name in its configuration: the apiserver's metrics label its calls with it. */ -}}
+{{- define "archway.podWebhookName" -}}pods.archway.dev{{- end -}}
 {{- define "archway.webhookConfigName" -}}{{ include "archway.fullname" . }}{{- end -}}
 {{- define "archway.configMapName" -}}{{ include "archway.fullname" . | trunc 56 | trimSuffix "-" }}-config{{- end -}}
 {{- define "archway.tlsSecretName" -}}{{ default (printf "%s-tls" (include "archway.fullname" . | trunc 59 | trimSuffix "-")) .Values.tls.secretName }}{{- end -}}
@@ -223,6 +225,15 @@ affinity:
     "threads" (int .Values.webhook.threads)
     "log_every_admission" .Values.webhook.logEveryAdmission
     "log_format" .Values.logFormat) -}}
+{{- /* The trust path (certs/trustpath.py): checked against archway's own webhook configuration;
+       repaired by the leader with the certificate Job's own arguments in bootstrap mode only
+       (cert-manager and a Secret of yours are only checked). */ -}}
+{{- $kube := default dict $c.kubernetes -}}
+{{- $_ := set $kube "webhook_configuration" (include "archway.webhookConfigName" .) -}}
+{{- if eq .Values.tls.mode "bootstrap" -}}
+{{- $_ := set $kube "trust_repair" (include "archway.certgen.args" (dict "root" . "allowMissing" false) | fromYamlArray) -}}
+{{- end -}}
+{{- $_ := set $c "kubernetes" $kube -}}
 {{- toYaml $c -}}
 {{- end -}}
 
