@@ -160,7 +160,8 @@ def test_the_warning_does_not_tell_one_network_error_from_another():
 
 def test_pull_secrets_are_read_only_where_archway_may_read_secrets():
     """kubernetes.pull_secret_namespaces (the chart's rbac.pullSecretNamespaces): elsewhere no
-    Secret is asked for, so no 403 per pod, and the node's credentials are used."""
+    Secret is asked for, so no 403 per pod, and the node's credentials are used; the pod's
+    author is told why the secrets it names went unread."""
     from archway.podview import PodView
     from archway.webhook.pullsecrets import PullSecrets
 
@@ -172,4 +173,6 @@ def test_pull_secrets_are_read_only_where_archway_may_read_secrets():
     pod = PodView.of({"metadata": {"namespace": "shop"}, "spec": {
         "imagePullSecrets": [{"name": "regcred"}], "containers": [{"name": "c", "image": "x"}]}})
     credentials = reader.credentials_for(pod, deadline=1e12)
-    assert credentials.secrets_used == 0 and credentials.warnings == ()
+    assert credentials.secrets_used == 0
+    assert credentials.warnings == ("pull secrets not read (namespace shop is not in archway's "
+                                    "rbac.pullSecretNamespaces): regcred",)

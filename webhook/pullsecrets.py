@@ -94,8 +94,11 @@ class PullSecrets:
                       f"{_join(names)}",) if names and self.source != "disabled" else ()
             return PullCredentials(Keyring.empty(), unread)
         if "*" not in self.namespaces and namespace not in self.namespaces:
-            # Not granted (a 403 per pod would tell nothing new): the node's credentials only.
-            return PullCredentials(Keyring.empty())
+            # Not granted (a 403 per pod would tell nothing new): the node's credentials only,
+            # and the pod's author learns why the secrets it names went unread.
+            unread = (f"pull secrets not read (namespace {namespace} is not in archway's "
+                      f"rbac.pullSecretNamespaces): {_join(names)}",) if names else ()
+            return PullCredentials(Keyring.empty(), unread)
         warnings: list[str] = []
         account = pod.service_account or "default"
         account_secrets = self._service_account_secrets(namespace, account, deadline)
