@@ -5,9 +5,16 @@ from dataclasses import dataclass
 
 from archway.podview import OwnerReference, PodShapeError, PodView
 from archway.vocabulary import ANNOTATION_ARCHITECTURES
-from archway.webhook.learning import Evidence
+from archway.webhook.learning import Evidence, Learned
 
-from .podstatus import Failure, LogRead, admitted_digests, exec_format_failures, log_reads
+from .podstatus import (
+    EXEC_FORMAT_ERROR,
+    Failure,
+    LogRead,
+    admitted_digests,
+    exec_format_failures,
+    log_reads,
+)
 
 
 @dataclass(frozen=True)
@@ -59,3 +66,22 @@ def failing_pod(obj: dict) -> FailingPod | None:
         else None,
         digests=tuple(sorted(admitted_digests(pod.annotations).items())), failures=failures,
         log_reads=reads)
+
+
+def explained_failures(pod: FailingPod, reads: list[LogRead], learned: Learned | None,
+                       arch: str) -> tuple[Failure, ...]:
+    """The silent failures among `reads` that what the pod's workload learned explains: the same
+    image, at the same digest, failed with exec format error on `arch` before. Its binaries
+    cannot run there whatever else went wrong, so its log need not be read (the budget of log
+    reads would hold a crash loop of many replicas for minutes)."""
+    if learned is None or arch not in learned.architectures:
+        return ()
+    failed = {(e.image, e.digest) for e in learned.evidence if e.architecture == arch and e.digest}
+    admitted = dict(pod.digests)
+    explained = []
+    for read in reads:
+        digest = read.digest or admitted.get(read.image)
+        if (read.image, digest) in failed:
+            explained.append(Failure(read.container, read.image, digest, EXEC_FORMAT_ERROR,
+                                     source="evidence"))
+    return tuple(explained)

@@ -5,10 +5,11 @@ measured: issue 27): an exec format error ends `terminated: {exitCode: 1, reason
 no message; the words are only in the container's log."""
 import pytest
 
-from archway.gate.failingpods import failing_pod
+from archway.gate.failingpods import explained_failures, failing_pod
 from archway.gate.logreads import LogReadBudget
 from archway.gate.podstatus import LogRead, log_reads, log_wording
 from archway.podview import OwnerReference
+from archway.webhook.learning import Evidence, Learned
 from archway.webhook.workloadcache import controlling_workload, selector_matches, workload_facts
 
 D1 = "sha256:" + "1" * 64
@@ -205,3 +206,27 @@ def test_label_selectors(selector, labels, selects):
     facts = workload_facts("ReplicaSet")({"metadata": {"name": "x", "namespace": "n"},
                                           "spec": {"selector": selector}})
     assert selector_matches(facts.selector, labels) is selects
+
+
+# --- what the workload learned explains ---------------------------------------------------
+
+def test_a_silent_failure_of_the_image_and_digest_its_workload_failed_with_needs_no_log_read():
+    """Another replica's log taught the workload that this image at this digest fails on arm64:
+    this pod's silent failure there is the same one (its binaries cannot run there), so it is
+    acted on without reading its log; anything else is still read."""
+    pod = failing_pod(pod_with(crash_looping()))
+    reads = list(pod.log_reads)
+    learned = Learned(frozenset({"arm64"}), (Evidence("reg.example/app:1", D1, "arm64"),),
+                      "Deployment web")
+    (failure,) = explained_failures(pod, reads, learned, "arm64")
+    assert (failure.container, failure.image, failure.digest, failure.source) == \
+        ("c", "reg.example/app:1", D1, "evidence")
+    assert "its log is not read again" in failure.where
+    other_digest = Learned(frozenset({"arm64"}), (Evidence("reg.example/app:1", "sha256:" + "2" * 64,
+                                                           "arm64"),), "Deployment web")
+    other_image = Learned(frozenset({"arm64"}), (Evidence("reg.example/other:1", D1, "arm64"),),
+                          "Deployment web")
+    by_hand = Learned(frozenset({"arm64"}), (), "Deployment web")   # no evidence: proves nothing
+    for what in (other_digest, other_image, by_hand, None):
+        assert explained_failures(pod, reads, what, "arm64") == ()
+    assert explained_failures(pod, reads, learned, "amd64") == ()   # learned of another arch
