@@ -38,8 +38,17 @@ class FailingPod:
                 "name": self.name, "uid": self.uid}
 
     def evidence(self, arch: str, failures: tuple[Failure, ...]) -> list[Evidence]:
-        admitted = dict(self.digests)
-        return [Evidence(f.image, f.digest or admitted.get(f.image), arch) for f in failures]
+        return [Evidence(f.image, self.failed_digest(f.image, f.digest), arch) for f in failures]
+
+    def failed_digest(self, image: str, status_digest: str | None) -> str | None:
+        """The digest a failure of `image` is evidence against: the one archway admitted the pod
+        with, which is what admission compares the next pods' images to (learning.reset_reason);
+        the container status' imageID only when archway admitted none. containerd names in
+        imageID one of all the references it holds for the same image content: another
+        repository's, or an older index of the tag, whose digest no admission would ever see
+        again: the exclusion would be reset at the next admission, and the scale-up's pods go
+        back to the failing architecture (issue 38)."""
+        return dict(self.digests).get(image) or status_digest
 
 
 def failing_pod(obj: dict) -> FailingPod | None:
@@ -77,10 +86,9 @@ def explained_failures(pod: FailingPod, reads: list[LogRead], learned: Learned |
     if learned is None or arch not in learned.architectures:
         return ()
     failed = {(e.image, e.digest) for e in learned.evidence if e.architecture == arch and e.digest}
-    admitted = dict(pod.digests)
     explained = []
     for read in reads:
-        digest = read.digest or admitted.get(read.image)
+        digest = pod.failed_digest(read.image, read.digest)
         if (read.image, digest) in failed:
             explained.append(Failure(read.container, read.image, digest, EXEC_FORMAT_ERROR,
                                      source="evidence"))

@@ -4,7 +4,9 @@ A Deployment whose image's index claims this machine's architecture (a binary th
 refuses: a real `exec format error`, written by containerd + runc only to the container's log)
 and arm64 lands on the real node and crash-loops there for real. archway learns it, evicts the
 failing pods (remediation.evict, on by default) and their replacements go to arm64 (API-only
-Nodes: bound there, never run); a scale-up meanwhile does not go to the failing architecture.
+Nodes: bound there, never run); a scale-up meanwhile does not go to the failing architecture,
+though the node holds the same refused image under another repository pulled before (containerd
+then names that one in the container's imageID: issue 38's scale-up that went back).
 An arm64-only DaemonSet: its pods for the real node and the ppc64le Node stay Pending for ever,
 and the DaemonSet itself gets one Event naming those nodes and why."""
 import time
@@ -12,6 +14,7 @@ import time
 import pytest
 
 from lab.cluster.nodeimages import machine_arch
+from lab.kube import pod_path
 from tests.e2e.loop import app_pods, deployment_path, events
 from tests.e2e.workloads import create_deployment, deployment, node_arch
 
@@ -31,6 +34,17 @@ def default_remediation(install) -> None:
         install.upgrade({})
 
 
+def pulled_before(kube, install, namespace: str, image: str) -> None:
+    """`image` pulled onto the real node and run once there, by a bare pod: an earlier workload
+    of the same binary under another repository (sorted first among containerd's references)."""
+    kube.create(pod_path(namespace), {"metadata": {"name": "before"}, "spec": {
+        "nodeName": install.node.name, "restartPolicy": "Never",
+        "containers": [{"name": "c0", "image": image}]}})
+    kube.wait_for(lambda: any(s.get("imageID") for s in kube.get(pod_path(
+        namespace, "before"))["status"].get("containerStatuses") or []),
+        timeout=120, what="the earlier image pulled and run")
+
+
 def restarts_of(pod: dict) -> int:
     return sum(s.get("restartCount", 0) for s in pod["status"].get("containerStatuses") or [])
 
@@ -44,6 +58,8 @@ def test_with_the_default_config_a_crash_loop_ends_and_a_scale_up_avoids_the_arc
     default_remediation(install)
     namespace = fresh_namespace(plane, "crash")
     image = refused_multiarch_image(node_registry, f"node/refused-{namespace}")
+    pulled_before(kube, install, namespace, refused_multiarch_image(
+        node_registry, f"node/a-pulled-before-{namespace}", never_run=namespace.encode()))
 
     body = deployment("app", [image], replicas=REPLICAS, terminationGracePeriodSeconds=0)
     body["spec"]["template"]["spec"]["affinity"] = {"nodeAffinity": {   # the real node first
@@ -73,6 +89,8 @@ def test_with_the_default_config_a_crash_loop_ends_and_a_scale_up_avoids_the_arc
         kube.get(deployment_path(namespace, "app"))["metadata"].get("annotations") or {}
     ).get(FAILED), timeout=180, what="the exec format error learned")
     learned_after = time.monotonic() - started
+    print("imageIDs on the real node: " + str({s.get("imageID") for p in on_real_node()
+                                               for s in p["status"].get("containerStatuses") or []}))
 
     # A scale-up once learned: none of its pods goes to the failing architecture.
     time.sleep(2)    # the webhook's workload caches are watches: the annotation reaches them
