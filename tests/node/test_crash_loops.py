@@ -107,8 +107,12 @@ def test_with_the_default_config_a_crash_loop_ends_and_a_scale_up_avoids_the_arc
     assert all(where == "arm64" for where, _ in placed.values()), placed
 
     # The crash loop ends: every pod on the real node evicted, replaced on arm64.
-    kube.wait_for(lambda: not on_real_node(), timeout=300,
-                  what="every failing pod evicted (remediation.evict, on by default)")
+    try:
+        kube.wait_for(lambda: not on_real_node(), timeout=300,
+                      what="every failing pod evicted (remediation.evict, on by default)")
+    finally:
+        print(f"after {time.monotonic() - started:.0f} s: {len(on_real_node())} pods on the real "
+              f"node, restarts so far: {sum(restarts.values())} ({restarts})")
     stopped_after = time.monotonic() - started
     final = kube.wait_for(lambda: (pods := [p for p in app_pods(kube, namespace, "app")
                                             if p["spec"].get("nodeName")])
