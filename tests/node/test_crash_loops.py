@@ -155,7 +155,11 @@ def test_an_arm64_only_daemonset_is_told_which_nodes_cannot_run_it(in_cluster, n
         assert name in told["note"] and nodes[name] in told["note"], (name, told["note"])
     assert "arm64" in told["note"]
     # Its pods for those nodes stay Pending; bounded: one Event, however many pods and admissions.
-    pending = [p for p in app_pods(kube, namespace, "agent") if not p["spec"].get("nodeName")]
-    assert len(pending) == len(cannot), pending
+    pending = kube.wait_for(lambda: (pods := app_pods(kube, namespace, "agent")) and len(
+        pods) == len(nodes) and [p for p in pods if not p["spec"].get("nodeName")],
+        timeout=60, what="the DaemonSet's pods bound where they can be")
+    assert sorted(p["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+        "matchFields"][0]["values"][0] for p in pending) == cannot
     time.sleep(20)
     assert len(events(kube, namespace, REASON_NODES, "DaemonSet", "agent")) == 1
