@@ -288,7 +288,8 @@ class RemediationSettings:
     # An exec format error on a node of arch X keeps the workload's new pods off X
     # (annotation archway.dev/failed-architectures on the workload).
     learn_failed_architectures: bool = True
-    evict: bool = False                   # evict the failing pods (Eviction API, PDBs respected)
+    # Evict the failing pods (Eviction API, PDBs respected): they serve nothing where they are.
+    evict: bool = True
     # With learning on: a failed container whose status says nothing of why (containerd + runc)
     # has the tail of its log read for the words (pods/log get).
     read_logs: bool = True

@@ -67,13 +67,16 @@ class KubeApi:
             response.release_conn()
         return data.decode("utf-8", "replace")
 
-    def pages(self, path: str, page_size: int, *, timeout: float | None = None) -> Iterator[dict]:
+    def pages(self, path: str, page_size: int, *, timeout: float | None = None,
+              query: dict | None = None) -> Iterator[dict]:
         """The pages of a list, `page_size` objects each (limit/continue), each page at most
-        MAX_LIST_BYTES; the last one's metadata has the list's resourceVersion."""
+        MAX_LIST_BYTES; the last one's metadata has the list's resourceVersion. `query`: its
+        selectors."""
         token = None
         while True:
-            query = {**({"continue": token} if token else {}), "limit": str(page_size)}
-            page = self.request("GET", path, query=query, timeout=timeout,
+            page_query = {**(query or {}), **({"continue": token} if token else {}),
+                          "limit": str(page_size)}
+            page = self.request("GET", path, query=page_query, timeout=timeout,
                                 max_bytes=MAX_LIST_BYTES)
             yield page
             token = (page.get("metadata") or {}).get("continue")

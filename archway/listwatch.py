@@ -23,6 +23,7 @@ class ListWatch:
     what = "objects"          # for log lines: "node cache", "pod watch"
     path = ""                 # the collection: /api/v1/nodes
     watch_query: dict[str, str] = {}   # what the watch narrows to (a label selector)
+    list_query: dict[str, str] = {}    # what the list narrows to (a field selector)
     # None: one list from the API server's watch cache (resourceVersion "0"); a number: pages
     # of that many objects (limit/continue), each cut down by _slim before the next is read, so
     # a cluster with very many objects never sits in memory (or one response) whole.
@@ -150,9 +151,10 @@ class ListWatch:
 
     def _list(self, api: KubeApi) -> str:
         if self.page_size:
-            pages: Iterable[dict] = api.pages(self.path, self.page_size)
+            pages: Iterable[dict] = api.pages(self.path, self.page_size,
+                                              query=self.list_query)
         else:  # resourceVersion "0": served from the API server's watch cache, not etcd
-            pages = [api.request("GET", self.path, query={"resourceVersion": "0"},
+            pages = [api.request("GET", self.path, query={**self.list_query, "resourceVersion": "0"},
                                  max_bytes=MAX_LIST_BYTES)]
         items: list = []
         meta: dict = {}

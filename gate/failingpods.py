@@ -5,9 +5,16 @@ from dataclasses import dataclass
 
 from archway.podview import OwnerReference, PodShapeError, PodView
 from archway.vocabulary import ANNOTATION_ARCHITECTURES
-from archway.webhook.learning import Evidence
+from archway.webhook.learning import Evidence, Learned
 
-from .podstatus import Failure, LogRead, admitted_digests, exec_format_failures, log_reads
+from .podstatus import (
+    EXEC_FORMAT_ERROR,
+    Failure,
+    LogRead,
+    admitted_digests,
+    exec_format_failures,
+    log_reads,
+)
 
 
 @dataclass(frozen=True)
@@ -31,8 +38,17 @@ class FailingPod:
                 "name": self.name, "uid": self.uid}
 
     def evidence(self, arch: str, failures: tuple[Failure, ...]) -> list[Evidence]:
-        admitted = dict(self.digests)
-        return [Evidence(f.image, f.digest or admitted.get(f.image), arch) for f in failures]
+        return [Evidence(f.image, self.failed_digest(f.image, f.digest), arch) for f in failures]
+
+    def failed_digest(self, image: str, status_digest: str | None) -> str | None:
+        """The digest a failure of `image` is evidence against: the one archway admitted the pod
+        with, which is what admission compares the next pods' images to (learning.reset_reason);
+        the container status' imageID only when archway admitted none. containerd names in
+        imageID one of all the references it holds for the same image content: another
+        repository's, or an older index of the tag, whose digest no admission would ever see
+        again: the exclusion would be reset at the next admission, and the scale-up's pods go
+        back to the failing architecture (issue 38)."""
+        return dict(self.digests).get(image) or status_digest
 
 
 def failing_pod(obj: dict) -> FailingPod | None:
@@ -59,3 +75,21 @@ def failing_pod(obj: dict) -> FailingPod | None:
         else None,
         digests=tuple(sorted(admitted_digests(pod.annotations).items())), failures=failures,
         log_reads=reads)
+
+
+def explained_failures(pod: FailingPod, reads: list[LogRead], learned: Learned | None,
+                       arch: str) -> tuple[Failure, ...]:
+    """The silent failures among `reads` that what the pod's workload learned explains: the same
+    image, at the same digest, failed with exec format error on `arch` before. Its binaries
+    cannot run there whatever else went wrong, so its log need not be read (the budget of log
+    reads would hold a crash loop of many replicas for minutes)."""
+    if learned is None or arch not in learned.architectures:
+        return ()
+    failed = {(e.image, e.digest) for e in learned.evidence if e.architecture == arch and e.digest}
+    explained = []
+    for read in reads:
+        digest = pod.failed_digest(read.image, read.digest)
+        if (read.image, digest) in failed:
+            explained.append(Failure(read.container, read.image, digest, EXEC_FORMAT_ERROR,
+                                     source="evidence"))
+    return tuple(explained)

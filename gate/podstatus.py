@@ -32,13 +32,18 @@ class Failure:
     image: str               # as the pod spec names it
     digest: str | None       # what the kubelet ran (status imageID), when it says
     message: str             # the status' message, or the wording its log matched
-    source: str = "status"   # where it was read: "status" or "log"
+    # where it was read: "status", "log", or "evidence" (not read: its workload's evidence names
+    # this image at this digest failing on this architecture already)
+    source: str = "status"
 
     @property
     def where(self) -> str:
         """Where it was read, for an Event: never the log's text, only the wording it matched."""
         if self.source == "log":
             return f"read in its log: it says \"{self.message}\""
+        if self.source == "evidence":
+            return ("its workload's pods failed so with this image at this digest on this "
+                    "architecture before (archway.dev/failed-images): its log is not read again")
         return f"read in its status: {self.message}"
 
 

@@ -5,7 +5,8 @@ API is configured.
     build once: the API client, the controller's resolver and pull-secret reader, the Event sink
       -> a candidate for the Lease (archway/lease.py), until SIGTERM or the server is gone
       -> each leadership: the caches listed afresh, the gate controller (controller.py) and
-         beside it the closed loop (remediation.py; tagwatch.py when workloads are read)
+         beside it the closed loop (remediation.py; tagwatch.py when workloads are read) and
+         the DaemonSets told which nodes cannot run them (daemonsets.py)
       -> the Lease lost: that leadership stopped, its caches with it
     beside it, leading or not: the check of archway's trust path (certs/trustpath.py), which
       the leader also repairs
@@ -32,6 +33,7 @@ from archway.webhook.policy import Policy
 from archway.webhook.pullsecrets import PullSecrets
 
 from .controller import GateController
+from .daemonsets import DaemonSetNodes
 from .remediation import Remediation
 from .tagwatch import TagWatch
 
@@ -89,7 +91,10 @@ class ControllerParts:
                       exclude_namespaces=config.admission.exclude_namespaces)
         loops = [threading.Thread(target=Remediation(nodes=caches.nodes, **common).lead,
                                   args=(stop, self.api_client_factory),
-                                  name="archway-remediation", daemon=True)]
+                                  name="archway-remediation", daemon=True),
+                 threading.Thread(target=DaemonSetNodes(nodes=caches.nodes, **common).lead,
+                                  args=(stop, self.api_client_factory),
+                                  name="archway-daemonset-nodes", daemon=True)]
         if caches.workloads is not None:
             registry = config.registry
             tags = TagWatch(resolver=self.resolver, pull_secrets=self.pull_secrets,

@@ -4,12 +4,15 @@ its other half, tagwatch.py (tags re-pushed without an architecture).
 
     every pod (paged list, then a watch; only failing pods are kept: failingpods.py)
       -> a container status says exec format error on a node of arch X (node cache), or a
-         failed container whose status says nothing has it in its log's tail (logreads.py)
+         failed container whose status says nothing has it in its log's tail (logreads.py), or
+         its workload learned already that its image at this digest fails on X (its evidence:
+         failingpods.explained_failures; no log read)
       -> Warning Event ExecFormatError on the pod and on its workload, the metric
       -> enforce mode, remediation.learn_failed_architectures: X merged into the workload's
          archway.dev/failed-architectures (its own metadata: no rollout), with the evidence;
          only from a pod its workload made (workloadcache.controlling_workload)
-      -> remediation.evict: the failing pod evicted (Eviction API: PodDisruptionBudgets hold)
+      -> remediation.evict (on by default): the failing pod evicted (Eviction API:
+         PodDisruptionBudgets hold), so its workload makes it again where it runs
 
 What a 10,000-pod cluster costs here: each status update is parsed once and its container
 statuses scanned (docs/benchmarks.md, figure 22); only failing pods are remembered, as a few
@@ -39,7 +42,7 @@ from archway.webhook.workloadcache import (
 )
 
 from .eviction import Evictions
-from .failingpods import FailingPod, failing_pod
+from .failingpods import FailingPod, explained_failures, failing_pod
 from .leaderloop import MAX_PATCH_ATTEMPTS, KeptChanging, LeaderLoop
 from .logreads import ApiLogReader, LogReadBudget, LogReader
 from .podstatus import Failure
@@ -55,6 +58,9 @@ REASON_EXEC_FORMAT = "ExecFormatError"
 # with the exclusion, not sent to the same architecture again. Waited for at most this long.
 SEEN_WITHIN_SECONDS = 5.0
 SEEN_POLL_SECONDS = 0.25
+# A pod whose log waits for the read budget is looked at again this often: once its workload
+# has learned (another replica's log said it), its evidence explains the pod without a read.
+UNREAD_LOOK_SECONDS = 5.0
 
 
 @dataclass
@@ -230,6 +236,8 @@ class Remediation(LeaderLoop):
         if top is None and pod.owner is not None and not self.workloads_synced():
             tracked.next_look = self._clock() + RETRY_SECONDS   # its controller may be news
             return
+        if top is not None:    # what its workload learned already spares reading its log
+            tracked.log_failures += explained_failures(pod, tracked.unread(), top.learned, arch)
         if self.log_reader is not None:
             self._read_logs(tracked, top.name if top is not None else f"pod {pod.uid}")
         new = [f for f in tracked.failures if (f.container, f.image) not in tracked.handled]
@@ -274,8 +282,8 @@ class Remediation(LeaderLoop):
         pod = tracked.pod
         for read in tracked.unread():
             wait = self.log_budget.take(workload)
-            if wait:
-                tracked.next_look = self._clock() + wait
+            if wait:   # looked at again before then: what its workload learns may explain it
+                tracked.next_look = self._clock() + min(wait, UNREAD_LOOK_SECONDS)
                 return
             tracked.read = (tracked.read + (read.episode,))[-MAX_EPISODES:]
             try:
@@ -304,7 +312,7 @@ class Remediation(LeaderLoop):
                    f"container {failure.container} (image {failure.image}) failed on node "
                    f"{pod.node} ({arch}) with exec format error: its binaries are not "
                    f"{arch} binaries ({failure.where})")
-        if top is not None:
+        if top is not None and failure.source != "evidence":   # it knows: its evidence says so
             self.event(workload_reference(top), "Warning", REASON_EXEC_FORMAT, "Detect",
                        f"pods of image {failure.image} fail on {arch} with exec format "
                        f"error (read in their {failure.source}): {consequence}")

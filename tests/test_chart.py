@@ -69,8 +69,8 @@ CASES = {
                         "--set", "config.remediation.watch_tags=false"],
     "remediation-off-prewarm-on": ["--set", "config.remediation.learn_failed_architectures=false",
                                    "--set", "config.remediation.watch_tags=false"],
-    "remediation-evict": ["--set", "config.remediation.evict=true",
-                          "--set-json", "config.extender.max_utilisation=0.8"],
+    "remediation-no-evict": ["--set", "config.remediation.evict=false",
+                             "--set-json", "config.extender.max_utilisation=0.8"],
     "remediation-no-logs": ["--set", "config.remediation.read_logs=false"],
     "unresolved-admit": ["--set", "config.admission.unresolved=admit",
                          "--set", "config.placement.fallback_architectures={amd64}"],
@@ -1200,10 +1200,12 @@ def test_the_chart_gates_with_least_privilege_and_releases_on_uninstall(render):
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "update"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         # config.remediation.learn_failed_architectures: a failing pod's workloads read, and
-        # what was learned merged into their annotations; no update, no eviction by default
+        # what was learned merged into their annotations; no update
         {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets", "daemonsets",
                                               "replicasets"], "verbs": ["get", "patch"]},
         {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": ["get", "patch"]},
+        # config.remediation.evict (on by default): pods failing with exec format error evicted
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
         # config.remediation.read_logs: the tail of a failed container whose status is silent
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]
     lease = one(docs, "Role", f"{RELEASE}-archway-gate-lease")
@@ -1283,7 +1285,8 @@ def test_pre_warming_off_drops_the_workload_list_rules(render):
 
 def test_remediation_rbac_follows_its_switches(render):
     """Least privilege: patch on the workload kinds only while archway learns, get always (the
-    Events name a failing pod's workload), pods/eviction only with remediation.evict, pods/log
+    Events name a failing pod's workload), pods/eviction only with remediation.evict (the
+    default) and learning, pods/log
     only while it learns with remediation.read_logs."""
     def rules(case):
         return one(render(case), "ClusterRole", f"{RELEASE}-archway-gate-controller")["rules"]
@@ -1293,8 +1296,8 @@ def test_remediation_rbac_follows_its_switches(render):
 
     assert verbs("default", "deployments") == [["get", "patch"]]
     assert verbs("default", "cronjobs") == [["get", "patch"]]
-    assert verbs("default", "pods/eviction") == []
-    assert verbs("remediation-evict", "pods/eviction") == [["create"]]
+    assert verbs("default", "pods/eviction") == [["create"]]
+    assert verbs("remediation-no-evict", "pods/eviction") == []
     assert verbs("remediation-off", "deployments") == [["get"]]
     assert verbs("remediation-off", "pods/eviction") == []
     # A failed container's log (pods/log get) only while learning with read_logs (the default).
@@ -1304,11 +1307,13 @@ def test_remediation_rbac_follows_its_switches(render):
     assert verbs("remediation-no-logs", "pods/log") == []
     assert not config_from_dict(archway_configs(render("remediation-no-logs"))["webhook.yaml"]
                                 ).remediation.read_logs
-    for case in ("default", "remediation-evict", "remediation-off"):
+    for case in ("default", "remediation-no-evict", "remediation-off"):
         assert not [r for r in rules(case) if {"update", "delete", "*"} & set(r["verbs"])
                     and r["resources"] != ["pods"]]
-    evict = config_from_dict(archway_configs(render("remediation-evict"))["webhook.yaml"])
-    assert evict.remediation.evict and evict.remediation.learn_failed_architectures
+    default = config_from_dict(archway_configs(render("default"))["webhook.yaml"])
+    assert default.remediation.evict and default.remediation.learn_failed_architectures
+    kept = config_from_dict(archway_configs(render("remediation-no-evict"))["webhook.yaml"])
+    assert not kept.remediation.evict
 
 
 # --- a newcomer's install: long release names, emptied maps, labels, probes, notes, alerts -------

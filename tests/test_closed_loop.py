@@ -96,6 +96,9 @@ def closed_loop(control_plane):
     def make(namespace: str, *, rules=(), log_reader=None, **remediation):
         if log_reader is None:    # no kubelet here to ask for a log
             remediation.setdefault("read_logs", False)
+        # Eviction is on by default; the tests of learning alone leave it off, those that evict
+        # say so and grant it (EVICT_RULE), as the chart does.
+        remediation.setdefault("evict", False)
         name = f"loop-{len(caches)}"
         kubeconfig = control_plane.identity(namespace, name,
                                             cluster_rules=LOOP_RULES + list(rules))
@@ -253,6 +256,9 @@ def test_log_reads_are_capped_per_workload_and_none_without_learning(control_pla
     loop, events, clock, _ = closed_loop(namespace, log_reader=logs)
     pods = deployment(kube, namespace, "many", replicas=6)
     wait_cached(kube, loop, namespace, pods)
+    # Its cache never shows what is learned: no evidence explains the others (the next test),
+    # each is read.
+    loop.workloads.caches["Deployment"].stop()
     for pod in pods:
         crash_loop(kube, namespace, pod)
     look(loop, kube, namespace)
@@ -347,6 +353,41 @@ def test_a_forged_bare_pod_teaches_another_teams_deployment_nothing(control_plan
 
 
 # --- what a round costs --------------------------------------------------------------------
+
+def test_a_crash_loop_of_silent_replicas_ends_after_one_minutes_log_reads(
+        control_plane, closed_loop):
+    """Six replicas failing silently (containerd + runc): the read budget lets three logs be
+    read in the first minute, and the first teaches the workload. The other three are looked at
+    again within seconds, and what the workload learned (the same image at the same digest
+    failed on this architecture) explains them without reading their logs: all six evicted, not
+    three now and three a budget's minute later (30 replicas: ten minutes)."""
+    kube = control_plane.kube
+    namespace = own_namespace(control_plane, "loop-silent")
+    logs = Logs("exec /app: exec format error\n")
+    loop, events, clock, user = closed_loop(namespace, rules=[EVICT_RULE], log_reader=logs,
+                                            evict=True)
+    pods = deployment(kube, namespace, "silent", replicas=6)
+    wait_cached(kube, loop, namespace, pods)
+    for pod in pods:
+        crash_loop(kube, namespace, pod)
+    mark = control_plane.audit_mark()
+    look(loop, kube, namespace)
+    assert len(logs.reads) == 3 and deployment_annotations(
+        kube, namespace, "silent").get(FAILED) == "arm64"
+    kube.wait_for(lambda: (top := loop.workloads.lookup("Deployment", namespace, "silent"))
+                  and top.learned and "arm64" in top.learned.architectures,
+                  timeout=30, what="the loop's cache to show the learned architecture")
+    clock.now += 5
+    look(loop, kube, namespace)
+    assert len(logs.reads) == 3
+    assert [p["metadata"]["name"] for p in pods if evictions_of(control_plane, mark, user, p)
+            == ["create"]] == [p["metadata"]["name"] for p in pods]
+    explained = [e for e in events.of("ExecFormatError", "Pod") if "not read again" in e[3]]
+    assert len(explained) == 3
+    # The workload is told once (the EventSink sends the same note once; none for the three
+    # explained by what it knows).
+    assert len({e[3] for e in events.of("ExecFormatError", "Deployment")}) == 1
+
 
 def test_many_failing_replicas_cost_one_read_of_their_workload_per_round(
         control_plane, closed_loop):

@@ -3,12 +3,15 @@ which instance's), what a log tail says, the budget of reads, and whether a pod'
 chain is real. The statuses are what a real kubelet writes (containerd 1.6.20 + runc 1.1.5,
 measured: issue 27): an exec format error ends `terminated: {exitCode: 1, reason: Error}` with
 no message; the words are only in the container's log."""
+import json
+
 import pytest
 
-from archway.gate.failingpods import failing_pod
+from archway.gate.failingpods import explained_failures, failing_pod
 from archway.gate.logreads import LogReadBudget
 from archway.gate.podstatus import LogRead, log_reads, log_wording
 from archway.podview import OwnerReference
+from archway.webhook.learning import Evidence, Learned
 from archway.webhook.workloadcache import controlling_workload, selector_matches, workload_facts
 
 D1 = "sha256:" + "1" * 64
@@ -205,3 +208,53 @@ def test_label_selectors(selector, labels, selects):
     facts = workload_facts("ReplicaSet")({"metadata": {"name": "x", "namespace": "n"},
                                           "spec": {"selector": selector}})
     assert selector_matches(facts.selector, labels) is selects
+
+
+# --- what the workload learned explains ---------------------------------------------------
+
+def test_a_silent_failure_of_the_image_and_digest_its_workload_failed_with_needs_no_log_read():
+    """Another replica's log taught the workload that this image at this digest fails on arm64:
+    this pod's silent failure there is the same one (its binaries cannot run there), so it is
+    acted on without reading its log; anything else is still read."""
+    pod = failing_pod(pod_with(crash_looping()))
+    reads = list(pod.log_reads)
+    learned = Learned(frozenset({"arm64"}), (Evidence("reg.example/app:1", D1, "arm64"),),
+                      "Deployment web")
+    (failure,) = explained_failures(pod, reads, learned, "arm64")
+    assert (failure.container, failure.image, failure.digest, failure.source) == \
+        ("c", "reg.example/app:1", D1, "evidence")
+    assert "its log is not read again" in failure.where
+    other_digest = Learned(frozenset({"arm64"}), (Evidence("reg.example/app:1", "sha256:" + "2" * 64,
+                                                           "arm64"),), "Deployment web")
+    other_image = Learned(frozenset({"arm64"}), (Evidence("reg.example/other:1", D1, "arm64"),),
+                          "Deployment web")
+    by_hand = Learned(frozenset({"arm64"}), (), "Deployment web")   # no evidence: proves nothing
+    for what in (other_digest, other_image, by_hand, None):
+        assert explained_failures(pod, reads, what, "arm64") == ()
+    assert explained_failures(pod, reads, learned, "amd64") == ()   # learned of another arch
+
+
+def test_the_evidence_names_the_digest_the_pod_was_admitted_with_not_the_runtimes_other_names():
+    """containerd merges every reference to the same image content, and a container status'
+    imageID names the first of them: after another repository (or an older index of the tag)
+    pulled the same binary, it names that one. Evidence with that digest would never match an
+    admission again and the exclusion would reset at once: a scale-up back on the failing
+    architecture. The digest archway admitted the pod with is what admission compares to."""
+    admitted = "sha256:" + "a" * 64
+    obj = pod_with(crash_looping(message="exec /app: exec format error"))
+    obj["status"]["containerStatuses"][0]["imageID"] = f"reg.example/aaa-other-repo@{D1}"
+    obj["metadata"]["annotations"] = {"archway.dev/images": json.dumps(
+        [{"image": "reg.example/app:1", "digest": admitted}])}
+    pod = failing_pod(obj)
+    (failure,) = pod.failures
+    assert failure.digest == D1                          # what the status says...
+    assert pod.evidence("arm64", pod.failures) == [      # ... and what is learned
+        Evidence("reg.example/app:1", admitted, "arm64")]
+    learned = Learned(frozenset({"arm64"}), tuple(pod.evidence("arm64", pod.failures)), "web")
+    silent = failing_pod({**pod_with(crash_looping()), "metadata": obj["metadata"]})
+    assert [f.digest for f in explained_failures(silent, list(silent.log_reads), learned,
+                                                 "arm64")] == [admitted]
+    # A pod archway did not annotate: the status' digest is all there is.
+    del obj["metadata"]["annotations"]
+    bare = failing_pod(obj)
+    assert bare.evidence("arm64", bare.failures)[0].digest == D1

@@ -131,10 +131,13 @@ def test_failing_pod_keeps_a_few_facts_of_bound_pods_not_being_deleted():
     assert (failing.owner.kind, failing.owner.name, failing.owner.uid) == ("ReplicaSet",
                                                                            "web-5d8", "o")
     assert failing.architectures == {"amd64", "arm64"}
-    # The kubelet's image ID first; the digest admission resolved for the ones without.
-    assert failing.evidence("arm64", failing.failures) == [Evidence(IMAGE, D1, "arm64")]
+    # The digest admission resolved first (what the next admissions compare to); the kubelet's
+    # image ID only for a pod archway did not annotate.
+    assert failing.evidence("arm64", failing.failures) == [Evidence(IMAGE, D2, "arm64")]
     no_id = failing_pod(a_pod(status("exec format error", image_id="")))
     assert no_id.evidence("arm64", no_id.failures) == [Evidence(IMAGE, D2, "arm64")]
+    unannotated = failing_pod(a_pod(status("exec format error"), annotations={}))
+    assert unannotated.evidence("arm64", unannotated.failures) == [Evidence(IMAGE, D1, "arm64")]
     assert failing_pod(a_pod(status("exec format error"), node=None)) is None
     assert failing_pod(a_pod(status("exec format error"), deleting=True)) is None
     assert failing_pod(a_pod(status("all fine"))) is None
@@ -469,7 +472,7 @@ def test_the_ceiling_is_a_fraction_off_by_default():
             config_from_dict({"extender": {"max_utilisation": bad}})
     remediation = config_from_dict({}).remediation
     assert (remediation.learn_failed_architectures, remediation.evict,
-            remediation.watch_tags) == (True, False, True)
+            remediation.watch_tags) == (True, True, True)     # evict: on by default
 
 
 def test_report_flags_the_architectures_a_workloads_pods_run_on_that_its_images_lack():

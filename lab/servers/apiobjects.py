@@ -118,7 +118,8 @@ def field_selector(text: str, plural: str):
     """A predicate for `fieldSelector`; ValueError with the real server's words when a field
     is not supported for this resource."""
     allowed = {"metadata.name", "metadata.namespace"} | (EVENT_FIELDS if plural == "events"
-                                                         else set())
+                                                         else set()) \
+        | ({"spec.nodeName"} if plural == "pods" else set())
     tests = []
     for clause in filter(None, text.split(",")):
         match = re.match(r"^([\w.]+)\s*(==|!=|=)\s*(.*)$", clause)
@@ -131,11 +132,16 @@ def field_selector(text: str, plural: str):
     return lambda obj: all((field_value(obj, f) == v) == equal for f, equal, v in tests)
 
 
-def seen_as(event_type: str, obj: dict, old: dict | None, selector: str) -> str | None:
-    """What a watch with `selector` receives for one change (None: nothing)."""
-    if not selector:
+def seen_as(event_type: str, obj: dict, old: dict | None, selector: str,
+            fields=None) -> str | None:
+    """What a watch with label `selector` and `fields` (a field_selector predicate; None: no
+    field selector) receives for one change (None: nothing)."""
+    if not selector and fields is None:
         return event_type
-    now, before = matches(selector, obj), matches(selector, old)
+
+    def selected(o: dict | None) -> bool:
+        return matches(selector, o) and (fields is None or fields(o))
+    now, before = selected(obj), selected(old)
     if event_type == "MODIFIED":
         if now and before:
             return "MODIFIED"

@@ -13,8 +13,9 @@ Writes are checked as the real server checks them: a stale metadata.resourceVers
 Conflict; a pod update goes through ValidatePodUpdate (the KEP-3838 rules for gated pods) and an
 events.k8s.io/v1 Event through ValidateEventCreate (kubevalidation.py), 422 Invalid with field
 causes otherwise. Every 4xx answer to a write other than 404 and 409 is kept in `rejections`.
-Watches filter by labelSelector with the real server's transitions: an object that stops
-matching arrives as DELETED, one that starts matching as ADDED.
+Watches filter by labelSelector and fieldSelector (pods: spec.nodeName too) with the real
+server's transitions: an object that stops matching arrives as DELETED, one that starts matching
+as ADDED.
 """
 import base64
 import copy
@@ -278,6 +279,11 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
     def _watch(self, path, query):
         api = self.api
         selector = query.get("labelSelector", [""])[0]
+        fields_text = query.get("fieldSelector", [""])[0]
+        try:
+            fields = field_selector(fields_text, path.rsplit("/", 1)[1]) if fields_text else None
+        except ValueError as e:
+            return self._reply(400, failure(400, "BadRequest", str(e)))
         since = int(query.get("resourceVersion", ["0"])[0] or 0)
         timeout = min(float(query.get("timeoutSeconds", ["30"])[0]), 30.0)
         self.send_response(200)
@@ -300,7 +306,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
                         api._lock.wait(min(remaining, 0.5))
                         continue
                 for rv, _, event_type, obj, old in pending:
-                    shown = seen_as(event_type, obj, old, selector)
+                    shown = seen_as(event_type, obj, old, selector, fields)
                     if shown:
                         self._chunk({"type": shown, "object": obj})
                     since = rv

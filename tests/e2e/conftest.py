@@ -92,7 +92,9 @@ def archway_config(images: Images) -> dict:
         # No kubelet stands behind these Nodes: asked for a pod's log, the apiserver would
         # resolve the Node's name or dial its address, traffic that must not leave the machine.
         # The log path is tested on a real node (tests/node/test_closed_loop.py).
-        "remediation": {"read_logs": False},
+        # Eviction (on by default) is off here: the learning tests watch the failing pods stay;
+        # test_remediation.py turns it on, and tests/node/test_crash_loops.py runs the default.
+        "remediation": {"read_logs": False, "evict": False},
     }
 
 

@@ -108,7 +108,7 @@ def test_an_exec_format_error_on_arm64_keeps_the_deployments_next_pods_off_arm64
     assert replacement["metadata"]["annotations"]["archway.dev/excluded-architectures"] == "arm64"
     assert replacement["metadata"]["annotations"]["archway.dev/architectures"] == "amd64,arm64"
     assert placed_on(replacement) == {"amd64"}
-    # The healthy replica is left where it runs (remediation.evict is off by default).
+    # The healthy replica is left where it runs (remediation.evict is off in this install).
     assert len(on_arch(kube, pods, "arm64")) == 1
 
     # explain shows the exclusion and why.
@@ -242,8 +242,9 @@ def test_the_webhooks_account_may_learn_but_not_rewrite_workloads(archway, kube)
                                   ("delete", "deployments", "apps"),
                                   ("update", "jobs", "batch"), ("create", "deployments", "apps")):
         assert not client.can_i(verb, resource, group=group, namespace="default"), (verb, resource)
-    # Evicting is opt-in (remediation.evict), granted only then (test_remediation.py).
-    assert not client.can_i("create", "pods/eviction", namespace="default")
+    # Evicting is granted with remediation.evict, on by default in the chart (the processes
+    # here run with it off: conftest.archway_config; test_remediation.py turns it on).
+    assert client.can_i("create", "pods/eviction", namespace="default")
 
 
 def test_a_statefulset_and_a_cronjob_through_its_job_learn_on_their_own_metadata(

@@ -37,10 +37,14 @@ def evicting(archway):
         archway.helm("upgrade", archway.release, CHART, "--no-hooks", *values)
         archway.restart_webhook()
 
+    # The session's processes run with eviction off over the chart's config (conftest).
+    remediation = archway.archway_config["remediation"]
+    remediation["evict"] = True
     upgrade("--reuse-values", "--set", "config.remediation.evict=true",
             "--set", f"config.registry.cache.tag_ttl_seconds={TAG_TTL}")
     assert archway.chart_config("webhook.yaml")["remediation"]["evict"] is True
     yield archway
+    remediation["evict"] = False
     upgrade("--reset-values", "--values", archway.plane.path("values.yaml"))
 
 

@@ -33,12 +33,13 @@ MATCHED = ("archway_remediation_log_reads_total", "matched")
 OUTCOMES = ("matched", "unmatched", "failed")
 
 
-def refused_multiarch_image(registry, repo: str) -> str:
+def refused_multiarch_image(registry, repo: str, never_run: bytes = b"never run") -> str:
     """An index: this machine's architecture -> a binary the kernel refuses (ENOEXEC), arm64 ->
-    an image that is never run (no arm64 node runs pods here)."""
+    an image that is never run (no arm64 node runs pods here; `never_run` its content: another
+    content, another index around the same refused image)."""
     with open(go_binary("hello"), "rb") as f:
         refused = OciImage.of({"/hello": with_machine(f.read(), EM_IA_64)}, entrypoint=["/hello"])
-    other = OciImage.of({"/hello": b"never run"}, entrypoint=["/hello"], arch="arm64")
+    other = OciImage.of({"/hello": never_run}, entrypoint=["/hello"], arch="arm64")
     entries = []
     for image, arch in ((refused, machine_arch()), (other, "arm64")):
         image.push(registry, repo, f"only-{arch}")
