@@ -22,6 +22,16 @@ REASON_BLOCKED = "EvictionBlocked"
 REASON_NOT_EVICTED = "NotEvicted"
 
 
+def recreated_on(pod, failed: frozenset[str]) -> frozenset[str]:
+    """Where the pod's replacement may run: what its images claim but `failed`, within the pod's
+    own arch constraint (a pod pinned to the failing architecture would come back to it: an
+    eviction loop, not a repair)."""
+    if pod.architectures is None:
+        return frozenset()
+    left = pod.architectures - failed
+    return pod.arch_constraint.within(left) if pod.arch_constraint is not None else left
+
+
 class Evictions:
     def __init__(self, api: KubeApi, event: Callable[..., None], clock: Callable[[], float]):
         self.api = api
@@ -33,7 +43,8 @@ class Evictions:
         pod = tracked.pod
         learned = top.learned
         failed = (learned.architectures if learned is not None else frozenset()) | {arch}
-        if pod.architectures is None or not pod.architectures - failed:
+        left = recreated_on(pod, failed)
+        if not left:
             return   # no architecture left to recreate it on: evicting would only repeat this
         if tracked.next_look is not None and tracked.next_look > self._clock():
             return
@@ -54,7 +65,7 @@ class Evictions:
         self._event(pod.reference, "Normal", REASON_EVICTED, "Evict",
                     f"evicted (remediation.evict): it fails on {arch} with exec format error; "
                     f"{top.display_name} recreates it on "
-                    f"{join_architectures(pod.architectures - failed)}")
+                    f"{join_architectures(left)}")
 
     def _refused(self, tracked, error: ApiError) -> None:
         pod = tracked.pod

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from archway.podview import OwnerReference, PodShapeError, PodView
 from archway.vocabulary import ANNOTATION_ARCHITECTURES
+from archway.webhook.archset import ArchSet, pod_arch_constraint
 from archway.webhook.learning import Evidence, Learned
 
 from .podstatus import (
@@ -31,6 +32,9 @@ class FailingPod:
     digests: tuple[tuple[str, str], ...]      # image -> digest archway admitted it with
     failures: tuple[Failure, ...]
     log_reads: tuple[LogRead, ...] = ()
+    # Its own kubernetes.io/arch constraint, which its controller's replacement keeps when the
+    # pod's template carries it (archway adds none to a pod that has one).
+    arch_constraint: ArchSet | None = None
 
     @property
     def reference(self) -> dict:
@@ -74,7 +78,7 @@ def failing_pod(obj: dict) -> FailingPod | None:
         architectures=frozenset(a for a in claimed.split(",") if a) if claimed is not None
         else None,
         digests=tuple(sorted(admitted_digests(pod.annotations).items())), failures=failures,
-        log_reads=reads)
+        log_reads=reads, arch_constraint=pod_arch_constraint(pod))
 
 
 def explained_failures(pod: FailingPod, reads: list[LogRead], learned: Learned | None,

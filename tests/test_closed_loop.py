@@ -130,17 +130,21 @@ def own_namespace(control_plane, name: str) -> str:
     return control_plane.new_namespace(name, labels={"archway.dev/mode": "off"})
 
 
-def deployment(kube, namespace: str, name: str, replicas: int, arch: str = "arm64") -> list:
+def deployment(kube, namespace: str, name: str, replicas: int, arch: str = "arm64",
+               pinned: bool = False) -> list:
     """A Deployment whose pods claim amd64 and arm64 (as archway's admission annotates them)
-    and all land on `arch`; its pods once bound."""
+    and all land on `arch`'s first node (by its name: no arch constraint of their own, as
+    archway leaves them), or with `pinned` by a kubernetes.io/arch nodeSelector of their own;
+    its pods once bound."""
     labels = {"app": name}
+    where = {"kubernetes.io/arch": arch} if pinned else {"kubernetes.io/hostname": f"{arch}-1"}
     kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
         "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": labels, "annotations": {
                      "archway.dev/architectures": "amd64,arm64",
                      "archway.dev/images": json.dumps([{"image": IMAGE, "digest": DIGEST}])}},
-                     "spec": {"nodeSelector": {"kubernetes.io/arch": arch},
+                     "spec": {"nodeSelector": where,
                               "terminationGracePeriodSeconds": 0,
                               "containers": [{"name": "c", "image": IMAGE}]}}}})
     return kube.wait_for(lambda: (pods := [
@@ -408,12 +412,12 @@ def test_many_failing_replicas_cost_one_read_of_their_workload_per_round(
 
 # --- evictions that end ---------------------------------------------------------------------
 
-def evicting(control_plane, closed_loop, app: str, *, rules=(EVICT_RULE,)):
+def evicting(control_plane, closed_loop, app: str, *, rules=(EVICT_RULE,), pinned=False):
     """The loop with `evict` on, and one pod of Deployment `app` (in a namespace of its own)
     in its cache: (loop, events, clock, user, pod); crash_loop makes the pod fail."""
     namespace = own_namespace(control_plane, f"loop-{app}")
     loop, events, clock, user = closed_loop(namespace, rules=list(rules), evict=True)
-    (pod,) = deployment(control_plane.kube, namespace, app, replicas=1)
+    (pod,) = deployment(control_plane.kube, namespace, app, replicas=1, pinned=pinned)
     wait_cached(control_plane.kube, loop, namespace, [pod])
     return loop, events, clock, user, pod
 
@@ -441,6 +445,26 @@ def test_a_pod_is_evicted_once_the_workload_cache_shows_what_was_learned(
     clock.now += 0.5                 # the next look, well before it would stop waiting
     look(loop, kube, namespace)
     assert evictions_of(control_plane, mark, user, pod) == ["create"]
+
+
+def test_a_pod_pinned_by_its_own_template_to_the_failing_architecture_is_not_evicted(
+        control_plane, closed_loop):
+    """Its replacement would be pinned to the same architecture and fail again: with eviction
+    on by default that would be an eviction loop. It is learned and left to its crash loop."""
+    kube = control_plane.kube
+    loop, events, clock, user, pod = evicting(control_plane, closed_loop, "pinned", pinned=True)
+    namespace = pod["metadata"]["namespace"]
+    crash_loop(kube, namespace, pod, message="exec /app: exec format error")
+    mark = control_plane.audit_mark()
+    look(loop, kube, namespace)
+    assert deployment_annotations(kube, namespace, "pinned")[FAILED] == "arm64"
+    kube.wait_for(lambda: (top := loop.workloads.lookup("Deployment", namespace, "pinned"))
+                  and top.learned and "arm64" in top.learned.architectures,
+                  timeout=30, what="the loop's cache to show the learned architecture")
+    for _ in range(3):
+        clock.now += 60
+        look(loop, kube, namespace)
+    assert evictions_of(control_plane, mark, user, pod) == []
 
 
 def test_a_cache_that_never_shows_what_was_learned_delays_the_eviction_a_bounded_time(
