@@ -7,7 +7,6 @@ exactly these keys (a test compares the two). Every section is checked the same 
 are refused with the file, section and key named; values must have the default's type.
 """
 import dataclasses
-import ipaddress
 import os
 import re
 import typing
@@ -17,8 +16,8 @@ from typing import Any
 
 import yaml
 
+from archway.configvalues import arch_tolerations, arch_weights, cidr_ranges, fraction, shown
 from archway.errors import ConfigError
-from archway.vocabulary import normal_architecture
 
 # The devices whose traffic counts: physical and bond interfaces, not loopback, pod veths and
 # CNI bridges (their bytes also cross a real interface, or never leave the node).
@@ -100,7 +99,8 @@ class RegistrySettings:
     credentials_file: str | None = None     # a dockerconfigjson used for every pod
     allow_hosts: tuple[str, ...] = ()       # when non-empty, only these hosts are contacted
     deny_hosts: tuple[str, ...] = ()        # never contacted
-    service_cidrs: tuple[str, ...] = ()     # the cluster's Service ranges; empty: read from the API
+    # The cluster's Service ranges; empty: read from the API (ServiceCIDRs).
+    service_cidrs: tuple[str, ...] = checked(tuple, cidr_ranges)
     timeout_seconds: float = 5.0            # per request; a lookup may take twice this
     max_lookups_per_host: int = 8           # lookups of one host at once: a hung host holds no more
     max_queued_lookups: int = 1024          # lookups waiting in all; past it new images fail at once
@@ -115,11 +115,6 @@ class RegistrySettings:
         # Host lists compare case-insensitively, with the surrounding blanks of a hand-edited file.
         for name in ("insecure_hosts", "allow_hosts", "deny_hosts"):
             object.__setattr__(self, name, tuple(h.strip().lower() for h in getattr(self, name)))
-        for cidr in self.service_cidrs:
-            try:
-                ipaddress.ip_network(cidr.strip().strip("[]"), strict=False)
-            except ValueError:
-                raise ConfigError(f"registry.service_cidrs: {cidr!r} is not a CIDR range") from None
 
 
 @dataclass(frozen=True)
@@ -171,66 +166,13 @@ class AdmissionSettings:
             object.__setattr__(self, "unresolved", "deny" if self.fail_closed else "admit")
 
 
-def _arch_name(value: Any, key: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{key}: architecture names must be non-empty strings, got {_shown(value)}")
-    return normal_architecture(value)   # aarch64 -> arm64, x86_64 -> amd64
-
-
-def _arch_weights(value: Any, key: str) -> tuple[tuple[str, int], ...]:
-    """{arch: weight 1..100} -> ((arch, weight), ...) sorted by weight, heaviest first."""
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key} must be a mapping of architecture to weight, got {_shown(value)}")
-    weights: dict[str, int] = {}
-    for arch, weight in value.items():
-        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
-            raise ConfigError(f"{key}.{arch} must be a whole number from 1 to 100 (the "
-                              f"preferred node affinity weight), got {_shown(weight)}")
-        weights[_arch_name(arch, key)] = weight
-    return tuple(sorted(weights.items(), key=lambda item: (-item[1], item[0])))
-
-
-_TOLERATION_KEYS = {"key": str, "operator": str, "value": str, "effect": str,
-                    "tolerationSeconds": int}
-
-
-def _arch_tolerations(value: Any, key: str) -> tuple[tuple[str, tuple[dict, ...]], ...]:
-    """{arch: [Toleration, ...]} -> ((arch, (toleration, ...)), ...), each toleration checked."""
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key} must be a mapping of architecture to a list of tolerations, "
-                          f"got {_shown(value)}")
-    result = []
-    for arch, tolerations in value.items():
-        where = f"{key}.{arch}"
-        if not isinstance(tolerations, list):
-            raise ConfigError(f"{where} must be a list of tolerations, got {_shown(tolerations)}")
-        for i, toleration in enumerate(tolerations):
-            if not isinstance(toleration, dict) or not toleration:
-                raise ConfigError(f"{where}[{i}] must be a toleration mapping, got "
-                                  f"{_shown(toleration)}")
-            for name, item in toleration.items():
-                kind = _TOLERATION_KEYS.get(name)
-                if kind is None or isinstance(item, bool) or not isinstance(item, kind):
-                    raise ConfigError(f"{where}[{i}].{name}: a toleration has key, operator "
-                                      f"(Equal|Exists), value, effect (strings) and "
-                                      f"tolerationSeconds (a whole number), got {_shown(item)}")
-            if toleration.get("operator", "Equal") not in ("Equal", "Exists"):
-                raise ConfigError(f"{where}[{i}].operator must be Equal or Exists")
-            if toleration.get("effect", "") not in ("", "NoSchedule", "PreferNoSchedule",
-                                                    "NoExecute"):
-                raise ConfigError(f"{where}[{i}].effect must be NoSchedule, PreferNoSchedule "
-                                  f"or NoExecute")
-        result.append((_arch_name(arch, key), tuple(dict(t) for t in tolerations)))
-    return tuple(result)
-
-
 @dataclass(frozen=True)
 class PlacementSettings:
     scheduler_name: str | None = None     # set on pods that ask for the default scheduler
     # arch -> weight: preferred node affinity for the archs a pod can run on
-    preferred_architectures: tuple[tuple[str, int], ...] = checked(tuple, _arch_weights)
+    preferred_architectures: tuple[tuple[str, int], ...] = checked(tuple, arch_weights)
     # arch -> tolerations added when the pod may run on that arch (tainted arm64 pools)
-    tolerations: tuple[tuple[str, tuple[dict, ...]], ...] = checked(tuple, _arch_tolerations)
+    tolerations: tuple[tuple[str, tuple[dict, ...]], ...] = checked(tuple, arch_tolerations)
     # Where a gated pod goes when released after admission.gate_max_seconds unresolved;
     # empty: released unplaced.
     fallback_architectures: tuple[str, ...] = ()
@@ -264,14 +206,6 @@ class PrometheusSettings:
     match: str = choice("name", "address")  # name: short/FQDN tolerant; address: IP:port vs node
 
 
-def _fraction(value: Any, key: str) -> float:
-    """A share of a whole: above 0, at most 1."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ConfigError(f"{key} must be a fraction above 0 and at most 1 (0.8 is 80 %), "
-                          f"got {_shown(value)}")
-    return float(value)
-
-
 @dataclass(frozen=True)
 class ExtenderSettings:
     deadline_seconds: float = 2.0         # well below kube-scheduler's 5 s httpTimeout
@@ -280,7 +214,7 @@ class ExtenderSettings:
     default_pod_bytes_per_second: float = number(1_000_000.0)  # a placed pod's traffic, unknown
     # Link utilisation above which /scheduler/filter turns a node away (FailedNodes) unless every
     # candidate is above it; None: no ceiling.
-    max_utilisation: float | None = checked(lambda: None, _fraction)
+    max_utilisation: float | None = checked(lambda: None, fraction)
 
 
 @dataclass(frozen=True)
@@ -362,7 +296,7 @@ def _build(cls: type, values: Any, path: str, origin: str) -> Any:
     if values is None:
         return cls()
     if not isinstance(values, dict):
-        raise ConfigError(f"{origin}: {where} must be a mapping, got {_shown(values)}")
+        raise ConfigError(f"{origin}: {where} must be a mapping, got {shown(values)}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(str(k) for k in values if k not in fields)
     if unknown:
@@ -405,7 +339,7 @@ def _coerce(kind: Any, f: dataclasses.Field, value: Any, key: str, origin: str) 
 
 def _as_bool(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(f"{where} must be true or false, got {_shown(value)}")
+        raise ConfigError(f"{where} must be true or false, got {shown(value)}")
     return value
 
 
@@ -415,15 +349,15 @@ def _as_number(base: type, f: dataclasses.Field, value: Any, where: str) -> int 
             or value < minimum or (value == minimum and not inclusive):
         bound = f"at least {minimum:g}" if inclusive else (
             "a positive number" if minimum == 0 else f"above {minimum:g}")
-        raise ConfigError(f"{where} must be {bound}, got {_shown(value)}")
+        raise ConfigError(f"{where} must be {bound}, got {shown(value)}")
     if base is int and value != int(value):
-        raise ConfigError(f"{where} must be a whole number, got {_shown(value)}")
+        raise ConfigError(f"{where} must be a whole number, got {shown(value)}")
     return base(value)
 
 
 def _as_strings(value: Any, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{where} must be a list of strings, got {_shown(value)}")
+        raise ConfigError(f"{where} must be a list of strings, got {shown(value)}")
     return tuple(value)
 
 
@@ -434,20 +368,13 @@ def _as_string(f: dataclasses.Field, value: Any, where: str) -> str:
         # YAML 1.1 reads an unquoted off/no/false (on/yes/true) as a boolean.
         if choices and not value and "off" in choices:
             return "off"
-        raise ConfigError(f"{where} must be a string, got {_shown(value)}: YAML reads "
+        raise ConfigError(f"{where} must be a string, got {shown(value)}: YAML reads "
                           f"unquoted on/off/yes/no/true/false as a boolean; quote the value")
     if not isinstance(value, str):
-        raise ConfigError(f"{where} must be a string, got {_shown(value)}")
+        raise ConfigError(f"{where} must be a string, got {shown(value)}")
     if choices and value not in choices:
         raise ConfigError(f"{where} must be one of {', '.join(choices)}, got {value!r}")
     pattern = f.metadata.get("pattern")
     if pattern and not re.fullmatch(pattern, value):
         raise ConfigError(f"{where} must be {f.metadata['example']}, got {value!r}")
     return value
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -96,9 +96,12 @@ def test_the_operators_inspect_and_prometheus_may_reach_loopback():
 
 
 def test_service_cidrs_config_is_checked_and_used():
+    from archway.config import config_from_dict
     from archway.errors import ConfigError
-    with pytest.raises(ConfigError, match="registry.service_cidrs"):
-        RegistrySettings(service_cidrs=("10.96.0.0/40",))
+    with pytest.raises(ConfigError, match="registry.service_cidrs: '10.96.0.0/40' is not a CIDR"):
+        config_from_dict({"registry": {"service_cidrs": ["10.96.0.0/40"]}})
+    assert config_from_dict({"registry": {"service_cidrs": ["fd00:10:96::/112"]}}
+                            ).registry.service_cidrs == ("fd00:10:96::/112",)
     client = HttpClient(RegistrySettings(service_cidrs=("10.200.0.0/16",)))
     with pytest.raises(HostRefused):
         client.policy.check("10.200.3.4:5000")
