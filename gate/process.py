@@ -5,7 +5,8 @@ API is configured.
     build once: the API client, the controller's resolver and pull-secret reader, the Event sink
       -> a candidate for the Lease (archway/lease.py), until SIGTERM or the server is gone
       -> each leadership: the caches listed afresh, the gate controller (controller.py) and
-         beside it the closed loop (remediation.py; tagwatch.py when workloads are read)
+         beside it the closed loop (remediation.py; tagwatch.py when workloads are read) and
+         the revisit of pods archway never saw (unseen.py, fed by remediation's pod watch)
       -> the Lease lost: that leadership stopped, its caches with it
 """
 import logging
@@ -28,6 +29,7 @@ from archway.webhook.pullsecrets import PullSecrets
 from .controller import GateController
 from .remediation import Remediation
 from .tagwatch import TagWatch
+from .unseen import UnseenPods
 
 log = logging.getLogger("archway.gate")
 
@@ -79,9 +81,15 @@ class ControllerParts:
                       policy=Policy.from_config(config), events=self.events,
                       workloads=caches.workloads, namespaces=caches.namespaces,
                       exclude_namespaces=config.admission.exclude_namespaces)
+        # Pods archway never saw, revisited beside the closed loop and fed by its pod watch.
+        unseen = UnseenPods(nodes=caches.nodes, resolver=self.resolver,
+                            pull_secrets=self.pull_secrets,
+                            resolve_timeout=config.registry.timeout_seconds, **common)
         loops = [threading.Thread(target=Remediation(nodes=caches.nodes, **common).lead,
-                                  args=(stop, self.api_client_factory),
-                                  name="archway-remediation", daemon=True)]
+                                  args=(stop, self.api_client_factory, unseen),
+                                  name="archway-remediation", daemon=True),
+                 threading.Thread(target=unseen.lead, args=(stop,), name="archway-unseen-pods",
+                                  daemon=True)]
         if caches.workloads is not None:
             registry = config.registry
             tags = TagWatch(resolver=self.resolver, pull_secrets=self.pull_secrets,
