@@ -51,6 +51,7 @@ PASS_SECONDS = 1.0            # a pass over the pods found since the last one
 MAX_PER_PASS = 20             # pods revisited per pass: a cluster full of them is worked off
 MAX_TRACKED = 10_000          # unseen pods remembered at once (a few facts each)
 RETRY_SECONDS = 30.0          # images that did not resolve, caches not synced: looked at again
+OWNER_WAIT_SECONDS = 5.0      # a controller not in the workload cache yet: looked at again once
 MAX_RESOLVE_TRIES = 3         # then it is recorded without knowing where its images run
 REPLACEMENT_SKEW_SECONDS = 2.0   # creationTimestamp has whole seconds
 
@@ -89,9 +90,7 @@ def unseen_pod(obj: dict) -> UnseenPod | None:
     """The facts of a bound, live pod with no archway decision that did not opt out; None for
     every other pod. The namespace's coverage is judged in the pass (its mode may change)."""
     meta = obj.get("metadata") if isinstance(obj, dict) else None
-    annotations = (meta or {}).get("annotations") or {}
-    if not isinstance(annotations, dict) or ANNOTATION_IMAGES in annotations \
-            or ANNOTATION_ARCHITECTURES in annotations or MIRROR_ANNOTATION in annotations:
+    if _decided_or_mirror((meta or {}).get("annotations") or {}):
         return None
     if not (obj.get("spec") or {}).get("nodeName") \
             or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
@@ -107,6 +106,13 @@ def unseen_pod(obj: dict) -> UnseenPod | None:
                      created=parse_time((meta or {}).get("creationTimestamp")))
 
 
+def _decided_or_mirror(annotations: object) -> bool:
+    """archway decided on the pod (or its annotations are not a map), or it is a static pod's
+    mirror, which no webhook is asked about."""
+    return not isinstance(annotations, dict) or ANNOTATION_IMAGES in annotations \
+        or ANNOTATION_ARCHITECTURES in annotations or MIRROR_ANNOTATION in annotations
+
+
 @dataclass
 class _Revisit:
     """One unseen pod's revisit; the fields Evictions reads are the closed loop's."""
@@ -115,6 +121,7 @@ class _Revisit:
     recorded: bool = False            # its Events sent and counted
     done: bool = False                # nothing left to do: never revisited
     resolve_tries: int = 0
+    owner_waited: bool = False        # its controller, not in the cache at first, waited for
     next_look: float | None = None
     evict_tries: int = 0
     evict_done: bool = False
@@ -225,11 +232,16 @@ class UnseenPods(LeaderLoop):
             revisit.covered, revisit.done = False, True
             return
         revisit.covered = True
+        top = self._top(pod)
+        if top is None and pod.owner is not None and not revisit.owner_waited:
+            # A controller made a moment before its pod may not be in the cache yet.
+            revisit.owner_waited = True
+            revisit.next_look = self._clock() + OWNER_WAIT_SECONDS
+            return
         if not revisit.recorded:
             if not self._resolve(revisit):
                 return    # looked at again
-            self._record(revisit)
-        top = self._top(pod)
+            self._record(revisit, top)
         arch = getattr(self.nodes.items.get(pod.node), "arch", None)
         if not self._evictable(revisit, arch, top, mode):
             revisit.done = True
@@ -265,7 +277,7 @@ class UnseenPods(LeaderLoop):
         revisit.pod = replace(revisit.pod, architectures=archs)
         return True
 
-    def _record(self, revisit: _Revisit) -> None:
+    def _record(self, revisit: _Revisit, top: WorkloadFacts | None) -> None:
         """The metric, a log line, the Events on the pod and on its workload."""
         pod = revisit.pod
         arch = getattr(self.nodes.items.get(pod.node), "arch", None)
@@ -280,14 +292,14 @@ class UnseenPods(LeaderLoop):
                     f", not on {arch}")
         revisit.recorded = True
         metrics.UNSEEN_PODS.labels(placement).inc()
-        log.warning("pod %s/%s on node %s (%s) was admitted without archway's decision: %s",
-                    pod.namespace, pod.name, pod.node, arch or "architecture unknown", said)
+        (log.warning if placement == "wrong_architecture" else log.info)(
+            "pod %s/%s on node %s (%s) was admitted without archway's decision: %s",
+            pod.namespace, pod.name, pod.node, arch or "architecture unknown", said)
         self.event(pod.reference, "Warning", REASON_UNSEEN, "Revisit",
                    f"admitted without archway's decision (no {ANNOTATION_IMAGES} annotation: "
                    f"archway's webhook was down, bypassed or failing open, or read none of its "
                    f"images); bound to node {pod.node} ({arch or 'architecture unknown'}): "
                    f"{said}")
-        top = self._top(pod)
         if top is not None and top.uid not in self._told:   # once per workload and leadership
             if len(self._told) < MAX_TRACKED:
                 self._told.add(top.uid)
