@@ -66,9 +66,10 @@ def workload(server: FakeApiServer, namespace: str) -> dict:
 
 
 @pytest.fixture
-def leader(tmp_path, plain_registry):
-    """(server, unseen, events, image): the revisit as the leader runs it, its watch and caches
-    synced, over a stand-in holding two nodes (amd64 and arm64) and an amd64-only image."""
+def leader(request, tmp_path, plain_registry):
+    """(server, unseen, events, image, start): the revisit as the leader runs it (evict on, or
+    the parameter), its watch and caches synced by start(), over a stand-in holding two nodes
+    (amd64 and arm64) and an amd64-only image."""
     server = FakeApiServer()
     image = plain_registry.ref("unseen/app", "1")
     plain_registry.push_image("unseen/app", "1", "linux/amd64")
@@ -81,7 +82,7 @@ def leader(tmp_path, plain_registry):
     config = config_from_dict({
         "kubernetes": {"kubeconfig": server.kubeconfig(str(tmp_path))},
         "registry": {"insecure_hosts": [plain_registry.host], "timeout_seconds": 5},
-        "remediation": {"evict": True, "read_logs": False}})
+        "remediation": {"evict": getattr(request, "param", True), "read_logs": False}})
 
     def factory():
         return build_api_client(config.kubernetes)[0]
@@ -183,6 +184,20 @@ def test_a_bare_pod_is_recorded_not_evicted_and_a_replacement_without_a_decision
     unseen.revisit_all(unseen.take_due())
     assert server.get(pods.format("again")) is not None
     assert [e[2] for e in events.about("again")] == [REASON_UNSEEN]
+
+
+@pytest.mark.parametrize("leader", [False], indirect=True)
+def test_with_evict_off_an_unseen_pod_on_a_wrong_arch_node_is_only_recorded(leader):
+    server, unseen, events, image, start = leader
+    replicaset = workload(server, "shop")
+    server.put("/api/v1/namespaces/shop/pods/wrong", pod("wrong", "arm-node", image,
+                                                         owner=replicaset))
+    start()
+    unseen.revisit_all(unseen.take_due())
+    assert [e[2] for e in events.about("wrong")] == [REASON_UNSEEN]
+    assert server.get("/api/v1/namespaces/shop/pods/wrong") is not None
+    assert not [p for m, p in server.requests if p.endswith("/eviction")]
+    assert unseen.take_due() == []      # done: not looked at again
 
 
 def test_what_the_watch_keeps_of_a_pod():
