@@ -47,6 +47,7 @@ log = logging.getLogger("archway.unseen")
 REASON_UNSEEN = "AdmittedWithoutArchway"
 REASON_EVICTED = "EvictedWrongArchitecture"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"   # a static pod's mirror: never admitted
+FINISHED = ("Succeeded", "Failed")                  # phases with nothing left to repair
 PASS_SECONDS = 1.0            # a pass over the pods found since the last one
 MAX_PER_PASS = 20             # pods revisited per pass: a cluster full of them is worked off
 MAX_TRACKED = 10_000          # unseen pods remembered at once (a few facts each)
@@ -93,7 +94,7 @@ def unseen_pod(obj: dict) -> UnseenPod | None:
     if _decided_or_mirror((meta or {}).get("annotations") or {}):
         return None
     if not (obj.get("spec") or {}).get("nodeName") \
-            or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            or (obj.get("status") or {}).get("phase") in FINISHED:
         return None
     try:
         pod = PodView.of(obj)
@@ -150,9 +151,15 @@ class UnseenPods(LeaderLoop):
         self._full_logged = False
 
     # --- fed by the closed loop's pod watch ------------------------------------------------
+    def _unseen(self, obj: dict) -> UnseenPod | None:
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        if (meta or {}).get("namespace") in self.exclude_namespaces:
+            return None   # never archway's (config): not even read
+        return unseen_pod(obj)
+
     def listing(self, obj: dict) -> None:
         """A pod of a full list being read (before `listed`)."""
-        pod = unseen_pod(obj)
+        pod = self._unseen(obj)
         if pod is not None and len(self._listing) < MAX_TRACKED:
             self._listing[pod.uid] = pod
 
@@ -164,8 +171,17 @@ class UnseenPods(LeaderLoop):
                           for uid, pod in found.items()}
 
     def changed(self, kind: str, obj: dict) -> None:
-        pod = unseen_pod(obj) if kind != "DELETED" else None
-        uid = str(((obj or {}).get("metadata") or {}).get("uid") or "")
+        """A watch event. A pod already known costs only a look at what could end its
+        unseen state: most events are status updates of pods that stay as they are."""
+        meta = (obj or {}).get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        with self._lock:
+            known = uid in self._pods
+        if known and kind != "DELETED" and not meta.get("deletionTimestamp") \
+                and not _decided_or_mirror(meta.get("annotations") or {}) \
+                and ((obj.get("status") or {}).get("phase") not in FINISHED):
+            return
+        pod = self._unseen(obj) if kind != "DELETED" else None
         with self._lock:
             if pod is None:
                 self._pods.pop(uid, None)

@@ -162,6 +162,14 @@ def test_an_unseen_pod_on_a_wrong_arch_node_is_evicted_once_the_others_are_only_
     assert len(events.sent) == sent
     assert [r for r in server.requests[asked:] if "/pods/" in r[1]] == []
 
+    # A status update changes nothing; a pod that gains archway's decision is no longer counted.
+    fine = server.get(pods.format("shop", "fine"))
+    server.put(pods.format("shop", "fine"), {**fine, "status": {"phase": "Running"}})
+    fine = server.put(pods.format("shop", "fine"), {**fine, "metadata": {
+        **fine["metadata"], "annotations": DECIDED}})
+    wait_until(lambda: present() == 0, timeout=10, what="no unseen pod present")
+    assert len(events.sent) == sent
+
 
 def test_a_bare_pod_is_recorded_not_evicted_and_a_replacement_without_a_decision_is_left(leader):
     server, unseen, events, image, start = leader
