@@ -76,8 +76,13 @@ def test_pods_admitted_while_archway_was_down_are_revisited_and_moved(in_cluster
         timeout=90, what="the Deployment's pods bound while archway is down")
     for pod in bare:
         assert ARCH_ANNOTATION not in (pod["metadata"].get("annotations") or {}), pod["metadata"]
-        assert node_arch(kube, pod["spec"]["nodeName"]) == "arm64", pod["spec"]["nodeName"]
-    names = {p["metadata"]["name"] for p in bare}
+    # Where the scheduler put them (arm64, as preferred; a replica spread to the real node runs
+    # there, and is recorded and left).
+    wrong = {p["metadata"]["name"]: node_arch(kube, p["spec"]["nodeName"]) for p in bare
+             if p["spec"]["nodeName"] != install.node.name}
+    assert wrong, "no pod on an API-only Node"
+    names = set(wrong)
+    bare_uids = {p["metadata"]["uid"] for p in bare}
 
     # archway back.
     back = time.monotonic()
@@ -91,9 +96,9 @@ def test_pods_admitted_while_archway_was_down_are_revisited_and_moved(in_cluster
                for p in pods):
             return None      # not evicted yet
         placed = [p for p in pods if p["metadata"]["name"] not in names
-                  and p["spec"].get("nodeName")
+                  and p["spec"].get("nodeName") and p["metadata"].get("uid") not in bare_uids
                   and (p["metadata"].get("annotations") or {}).get(ARCH_ANNOTATION) == arch]
-        return placed if len(placed) == 2 else None
+        return placed if len(placed) == len(names) else None
     replacements = kube.wait_for(repaired, timeout=180,
                                  what="the bare pods evicted, their replacements placed")
     repair = time.monotonic() - back
@@ -103,13 +108,15 @@ def test_pods_admitted_while_archway_was_down_are_revisited_and_moved(in_cluster
     def recorded(reason: str, kind: str, name: str) -> list[dict]:
         return kube.wait_for(lambda: events(kube, namespace, reason, kind, name), timeout=30,
                              what=f"{reason} on {kind} {name}")
-    for name in sorted(names):
+    for name, wrong_arch in sorted(wrong.items()):
         (on_pod,) = recorded(UNSEEN, "Pod", name)
-        assert f"(arm64): its images run on {arch}, not on arm64" in on_pod["note"], on_pod
+        assert f"({wrong_arch}): its images run on {arch}, not on {wrong_arch}" \
+            in on_pod["note"], on_pod
         assert recorded(EVICTED, "Pod", name)
     assert recorded(UNSEEN, "Deployment", "app")
-    assert kube.wait_for(lambda: unseen_counted(install) - counted_before >= 2 or None,
-                         timeout=60, what="archway_unseen_pods_total counting both pods")
-    print(f"archway back: webhook acting after {serving:.1f} s; both bare pods evicted and "
+    assert kube.wait_for(lambda: unseen_counted(install) - counted_before >= len(names) or None,
+                         timeout=60, what="archway_unseen_pods_total counting the pods")
+    print(f"archway back: webhook acting after {serving:.1f} s; {len(names)} bare pod(s) on "
+          f"{sorted(set(wrong.values()))} evicted and "
           f"replaced on {install.node.name} {repair:.1f} s after archway was scaled back up "
           f"({repair - serving:.1f} s after its webhook acted)")
