@@ -137,6 +137,16 @@ ARCHITECTURES_DROPPED = Counter(
     "archway_image_architectures_dropped_total",
     "Tags found naming a new digest that lacks an architecture the previous digest had, by the "
     "architecture dropped", ["architecture"])
+UNSEEN_PODS = Counter(
+    "archway_unseen_pods_total",
+    "Pods found bound in a namespace archway covers without archway's decision (admitted while "
+    "its webhook was down, bypassed or failing open), each once, by what their images say of "
+    "their node: wrong_architecture, runs (the node's architecture is theirs), unknown",
+    ["placement"])
+UNSEEN_PODS_PRESENT = Gauge(
+    "archway_unseen_pods_present",
+    "Pods without archway's decision present now in the namespaces archway covers, as the "
+    "leading gate controller sees them (0 on the other replicas)", multiprocess_mode="livesum")
 REMEDIATION_EVICTIONS = Counter(
     "archway_remediation_evictions_total",
     "Evictions of pods failing with exec format error (remediation.evict), by outcome: evicted, "

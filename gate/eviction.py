@@ -38,16 +38,20 @@ class Evictions:
         self._event = event            # (regarding, type, reason, action, note)
         self._clock = clock
 
-    def maybe_evict(self, tracked, arch: str, top) -> None:
-        """Evict the tracked pod (remediation._Tracked) when an architecture is left to it."""
+    def maybe_evict(self, tracked, arch: str, top, *, reason: str = REASON_EVICTED,
+                    because: str = "") -> bool:
+        """Evict the tracked pod (remediation._Tracked, unseen._Revisit) when an architecture
+        is left to it; True when it was evicted now. `because`: why, for its log line and Event
+        (default: it fails on `arch` with exec format error)."""
+        because = because or f"it fails on {arch} with exec format error"
         pod = tracked.pod
         learned = top.learned
         failed = (learned.architectures if learned is not None else frozenset()) | {arch}
         left = recreated_on(pod, failed)
         if not left:
-            return   # no architecture left to recreate it on: evicting would only repeat this
+            return False   # no architecture left to recreate it on: evicting would only repeat
         if tracked.next_look is not None and tracked.next_look > self._clock():
-            return
+            return False
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/eviction"
         body = {"apiVersion": "policy/v1", "kind": "Eviction",
                 "metadata": {"name": pod.name, "namespace": pod.namespace},
@@ -57,15 +61,16 @@ class Evictions:
             self.api.request("POST", path, body=body)
         except ApiError as e:
             self._refused(tracked, e)
-            return
+            return False
         tracked.next_look, tracked.evict_done = None, True
         metrics.REMEDIATION_EVICTIONS.labels("evicted").inc()
-        log.warning("pod %s/%s evicted: it fails on %s; %s recreates it elsewhere", pod.namespace,
-                    pod.name, arch, top.display_name)
-        self._event(pod.reference, "Normal", REASON_EVICTED, "Evict",
-                    f"evicted (remediation.evict): it fails on {arch} with exec format error; "
+        log.warning("pod %s/%s evicted: %s; %s recreates it elsewhere", pod.namespace,
+                    pod.name, because, top.display_name)
+        self._event(pod.reference, "Normal", reason, "Evict",
+                    f"evicted (remediation.evict): {because}; "
                     f"{top.display_name} recreates it on "
                     f"{join_architectures(left)}")
+        return True
 
     def _refused(self, tracked, error: ApiError) -> None:
         pod = tracked.pod

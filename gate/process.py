@@ -6,6 +6,7 @@ API is configured.
       -> a candidate for the Lease (archway/lease.py), until SIGTERM or the server is gone
       -> each leadership: the caches listed afresh, the gate controller (controller.py) and
          beside it the closed loop (remediation.py; tagwatch.py when workloads are read) and
+         the revisit of pods archway never saw (unseen.py, fed by remediation's pod watch) and
          the DaemonSets told which nodes cannot run them (daemonsets.py)
       -> the Lease lost: that leadership stopped, its caches with it
     beside it, leading or not: the check of archway's trust path (certs/trustpath.py), which
@@ -36,6 +37,7 @@ from .controller import GateController
 from .daemonsets import DaemonSetNodes
 from .remediation import Remediation
 from .tagwatch import TagWatch
+from .unseen import UnseenPods
 
 log = logging.getLogger("archway.gate")
 
@@ -89,9 +91,15 @@ class ControllerParts:
                       policy=Policy.from_config(config), events=self.events,
                       workloads=caches.workloads, namespaces=caches.namespaces,
                       exclude_namespaces=config.admission.exclude_namespaces)
+        # Pods archway never saw, revisited beside the closed loop and fed by its pod watch.
+        unseen = UnseenPods(nodes=caches.nodes, resolver=self.resolver,
+                            pull_secrets=self.pull_secrets,
+                            resolve_timeout=config.registry.timeout_seconds, **common)
         loops = [threading.Thread(target=Remediation(nodes=caches.nodes, **common).lead,
-                                  args=(stop, self.api_client_factory),
+                                  args=(stop, self.api_client_factory, unseen),
                                   name="archway-remediation", daemon=True),
+                 threading.Thread(target=unseen.lead, args=(stop,), name="archway-unseen-pods",
+                                  daemon=True),
                  threading.Thread(target=DaemonSetNodes(nodes=caches.nodes, **common).lead,
                                   args=(stop, self.api_client_factory),
                                   name="archway-daemonset-nodes", daemon=True)]

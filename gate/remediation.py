@@ -46,6 +46,7 @@ from .failingpods import FailingPod, explained_failures, failing_pod
 from .leaderloop import MAX_PATCH_ATTEMPTS, KeptChanging, LeaderLoop
 from .logreads import ApiLogReader, LogReadBudget, LogReader
 from .podstatus import Failure
+from .unseen import UnseenPods
 
 log = logging.getLogger("archway.remediation")
 
@@ -96,24 +97,33 @@ class _Lesson:
 
 class FailingPods(ListWatch):
     """Every pod of the cluster, one page at a time, then a watch; only failing pods are
-    passed on (`failing_pod`)."""
+    passed on (`failing_pod`), and every pod to the revisit of pods archway never saw
+    (unseen.py), which keeps only those."""
     what = "exec format error watch"
     path = "/api/v1/pods"
     page_size = LIST_PAGE_SIZE
 
-    def __init__(self, remediation: "Remediation", api_client_factory, watch_seconds: int):
+    def __init__(self, remediation: "Remediation", api_client_factory, watch_seconds: int,
+                 unseen: UnseenPods | None = None):
         super().__init__(api_client_factory, thread_name="archway-exec-format-watch",
                          watch_timeout_seconds=watch_seconds, request_timeout_seconds=60,
                          max_backoff_seconds=10)
         self.remediation = remediation
+        self.unseen = unseen
 
     def _slim(self, obj: dict):
+        if self.unseen is not None:
+            self.unseen.listing(obj)
         return failing_pod(obj)
 
     def _on_list(self, items: list) -> None:
+        if self.unseen is not None:
+            self.unseen.listed()
         self.remediation.found(items)
 
     def _on_event(self, kind: str, obj: dict) -> None:
+        if self.unseen is not None:
+            self.unseen.changed(kind, obj)
         if kind == "DELETED":
             self.remediation.gone(str((obj.get("metadata") or {}).get("uid") or ""))
             return
@@ -145,9 +155,11 @@ class Remediation(LeaderLoop):
         self._full_logged = False
 
     # --- leading ---------------------------------------------------------------------------
-    def lead(self, stop: threading.Event, api_client_factory) -> None:
-        """Watch and act until `stop`, fed by a watch of this leadership's own."""
-        FailingPods(self, api_client_factory, self.watch_seconds).feeding(
+    def lead(self, stop: threading.Event, api_client_factory,
+             unseen: UnseenPods | None = None) -> None:
+        """Watch and act until `stop`, fed by a watch of this leadership's own, which feeds
+        `unseen` too (its passes run in a thread of their own)."""
+        FailingPods(self, api_client_factory, self.watch_seconds, unseen).feeding(
             lambda: self._work_loop(stop), self._forget)
 
     def _forget(self) -> None:

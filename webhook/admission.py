@@ -136,12 +136,24 @@ def skip_reason(request: AdmissionRequest, exclude_namespaces) -> str | None:
             f"/{request.sub_resource}" if request.sub_resource else "")
     pod = request.pod
     assert pod is not None  # parse_review reads the pod of every pod CREATE
+    opted_out = opt_out_reason(pod, exclude_namespaces)
+    if opted_out is not None:
+        return opted_out
+    if pod.node_name:
+        return "spec.nodeName is already set"  # bound by its creator: the scheduler never sees it
+    return None
+
+
+def opt_out_reason(pod: PodView, exclude_namespaces) -> str | None:
+    """Why archway leaves `pod` alone whenever it is created: its namespace is excluded, or the
+    pod opts out (annotation, or the chart's objectSelector label). The leader's revisit of pods
+    archway never saw (gate/unseen.py) applies the same rule."""
     if pod.namespace in exclude_namespaces:
         return f"namespace {pod.namespace} is excluded"
     if pod.annotations.get(SKIP_ANNOTATION) == "true":
         return f"annotation {SKIP_ANNOTATION}=true"
-    if pod.node_name:
-        return "spec.nodeName is already set"  # bound by its creator: the scheduler never sees it
+    if pod.labels.get(SKIP_ANNOTATION) == "true":   # the chart's webhook.skipLabel by default
+        return f"label {SKIP_ANNOTATION}=true"
     return None
 
 

@@ -5,7 +5,7 @@ Nodes, Namespaces and Pods, list + watch of Nodes, Namespaces and Pods, lists of
 Events in one namespace or across all of them with field and label selectors and limit/continue
 paging, create of Events, create/replace/patch of a Secret and a MutatingWebhookConfiguration,
 replace of Pods, create/get/replace of Leases) and the scheduler's pod create and bind
-(pods/binding) over plain HTTP, backed by an in-memory object store keyed by URL path. It is
+(pods/binding), and pods/eviction, over plain HTTP, backed by an in-memory object store keyed by URL path. It is
 deliberately narrow: anything archway does not call answers 404 like the real server does for an
 unknown object.
 
@@ -323,6 +323,8 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         obj = self._body()
         if path.endswith("/binding") and "/pods/" in path:
             return self._bind(path.rsplit("/", 1)[0], obj)
+        if path.endswith("/eviction") and "/pods/" in path:
+            return self._evict(path.rsplit("/", 1)[0], obj)
         if path.endswith("/pods") and isinstance(obj, dict):
             # The real server starts every pod Pending (PrepareForCreate).
             obj = {**obj, "status": {"phase": "Pending"}}
@@ -377,6 +379,25 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
                 "type": "PodScheduled", "status": "True", "lastProbeTime": None,
                 "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]
             self.api._store(pod_path, pod, "MODIFIED")
+        self._reply(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                          "status": "Success", "code": 201})
+
+    def _evict(self, pod_path, eviction):
+        """POST pods/NAME/eviction with no PodDisruptionBudget in the way (a 429 is a fault of
+        the test's): the pod deleted at once, as for a pod no kubelet runs, its uid
+        precondition checked (409 for another pod of that name)."""
+        if not isinstance(eviction, dict) or eviction.get("kind") != "Eviction":
+            return self._reply(400, failure(400, "BadRequest", "the body is not an Eviction"))
+        with self.api._lock:
+            pod = self.api.objects.get(pod_path)
+            if pod is None:
+                return self._not_found(pod_path)
+            uid = ((eviction.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
+            if uid and uid != pod["metadata"].get("uid"):
+                return self._reply(409, failure(
+                    409, "Conflict", f"Precondition failed: UID in precondition: {uid}, UID in "
+                    f"object meta: {pod['metadata'].get('uid')}"))
+            self.api.delete(pod_path)
         self._reply(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
                           "status": "Success", "code": 201})
 

@@ -3,10 +3,12 @@ checked every 2 s), through the real apiserver and its disruption controller: fa
 evicted as PodDisruptionBudgets allow, a learned exclusion reset by a real re-push of its tag,
 and a tag re-pushed without an architecture raising the alarm before a reschedule breaks."""
 import json
+import time
 
 import pytest
 
 from lab.cluster.chart import CHART
+from lab.cluster.processes import stop_process
 from lab.kube import pod_path
 
 from .loop import (
@@ -23,7 +25,7 @@ from .loop import (
 )
 from .test_rbac import identity_of
 from .test_tools import run_archway
-from .workloads import create_deployment, node_arch, wait_bound
+from .workloads import create_deployment, node_arch, pods_of, wait_bound
 
 FAILED = "archway.dev/failed-architectures"
 TAG_TTL = 2
@@ -166,3 +168,52 @@ def test_a_repushed_tag_resets_the_exclusion_and_one_without_arm64_raises_the_al
     assert "no longer offer" in done.stderr
     table = run_archway(control_plane, tmp_path, images, "report", "-n", namespace).stdout
     assert "NOT OFFERED: arm64" in table
+
+
+def test_pods_admitted_while_archway_was_down_are_revisited_and_moved(
+        evicting, kube, namespace, images):
+    """archway's webhook (and with it the leader) stopped: the apiserver fails open, the pods of
+    an amd64-only Deployment that prefers arm64 are bound without archway's decision, on arm64
+    (a replica the scheduler spreads to amd64 runs where it is). archway back: each gets
+    AdmittedWithoutArchway, those on arm64 are evicted, and their replacements are admitted by
+    archway and placed on amd64 (gate/unseen.py)."""
+    image = images.ref("e2e/amd64", images.fresh("e2e/amd64"))
+    stop_process(evicting.webhook.process)
+    create_deployment(kube, namespace, preferring_arm64("app", image, replicas=2))
+    bare = wait_bound(kube, namespace, "app", 2)
+    assert all("archway.dev/images" not in (p["metadata"].get("annotations") or {})
+               for p in bare)
+    wrong = {p["metadata"]["name"] for p in on_arch(kube, bare, "arm64")} \
+        or pytest.fail("no pod on arm64")
+    right = {p["metadata"]["name"] for p in bare} - wrong
+
+    back = time.monotonic()
+    evicting.restart_webhook()
+
+    def placed():
+        pods = pods_of(kube, namespace, "app")
+        if wrong & {p["metadata"]["name"] for p in pods} or len(pods) != 2:
+            return None
+        found = [p for p in pods if p["metadata"]["name"] not in right and p["spec"].get(
+            "nodeName") and "archway.dev/images" in (p["metadata"].get("annotations") or {})]
+        return found if len(found) == len(wrong) else None
+    replacements = kube.wait_for(placed, timeout=60, what="the pods on arm64 evicted and replaced")
+    repaired = time.monotonic() - back
+    assert len(on_arch(kube, replacements, "amd64")) == len(wrong)
+
+    def recorded(reason: str, kind: str, name: str) -> list[dict]:
+        return kube.wait_for(lambda: events(kube, namespace, reason, kind, name), timeout=10,
+                             what=f"{reason} on {kind} {name}")
+    for name in sorted(wrong):
+        (seen,) = recorded("AdmittedWithoutArchway", "Pod", name)
+        assert "its images run on amd64, not on arm64" in seen["note"], seen["note"]
+        assert recorded("EvictedWrongArchitecture", "Pod", name)
+    for name in right:       # runs where it is: recorded, left
+        (seen,) = recorded("AdmittedWithoutArchway", "Pod", name)
+        assert "its images run on amd64" in seen["note"], seen["note"]
+        assert kube.exists(pod_path(namespace, name))
+    assert recorded("AdmittedWithoutArchway", "Deployment", "app")
+    assert kube.wait_for(lambda: metric(evicting, "archway_unseen_pods_total",
+                                        placement="wrong_architecture") >= len(wrong) or None,
+                         timeout=10, what="archway_unseen_pods_total")
+    print(f"archway back to {len(wrong)} pod(s) on arm64 replaced on amd64: {repaired:.1f} s")

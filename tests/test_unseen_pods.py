@@ -1,0 +1,221 @@
+"""Pods archway never saw (gate/unseen.py): the leader's revisit, fed by the closed loop's watch
+of every pod (remediation.FailingPods) from the API stand-in, with the real node, workload and
+namespace caches, the controller's real resolver reading a real registry, and Evictions. The
+passes are driven one at a time (take_due, revisit_all), so "once" is counted, not waited for."""
+import pytest
+from prometheus_client import REGISTRY
+
+from archway.config import config_from_dict
+from archway.gate.remediation import FailingPods, Remediation
+from archway.gate.unseen import REASON_EVICTED, REASON_UNSEEN, UnseenPods, unseen_pod
+from archway.kubeapi import KubeApi
+from archway.kubeclient import build_api_client
+from archway.nodes import NodeCache
+from archway.registry.resolver import Resolver
+from archway.webhook.namespaces import NamespaceCache
+from archway.webhook.policy import Policy
+from archway.webhook.pullsecrets import PullSecrets
+from archway.webhook.workloadcache import WorkloadCache
+from lab.procs import wait_until
+from lab.servers.apiserver import FakeApiServer
+from tests.infra.fixtures import plain_registry
+
+DECIDED = {"archway.dev/architectures": "amd64", "archway.dev/images": "[]"}
+
+
+class Events:
+    def __init__(self):
+        self.sent: list[tuple[str, str, str, str]] = []
+
+    def record(self, regarding, event_type, reason, action, note):
+        self.sent.append((regarding["kind"], regarding["name"], reason, note))
+
+    def about(self, name: str) -> list[tuple[str, str, str, str]]:
+        return [e for e in self.sent if e[1] == name]
+
+
+def counted(placement: str) -> float:
+    return REGISTRY.get_sample_value("archway_unseen_pods_total", {"placement": placement}) or 0.0
+
+
+def pod(name: str, node: str, image: str, *, owner: dict | None = None, annotations=None,
+        labels=None) -> dict:
+    meta: dict = {"name": name, "labels": labels or {"app": "web"},
+                  "annotations": annotations or {}}
+    if owner is not None:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner["kind"],
+                                    "name": owner["metadata"]["name"],
+                                    "uid": owner["metadata"]["uid"], "controller": True}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": image}]},
+            "status": {"phase": "Pending"}}
+
+
+def workload(server: FakeApiServer, namespace: str) -> dict:
+    """Deployment web -> ReplicaSet web-1 in `namespace`: the ReplicaSet, as stored."""
+    apps = f"/apis/apps/v1/namespaces/{namespace}"
+    top = server.put(f"{apps}/deployments/web", {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}}})
+    return server.put(f"{apps}/replicasets/web-1", {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {
+            "name": "web-1", "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                "uid": top["metadata"]["uid"], "controller": True}]},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}}})
+
+
+@pytest.fixture
+def leader(request, tmp_path, plain_registry):
+    """(server, unseen, events, image, start): the revisit as the leader runs it (evict on, or
+    the parameter), its watch and caches synced by start(), over a stand-in holding two nodes
+    (amd64 and arm64) and an amd64-only image."""
+    server = FakeApiServer()
+    image = plain_registry.ref("unseen/app", "1")
+    plain_registry.push_image("unseen/app", "1", "linux/amd64")
+    for name, arch in (("amd-node", "amd64"), ("arm-node", "arm64")):
+        server.put(f"/api/v1/nodes/{name}", {"metadata": {
+            "name": name, "labels": {"kubernetes.io/arch": arch}}})
+    for name, labels in (("shop", {}), ("quiet", {"archway.dev/mode": "off"}),
+                         ("kube-system", {})):
+        server.put(f"/api/v1/namespaces/{name}", {"metadata": {"name": name, "labels": labels}})
+    config = config_from_dict({
+        "kubernetes": {"kubeconfig": server.kubeconfig(str(tmp_path))},
+        "registry": {"insecure_hosts": [plain_registry.host], "timeout_seconds": 5},
+        "remediation": {"evict": getattr(request, "param", True), "read_logs": False}})
+
+    def factory():
+        return build_api_client(config.kubernetes)[0]
+    caches = [NodeCache(factory), WorkloadCache(factory), NamespaceCache(factory)]
+    nodes, workloads, namespaces = caches
+    api = KubeApi(factory())
+    events = Events()
+    common = dict(api=api, settings=config.remediation, policy=Policy.from_config(config),
+                  events=events, workloads=workloads, namespaces=namespaces,
+                  exclude_namespaces=config.admission.exclude_namespaces)
+    unseen = UnseenPods(nodes=nodes, resolver=Resolver(config.registry),
+                        pull_secrets=PullSecrets(factory(), source="test", cache_seconds=60),
+                        **common)
+    watch = FailingPods(Remediation(nodes=nodes, **common), factory, 5, unseen)
+
+    def start():
+        for cache in caches:
+            cache.ensure_started()
+            assert cache.wait_synced(30)
+        watch.ensure_started()
+        assert watch.wait_synced(30)
+    try:
+        yield server, unseen, events, image, start
+    finally:
+        watch.stop()
+        for cache in caches:
+            cache.stop()
+        server.stop()
+
+
+def test_an_unseen_pod_on_a_wrong_arch_node_is_evicted_once_the_others_are_only_recorded(leader):
+    server, unseen, events, image, start = leader
+    replicaset = workload(server, "shop")
+    quiet = workload(server, "quiet")
+    excluded = workload(server, "kube-system")
+    pods = "/api/v1/namespaces/{}/pods/{}"
+    server.put(pods.format("shop", "wrong"), pod("wrong", "arm-node", image, owner=replicaset))
+    server.put(pods.format("shop", "decided"), pod("decided", "arm-node", image,
+                                                   owner=replicaset, annotations=DECIDED))
+    server.put(pods.format("shop", "fine"), pod("fine", "amd-node", image, owner=replicaset))
+    server.put(pods.format("shop", "opted"), pod("opted", "arm-node", image, owner=replicaset,
+                                                 labels={"app": "web",
+                                                         "archway.dev/skip": "true"}))
+    server.put(pods.format("quiet", "off"), pod("off", "arm-node", image, owner=quiet))
+    server.put(pods.format("kube-system", "sys"), pod("sys", "arm-node", image,
+                                                      owner=excluded))
+    wrong_before, runs_before = counted("wrong_architecture"), counted("runs")
+    start()
+
+    unseen.revisit_all(unseen.take_due())
+    assert server.get(pods.format("shop", "wrong")) is None, "evicted"
+    evictions = [p for m, p in server.requests if m == "POST" and p.endswith("/eviction")]
+    assert evictions == ["/api/v1/namespaces/shop/pods/wrong/eviction"]
+    (on_pod, evicted) = events.about("wrong")
+    assert on_pod[2] == REASON_UNSEEN and "node arm-node (arm64)" in on_pod[3], on_pod
+    assert "run on amd64, not on arm64" in on_pod[3], on_pod
+    assert evicted[2] == REASON_EVICTED and "Deployment web recreates it on amd64" in evicted[3]
+    assert [e[:3] for e in events.about("web")] == [("Deployment", "web", REASON_UNSEEN)]
+    (fine,) = events.about("fine")
+    assert fine[2] == REASON_UNSEEN and "its images run on amd64" in fine[3]
+    for untouched in ("decided", "opted", "off", "sys"):
+        assert events.about(untouched) == [], untouched
+    assert server.get(pods.format("shop", "fine")) is not None
+    assert counted("wrong_architecture") - wrong_before == 1
+    assert counted("runs") - runs_before == 1
+
+    def present() -> float | None:
+        unseen.revisit_all([])    # a pass with nothing due sets the gauge too
+        return REGISTRY.get_sample_value("archway_unseen_pods_present")
+    # "wrong" counts until the watch says it is gone; "fine" is still there.
+    wait_until(lambda: present() == 1, timeout=10, what="one unseen pod present")
+
+    # Revisited once: the next passes ask nothing, about no pod.
+    sent, asked = len(events.sent), len(server.requests)
+    for _ in range(3):
+        unseen.revisit_all(unseen.take_due())
+    assert len(events.sent) == sent
+    assert [r for r in server.requests[asked:] if "/pods/" in r[1]] == []
+
+    # A status update changes nothing; a pod that gains archway's decision is no longer counted.
+    fine = server.get(pods.format("shop", "fine"))
+    server.put(pods.format("shop", "fine"), {**fine, "status": {"phase": "Running"}})
+    fine = server.put(pods.format("shop", "fine"), {**fine, "metadata": {
+        **fine["metadata"], "annotations": DECIDED}})
+    wait_until(lambda: present() == 0, timeout=10, what="no unseen pod present")
+    assert len(events.sent) == sent
+
+
+def test_a_bare_pod_is_recorded_not_evicted_and_a_replacement_without_a_decision_is_left(leader):
+    server, unseen, events, image, start = leader
+    replicaset = workload(server, "shop")
+    start()
+    pods = "/api/v1/namespaces/shop/pods/{}"
+    # Arrive through the watch, after its first list.
+    server.put(pods.format("bare"), pod("bare", "arm-node", image))
+    server.put(pods.format("first"), pod("first", "arm-node", image, owner=replicaset))
+    wait_until(lambda: len(unseen.take_due()) == 2, timeout=10, what="both pods in the watch")
+    unseen.revisit_all(unseen.take_due())
+    assert server.get(pods.format("bare")) is not None
+    assert [e[2] for e in events.about("bare")] == [REASON_UNSEEN]
+    assert server.get(pods.format("first")) is None
+
+    # Its replacement came without archway's decision too (archway still bypassed): evicting
+    # it would only repeat; it is recorded, and left.
+    server.put(pods.format("again"), pod("again", "arm-node", image, owner=replicaset))
+    wait_until(lambda: unseen.take_due(), timeout=10, what="the replacement in the watch")
+    unseen.revisit_all(unseen.take_due())
+    assert server.get(pods.format("again")) is not None
+    assert [e[2] for e in events.about("again")] == [REASON_UNSEEN]
+
+
+@pytest.mark.parametrize("leader", [False], indirect=True)
+def test_with_evict_off_an_unseen_pod_on_a_wrong_arch_node_is_only_recorded(leader):
+    server, unseen, events, image, start = leader
+    replicaset = workload(server, "shop")
+    server.put("/api/v1/namespaces/shop/pods/wrong", pod("wrong", "arm-node", image,
+                                                         owner=replicaset))
+    start()
+    unseen.revisit_all(unseen.take_due())
+    assert [e[2] for e in events.about("wrong")] == [REASON_UNSEEN]
+    assert server.get("/api/v1/namespaces/shop/pods/wrong") is not None
+    assert not [p for m, p in server.requests if p.endswith("/eviction")]
+    assert unseen.take_due() == []      # done: not looked at again
+
+
+def test_what_the_watch_keeps_of_a_pod():
+    bound = pod("p", "arm-node", "reg.example/app:1")
+    bound["metadata"]["uid"] = "u1"
+    assert unseen_pod(bound).uid == "u1"
+    for change in ({"metadata": {"annotations": DECIDED}}, {"spec": {"nodeName": ""}},
+                   {"status": {"phase": "Succeeded"}},
+                   {"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}},
+                   {"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}},
+                   {"metadata": {"annotations": {"archway.dev/skip": "true"}}}):
+        changed = {k: {**bound[k], **v} for k, v in change.items()}
+        assert unseen_pod({**bound, **changed}) is None, change
