@@ -1,8 +1,9 @@
 """What the stand-in API server (apiserver.py) knows of Kubernetes' objects, apart from serving
-them: Status bodies, object paths, label and field selectors, merge patches, the List kinds, and
+them: Status bodies, object paths, the pods' binding and eviction, label and field selectors, merge patches, the List kinds, and
 what a watch with a label selector receives for one change."""
 import copy
 import re
+import time
 
 
 def failure(code: int, reason: str, message: str, details: dict | None = None) -> dict:
@@ -150,4 +151,49 @@ def seen_as(event_type: str, obj: dict, old: dict | None, selector: str,
         return "DELETED" if before or now else None
     return event_type if now else None
 
+CREATED = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
+
+def bound(pod: dict, binding) -> tuple[int, dict, dict | None]:
+    """POST pods/NAME/binding as the real BindingREST answers it: 201 Status, the pod gets
+    spec.nodeName and a PodScheduled condition (a MODIFIED watch event)."""
+    pod_name = pod["metadata"]["name"]
+    if not isinstance(binding, dict) or binding.get("kind", "Binding") != "Binding":
+        return 400, failure(400, "BadRequest", "the body is not a Binding"), None
+    if (binding.get("metadata") or {}).get("name") != pod_name:
+        return 400, failure(400, "BadRequest",
+                            "name in URL does not match name in Binding object"), None
+    target = binding.get("target") or {}
+    if target.get("kind", "") not in ("", "Node") or not target.get("name"):
+        field = "target.kind" if target.get("kind", "") not in ("", "Node") else "target.name"
+        return 422, failure(422, "Invalid", f'Binding.core "{pod_name}" is '
+                            f'invalid: {field}: Invalid value'), None
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node or pod["metadata"].get("deletionTimestamp"):
+        return 409, failure(409, "Conflict", f'Operation cannot be fulfilled on pods '
+                            f'"{pod_name}": pod {pod_name} is already assigned to node '
+                            f'"{node}"'), None
+    pod = copy.deepcopy(pod)
+    pod.setdefault("spec", {})["nodeName"] = target["name"]
+    status = pod.setdefault("status", {})
+    status["conditions"] = [c for c in status.get("conditions") or []
+                            if c.get("type") != "PodScheduled"] + [{
+        "type": "PodScheduled", "status": "True", "lastProbeTime": None,
+        "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]
+    return 201, CREATED, pod
+
+
+def evicted(pod: dict, eviction) -> tuple[int, dict, str | None]:
+    """POST pods/NAME/eviction with no PodDisruptionBudget in the way (a 429 is a fault of the
+    test's): the pod deleted at once, as for a pod no kubelet runs, its uid precondition checked
+    (409 for another pod of that name)."""
+    if not isinstance(eviction, dict) or eviction.get("kind") != "Eviction":
+        return 400, failure(400, "BadRequest", "the body is not an Eviction"), None
+    uid = ((eviction.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
+    if uid and uid != pod["metadata"].get("uid"):
+        return 409, failure(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, "
+                            f"UID in object meta: {pod['metadata'].get('uid')}"), None
+    return 201, CREATED, "DELETED"
+
+
+POD_SUBRESOURCES = {"binding": bound, "eviction": evicted}

@@ -4,9 +4,9 @@ It speaks the exact JSON of the few REST calls archway makes (GET of ServiceAcco
 Nodes, Namespaces and Pods, list + watch of Nodes, Namespaces and Pods, lists of workloads and
 Events in one namespace or across all of them with field and label selectors and limit/continue
 paging, create of Events, create/replace/patch of a Secret and a MutatingWebhookConfiguration,
-replace of Pods, create/get/replace of Leases) and the scheduler's pod create and bind
-(pods/binding), and pods/eviction, over plain HTTP, backed by an in-memory object store keyed by URL path. It is
-deliberately narrow: anything archway does not call answers 404 like the real server does for an
+replace of Pods, create/get/replace of Leases), the scheduler's pod create and bind
+(pods/binding) and pods/eviction, over plain HTTP, backed by an in-memory object store keyed by
+URL path. It is deliberately narrow: anything archway does not call answers 404 like the real server does for an
 unknown object.
 
 Writes are checked as the real server checks them: a stale metadata.resourceVersion is 409
@@ -33,6 +33,7 @@ import jsonpatch
 from lab.httpd import BackgroundHTTPServer
 from lab.servers.apiobjects import (
     LISTS,
+    POD_SUBRESOURCES,
     about,
     failure,
     field_selector,
@@ -321,10 +322,9 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
 
     def _post(self, path, query):
         obj = self._body()
-        if path.endswith("/binding") and "/pods/" in path:
-            return self._bind(path.rsplit("/", 1)[0], obj)
-        if path.endswith("/eviction") and "/pods/" in path:
-            return self._evict(path.rsplit("/", 1)[0], obj)
+        if "/pods/" in path and path.rsplit("/", 1)[1] in POD_SUBRESOURCES:
+            subresource = POD_SUBRESOURCES[path.rsplit("/", 1)[1]]
+            return self._pod_subresource(path.rsplit("/", 1)[0], obj, subresource)
         if path.endswith("/pods") and isinstance(obj, dict):
             # The real server starts every pod Pending (PrepareForCreate).
             obj = {**obj, "status": {"phase": "Pending"}}
@@ -348,58 +348,19 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
                                                 f'{resource} "{name}" already exists', details))
             self._reply(201, self.api._store(target, obj, "ADDED"))
 
-    def _bind(self, pod_path, binding):
-        """POST pods/NAME/binding as the real BindingREST answers it: 201 Status, the pod
-        gets spec.nodeName and a PodScheduled condition (a MODIFIED watch event)."""
-        pod_name = pod_path.rsplit("/", 1)[1]
-        if not isinstance(binding, dict) or binding.get("kind", "Binding") != "Binding":
-            return self._reply(400, failure(400, "BadRequest", "the body is not a Binding"))
-        if (binding.get("metadata") or {}).get("name") != pod_name:
-            return self._reply(400, failure(400, "BadRequest",
-                                            "name in URL does not match name in Binding object"))
-        target = binding.get("target") or {}
-        if target.get("kind", "") not in ("", "Node") or not target.get("name"):
-            field = "target.kind" if target.get("kind", "") not in ("", "Node") else "target.name"
-            return self._reply(422, failure(422, "Invalid", f'Binding.core "{pod_name}" is '
-                                            f'invalid: {field}: Invalid value'))
+    def _pod_subresource(self, pod_path, body, answer):
+        """POST pods/NAME/binding or /eviction: `answer(pod, body)` (apiobjects) says the reply
+        and what becomes of the pod (a new one, DELETED, or None: unchanged)."""
         with self.api._lock:
             pod = self.api.objects.get(pod_path)
             if pod is None:
                 return self._not_found(pod_path)
-            node = (pod.get("spec") or {}).get("nodeName")
-            if node or pod["metadata"].get("deletionTimestamp"):
-                return self._reply(409, failure(
-                    409, "Conflict", f'Operation cannot be fulfilled on pods "{pod_name}": '
-                    f'pod {pod_name} is already assigned to node "{node}"'))
-            pod = copy.deepcopy(pod)
-            pod.setdefault("spec", {})["nodeName"] = target["name"]
-            status = pod.setdefault("status", {})
-            status["conditions"] = [c for c in status.get("conditions") or []
-                                    if c.get("type") != "PodScheduled"] + [{
-                "type": "PodScheduled", "status": "True", "lastProbeTime": None,
-                "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]
-            self.api._store(pod_path, pod, "MODIFIED")
-        self._reply(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                          "status": "Success", "code": 201})
-
-    def _evict(self, pod_path, eviction):
-        """POST pods/NAME/eviction with no PodDisruptionBudget in the way (a 429 is a fault of
-        the test's): the pod deleted at once, as for a pod no kubelet runs, its uid
-        precondition checked (409 for another pod of that name)."""
-        if not isinstance(eviction, dict) or eviction.get("kind") != "Eviction":
-            return self._reply(400, failure(400, "BadRequest", "the body is not an Eviction"))
-        with self.api._lock:
-            pod = self.api.objects.get(pod_path)
-            if pod is None:
-                return self._not_found(pod_path)
-            uid = ((eviction.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
-            if uid and uid != pod["metadata"].get("uid"):
-                return self._reply(409, failure(
-                    409, "Conflict", f"Precondition failed: UID in precondition: {uid}, UID in "
-                    f"object meta: {pod['metadata'].get('uid')}"))
-            self.api.delete(pod_path)
-        self._reply(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                          "status": "Success", "code": 201})
+            code, reply, change = answer(pod, body)
+            if change == "DELETED":
+                self.api.delete(pod_path)
+            elif change is not None:
+                self.api._store(pod_path, change, "MODIFIED")
+        self._reply(code, reply)
 
     def _put(self, path, query):
         obj = self._body()
