@@ -30,11 +30,8 @@ class ClusterReader:
 
     @classmethod
     def from_config(cls, config) -> "ClusterReader":
-        from archway.kubeclient import build_api_client, no_api_configured
-        api_client, source = build_api_client(config.kubernetes)
-        if api_client is None:
-            raise no_api_configured(source)
-        return cls(api_client)
+        from archway.kubeclient import required_api_client
+        return cls(required_api_client(config.kubernetes))
 
     def pod(self, namespace: str, name: str) -> dict:
         return self._get(f"get pod {namespace}/{name}", f"/api/v1/namespaces/{namespace}/pods/{name}")

@@ -68,6 +68,15 @@ def no_api_configured(source: str, option: str = "kubernetes.kubeconfig in the c
     return ArchwayError(f"no Kubernetes API: {source}")
 
 
+def required_api_client(settings, option: str = "kubernetes.kubeconfig in the config file"):
+    """build_api_client's client for a command that cannot work without the API; its error
+    (no_api_configured) otherwise."""
+    api_client, source = build_api_client(settings)
+    if api_client is None:
+        raise no_api_configured(source, option)
+    return api_client
+
+
 def api_kind(source: str, *, connected: bool) -> str:
     """What an unauthenticated reader (/readyz) may learn of build_api_client's second value:
     the kind of source, never a file's path nor why it is unusable (the start-up log says)."""

@@ -3,7 +3,7 @@ import argparse
 import logging
 
 from archway.config import KubernetesSettings
-from archway.kubeclient import build_api_client, in_cluster_namespace, no_api_configured
+from archway.kubeclient import in_cluster_namespace, required_api_client
 
 from .bootstrap import BootstrapError, BootstrapSpec, run_bootstrap
 from .generate import generate
@@ -123,9 +123,8 @@ def _spec(args) -> BootstrapSpec:
 
 def _bootstrap(args) -> int:
     spec = _spec(args)
-    api_client, source = build_api_client(KubernetesSettings(kubeconfig=args.kubeconfig))
-    if api_client is None:
-        raise no_api_configured(source, "--kubeconfig")
+    api_client = required_api_client(KubernetesSettings(kubeconfig=args.kubeconfig),
+                                     "--kubeconfig")
     result = run_bootstrap(spec, api_client)
     print(result.summary(spec))
     return 0

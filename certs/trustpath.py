@@ -22,7 +22,6 @@ import base64
 import datetime as dt
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from archway.kubeapi import ApiError, KubeApi
+from archway.statusfile import write_status
 
 from .bootstrap import BootstrapError, BootstrapSpec, run_bootstrap
 from .x509 import CertificateError, hosts_of, is_ca, is_issued_by, load_cert, load_certs, utcnow
@@ -233,11 +233,8 @@ class TrustWatch:
             return
         status = {"checked_at": self._wall(), "problems": problems, "unknown": unknown,
                   "repairs": self.repairs, "last_repair": self.last_repair}
-        temporary = f"{self.status_path}.{os.getpid()}.tmp"
         try:
-            with open(temporary, "w", encoding="utf-8") as f:
-                json.dump(status, f)
-            os.replace(temporary, self.status_path)
+            write_status(self.status_path, status)
         except OSError as e:
             log.warning("cannot write the trust path's status %s: %s", self.status_path, e)
 

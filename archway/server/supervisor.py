@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from archway.statusfile import write_status
+
 log = logging.getLogger("archway.server")
 
 RESTART_MIN_SECONDS = 1.0
@@ -180,11 +182,8 @@ class Supervisor:
                   "restarts": self.restarts, "last_exit": self._last_exit,
                   "next_start": (self._wall() + max(0.0, self._next_start - self._clock())
                                  if state == "restarting" else None)}
-        temporary = f"{self.status_path}.{os.getpid()}.tmp"
         try:
-            with open(temporary, "w", encoding="utf-8") as f:
-                json.dump(status, f)
-            os.replace(temporary, self.status_path)
+            write_status(self.status_path, status)
         except OSError as e:
             log.warning("cannot write the %s's status %s: %s", self.what, self.status_path, e)
 
