@@ -34,6 +34,7 @@ from archway.webhook.policy import Policy
 from archway.webhook.pullsecrets import PullSecrets
 
 from .controller import GateController
+from .coverage import WebhookCoverage
 from .daemonsets import DaemonSetNodes
 from .remediation import Remediation
 from .tagwatch import TagWatch
@@ -76,6 +77,12 @@ class ControllerParts:
         return cls(config, api_client_factory(config.kubernetes), api, resolver, pull_secrets,
                    events, controller)
 
+    def coverage(self) -> WebhookCoverage | None:
+        """The pods archway's webhook is sent, read from its configuration (the chart's); None:
+        archway runs without it, every pod is taken as sent."""
+        name = self.config.kubernetes.webhook_configuration
+        return WebhookCoverage(self.api.client, name) if name else None
+
     def lead(self, stop: threading.Event) -> None:
         """One leadership: the gate controller's work, and beside it the closed loop
         (remediation.py, tagwatch.py) with the caches they read, listed afresh for each
@@ -93,7 +100,7 @@ class ControllerParts:
                       exclude_namespaces=config.admission.exclude_namespaces)
         # Pods archway never saw, revisited beside the closed loop and fed by its pod watch.
         unseen = UnseenPods(nodes=caches.nodes, resolver=self.resolver,
-                            pull_secrets=self.pull_secrets,
+                            pull_secrets=self.pull_secrets, coverage=self.coverage(),
                             resolve_timeout=config.registry.timeout_seconds, **common)
         loops = [threading.Thread(target=Remediation(nodes=caches.nodes, **common).lead,
                                   args=(stop, self.api_client_factory, unseen),

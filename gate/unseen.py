@@ -7,6 +7,8 @@ its watch of every pod (remediation.FailingPods: no watch of its own, no request
       or opted out (admission.opt_out_reason) -> nothing kept (almost every pod: a dict lookup)
     a pass every PASS_SECONDS, at most MAX_PER_PASS pods:
       -> its namespace's mode (the namespace label, admission.exclude_namespaces): off -> left
+      -> not sent to archway's webhook (its namespaceSelector, objectSelector: coverage.py)
+         -> left; not known yet (the configuration not read) -> looked at again
       -> its images resolved (the controller's resolver, its pull secrets), its node's arch
       -> Warning Event AdmittedWithoutArchway on the pod and its workload, the metric
       -> enforce mode, remediation.evict, a real controller (workloadcache.controlling_workload,
@@ -137,7 +139,7 @@ class _Revisit:
 class UnseenPods(LeaderLoop):
     def __init__(self, *, api: KubeApi, settings, policy, events: EventSink | None, nodes,
                  workloads, resolver, pull_secrets, namespaces=None, exclude_namespaces=(),
-                 resolve_timeout: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 coverage=None, resolve_timeout: float = 5.0, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time):
         super().__init__(api=api, settings=settings, policy=policy, events=events,
                          workloads=workloads, namespaces=namespaces,
@@ -145,6 +147,7 @@ class UnseenPods(LeaderLoop):
         self.nodes = nodes
         self.resolver = resolver
         self.pull_secrets = pull_secrets
+        self.coverage = coverage      # coverage.WebhookCoverage; None: every pod (no chart)
         self.resolve_timeout = resolve_timeout
         self.evictions = Evictions(api, self.event, clock)
         self._clock = clock
@@ -250,7 +253,11 @@ class UnseenPods(LeaderLoop):
         if self.namespaces is not None:
             self.namespaces.wait_synced(10.0)   # their mode; without it the config's
         mode = self.mode_of(pod.namespace)
-        if mode == "off":
+        sent = self._sent_to_webhook(pod)
+        if sent is None:
+            revisit.next_look = self._clock() + RETRY_SECONDS
+            return
+        if mode == "off" or not sent:
             revisit.covered, revisit.done = False, True
             return
         revisit.covered = True
@@ -347,6 +354,14 @@ class UnseenPods(LeaderLoop):
                         top.display_name)
             return False
         return True
+
+    def _sent_to_webhook(self, pod: UnseenPod) -> bool | None:
+        """Whether the apiserver would send archway's webhook this pod; None: not known yet."""
+        if self.coverage is None:
+            return True
+        facts = self.namespaces.items.get(pod.namespace) if self.namespaces is not None else None
+        return self.coverage.covers(pod.namespace, dict(facts.labels) if facts else None,
+                                    dict(pod.view.labels))
 
     def _top(self, pod: UnseenPod) -> WorkloadFacts | None:
         if self.workloads is None:

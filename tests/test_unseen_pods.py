@@ -6,6 +6,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from archway.config import config_from_dict
+from archway.gate.coverage import WebhookCoverage
 from archway.gate.remediation import FailingPods, Remediation
 from archway.gate.unseen import REASON_EVICTED, REASON_UNSEEN, UnseenPods, unseen_pod
 from archway.kubeapi import KubeApi
@@ -219,3 +220,61 @@ def test_what_the_watch_keeps_of_a_pod():
                    {"metadata": {"annotations": {"archway.dev/skip": "true"}}}):
         changed = {k: {**bound[k], **v} for k, v in change.items()}
         assert unseen_pod({**bound, **changed}) is None, change
+
+
+MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/archway"
+
+
+def webhook_configuration(namespace_expressions: list, skip_label: str) -> dict:
+    """archway's MutatingWebhookConfiguration as the chart renders it (its selectors)."""
+    return {"apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration", "metadata": {"name": "archway"},
+            "webhooks": [{
+                "name": "pods.archway.dev",
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                           "resources": ["pods"], "scope": "Namespaced"}],
+                "namespaceSelector": {"matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                     "values": ["kube-system"]}, *namespace_expressions]},
+                "objectSelector": {"matchExpressions": [
+                    {"key": skip_label, "operator": "NotIn", "values": ["true"]}]}}]}
+
+
+def test_pods_archway_s_webhook_selectors_never_send_it_are_left_alone(leader):
+    server, unseen, events, image, start = leader
+    unseen.coverage = WebhookCoverage(unseen.api.client, "archway")
+    server.put(MWC_PATH, webhook_configuration(
+        [{"key": "archway.dev/enabled", "operator": "In", "values": ["true"]}],
+        skip_label="example.com/no-archway"))
+    server.put("/api/v1/namespaces/team", {"metadata": {
+        "name": "team", "labels": {"archway.dev/enabled": "true"}}})
+    outside, inside = workload(server, "shop"), workload(server, "team")
+    pods = "/api/v1/namespaces/{}/pods/{}"
+    server.put(pods.format("shop", "outside"), pod("outside", "arm-node", image, owner=outside))
+    server.put(pods.format("team", "inside"), pod("inside", "arm-node", image, owner=inside))
+    server.put(pods.format("team", "skipped"), pod(
+        "skipped", "arm-node", image, owner=inside,
+        labels={"app": "web", "example.com/no-archway": "true"}))
+    start()
+
+    unseen.revisit_all(unseen.take_due())
+    assert server.get(pods.format("team", "inside")) is None, "evicted"
+    assert [e[2] for e in events.about("inside")] == [REASON_UNSEEN, REASON_EVICTED]
+    for left in (("shop", "outside"), ("team", "skipped")):
+        assert server.get(pods.format(*left)) is not None, left
+        assert events.about(left[1]) == [], left
+    evictions = [p for m, p in server.requests if m == "POST" and p.endswith("/eviction")]
+    assert evictions == ["/api/v1/namespaces/team/pods/inside/eviction"]
+
+
+def test_until_archway_s_webhook_configuration_is_read_no_unseen_pod_is_touched(leader):
+    server, unseen, events, image, start = leader
+    unseen.coverage = WebhookCoverage(unseen.api.client, "archway")   # not there: 404
+    replicaset = workload(server, "shop")
+    server.put("/api/v1/namespaces/shop/pods/wrong", pod("wrong", "arm-node", image,
+                                                         owner=replicaset))
+    start()
+    unseen.revisit_all(unseen.take_due())
+    assert server.get("/api/v1/namespaces/shop/pods/wrong") is not None
+    assert events.sent == []
+    assert unseen.take_due() == [], "looked at again later, not at once"

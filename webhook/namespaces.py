@@ -20,6 +20,7 @@ class NamespaceFacts:
     preferred: tuple[tuple[str, int], ...] | None = None  # None: no (usable) annotation
     problems: tuple[str, ...] = ()                        # what was ignored, and why
     terminating: bool = False                             # being deleted: nothing new goes in
+    labels: tuple[tuple[str, str], ...] = ()              # all of them: a webhook's selector
 
 
 def parse_preferred(text: str) -> tuple[tuple[str, int], ...]:
@@ -58,7 +59,9 @@ def namespace_facts(obj: dict) -> NamespaceFacts | None:
         except ValueError as e:
             problems.append(f"namespace annotation {ANNOTATION_PREFERRED}: {e}; ignored")
     return NamespaceFacts(name, mode, preferred, tuple(problems),
-                          terminating=bool(meta.get("deletionTimestamp")))
+                          terminating=bool(meta.get("deletionTimestamp")),
+                          labels=tuple(sorted((str(key), str(value))
+                                              for key, value in labels.items())))
 
 
 def _mapping(value: object) -> dict:
