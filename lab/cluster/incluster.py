@@ -15,6 +15,8 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import requests
+import urllib3
 import yaml
 
 from lab.cluster.chart import ChartInstall, deep_merge
@@ -152,6 +154,25 @@ class InClusterInstall(ChartInstall):
         """`helm uninstall --wait` as a user runs it: its hooks run as Jobs on the node."""
         self.installed = False
         self.helm("uninstall", self.release, "--wait", "--timeout", timeout)
+
+    def webhook_metrics(self) -> list[str]:
+        """/metrics of each running webhook pod, read on its own address at its metrics port
+        (https-metrics: the only one serving it); a pod not serving yet is left out."""
+        assert self.kube is not None
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)   # the pod's own cert
+        texts = []
+        for pod in self.kube.items(f"/api/v1/namespaces/{self.namespace}/pods",
+                                   labelSelector="app.kubernetes.io/component=webhook"):
+            if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+                continue
+            (port,) = [p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]
+                       if p["name"] == "https-metrics"]
+            try:
+                texts.append(requests.get(f"https://{pod['status']['podIP']}:{port}/metrics",
+                                          verify=False, timeout=10).text)
+            except requests.RequestException:
+                continue
+        return texts
 
     def save_in_cluster(self) -> None:
         with open(self.plane.path("archway.json"), "w") as f:

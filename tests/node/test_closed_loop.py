@@ -52,22 +52,10 @@ def refused_multiarch_image(registry, repo: str, never_run: bytes = b"never run"
 
 
 def webhook_metric(install, name: str, outcome: str) -> float:
-    """The counter summed over archway's webhook pods (the leader's gate controller counts),
-    read from each pod's /metrics on its own address."""
-    urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-    total = 0.0
-    for pod in install.kube.items(pod_path(install.namespace),
-                                  labelSelector="app.kubernetes.io/component=webhook"):
-        if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
-            continue
-        (port,) = [p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]
-                   if p["name"] == "https-metrics"]   # /metrics is served there only
-        text = requests.get(f"https://{pod['status']['podIP']}:{port}/metrics", verify=False,
-                            timeout=10).text
-        for line in text.splitlines():
-            if line.startswith(name + "{") and f'outcome="{outcome}"' in line:
-                total += float(line.rsplit(" ", 1)[1])
-    return total
+    """The counter summed over archway's webhook pods (the leader's gate controller counts)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for text in install.webhook_metrics()
+               for line in text.splitlines()
+               if line.startswith(name + "{") and f'outcome="{outcome}"' in line)
 
 
 def failed_instances(pod: dict) -> int:

@@ -94,8 +94,13 @@ def test_a_pods_image_cannot_make_archway_reach_the_clusters_own_places(in_clust
     try:
         cluster_ip = trap_service(kube, namespace, listener)
         # Control: the trap works; whatever connects to the ClusterIP reaches the listener.
-        kube.wait_for(lambda: _reaches(cluster_ip) and listener.peers, timeout=30,
+        reached: list[bool] = []
+        kube.wait_for(lambda: _reaches(cluster_ip) and not reached.append(True), timeout=30,
                       what="kube-proxy sending the trap Service to the listener")
+        # Each control connection recorded (the listener accepts in a thread of its own): one
+        # still on its way would be taken for archway's.
+        kube.wait_for(lambda: len(listener.peers) >= len(reached), timeout=10,
+                      what="the listener recording the control's connections")
         control_peers = len(listener.peers)
         api_service = kube.get("/api/v1/namespaces/default/services/kubernetes")["spec"]["clusterIP"]
         endpoints = kube.get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes")

@@ -74,17 +74,15 @@ def trust_path_reported_ok(in_cluster) -> bool:
     """Every ready webhook pod: /readyz 200 saying the trust path is ok, archway_trust_path_ok 1."""
     for pod in webhook_pods(in_cluster):
         readyz = from_pod(in_cluster, pod, "/readyz")
-        text = from_pod(in_cluster, pod, "/metrics").text
-        if readyz.status_code != 200 or not readyz.json().get("trust_path", "").startswith("ok") \
-                or metric(text, "archway_trust_path_ok") != 1:
+        if readyz.status_code != 200 or not readyz.json().get("trust_path", "").startswith("ok"):
             return False
-    return True
+    texts = in_cluster.webhook_metrics()
+    return bool(texts) and all(metric(text, "archway_trust_path_ok") == 1 for text in texts)
 
 
 def repairs(in_cluster) -> float:
-    return sum(metric(from_pod(in_cluster, pod, "/metrics").text,
-                      "archway_trust_path_repairs_total", 'outcome="repaired"')
-               for pod in webhook_pods(in_cluster))
+    return sum(metric(text, "archway_trust_path_repairs_total", 'outcome="repaired"')
+               for text in in_cluster.webhook_metrics())
 
 
 @pytest.mark.timeout(900)       # the session's install when first

@@ -26,21 +26,9 @@ WEBHOOK_PODS = "app.kubernetes.io/component=webhook"
 
 def unseen_counted(install) -> float:
     """archway_unseen_pods_total{placement="wrong_architecture"} summed over archway's pods."""
-    urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-    total = 0.0
-    for pod in install.kube.items(pod_path(install.namespace), labelSelector=WEBHOOK_PODS):
-        if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
-            continue
-        port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
-        try:
-            text = requests.get(f"https://{pod['status']['podIP']}:{port}/metrics",
-                                verify=False, timeout=10).text
-        except requests.RequestException:
-            continue     # not serving yet
-        for line in text.splitlines():
-            if line.startswith('archway_unseen_pods_total{placement="wrong_architecture"}'):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
+    return sum(float(line.rsplit(" ", 1)[1]) for text in install.webhook_metrics()
+               for line in text.splitlines()
+               if line.startswith('archway_unseen_pods_total{placement="wrong_architecture"}'))
 
 
 def webhook_deployment(install) -> str:
