@@ -24,6 +24,7 @@ them, sharing with tagwatch.py how a workload's annotations are changed (leaderl
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -125,7 +126,7 @@ class FailingPods(ListWatch):
         if self.unseen is not None:
             self.unseen.changed(kind, obj)
         if kind == "DELETED":
-            self.remediation.gone(str((obj.get("metadata") or {}).get("uid") or ""))
+            self.remediation.gone(str((obj.get("metadata") or {}).get("uid") or ""), deleted=True)
             return
         failing = failing_pod(obj)
         if failing is None:
@@ -152,6 +153,9 @@ class Remediation(LeaderLoop):
         self._clock = clock
         self._lock = threading.Condition()
         self._tracked: dict[str, _Tracked] = {}
+        # What was reported of pods dropped while they run again between two failures (a
+        # restart after its back-off): their next failure is not reported a second time.
+        self._reported: OrderedDict[str, frozenset[tuple[str, str]]] = OrderedDict()
         self._full_logged = False
 
     # --- leading ---------------------------------------------------------------------------
@@ -172,7 +176,7 @@ class Remediation(LeaderLoop):
         with self._lock:
             seen = {p.uid for p in pods}
             for uid in [u for u in self._tracked if u not in seen]:
-                del self._tracked[uid]
+                self._drop(uid)
         for pod in pods:
             self.failing(pod)
 
@@ -189,16 +193,27 @@ class Remediation(LeaderLoop):
                         log.warning("more than %d pods fail: the others are looked at once some "
                                     "of these are gone", MAX_TRACKED)
                     return
-                tracked = self._tracked[pod.uid] = _Tracked(pod)
+                tracked = self._tracked[pod.uid] = _Tracked(
+                    pod, handled=self._reported.pop(pod.uid, frozenset()))
             tracked.pod = pod
             if {(f.container, f.image) for f in pod.failures} - tracked.handled \
                     or (self.log_reader is not None and tracked.unread()):
                 tracked.due = True
                 self._lock.notify_all()
 
-    def gone(self, uid: str) -> None:
+    def gone(self, uid: str, deleted: bool = False) -> None:
+        """The pod does not fail now (`deleted`: it is no more)."""
         with self._lock:
-            self._tracked.pop(uid, None)
+            self._drop(uid)
+            if deleted:
+                self._reported.pop(uid, None)
+
+    def _drop(self, uid: str) -> None:
+        tracked = self._tracked.pop(uid, None)
+        if tracked is not None and tracked.handled:
+            self._reported[uid] = tracked.handled
+            while len(self._reported) > MAX_TRACKED:
+                self._reported.popitem(last=False)
 
     def _work_loop(self, stop: threading.Event) -> None:
         while not stop.is_set():

@@ -253,6 +253,27 @@ def test_a_silent_exit_1_is_learned_from_the_log_tail_once_per_failed_instance(
     assert len(logs.reads) == 3
 
 
+def test_a_pod_that_runs_again_between_two_failures_is_reported_once(control_plane, closed_loop):
+    """A real kubelet restarts a crash-looping container after each back-off: between two
+    failures the pod runs, and the pod watch drops it as not failing. Its next failure is the
+    same error of the same container: no second ExecFormatError Event on it."""
+    kube = control_plane.kube
+    namespace = own_namespace(control_plane, "loop-twice")
+    loop, events, clock, _ = closed_loop(namespace)
+    (pod,) = deployment(kube, namespace, "twice", replicas=1)
+    wait_cached(kube, loop, namespace, [pod])
+    crash_loop(kube, namespace, pod, restarts=1, message="exec /app: exec format error")
+    look(loop, kube, namespace)
+    assert len(events.of("ExecFormatError", "Pod")) == 1
+    running(kube, namespace, pod)             # the next instance, started after the back-off
+    assert failing_pod(kube.get(pod_path(namespace, pod["metadata"]["name"]))) is None
+    loop.gone(pod["metadata"]["uid"])        # as the pod watch passes that change on
+    crash_loop(kube, namespace, pod, restarts=2, message="exec /app: exec format error")
+    clock.now += 60
+    look(loop, kube, namespace)
+    assert len(events.of("ExecFormatError", "Pod")) == 1
+
+
 def test_log_reads_are_capped_per_workload_and_none_without_learning(control_plane, closed_loop):
     kube = control_plane.kube
     namespace = own_namespace(control_plane, "loop-log-cap")
