@@ -7,7 +7,6 @@ tries them in turn until one pull succeeds. Secrets never appear in a repr, a lo
 error message: errors name the offending key, never its value.
 """
 import base64
-import binascii
 import hashlib
 import hmac
 import json
@@ -214,7 +213,7 @@ def _parse_entry(key, entry, source: str) -> Credential | None:
         # As in Docker and the kubelet, `auth` overrides username/password when both are present.
         try:
             decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:   # binascii.Error, UnicodeDecodeError, a non-ASCII string
             raise ConfigError(f"{where}.auth is not base64 of 'user:password'") from None
         if ":" not in decoded:
             raise ConfigError(f"{where}.auth decodes to no 'user:password' pair (missing ':')")

@@ -3,7 +3,7 @@ import base64
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from archway.errors import ArchwayError, ConfigError
@@ -257,6 +257,7 @@ json_values = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(json_values, st.dictionaries(st.text(max_size=30), json_values, max_size=4).map(
     lambda auths: {"auths": auths})))
+@example({"auths": {"0": {"auth": "\x80"}}})    # not ASCII: base64 raised a bare ValueError
 def test_any_json_either_parses_or_raises_a_typed_error(document):
     try:
         keyring = Keyring.from_dockerconfigjson(json.dumps(document))
