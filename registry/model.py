@@ -23,6 +23,14 @@ class ImageInfo:
         """kubernetes.io/arch values; empty means unknown."""
         return architectures(self.platforms)
 
+    def architectures_for(self, os: str) -> frozenset[str]:
+        """The architectures the image has for one OS (a pod's `spec.os.name`)."""
+        return architectures(self.platforms, os)
+
+    @property
+    def operating_systems(self) -> frozenset[str]:
+        return frozenset(p.os for p in self.platforms if p.os)
+
     def approx_bytes(self) -> int:
         """Memory this answer holds, for a cache bounded in bytes. Each object is counted once
         (the os and variant strings of most platforms are one shared object); platforms shared

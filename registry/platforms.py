@@ -47,9 +47,10 @@ def parse_platform(text: str) -> Platform:
     return normalize("linux", parts[0], parts[1] if len(parts) > 1 else None)
 
 
-def architectures(platforms) -> frozenset[str]:
-    """The `kubernetes.io/arch` values (GOARCH, no variant) of the Linux platforms given."""
-    return frozenset(p.architecture for p in platforms if p.os == "linux" and p.architecture)
+def architectures(platforms, os: str = "linux") -> frozenset[str]:
+    """The `kubernetes.io/arch` values (GOARCH, no variant) of the platforms given for one OS
+    (`kubernetes.io/os`: linux, windows)."""
+    return frozenset(p.architecture for p in platforms if p.os == os and p.architecture)
 
 
 def is_attestation(entry: dict) -> bool:
