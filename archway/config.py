@@ -159,6 +159,9 @@ class AdmissionSettings:
     deny_unschedulable: bool = False      # true: deny pods whose archs no (tolerated) node has
     exclude_namespaces: tuple[str, ...] = ("kube-system",)
     max_images_per_pod: int = 64          # distinct images resolved per pod; past it: unresolved
+    # A debug container (pods/ephemeralcontainers) whose image has no platform for its pod's
+    # node: a warning (kubectl debug prints it), a refusal, or not checked.
+    debug_containers: str = choice("warn", "deny", "off")
 
     def __post_init__(self):
         # The deprecated key still works when the new one is left at its default.

@@ -1,4 +1,4 @@
-"""What archway knows about the cluster's nodes: name, architecture, addresses.
+"""What archway knows about the cluster's nodes: name, architecture, OS, addresses, taints.
 
 A nodeCacheCapable scheduler sends only node names, so the extender needs the labels from
 somewhere; asking the API server per node or per call would put the whole cluster's scheduling
@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from archway.vocabulary import ARCH_KEYS, normal_architecture
 from archway.watchcache import WatchCache
+
+OS_KEY = "kubernetes.io/os"
 
 # What `kubectl cordon` (spec.unschedulable) means to the scheduler, as the node controller
 # writes it; counted even before the controller has added the taint.
@@ -35,6 +37,15 @@ def node_arch(node: dict) -> str | None:
     status = node.get("status")
     info = status.get("nodeInfo") if isinstance(status, dict) else None
     return _normal_arch(info.get("architecture")) if isinstance(info, dict) else None
+
+
+def node_os(node: dict) -> str:
+    """The node's `kubernetes.io/os` label, lower-cased; "linux" when unlabelled (what the
+    kubelet labels every Linux node with, and what a Node object without it most likely is)."""
+    meta = node.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    value = labels.get(OS_KEY) if isinstance(labels, dict) else None
+    return value.strip().lower() if isinstance(value, str) and value.strip() else "linux"
 
 
 def node_addresses(node: dict) -> tuple[str, ...]:
@@ -68,6 +79,7 @@ class NodeFacts:
     arch: str | None
     addresses: tuple[str, ...]
     taints: tuple[tuple[str, str, str], ...] = ()   # (key, value, effect)
+    os: str = "linux"                                # kubernetes.io/os
 
 
 def node_facts(node: dict) -> NodeFacts | None:
@@ -75,7 +87,8 @@ def node_facts(node: dict) -> NodeFacts | None:
     name = meta.get("name") if isinstance(meta, dict) else None
     if not isinstance(name, str) or not name:
         return None
-    return NodeFacts(name, node_arch(node), node_addresses(node), node_taints(node))
+    return NodeFacts(name, node_arch(node), node_addresses(node), node_taints(node),
+                     node_os(node))
 
 
 class NodeCache(WatchCache[NodeFacts]):

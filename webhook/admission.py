@@ -11,6 +11,7 @@ from archway.errors import ArchwayError
 from archway.logsafe import clip
 from archway.podview import PodShapeError, PodView
 
+from .debugcontainers import DebugRequest, read_debug_request
 from .placement import Decision
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
@@ -43,6 +44,7 @@ class AdmissionRequest:
     pod: PodView | None              # the pod of a pod CREATE, read and shape-checked
     dry_run: bool = False
     user: str = field(default="", compare=False)
+    debug: DebugRequest | None = None   # an UPDATE of pods/ephemeralcontainers (kubectl debug)
 
     @property
     def is_pod_create(self) -> bool:
@@ -53,6 +55,8 @@ class AdmissionRequest:
         """namespace/name for logs; `generateName*` for pods that have no name yet."""
         if self.pod is not None:
             return self.pod.display_name
+        if self.debug is not None:
+            return self.debug.pod.display_name
         return f"{self.namespace or '-'}/{self.name or '*'}"
 
 
@@ -93,8 +97,10 @@ def parse_review(body: bytes, max_bytes: int) -> AdmissionRequest:
     sub_resource = _optional(request, "subResource", str, "")
     namespace = _optional(request, "namespace", str, "")
     name = _optional(request, "name", str, "")
-    pod = None
-    if _is_pod_create(operation, resource, sub_resource):
+    pod = debug = None
+    if _is_debug_update(operation, resource, sub_resource):
+        debug = _debug_request(obj, request.get("oldObject"), namespace, name)
+    elif _is_pod_create(operation, resource, sub_resource):
         if obj is None:
             raise AdmissionError("request.object must hold the pod for a pod CREATE")
         try:
@@ -104,12 +110,29 @@ def parse_review(body: bytes, max_bytes: int) -> AdmissionRequest:
     return AdmissionRequest(
         api_version=api_version, uid=uid, operation=operation, kind=kind, resource=resource,
         sub_resource=sub_resource, namespace=namespace, name=name, pod=pod, dry_run=dry_run,
-        user=user_info.get("username") if isinstance(user_info.get("username"), str) else "")
+        user=user_info.get("username") if isinstance(user_info.get("username"), str) else "",
+        debug=debug)
 
 
 def _is_pod_create(operation: str, resource: dict, sub_resource: str) -> bool:
     return (operation == "CREATE" and not sub_resource
             and resource.get("group", "") == "" and resource.get("resource") == "pods")
+
+
+def _is_debug_update(operation: str, resource: dict, sub_resource: str) -> bool:
+    """An ephemeral container added to a pod (`kubectl debug`): the subresource's UPDATE."""
+    return (operation == "UPDATE" and sub_resource == "ephemeralcontainers"
+            and resource.get("group", "") == "" and resource.get("resource") == "pods")
+
+
+def _debug_request(obj, old, namespace: str, name: str) -> DebugRequest:
+    if obj is None or old is None:
+        raise AdmissionError("request.object and request.oldObject must hold the pod for an "
+                             "UPDATE of pods/ephemeralcontainers")
+    try:
+        return read_debug_request(obj, old, namespace=namespace, name=name)
+    except PodShapeError as e:
+        raise AdmissionError(f"request.{e}") from None
 
 
 def _optional(request: dict, key: str, kind: type, default):

@@ -40,6 +40,7 @@ from .admission import (
     skip_reason,
 )
 from .caches import ClusterCaches
+from .debugservice import review_debug
 from .events import REASON_UNSCHEDULABLE, owner_reference, pod_or_owner
 from .namespaces import NamespaceFacts, namespace_policy
 from .patches import gate_patch
@@ -104,6 +105,7 @@ class AdmissionSettings:
     max_images: int | None = None       # admission.max_images_per_pod
     unresolved: str = "admit"           # admission.unresolved: admit | gate | deny
     gate_max_seconds: float = 120.0     # how long a gated pod waits at most (its warning says)
+    debug_containers: str = "warn"      # admission.debug_containers: warn | deny | off
 
     @classmethod
     def from_config(cls, config) -> "AdmissionSettings":
@@ -114,7 +116,8 @@ class AdmissionSettings:
                    log_every=config.server.log_every_admission,
                    max_images=config.admission.max_images_per_pod,
                    unresolved=config.admission.unresolved,
-                   gate_max_seconds=config.admission.gate_max_seconds)
+                   gate_max_seconds=config.admission.gate_max_seconds,
+                   debug_containers=config.admission.debug_containers)
 
 
 class AdmissionService:
@@ -151,6 +154,8 @@ class AdmissionService:
             metrics.bad_request(e.status)
             log.info("rejected a malformed admission request from %s: %s", peer, e)
             return Answer(e.status, {"error": str(e)})
+        if request.debug is not None:   # kubectl debug: debugservice.py
+            return Answer(200, review_debug(self, request, start=start, due=due, api_by=api_by))
 
         skipped = skip_reason(request, self.settings.exclude_namespaces)
         if skipped is not None:
