@@ -36,8 +36,9 @@ PATHS = (CA_PATH, MWC_PATH, TLS_PATH)
 
 @pytest.fixture(scope="module")
 def chart_webhook_config(tmp_path_factory):
-    """The chart's MutatingWebhookConfiguration, plus a second webhook so "every webhook" is
-    tested; under its own name, and selecting no pod (other tests share the apiserver)."""
+    """The chart's MutatingWebhookConfiguration, with its two webhooks (pods, and debug
+    containers) so "every webhook" is tested; under its own name, and selecting no pod (other
+    tests share the apiserver)."""
     home = tmp_path_factory.mktemp("helm")
     env = {**os.environ, **{f"HELM_{k}_HOME": str(home / k) for k in ("CACHE", "CONFIG", "DATA")}}
     out = subprocess.run(
@@ -47,10 +48,10 @@ def chart_webhook_config(tmp_path_factory):
     config = yaml.safe_load(out)
     assert "caBundle" not in config["webhooks"][0]["clientConfig"]   # bootstrap mode fills it
     config["metadata"]["name"] = MWC
-    config["webhooks"][0]["objectSelector"] = {"matchLabels": {"archway-bootstrap-test": "never"}}
-    second = yaml.safe_load(yaml.safe_dump(config["webhooks"][0]))
-    second["name"] = "pods-v2.archway.dev"
-    config["webhooks"].append(second)
+    assert [w["name"] for w in config["webhooks"]] == ["pods.archway.dev",
+                                                       "debug-containers.archway.dev"]
+    for webhook in config["webhooks"]:
+        webhook["objectSelector"] = {"matchLabels": {"archway-bootstrap-test": "never"}}
     return config
 
 

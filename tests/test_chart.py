@@ -85,6 +85,8 @@ CASES = {
     "empty-values": ["-f", os.path.join(FIXTURES, "empty-values.yaml")],
     "rbac-off": ["--set", "rbac.create=false", "--set", "scheduler.enabled=true"],
     "skip-arch-pinned": ["--set", "webhook.skipArchPinnedPods=true"],
+    "debug-containers-off": ["--set", "config.admission.debug_containers=off",
+                             "--set", "webhook.failurePolicy=Fail"],
 }
 
 
@@ -299,10 +301,16 @@ def test_template_refuses_timeouts_without_headroom(helm_env, values, complaint)
 
 # --- what the manifests say ---------------------------------------------------------------------
 
+def pod_webhook(mwc: dict) -> dict:
+    """The webhook pods are created through (the other one is debug-containers.archway.dev)."""
+    [webhook] = [w for w in mwc["webhooks"] if w["name"] == "pods.archway.dev"]
+    return webhook
+
+
 def test_webhook_configuration_defaults(render):
     docs = render("default")
     mwc = one(docs, "MutatingWebhookConfiguration")
-    [webhook] = mwc["webhooks"]
+    webhook = pod_webhook(mwc)
     assert webhook["failurePolicy"] == "Ignore"
     assert webhook["sideEffects"] == "None"
     assert webhook["admissionReviewVersions"] == ["v1", "v1beta1"]
@@ -722,7 +730,7 @@ def test_archway_pods_run_only_where_the_image_can(render, case, archs):
 @pytest.mark.parametrize("case", ["default", "production"])
 def test_archway_never_admits_its_own_pods(render, case):
     docs = render(case)
-    [webhook] = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    webhook = pod_webhook(one(docs, "MutatingWebhookConfiguration"))
     excluded = webhook["namespaceSelector"]["matchExpressions"][0]
     assert excluded["operator"] == "NotIn" and NS in excluded["values"]
     # Belt and braces: its pods carry the label the objectSelector leaves out.
@@ -797,7 +805,7 @@ def test_match_conditions_send_exactly_the_pods_archway_would_decide(render, cas
     """The rendered CEL, evaluated by a CEL implementation (cel-python) on real and edge-case
     pods, calls the webhook exactly when archway would not skip the pod anyway."""
     celpy = pytest.importorskip("celpy", reason="pip install cel-python (in the test extras)")
-    [webhook] = one(render(case), "MutatingWebhookConfiguration")["webhooks"]
+    webhook = pod_webhook(one(render(case), "MutatingWebhookConfiguration"))
     conditions = webhook["matchConditions"]
     assert len({c["name"] for c in conditions}) == len(conditions) <= 64
     env = celpy.Environment()
@@ -811,6 +819,50 @@ def test_match_conditions_send_exactly_the_pods_archway_would_decide(render, cas
         assert called == (not _archway_skips(pod, arch_pinned_too=arch_pinned_too)), name
     # The annotation the expressions name is the one archway reads.
     assert f"'{SKIP_ANNOTATION}'" in conditions[0]["expression"]
+
+
+def debug_webhook(mwc: dict) -> dict | None:
+    found = [w for w in mwc["webhooks"] if w["name"] == "debug-containers.archway.dev"]
+    return found[0] if found else None
+
+
+@pytest.mark.parametrize("case", ["default", "user-secret", "production", "debug-containers-off"])
+def test_debug_containers_have_a_webhook_of_their_own(render, case):
+    """kubectl debug's UPDATE of pods/ephemeralcontainers reaches archway through a second
+    webhook: the pod webhook's conditions leave bound pods out, and a debugging session must
+    never wait on archway being up (Ignore, whatever webhook.failurePolicy says)."""
+    mwc = one(render(case), "MutatingWebhookConfiguration")
+    pods, debug = pod_webhook(mwc), debug_webhook(mwc)
+    assert pods["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                              "resources": ["pods"], "scope": "Namespaced"}]
+    if case == "debug-containers-off":
+        assert debug is None and len(mwc["webhooks"]) == 1 and pods["failurePolicy"] == "Fail"
+        config = config_from_dict(archway_configs(render(case))["webhook.yaml"])
+        assert config.admission.debug_containers == "off"
+        return
+    assert debug is not None and len(mwc["webhooks"]) == 2
+    assert debug["rules"] == [{"operations": ["UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                               "resources": ["pods/ephemeralcontainers"], "scope": "Namespaced"}]
+    assert debug["failurePolicy"] == "Ignore" and debug["reinvocationPolicy"] == "Never"
+    for same in ("clientConfig", "namespaceSelector", "objectSelector", "timeoutSeconds",
+                 "sideEffects", "admissionReviewVersions"):
+        assert debug[same] == pods[same], same
+    # Sent only for bound pods that do not opt out, where archway would check something.
+    celpy = pytest.importorskip("celpy", reason="pip install cel-python (in the test extras)")
+    env = celpy.Environment()
+    programs = [env.program(env.compile(c["expression"])) for c in debug["matchConditions"]]
+    for name, pod in CEL_PODS.items():
+        called = all(p.evaluate({"object": celpy.json_to_cel(pod)}) for p in programs)
+        skipped = (pod["metadata"].get("annotations") or {}).get(SKIP_ANNOTATION) == "true" \
+            or not pod["spec"].get("nodeName")
+        assert called == (not skipped), name
+
+
+def test_coverage_counts_only_the_pod_webhook(render):
+    """The gate controller's coverage (gate/coverage.py) reads the pod CREATE webhook alone."""
+    from archway.gate.coverage import pod_webhooks
+    mwc = one(render("default"), "MutatingWebhookConfiguration")
+    assert [w["name"] for w in pod_webhooks(mwc)] == ["pods.archway.dev"]
 
 
 @pytest.mark.parametrize("values, complaint", [
@@ -897,7 +949,7 @@ def test_empty_values_render_like_empty_defaults(render):
     config = config_from_dict(archway_configs(docs)["webhook.yaml"])
     # null is "none": only the release namespace, in the webhook configuration and in archway's.
     assert config.admission.exclude_namespaces == (NS,)
-    [webhook] = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    webhook = pod_webhook(one(docs, "MutatingWebhookConfiguration"))
     assert webhook["namespaceSelector"]["matchExpressions"][0]["values"] == [NS]
     policy = one(docs, "NetworkPolicy", f"{RELEASE}-archway")
     assert "from" not in policy["spec"]["ingress"][0] and policy["spec"]["policyTypes"] == ["Ingress"]

@@ -21,6 +21,7 @@
 {{- define "archway.serviceName" -}}{{ include "archway.webhookName" . }}{{- end -}}
 {{- /* The webhook's name in its configuration: the apiserver's metrics label its calls with it. */ -}}
 {{- define "archway.podWebhookName" -}}pods.archway.dev{{- end -}}
+{{- define "archway.debugWebhookName" -}}debug-containers.archway.dev{{- end -}}
 {{- define "archway.webhookConfigName" -}}{{ include "archway.fullname" . }}{{- end -}}
 {{- define "archway.configMapName" -}}{{ include "archway.fullname" . | trunc 56 | trimSuffix "-" }}-config{{- end -}}
 {{- define "archway.tlsSecretName" -}}{{ default (printf "%s-tls" (include "archway.fullname" . | trunc 59 | trimSuffix "-")) .Values.tls.secretName }}{{- end -}}
