@@ -14,6 +14,7 @@ from archway.nodes import NodeCache
 
 from .namespaces import NamespaceCache
 from .nodepools import NodePoolCache
+from .policyobjects import CLUSTER_KIND, NAMESPACED_KIND, PolicyCache
 from .workloadcache import WorkloadCache
 
 
@@ -23,23 +24,30 @@ class ClusterCaches:
     namespaces: NamespaceCache | None = None     # label/annotation overrides of the policy
     workloads: WorkloadCache | None = None       # owner chains, learned exclusions, templates
     node_pools: NodePoolCache | None = None      # Karpenter's: nodes that may join
+    policies: PolicyCache | None = None          # PlacementPolicies (namespaced)
+    cluster_policies: PolicyCache | None = None  # ClusterPlacementPolicies
 
     @classmethod
     def for_config(cls, config, api_client_factory: Callable[[], object | None], *, nodes: bool,
                    workloads: bool, node_pools: bool = False) -> "ClusterCaches":
         """The caches asked for, on `api_client_factory`'s client, and the Namespace cache when
-        kubernetes.namespace_cache is on; none without a Kubernetes API (kubernetes.enabled)."""
+        kubernetes.namespace_cache is on, and the PlacementPolicy caches when
+        kubernetes.placement_policies is on; none without a Kubernetes API (kubernetes.enabled)."""
         if config.kubernetes.enabled == "off":
             return cls()
+        policies = config.kubernetes.placement_policies
         return cls(nodes=NodeCache(api_client_factory) if nodes else None,
                    namespaces=(NamespaceCache(api_client_factory)
                                if config.kubernetes.namespace_cache else None),
                    workloads=WorkloadCache(api_client_factory) if workloads else None,
-                   node_pools=NodePoolCache(api_client_factory) if node_pools else None)
+                   node_pools=NodePoolCache(api_client_factory) if node_pools else None,
+                   policies=PolicyCache(api_client_factory, NAMESPACED_KIND) if policies else None,
+                   cluster_policies=(PolicyCache(api_client_factory, CLUSTER_KIND)
+                                     if policies else None))
 
     def _present(self) -> list:
-        return [c for c in (self.nodes, self.namespaces, self.workloads, self.node_pools)
-                if c is not None]
+        return [c for c in (self.nodes, self.namespaces, self.workloads, self.node_pools,
+                            self.policies, self.cluster_policies) if c is not None]
 
     def start(self) -> "ClusterCaches":
         """Each listing from now, in this process (threads do not survive a fork)."""
