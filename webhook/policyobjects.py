@@ -54,6 +54,11 @@ class PolicyObject:
     namespace_selector: dict | None = None   # None: every namespace (cluster kind only)
     settings: PolicySettings = field(default_factory=PolicySettings)
     problems: tuple[str, ...] = ()           # why archway cannot apply it; (): valid
+    resource_version: str = ""               # for the leader's status update
+    # status.conditions as stored: (type, status, reason, message, lastTransitionTime), and
+    # status.observedGeneration: the leader writes only what differs
+    conditions: tuple[tuple[str, str, str, str, str], ...] = ()
+    observed_generation: int = 0
 
     @property
     def display(self) -> str:
@@ -88,10 +93,22 @@ def policy_object(obj: dict, kind: str) -> PolicyObject | None:
         if kind == CLUSTER_KIND else None
     settings = read_settings(spec, problems)
     generation = meta.get("generation")
+    status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+    observed = status.get("observedGeneration")
     return PolicyObject(kind, f"{namespace}/{name}" if namespace else name, namespace,
                         generation if isinstance(generation, int) else 0,
                         str(meta.get("uid") or ""), priority, pod_selector, namespace_selector,
-                        settings, tuple(problems))
+                        settings, tuple(problems), str(meta.get("resourceVersion") or ""),
+                        _conditions(status.get("conditions")),
+                        observed if isinstance(observed, int) else 0)
+
+
+def _conditions(raw: object) -> tuple[tuple[str, str, str, str, str], ...]:
+    if not isinstance(raw, list):
+        return ()
+    return tuple(sorted(tuple(str(c.get(k) or "") for k in
+                              ("type", "status", "reason", "message", "lastTransitionTime"))
+                        for c in raw if isinstance(c, dict)))
 
 
 def read_settings(spec: dict, problems: list[str]) -> PolicySettings:
