@@ -71,7 +71,7 @@ def policy_in_force(base: Policy, pod_labels: dict, namespace: str,
                            tuple(warnings), tuple(conflicts))
         if tied:
             conflicts.append(tied)
-            warnings.append(conflict_words(tied) + ": neither applies to this pod")
+            warnings.append(conflict_words(tied))
     return InForce(below, None, tuple(warnings), tuple(conflicts))
 
 
@@ -107,8 +107,9 @@ def _said(settings: PolicySettings) -> str:
 
 
 def conflict_words(tied: tuple[PolicyObject, ...]) -> str:
-    names = ", ".join(p.display for p in tied)
-    return f"{names} (priority {tied[0].priority}) select this pod and say different things"
+    """The warning: what matters first (a warning is cut at 120 characters)."""
+    return (f"conflicting policies skipped (same priority {tied[0].priority}, different "
+            f"settings): " + ", ".join(p.display for p in tied))
 
 
 def apply_settings(below: Policy, policy: PolicyObject, archway_scheduler: str | None
