@@ -40,7 +40,7 @@ x-kubernetes-map-type: atomic
 {{- end -}}
 {{- define "archway.crd.placementPolicy" -}}
 {{- $ := index . 0 }}{{- $kind := index . 1 }}{{- $plural := index . 2 }}{{- $namespaced := index . 3 }}
-{{- if $.Values.crds.install }}
+{{- if dig "install" true (default dict $.Values.crds) }}
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
@@ -49,7 +49,7 @@ metadata:
     # kept on `helm uninstall`: deleting a CRD deletes every policy of it
     helm.sh/resource-policy: keep
   labels:
-    {{- include "archway.labels" $ | nindent 4 }}
+    {{- include "archway.componentLabels" (list $ "webhook") | nindent 4 }}
 spec:
   group: archway.dev
   scope: {{ $namespaced | ternary "Namespaced" "Cluster" }}
