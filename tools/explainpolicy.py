@@ -41,7 +41,8 @@ class KnownPolicies:
 
     def _add_policy(self, doc: dict, kind: str) -> int:
         if kind == NAMESPACED_KIND:
-            meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+            meta = doc.get("metadata")
+            meta = meta if isinstance(meta, dict) else {}
             doc = dict(doc, metadata={"namespace": "default", **meta})
         policy = policy_object(doc, kind)
         if policy is None:

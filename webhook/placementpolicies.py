@@ -56,7 +56,7 @@ def policy_in_force(base: Policy, pod_labels: dict, namespace: str,
     if facts is not None and (facts.mode is not None or facts.preferred is not None):
         below = replace(below, source=SOURCE_NAMESPACE)
     warnings = list(facts.problems) if facts is not None else []
-    conflicts = []
+    conflicts: list[tuple[PolicyObject, ...]] = []
     ns_labels = namespace_labels(namespace, facts)
     levels = (
         [p for p in namespaced if p.namespace == namespace],

@@ -93,7 +93,8 @@ def policy_object(obj: dict, kind: str) -> PolicyObject | None:
         if kind == CLUSTER_KIND else None
     settings = read_settings(spec, problems)
     generation = meta.get("generation")
-    status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+    status = obj.get("status")
+    status = status if isinstance(status, dict) else {}
     observed = status.get("observedGeneration")
     return PolicyObject(kind, f"{namespace}/{name}" if namespace else name, namespace,
                         generation if isinstance(generation, int) else 0,
@@ -106,8 +107,9 @@ def policy_object(obj: dict, kind: str) -> PolicyObject | None:
 def _conditions(raw: object) -> tuple[tuple[str, str, str, str, str], ...]:
     if not isinstance(raw, list):
         return ()
-    return tuple(sorted(tuple(str(c.get(k) or "") for k in
-                              ("type", "status", "reason", "message", "lastTransitionTime"))
+    return tuple(sorted((str(c.get("type") or ""), str(c.get("status") or ""),
+                         str(c.get("reason") or ""), str(c.get("message") or ""),
+                         str(c.get("lastTransitionTime") or ""))
                         for c in raw if isinstance(c, dict)))
 
 
@@ -261,7 +263,8 @@ class PolicyCache(WatchCache[PolicyObject]):
     def in_namespace(self, namespace: str) -> tuple[PolicyObject, ...]:
         version, index = self._index
         if version != self.version:
-            version, grouped = self.version, {}
+            version = self.version
+            grouped: dict[str, list[PolicyObject]] = {}
             for policy in self.items.values():
                 grouped.setdefault(policy.namespace, []).append(policy)
             index = {ns: tuple(policies) for ns, policies in grouped.items()}
