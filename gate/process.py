@@ -96,6 +96,10 @@ class ControllerParts:
             config, self.api_client_factory, nodes=True,
             workloads=learn or config.remediation.watch_tags).start()
         self.controller.workloads = caches.workloads if learn else None
+        # A gated pod is released under the policy it was admitted under (placementpolicies.py).
+        policy = Policy.from_config(config)
+        self.controller.policy_of = lambda pod: caches.policy_in_force(
+            policy, pod, archway_scheduler=config.placement.archway_scheduler).policy
         common = dict(api=self.api, settings=config.remediation,
                       policy=Policy.from_config(config), events=self.events,
                       workloads=caches.workloads, namespaces=caches.namespaces,
@@ -135,6 +139,7 @@ class ControllerParts:
             for loop in loops:
                 loop.join(10)
             self.controller.workloads = None
+            self.controller.policy_of = None
             caches.stop()
 
 

@@ -176,3 +176,13 @@ spec: {containers: [{name: c, image: reg/x:1}]}
     audited = explain_workload(web, results, CONFIG, known=known)
     assert to_json(audited)["policy"]["source"] == "namespace label"
     assert audited.decision.outcome == "audited"
+
+
+def test_a_gated_pod_is_released_on_its_policys_fallback():
+    from archway.gate.release import plan_release
+    obj = {"metadata": {"name": "p", "namespace": "ml"},
+           "spec": {"containers": [{"name": "c", "image": "reg/x:1"}],
+                    "schedulingGates": [{"name": "archway.dev/resolving"}]}}
+    release = plan_release(obj, {"reg/x:1": RegistryError("down")},
+                           Policy(fallback=("arm64",)), expired=True)
+    assert release.outcome == "fallback" and release.architectures == frozenset({"arm64"})

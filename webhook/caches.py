@@ -14,6 +14,7 @@ from archway.nodes import NodeCache
 
 from .namespaces import NamespaceCache
 from .nodepools import NodePoolCache
+from .placementpolicies import InForce, policy_in_force
 from .policyobjects import CLUSTER_KIND, NAMESPACED_KIND, PolicyCache
 from .workloadcache import WorkloadCache
 
@@ -44,6 +45,23 @@ class ClusterCaches:
                    policies=PolicyCache(api_client_factory, NAMESPACED_KIND) if policies else None,
                    cluster_policies=(PolicyCache(api_client_factory, CLUSTER_KIND)
                                      if policies else None))
+
+    def policy_in_force(self, base, pod, *, archway_scheduler: str | None = None,
+                        seconds: Callable[[], float] = lambda: 0.0) -> InForce:
+        """The policy in force for `pod` (a PodView) over `base` (placementpolicies.py), from
+        what the caches hold. A cache not listed yet may be waited for `seconds()` (the time
+        left to wait, asked afresh for each); one not listed by then counts as empty."""
+        def listed(cache) -> bool:
+            return cache is not None and cache.wait_synced(seconds())
+        namespace = pod.namespace
+        facts = self.namespaces.items.get(namespace) \
+            if self.namespaces is not None and listed(self.namespaces) else None
+        namespaced = self.policies.in_namespace(namespace) \
+            if self.policies is not None and listed(self.policies) else ()
+        cluster = self.cluster_policies.items.values() \
+            if self.cluster_policies is not None and listed(self.cluster_policies) else ()
+        return policy_in_force(base, dict(pod.labels), namespace, facts, namespaced, cluster,
+                               archway_scheduler=archway_scheduler)
 
     def _present(self) -> list:
         return [c for c in (self.nodes, self.namespaces, self.workloads, self.node_pools,

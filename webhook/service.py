@@ -41,10 +41,8 @@ from .admission import (
 )
 from .caches import ClusterCaches
 from .events import REASON_UNSCHEDULABLE, owner_reference, pod_or_owner
-from .namespaces import NamespaceFacts
 from .patches import gate_patch
 from .placement import Decision, decide, display_image, gated_warnings
-from .placementpolicies import policy_in_force
 from .policy import Policy
 
 log = logging.getLogger("archway.admission")
@@ -202,19 +200,9 @@ class AdmissionService:
         warnings of what was passed over. Right after start-up the first lists may still be on
         their way: they may wait until `api_by` (the Kubernetes API's share of the time), never
         more; a kind not listed by then (or whose CRD is not installed) counts as none."""
-        facts: NamespaceFacts | None = None
-        caches = self.caches
-        if caches.namespaces is not None and caches.namespaces.wait_synced(api_by - self.clock()):
-            facts = caches.namespaces.items.get(pod.namespace)
-        namespaced = caches.policies
-        cluster = caches.cluster_policies
-        in_force = policy_in_force(
-            self.settings.policy, dict(pod.labels), pod.namespace, facts,
-            namespaced.in_namespace(pod.namespace)
-            if namespaced is not None and namespaced.wait_synced(api_by - self.clock()) else (),
-            cluster.items.values()
-            if cluster is not None and cluster.wait_synced(api_by - self.clock()) else (),
-            archway_scheduler=self.settings.archway_scheduler)
+        in_force = self.caches.policy_in_force(
+            self.settings.policy, pod, archway_scheduler=self.settings.archway_scheduler,
+            seconds=lambda: api_by - self.clock())
         return in_force.policy, in_force.warnings
 
     def learned_for(self, pod: PodView, api_by: float):

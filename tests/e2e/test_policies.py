@@ -177,3 +177,70 @@ def test_an_edit_applies_to_the_next_pod_within_a_second(archway, kube, namespac
     for i in range(6):
         later = create_pod(kube, namespace, labelled(f"later-{i}", images))
         assert later["spec"]["nodeSelector"] == {"kubernetes.io/arch": "arm64"}, took
+
+
+def test_a_gated_pod_is_released_under_the_policy_it_was_admitted_under(
+        archway, kube, namespace, images, slow_registry):
+    kube.create(policies_path(namespace), placement_policy("amd-only",
+                                                           allowedArchitectures=["amd64"]))
+    first_shaped_by(kube, namespace, images, f"PlacementPolicy {namespace}/amd-only")
+    tag = images.fresh("e2e/multi")
+    created = create_pod(kube, namespace, pod("slow", [images.ref("e2e/multi", tag, via="slow")]))
+    assert created["spec"].get("schedulingGates"), "the pod should wait for its image"
+    assert shaped_by(created) == f"PlacementPolicy {namespace}/amd-only"
+    slow_registry.delay = 0.0
+
+    def released():
+        obj = kube.get(f"/api/v1/namespaces/{namespace}/pods/slow")
+        return None if obj["spec"].get("schedulingGates") else obj
+    placed = kube.wait_for(released, timeout=60, what="the gated pod released")
+    # The config alone would have allowed both architectures the image has.
+    assert placed["spec"]["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
+    assert "affinity" not in placed["spec"]
+
+
+def may(client, verb: str, resource: str, namespace: str | None = None,
+        subresource: str = "") -> bool:
+    attrs = {"verb": verb, "resource": resource, "group": "archway.dev",
+             "subresource": subresource}
+    if namespace:
+        attrs["namespace"] = namespace
+    review = client.create("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", {
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": attrs}})
+    return bool(review.get("status", {}).get("allowed"))
+
+
+def test_namespace_editors_own_its_placement_policies_and_cluster_ones_are_for_admins(
+        archway, kube, namespace):
+    from .test_rbac import identity_of
+    clients = {}
+    for account, role in (("editor", "edit"), ("viewer", "view")):
+        kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts",
+                    {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}})
+        kube.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": account},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]})
+        clients[account] = kube.as_user(kube.service_account_token(namespace, account))
+    editor, viewer = clients["editor"], clients["viewer"]
+    # The controller-manager aggregates the chart's rules into edit and view.
+    kube.wait_for(lambda: may(editor, "create", "placementpolicies", namespace), timeout=30,
+                  what="PlacementPolicies aggregated into edit")
+    editor.create(policies_path(namespace), placement_policy("mine", mode="audit"))
+    assert not may(editor, "create", "placementpolicies", "default")   # its namespace only
+    assert not may(editor, "create", "clusterplacementpolicies")
+    assert not may(editor, "update", "placementpolicies", namespace, "status")
+    kube.wait_for(lambda: may(viewer, "list", "placementpolicies", namespace), timeout=30,
+                  what="PlacementPolicies aggregated into view")
+    assert [p["metadata"]["name"] for p in viewer.items(policies_path(namespace))] == ["mine"]
+    with pytest.raises(KubeError) as refused:
+        viewer.create(policies_path(namespace), placement_policy("theirs"))
+    assert refused.value.status == 403
+    # archway itself: reads both, writes their status, never a spec.
+    webhook, _user = identity_of(archway, kube, "webhook")
+    for resource in ("placementpolicies", "clusterplacementpolicies"):
+        assert may(webhook, "watch", resource) and may(webhook, "update", resource, "", "status")
+        assert not may(webhook, "update", resource) and not may(webhook, "create", resource)
