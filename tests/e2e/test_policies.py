@@ -244,3 +244,35 @@ def test_namespace_editors_own_its_placement_policies_and_cluster_ones_are_for_a
     for resource in ("placementpolicies", "clusterplacementpolicies"):
         assert may(webhook, "watch", resource) and may(webhook, "update", resource, "", "status")
         assert not may(webhook, "update", resource) and not may(webhook, "create", resource)
+
+
+def test_archway_explain_says_which_policy_applied_to_a_file_and_a_live_pod(
+        archway, control_plane, kube, namespace, images, tmp_path):
+    import json
+
+    import yaml
+
+    from .test_tools import run_archway
+    kube.create(policies_path(namespace), placement_policy(
+        "batch", priority=3, podSelector={"matchLabels": {"kind": "batch"}},
+        allowedArchitectures=["arm64"]))
+    live = first_shaped_by(kube, namespace, images, f"PlacementPolicy {namespace}/batch",
+                           kind="batch")
+    done = run_archway(control_plane, tmp_path, images, "explain",
+                       f"pod/{live['metadata']['name']}", "-n", namespace, "--json")
+    assert done.returncode == 0, done.stderr
+    (explained,) = json.loads(done.stdout)
+    assert explained["policy"]["source"] == f"PlacementPolicy {namespace}/batch"
+    assert explained["annotations"][POLICY] == f"PlacementPolicy {namespace}/batch"
+    # A file: the cluster's policies, and one given beside the workload that outranks them.
+    manifests = tmp_path / "batch.yaml"
+    workload = labelled("job", images, kind="batch")
+    workload["metadata"]["namespace"] = namespace
+    manifests.write_text(yaml.safe_dump(workload))
+    done = run_archway(control_plane, tmp_path, images, "explain", "-f", str(manifests))
+    assert f"  policy: PlacementPolicy {namespace}/batch (priority 3, selects it)" in done.stdout
+    given = dict(placement_policy("urgent", priority=9, allowedArchitectures=["amd64"]))
+    given["metadata"]["namespace"] = namespace
+    manifests.write_text(yaml.safe_dump_all([workload, given]))
+    done = run_archway(control_plane, tmp_path, images, "explain", "-f", str(manifests))
+    assert f"  policy: PlacementPolicy {namespace}/urgent (priority 9, selects it)" in done.stdout
