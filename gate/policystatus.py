@@ -126,9 +126,12 @@ class PolicyStatus:
             try:
                 self.api.request("PUT", status_path(policy), body=status_body(policy, wanted, now))
                 written += 1
-            except ApiError as e:   # 409: changed meanwhile; the watch brings it back
-                all_written = False
-                log.info("placement policy %s: status not written: %s", policy.display, e)
+            except ApiError as e:
+                # 409: changed meanwhile, the watch brings it back: try again at the next look.
+                # Anything else waits for the next change of the policies (no retry storm).
+                all_written = all_written and e.status != 409
+                (log.info if e.status == 409 else log.warning)(
+                    "placement policy %s: status not written: %s", policy.display, e)
         if all_written:
             self._seen = seen
         return written
