@@ -186,3 +186,22 @@ def test_a_gated_pod_is_released_on_its_policys_fallback():
     release = plan_release(obj, {"reg/x:1": RegistryError("down")},
                            Policy(fallback=("arm64",)), expired=True)
     assert release.outcome == "fallback" and release.architectures == frozenset({"arm64"})
+
+
+def test_the_cluster_policy_cache_remembers_namespaces_until_a_policy_changes():
+    from archway.webhook.policyobjects import PolicyCache
+    cache = PolicyCache(lambda: None, CLUSTER_KIND)
+    cache._on_event("ADDED", {"metadata": {"name": "ml-only"},
+                              "spec": {"namespaceSelector": {"matchLabels": {"team": "ml"}}}})
+    ml = {"team": "ml", "kubernetes.io/metadata.name": "ml"}
+    assert [p.name for p in cache.selecting_namespace(ml)] == ["ml-only"]
+    assert cache.selecting_namespace({"team": "shop"}) == ()
+    cache._on_event("ADDED", {"metadata": {"name": "all"}, "spec": {"mode": "audit"}})
+    assert [p.name for p in cache.selecting_namespace({"team": "shop"})] == ["all"]
+    cache._on_event("DELETED", {"metadata": {"name": "ml-only"}})
+    assert [p.name for p in cache.selecting_namespace(ml)] == ["all"]
+    namespaced = PolicyCache(lambda: None, NAMESPACED_KIND)
+    namespaced._on_event("ADDED", {"metadata": {"name": "a", "namespace": "ml"}, "spec": {}})
+    assert [p.name for p in namespaced.in_namespace("ml")] == ["ml/a"]
+    namespaced._on_event("DELETED", {"metadata": {"name": "a", "namespace": "ml"}})
+    assert namespaced.in_namespace("ml") == ()

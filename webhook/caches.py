@@ -14,7 +14,7 @@ from archway.nodes import NodeCache
 
 from .namespaces import NamespaceCache
 from .nodepools import NodePoolCache
-from .placementpolicies import InForce, policy_in_force
+from .placementpolicies import InForce, namespace_labels, policy_in_force
 from .policyobjects import CLUSTER_KIND, NAMESPACED_KIND, PolicyCache
 from .workloadcache import WorkloadCache
 
@@ -58,7 +58,7 @@ class ClusterCaches:
             if self.namespaces is not None and listed(self.namespaces) else None
         namespaced = self.policies.in_namespace(namespace) \
             if self.policies is not None and listed(self.policies) else ()
-        cluster = self.cluster_policies.items.values() \
+        cluster = self.cluster_policies.selecting_namespace(namespace_labels(namespace, facts)) \
             if self.cluster_policies is not None and listed(self.cluster_policies) else ()
         return policy_in_force(base, dict(pod.labels), namespace, facts, namespaced, cluster,
                                archway_scheduler=archway_scheduler)
