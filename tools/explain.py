@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -29,11 +29,13 @@ from archway.vocabulary import (
 )
 from archway.webhook.learning import Learned
 from archway.webhook.placement import Decision, decide, display_image
-from archway.webhook.placementpolicies import InForce
 from archway.webhook.policy import Policy
 from archway.workloads import Workload, workloads_in
 
-from .explainpolicy import KnownPolicies, policy_json, policy_lines, read_from_cluster
+if TYPE_CHECKING:   # the policy modules read the cluster: imported when a command runs
+    from archway.webhook.placementpolicies import InForce
+
+    from .explainpolicy import KnownPolicies
 
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 EXIT_OK, EXIT_CANNOT_RUN, EXIT_USAGE = 0, 1, 2
@@ -47,7 +49,7 @@ class Explanation:
     annotations: dict | None = None   # a live pod's archway.dev/* annotations
     events: tuple = ()                # a live pod's (and its controller's) archway Events
     learned: Learned | None = None    # what the live pod's workload learned (learning.py)
-    in_force: InForce | None = None   # the policy it was judged under, and what shaped it
+    in_force: "InForce | None" = None   # the policy it was judged under, and what shaped it
 
     @property
     def unreadable(self) -> list[str]:
@@ -74,7 +76,7 @@ class Explanation:
 
 def explain_workload(workload: Workload, results: dict, policy: Policy, *, nodes=None,
                      annotations=None, events=(), learned: Learned | None = None,
-                     known: KnownPolicies | None = None, namespace_object: dict | None = None,
+                     known: "KnownPolicies | None" = None, namespace_object: dict | None = None,
                      archway_scheduler: str | None = None) -> Explanation:
     """`known`: the policy objects and Namespaces to judge it under (the webhook's precedence);
     None: `policy` as it is."""
@@ -172,7 +174,7 @@ def to_json(explanation: Explanation) -> dict:
         "allowed": d.allowed, "outcome": d.outcome,
         "would": d.would or None, "reason": d.reason, "message": d.message or None,
         "warnings": list(d.warnings), "patch": list(d.patch),
-        "policy": policy_json(explanation.in_force),
+        "policy": _policy_json(explanation.in_force),
     }
     if explanation.annotations is not None:
         data["annotations"] = explanation.annotations
@@ -196,7 +198,7 @@ def to_text(explanation: Explanation) -> str:
         lines.append("  runs on: unknown (no image told its architectures)")
     else:
         lines.append(f"  runs on: {join_architectures(d.architectures)}")
-    lines += policy_lines(explanation.in_force)
+    lines += _policy_lines(explanation.in_force)
     if explanation.learned is not None:
         lines += _learned_lines(explanation.learned, d)
     lines += _decision_lines(d)
@@ -229,6 +231,16 @@ def _decision_lines(d: Decision) -> list[str]:
     elif d.allowed:
         lines.append(f"  archway would change nothing ({d.reason})")
     return lines + [f"  warning: {warning}" for warning in d.warnings]
+
+
+def _policy_lines(in_force) -> list[str]:
+    from .explainpolicy import policy_lines
+    return policy_lines(in_force)
+
+
+def _policy_json(in_force) -> dict | None:
+    from .explainpolicy import policy_json
+    return policy_json(in_force)
 
 
 def _live_lines(annotations: dict, events) -> list[str]:
@@ -318,6 +330,7 @@ def explain_manifests(path: str, config, policy: Policy, timeout: float) -> list
         print(f"archway explain: no Pod or workload in {'stdin' if path == '-' else path}",
               file=sys.stderr)
         return []
+    from .explainpolicy import KnownPolicies, read_from_cluster
     known = KnownPolicies()
     for text, origin in read_sources(path):
         known.add(load_manifests(text, origin), origin)
@@ -343,6 +356,7 @@ def explain_live_pod(name: str, namespace: str, config, policy: Policy,
     obj = reader.pod(namespace, name)
     workload = Workload("Pod", namespace, name, obj)
     pod = _view(workload)
+    from .explainpolicy import KnownPolicies, read_from_cluster
     known = KnownPolicies()
     read_from_cluster(known, config)
     credentials = PullSecrets(reader.api_client).credentials_for(pod, time.monotonic() + timeout)
