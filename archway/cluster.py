@@ -23,6 +23,9 @@ WORKLOAD_LISTS = {
 }
 
 
+POLICIES = "/apis/archway.dev/v1alpha1"   # webhook/policyobjects.py's GROUP and VERSION
+
+
 class ClusterReader:
     def __init__(self, api_client):
         self.api_client = api_client
@@ -64,6 +67,12 @@ class ClusterReader:
         path = f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
         for item in self._pages(f"list {kind}s {where}", path):
             yield {**item, "kind": kind}
+
+    def placement_policies(self) -> tuple[list[dict], list[dict]]:
+        """(every PlacementPolicy, every ClusterPlacementPolicy): archway.dev/v1alpha1."""
+        return (list(self._pages("list placementpolicies", f"{POLICIES}/placementpolicies")),
+                list(self._pages("list clusterplacementpolicies",
+                                 f"{POLICIES}/clusterplacementpolicies")))
 
     def _pages(self, what: str, path: str) -> Iterator[dict]:
         try:

@@ -179,6 +179,8 @@ class PlacementSettings:
     # Where a gated pod goes when released after admission.gate_max_seconds unresolved;
     # empty: released unplaced.
     fallback_architectures: tuple[str, ...] = ()
+    # archway's own scheduler, for PlacementPolicies that send pods to it (archwayScheduler)
+    archway_scheduler: str | None = None
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,7 @@ class KubernetesSettings:
     secret_cache_seconds: float = 60.0
     pull_secret_namespaces: tuple[str, ...] = ("*",)  # where pull secrets are read; "*": everywhere
     namespace_cache: bool = True          # list+watch Namespaces for per-namespace mode/preferences
+    placement_policies: bool = True       # list+watch (Cluster)PlacementPolicies (archway.dev)
     karpenter_node_pools: bool = False    # count Karpenter NodePools' archs as nodes that may join
     namespace: str | None = None          # the gate controller's Lease; none: the pod's own
     webhook_configuration: str | None = None  # archway's own: its caBundle checked (trust path)

@@ -35,6 +35,8 @@ ANNOTATION_EXCLUDED = "archway.dev/excluded-architectures"
 # A Namespace's own policy: its mode, and the architectures its pods prefer.
 LABEL_MODE = "archway.dev/mode"
 ANNOTATION_PREFERRED = "archway.dev/preferred-architectures"
+# What shaped the policy a pod was admitted under: a PlacementPolicy, the Namespace, the config.
+ANNOTATION_POLICY = "archway.dev/policy"
 # A pod archway could not place in time waits behind this scheduling gate; the label lets the
 # gate controller list and watch only gated pods.
 GATE = "archway.dev/resolving"

@@ -17,6 +17,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -69,6 +70,9 @@ class GateController:
         self.resolve_timeout = resolve_timeout
         self.watch_seconds = watch_seconds
         self.workloads = workloads   # learned exclusions (workloadcache.WorkloadCache) or None
+        # PodView -> the policy in force for it (a leadership's caches: its PlacementPolicy, its
+        # Namespace's label); None: `policy`, the config's, for every pod
+        self.policy_of: Callable[[PodView], Policy] | None = None
         self.sweeps = 0
         self.pending: dict[str, Pending] = {}
         self._wall = wall
@@ -201,8 +205,11 @@ class GateController:
             # A new leader's caches may still be listing: wait for them as admission does.
             self.workloads.wait_synced(max(0.0, min(timeout, remaining)) * 0.4)
             top = self.workloads.top_of(view)
-        release = plan_release(p.obj, results, self.policy, expired=expired,
-                               fallback=self.fallback, waited=waited,
+        policy_of = self.policy_of
+        policy = policy_of(view) if policy_of is not None else self.policy
+        release = plan_release(p.obj, results, policy, expired=expired,
+                               fallback=() if policy_of is not None else self.fallback,
+                               waited=waited,
                                learned=top.learned if top is not None else None)
         if release is None:
             return False

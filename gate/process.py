@@ -6,8 +6,9 @@ API is configured.
       -> a candidate for the Lease (archway/lease.py), until SIGTERM or the server is gone
       -> each leadership: the caches listed afresh, the gate controller (controller.py) and
          beside it the closed loop (remediation.py; tagwatch.py when workloads are read) and
-         the revisit of pods archway never saw (unseen.py, fed by remediation's pod watch) and
-         the DaemonSets told which nodes cannot run them (daemonsets.py)
+         the revisit of pods archway never saw (unseen.py, fed by remediation's pod watch),
+         the DaemonSets told which nodes cannot run them (daemonsets.py) and the status of
+         the PlacementPolicies (policystatus.py)
       -> the Lease lost: that leadership stopped, its caches with it
     beside it, leading or not: the check of archway's trust path (certs/trustpath.py), which
       the leader also repairs
@@ -36,6 +37,7 @@ from archway.webhook.pullsecrets import PullSecrets
 from .controller import GateController
 from .coverage import WebhookCoverage
 from .daemonsets import DaemonSetNodes
+from .policystatus import PolicyStatus
 from .remediation import Remediation
 from .tagwatch import TagWatch
 from .unseen import UnseenPods
@@ -94,6 +96,10 @@ class ControllerParts:
             config, self.api_client_factory, nodes=True,
             workloads=learn or config.remediation.watch_tags).start()
         self.controller.workloads = caches.workloads if learn else None
+        # A gated pod is released under the policy it was admitted under (placementpolicies.py).
+        policy = Policy.from_config(config)
+        self.controller.policy_of = lambda pod: caches.policy_in_force(
+            policy, pod, archway_scheduler=config.placement.archway_scheduler).policy
         common = dict(api=self.api, settings=config.remediation,
                       policy=Policy.from_config(config), events=self.events,
                       workloads=caches.workloads, namespaces=caches.namespaces,
@@ -110,6 +116,12 @@ class ControllerParts:
                  threading.Thread(target=DaemonSetNodes(nodes=caches.nodes, **common).lead,
                                   args=(stop, self.api_client_factory),
                                   name="archway-daemonset-nodes", daemon=True)]
+        if caches.policies is not None:   # the one writer of PlacementPolicies' status
+            status = PolicyStatus(api=self.api, policies=caches.policies,
+                                  cluster_policies=caches.cluster_policies, events=self.events,
+                                  archway_scheduler=config.placement.archway_scheduler)
+            loops.append(threading.Thread(target=status.lead, args=(stop,),
+                                          name="archway-policy-status", daemon=True))
         if caches.workloads is not None:
             registry = config.registry
             tags = TagWatch(resolver=self.resolver, pull_secrets=self.pull_secrets,
@@ -127,6 +139,7 @@ class ControllerParts:
             for loop in loops:
                 loop.join(10)
             self.controller.workloads = None
+            self.controller.policy_of = None
             caches.stop()
 
 

@@ -59,7 +59,9 @@ def plan_release(obj: dict, results: dict, policy: Policy, *, expired: bool,
     yet). An image that can never be read (errors.never_resolves) is not waited for. `learned`:
     what its workload learned from exec format errors, as at admission."""
     pod = PodView.of(obj)
-    policy = replace(policy, fail_closed=False)  # a gated pod exists: it can no longer be denied
+    fallback = fallback or policy.fallback
+    # A gated pod exists: it can no longer be denied; its fallback is assumed below, if at all.
+    policy = replace(policy, fail_closed=False, fallback=())
     failed = unresolved(pod, results)
     decision = decide(pod, results, policy, learned=learned)
     if not decision.allowed or decision.architectures == frozenset():

@@ -87,6 +87,7 @@ CASES = {
     "skip-arch-pinned": ["--set", "webhook.skipArchPinnedPods=true"],
     "debug-containers-off": ["--set", "config.admission.debug_containers=off",
                              "--set", "webhook.failurePolicy=Fail"],
+    "no-crds": ["--set", "crds.install=false"],
 }
 
 
@@ -1298,7 +1299,8 @@ def test_admit_mode_has_no_uninstall_hook_and_passes_fallback_through(render):
 
 
 # Keys of archway's config that the chart sets itself from other values (never by `config:`).
-CHART_OWNED_KEYS = {"placement.scheduler_name", "kubernetes.pull_secret_namespaces",
+CHART_OWNED_KEYS = {"placement.scheduler_name", "placement.archway_scheduler",
+                    "kubernetes.pull_secret_namespaces",
                     "kubernetes.webhook_configuration", "kubernetes.trust_repair"} | {
     f"server.{key}" for key in ("bind", "cert_file", "key_file", "log_every_admission",
                                 "log_format", "max_body_bytes", "metrics_bind", "product",
@@ -1808,3 +1810,55 @@ def test_the_second_scheduler_has_a_budget_that_never_blocks_a_drain(helm_env, r
     refused = helm(helm_env, "template", RELEASE, CHART, "--set", "scheduler.enabled=true",
                    "--set", "scheduler.podDisruptionBudget.maxUnavailable=0", check=False)
     assert refused.returncode != 0 and "maxUnavailable" in refused.stderr
+
+
+def test_the_placement_policy_crds_are_rendered_upgraded_and_kept(render):
+    """Templates (so `helm upgrade` upgrades them), kept on uninstall, off with crds.install."""
+    crds = {d["spec"]["names"]["kind"]: d for d in find(render("default"), "CustomResourceDefinition")}
+    for kind, scope, short in (("PlacementPolicy", "Namespaced", "pp"),
+                               ("ClusterPlacementPolicy", "Cluster", "cpp")):
+        crd = crds[kind]
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert crd["spec"]["group"] == "archway.dev" and crd["spec"]["scope"] == scope
+        assert crd["spec"]["names"]["categories"] == ["archway"]
+        assert crd["spec"]["names"]["shortNames"] == [short]
+        (version,) = crd["spec"]["versions"]
+        assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+        columns = [c["name"] for c in version["additionalPrinterColumns"]]
+        assert columns[:3] == ["Mode", "Priority", "Selector"] and columns[-1] == "Age"
+        spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        assert ("namespaceSelector" in spec["properties"]) == (scope == "Cluster")
+        rules = [r["rule"] for r in spec["x-kubernetes-validations"]]
+        assert any("excludedArchitectures" in r for r in rules)
+        status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+        assert {"observedGeneration", "conditions"} <= set(status)
+    assert not [d for d in render("no-crds") if d["kind"] == "CustomResourceDefinition"]
+
+
+def test_placement_policy_rbac_is_least_privilege_and_aggregated_to_namespace_roles(render):
+    docs = render("default")
+    reader = one(docs, "ClusterRole", f"{RELEASE}-archway-placement-policies")
+    assert reader["rules"] == [
+        {"apiGroups": ["archway.dev"], "resources": ["placementpolicies", "clusterplacementpolicies"],
+         "verbs": ["list", "watch"]},
+        {"apiGroups": ["archway.dev"],
+         "resources": ["placementpolicies/status", "clusterplacementpolicies/status"],
+         "verbs": ["update"]}]
+    binding = one(docs, "ClusterRoleBinding", f"{RELEASE}-archway-placement-policies")
+    assert [s["name"] for s in binding["subjects"]] == [f"{RELEASE}-archway"]
+    edit = one(docs, "ClusterRole", f"{RELEASE}-archway-placementpolicies-edit")
+    view = one(docs, "ClusterRole", f"{RELEASE}-archway-placementpolicies-view")
+    labels = edit["metadata"]["labels"]
+    assert labels["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert "aggregate-to-edit" not in str(view["metadata"]["labels"])
+    assert {v for r in view["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
+    # ClusterPlacementPolicies: cluster admins only, aggregated to no role.
+    aggregated = [d for d in docs if d["kind"] == "ClusterRole"
+                  and any(k.startswith("rbac.authorization.k8s.io/aggregate-to")
+                          for k in d["metadata"].get("labels", {}))]
+    assert aggregated and "clusterplacementpolicies" not in str([r["rules"] for r in aggregated])
+    scheduled = config_from_dict(archway_configs(render("no-renewal-custom-config"))["webhook.yaml"])
+    assert scheduled.placement.archway_scheduler == "archway-scheduler"
+    assert config_from_dict(archway_configs(docs)["webhook.yaml"]).placement.archway_scheduler is None

@@ -154,8 +154,9 @@ def test_audit_namespace_gets_annotations_only_and_is_counted(webhook, images):
     assert response["allowed"] and response["auditAnnotations"] == {
         "outcome": "audited", "would": "mutated", "architectures": "amd64,arm64"}
     assert "affinity" not in pod["spec"] and "tolerations" not in pod["spec"]
-    assert set(pod["metadata"]["annotations"]) == {"archway.dev/architectures",
-                                                   "archway.dev/images"}
+    assert pod["metadata"]["annotations"].keys() == {"archway.dev/architectures",
+                                                     "archway.dev/images", "archway.dev/policy"}
+    assert pod["metadata"]["annotations"]["archway.dev/policy"] == "namespace label"
     assert response["warnings"][0].startswith("audit mode: archway would have placed it")
     denied, _ = admit(client, "audited", images["amd"], images["arm"])   # no common arch
     assert denied["allowed"] and "would have denied" in denied["warnings"][0]

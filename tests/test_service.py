@@ -276,7 +276,8 @@ def test_namespace_mode_off_reads_nothing_and_audit_patches_annotations_only():
     pod = jsonpatch.apply_patch({"metadata": {}, "spec": {}},
                                 json.loads(base64.b64decode(audited["patch"])))
     assert pod["spec"] == {} and set(pod["metadata"]["annotations"]) == {
-        "archway.dev/architectures", "archway.dev/images"}
+        "archway.dev/architectures", "archway.dev/images", "archway.dev/policy"}
+    assert pod["metadata"]["annotations"]["archway.dev/policy"] == "namespace label"
     assert audited["auditAnnotations"]["would"] == "mutated"
     enforced = response(svc.review(review("reg/arm:1", namespace="shop")))   # no facts: config
     assert "nodeSelector" in jsonpatch.apply_patch(

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -32,6 +32,11 @@ from archway.webhook.placement import Decision, decide, display_image
 from archway.webhook.policy import Policy
 from archway.workloads import Workload, workloads_in
 
+if TYPE_CHECKING:   # the policy modules read the cluster: imported when a command runs
+    from archway.webhook.placementpolicies import InForce
+
+    from .explainpolicy import KnownPolicies
+
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 EXIT_OK, EXIT_CANNOT_RUN, EXIT_USAGE = 0, 1, 2
 
@@ -44,6 +49,7 @@ class Explanation:
     annotations: dict | None = None   # a live pod's archway.dev/* annotations
     events: tuple = ()                # a live pod's (and its controller's) archway Events
     learned: Learned | None = None    # what the live pod's workload learned (learning.py)
+    in_force: "InForce | None" = None   # the policy it was judged under, and what shaped it
 
     @property
     def unreadable(self) -> list[str]:
@@ -69,11 +75,21 @@ class Explanation:
 
 
 def explain_workload(workload: Workload, results: dict, policy: Policy, *, nodes=None,
-                     annotations=None, events=(), learned: Learned | None = None) -> Explanation:
+                     annotations=None, events=(), learned: Learned | None = None,
+                     known: "KnownPolicies | None" = None, namespace_object: dict | None = None,
+                     archway_scheduler: str | None = None) -> Explanation:
+    """`known`: the policy objects and Namespaces to judge it under (the webhook's precedence);
+    None: `policy` as it is."""
     pod = _view(workload)
     mine = {image: results.get(image) for image in pod.images}
+    in_force = None
+    if known is not None:
+        in_force = known.in_force(policy, dict(pod.labels), workload.namespace or "default",
+                                  namespace_object=namespace_object,
+                                  archway_scheduler=archway_scheduler)
+        policy = in_force.policy
     return Explanation(workload, mine, decide(pod, mine, policy, nodes=nodes, learned=learned),
-                       annotations, tuple(events), learned)
+                       annotations, tuple(events), learned, in_force)
 
 
 def load_manifests(text: str, origin: str) -> list:
@@ -158,6 +174,7 @@ def to_json(explanation: Explanation) -> dict:
         "allowed": d.allowed, "outcome": d.outcome,
         "would": d.would or None, "reason": d.reason, "message": d.message or None,
         "warnings": list(d.warnings), "patch": list(d.patch),
+        "policy": _policy_json(explanation.in_force),
     }
     if explanation.annotations is not None:
         data["annotations"] = explanation.annotations
@@ -181,6 +198,7 @@ def to_text(explanation: Explanation) -> str:
         lines.append("  runs on: unknown (no image told its architectures)")
     else:
         lines.append(f"  runs on: {join_architectures(d.architectures)}")
+    lines += _policy_lines(explanation.in_force)
     if explanation.learned is not None:
         lines += _learned_lines(explanation.learned, d)
     lines += _decision_lines(d)
@@ -213,6 +231,16 @@ def _decision_lines(d: Decision) -> list[str]:
     elif d.allowed:
         lines.append(f"  archway would change nothing ({d.reason})")
     return lines + [f"  warning: {warning}" for warning in d.warnings]
+
+
+def _policy_lines(in_force) -> list[str]:
+    from .explainpolicy import policy_lines
+    return policy_lines(in_force)
+
+
+def _policy_json(in_force) -> dict | None:
+    from .explainpolicy import policy_json
+    return policy_json(in_force)
 
 
 def _live_lines(annotations: dict, events) -> list[str]:
@@ -302,10 +330,17 @@ def explain_manifests(path: str, config, policy: Policy, timeout: float) -> list
         print(f"archway explain: no Pod or workload in {'stdin' if path == '-' else path}",
               file=sys.stderr)
         return []
+    from .explainpolicy import KnownPolicies, read_from_cluster
+    known = KnownPolicies()
+    for text, origin in read_sources(path):
+        known.add(load_manifests(text, origin), origin)
+    read_from_cluster(known, config)
     pods = [_view(w) for w in workloads]
     images = [image for pod in pods for image in pod.images]
     results = Resolver(config.registry, sif=config.sif).resolve_many(images, timeout=timeout)
-    return [explain_workload(w, results, policy) for w in workloads]
+    return [explain_workload(w, results, policy, known=known,
+                             archway_scheduler=config.placement.archway_scheduler)
+            for w in workloads]
 
 
 def explain_live_pod(name: str, namespace: str, config, policy: Policy,
@@ -315,15 +350,15 @@ def explain_live_pod(name: str, namespace: str, config, policy: Policy,
     from archway.cluster import ClusterReader
     from archway.nodes import node_facts
     from archway.registry.resolver import Resolver
-    from archway.webhook.namespaces import namespace_facts, namespace_policy
     from archway.webhook.pullsecrets import PullSecrets
 
     reader = ClusterReader.from_config(config)
     obj = reader.pod(namespace, name)
     workload = Workload("Pod", namespace, name, obj)
     pod = _view(workload)
-    ns = reader.namespace(namespace)
-    policy = namespace_policy(policy, namespace_facts(ns) if ns else None)
+    from .explainpolicy import KnownPolicies, read_from_cluster
+    known = KnownPolicies()
+    read_from_cluster(known, config)
     credentials = PullSecrets(reader.api_client).credentials_for(pod, time.monotonic() + timeout)
     results = Resolver(config.registry, sif=config.sif).resolve_many(pod.images,
                              timeout=timeout, keyring=credentials.keyring)
@@ -335,7 +370,9 @@ def explain_live_pod(name: str, namespace: str, config, policy: Policy,
     return explain_workload(workload, results, policy, nodes=nodes or None,
                             annotations=annotations,
                             events=archway_events(reader, pod, top.object_name if top else None),
-                            learned=learned)
+                            learned=learned, known=known,
+                            namespace_object=reader.namespace(namespace),
+                            archway_scheduler=config.placement.archway_scheduler)
 
 
 def live_workload(reader, pod: PodView):

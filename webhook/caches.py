@@ -14,6 +14,8 @@ from archway.nodes import NodeCache
 
 from .namespaces import NamespaceCache
 from .nodepools import NodePoolCache
+from .placementpolicies import InForce, namespace_labels, policy_in_force
+from .policyobjects import CLUSTER_KIND, NAMESPACED_KIND, PolicyCache
 from .workloadcache import WorkloadCache
 
 
@@ -23,23 +25,47 @@ class ClusterCaches:
     namespaces: NamespaceCache | None = None     # label/annotation overrides of the policy
     workloads: WorkloadCache | None = None       # owner chains, learned exclusions, templates
     node_pools: NodePoolCache | None = None      # Karpenter's: nodes that may join
+    policies: PolicyCache | None = None          # PlacementPolicies (namespaced)
+    cluster_policies: PolicyCache | None = None  # ClusterPlacementPolicies
 
     @classmethod
     def for_config(cls, config, api_client_factory: Callable[[], object | None], *, nodes: bool,
                    workloads: bool, node_pools: bool = False) -> "ClusterCaches":
         """The caches asked for, on `api_client_factory`'s client, and the Namespace cache when
-        kubernetes.namespace_cache is on; none without a Kubernetes API (kubernetes.enabled)."""
+        kubernetes.namespace_cache is on, and the PlacementPolicy caches when
+        kubernetes.placement_policies is on; none without a Kubernetes API (kubernetes.enabled)."""
         if config.kubernetes.enabled == "off":
             return cls()
+        policies = config.kubernetes.placement_policies
         return cls(nodes=NodeCache(api_client_factory) if nodes else None,
                    namespaces=(NamespaceCache(api_client_factory)
                                if config.kubernetes.namespace_cache else None),
                    workloads=WorkloadCache(api_client_factory) if workloads else None,
-                   node_pools=NodePoolCache(api_client_factory) if node_pools else None)
+                   node_pools=NodePoolCache(api_client_factory) if node_pools else None,
+                   policies=PolicyCache(api_client_factory, NAMESPACED_KIND) if policies else None,
+                   cluster_policies=(PolicyCache(api_client_factory, CLUSTER_KIND)
+                                     if policies else None))
+
+    def policy_in_force(self, base, pod, *, archway_scheduler: str | None = None,
+                        seconds: Callable[[], float] = lambda: 0.0) -> InForce:
+        """The policy in force for `pod` (a PodView) over `base` (placementpolicies.py), from
+        what the caches hold. A cache not listed yet may be waited for `seconds()` (the time
+        left to wait, asked afresh for each); one not listed by then counts as empty."""
+        def listed(cache) -> bool:
+            return cache is not None and cache.wait_synced(seconds())
+        namespace = pod.namespace
+        facts = self.namespaces.items.get(namespace) \
+            if self.namespaces is not None and listed(self.namespaces) else None
+        namespaced = self.policies.in_namespace(namespace) \
+            if self.policies is not None and listed(self.policies) else ()
+        cluster = self.cluster_policies.selecting_namespace(namespace_labels(namespace, facts)) \
+            if self.cluster_policies is not None and listed(self.cluster_policies) else ()
+        return policy_in_force(base, dict(pod.labels), namespace, facts, namespaced, cluster,
+                               archway_scheduler=archway_scheduler)
 
     def _present(self) -> list:
-        return [c for c in (self.nodes, self.namespaces, self.workloads, self.node_pools)
-                if c is not None]
+        return [c for c in (self.nodes, self.namespaces, self.workloads, self.node_pools,
+                            self.policies, self.cluster_policies) if c is not None]
 
     def start(self) -> "ClusterCaches":
         """Each listing from now, in this process (threads do not survive a fork)."""

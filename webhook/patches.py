@@ -17,6 +17,7 @@ from archway.vocabulary import (
     ANNOTATION_ARCHITECTURES,
     ANNOTATION_EXCLUDED,
     ANNOTATION_IMAGES,
+    ANNOTATION_POLICY,
     ARCH_KEYS,
     ARCH_LABEL,
     GATE,
@@ -31,6 +32,7 @@ MAX_IMAGES_ANNOTATION_CHARS = 4096
 _MAX_ANNOTATED_IMAGE_CHARS = 256
 # The value of an arch requirement no node matches: keeps a pod that can never run off every node.
 NO_ARCHITECTURE = "no-common-architecture"
+POLICY_ANNOTATION_PATH = "/metadata/annotations/" + ANNOTATION_POLICY.replace("/", "~1")
 
 
 def node_affinity_of(spec: dict) -> dict:
@@ -144,6 +146,15 @@ def annotate(mutated: dict, pod: PodView, results: dict, archs: frozenset[str],
         metadata["annotations"][ANNOTATION_EXCLUDED] = ",".join(sorted(excluded))
 
 
+def name_policy(mutated: dict, source: str) -> None:
+    """archway.dev/policy: what shaped the policy the pod was admitted under (a PlacementPolicy
+    `PlacementPolicy ns/name`, `ClusterPlacementPolicy name`, `namespace label` or `config`)."""
+    metadata = mutated.setdefault("metadata", {})
+    if not isinstance(metadata.get("annotations"), dict):
+        metadata["annotations"] = {}
+    metadata["annotations"][ANNOTATION_POLICY] = source
+
+
 def constrain(spec: dict, terms: tuple[NodeSelectorTerm, ...] | None,
                archs: frozenset[str]) -> str:
     """Pin the pod to `archs` by changing `spec` (its patchable copy) in place; `terms` are the
@@ -177,14 +188,19 @@ def _same_requirement(requirement: Requirement, archs: frozenset[str]) -> bool:
             and frozenset(requirement.values) == archs)
 
 
-def gate_patch(pod: PodView, unplaced: tuple[dict, ...]) -> tuple[dict, ...]:
+def gate_patch(pod: PodView, unplaced: tuple[dict, ...], source: str = "") -> tuple[dict, ...]:
     """JSON patch ops that gate `pod` at admission. `unplaced`: the patch of the admission's
     decision, made before the images were known; of it only the schedulerName is set now (it
-    may not change once the pod exists; the placement comes with the release). Empty when
+    may not change once the pod exists; the placement comes with the release), and `source`
+    names the policy it is admitted under (archway.dev/policy). Empty when
     archway's gate is there already (a reinvocation)."""
     if GATE in pod.scheduling_gates:
         return ()
     ops = [op for op in unplaced if op["path"] == "/spec/schedulerName"]
+    if source and pod.annotations:
+        ops.append({"op": "add", "path": POLICY_ANNOTATION_PATH, "value": source})
+    elif source:
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {ANNOTATION_POLICY: source}})
     gates = [{"name": name} for name in pod.scheduling_gates] + [{"name": GATE}]
     ops.append({"op": "add", "path": "/spec/schedulingGates", "value": gates})
     if pod.labels:

@@ -21,7 +21,7 @@ from archway.vocabulary import (
 
 from .archset import pod_arch_constraint
 from .learning import Exclusion, Learned, exclusion
-from .patches import annotate, constrain, json_patch, prefer, tolerate
+from .patches import annotate, constrain, json_patch, name_policy, prefer, require_no_node, tolerate
 from .policy import DEFAULT_SCHEDULER, Policy
 
 _MAX_IMAGE_CHARS = 60
@@ -79,7 +79,7 @@ def decide(pod: PodView, results: dict, policy: Policy, *,
     In audit mode the decision is made in full, then only its annotations are applied.
     """
     decision = _enforce(pod, results, policy, nodes, learned)
-    return _audited(pod, results, decision) if policy.mode == "audit" else decision
+    return _audited(pod, results, decision, policy) if policy.mode == "audit" else decision
 
 
 def _enforce(pod: PodView, results: dict, policy: Policy,
@@ -92,6 +92,10 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
                      "(admission.unresolved is deny)", warnings, None)
 
     known = told_architectures({image: results.get(image) for image in pod.images})
+    if failed and policy.fallback:
+        known.update((image, frozenset(policy.fallback)) for image in failed)
+        warnings.append(f"unread images taken to run on {join_architectures(policy.fallback)} "
+                        "(the policy's fallback architectures)")
     archs = common_architectures(known)
     # Copy and diff only what a decision can change, at the same paths: the same patch as
     # between whole pods, without deep-copying and walking every container and volume.
@@ -105,6 +109,11 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
                            "constraint")
         annotate(mutated, pod, results, archs)
         placed = _Placed("no common architecture")
+    elif not policy.within(archs):
+        forbidden = _forbidden(mutated, pod, results, archs, policy, warnings)
+        if isinstance(forbidden, Decision):
+            return forbidden
+        placed = forbidden
     else:
         placing = _place(mutated, pod, results, archs, policy, nodes, learned, warnings)
         if isinstance(placing, Decision):
@@ -114,11 +123,14 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
     if policy.scheduler_name and pod.scheduler_name in ("", DEFAULT_SCHEDULER):
         mutated.setdefault("spec", {})["schedulerName"] = policy.scheduler_name
 
+    changed = mutated != pod.patchable   # the placement changed the pod, not only named it
+    if policy.source:
+        name_policy(mutated, policy.source)
     patch = json_patch(dict(pod.patchable), mutated)
     if failed:
         outcome = "fail_open"
     else:
-        outcome = "mutated" if patch else "unchanged"
+        outcome = "mutated" if changed else "unchanged"
     return Decision(allowed=True, patch=patch, warnings=tuple(warnings), architectures=archs,
                     outcome=outcome, reason=placed.reason, unschedulable=placed.unschedulable,
                     conflict=placed.conflict, excluded=placed.exclusion.excluded,
@@ -157,8 +169,9 @@ def _place(mutated: dict, pod: PodView, results: dict, archs: frozenset[str], po
     """Pin the pod (its patchable copy `mutated`) to S, `archs`, without where its workload
     failed and within its own constraint; add the policy's preferences and tolerations and the
     annotations. A Decision when the policy denies the pod instead."""
-    learned_on = exclusion(archs, learned, pod.images, results)
-    placed = archs - learned_on.excluded   # S without where its workload failed
+    within = policy.within(archs)    # S where the policy lets the pod run
+    learned_on = exclusion(within, learned, pod.images, results)
+    placed = within - learned_on.excluded   # ... without where its workload failed
     allowed = placed           # where the pod may run: that, within its own constraint
     conflict = unschedulable = ""
     existing = pod_arch_constraint(pod)
@@ -194,11 +207,28 @@ def _place(mutated: dict, pod: PodView, results: dict, archs: frozenset[str], po
     return _Placed(reason, unschedulable, conflict, learned_on)
 
 
-def _audited(pod: PodView, results: dict, decision: Decision) -> Decision:
+def _forbidden(mutated: dict, pod: PodView, results: dict, archs: frozenset[str],
+               policy: Policy, warnings: list[str]) -> "_Placed | Decision":
+    """The images run only where the placement policy does not let the pod run: denied as a
+    pod whose images share no architecture is (admission.deny_on_empty), else kept off every
+    node (it must not run where the policy forbids, and cannot run anywhere else)."""
+    why = (f"the images run only on {join_architectures(archs)}, where the placement policy "
+           f"({policy.source or 'config'}: {policy.describe_limits()}) does not let the pod run")
+    if policy.deny_on_empty:
+        return _deny(why, warnings, archs)
+    warnings.insert(0, why + "; kept off every node")
+    require_no_node(mutated.setdefault("spec", {}))
+    annotate(mutated, pod, results, archs)
+    return _Placed("the placement policy allows none of the images' architectures")
+
+
+def _audited(pod: PodView, results: dict, decision: Decision, policy: Policy) -> Decision:
     """Audit mode: keep only the annotations of `decision`; say what enforce would have done."""
     mutated = pod.patchable_copy()
     if decision.architectures is not None:
         annotate(mutated, pod, results, decision.architectures)
+    if policy.source:
+        name_policy(mutated, policy.source)
     patch = json_patch(dict(pod.patchable), mutated)
     if decision.allowed:
         said = f"audit mode: archway would have {_WOULD.get(decision.outcome, decision.outcome)}" \

@@ -1,22 +1,33 @@
 """The admission policy: what the configuration asks of a placement (deny or admit, pin or only
-annotate, which scheduler, which architectures to prefer or tolerate). A new policy knob is a
-field here, read in `from_config`, and used by placement.decide."""
+annotate, which scheduler, which architectures to prefer, allow, exclude or fall back to, which
+to tolerate). A new policy knob is a field here, read in `from_config`, and used by
+placement.decide; a PlacementPolicy (placementpolicies.py) and a Namespace's label and
+annotation (namespaces.py) say some of it over the configuration's."""
 from dataclasses import dataclass
 
 MODES = ("enforce", "audit", "off")
+UNRESOLVED = ("admit", "gate", "deny")
 DEFAULT_SCHEDULER = "default-scheduler"
+# What shaped a policy when no PlacementPolicy did (the annotation archway.dev/policy says it).
+SOURCE_CONFIG = "config"
+SOURCE_NAMESPACE = "namespace label"
 
 
 @dataclass(frozen=True)
 class Policy:
     fail_closed: bool = False        # deny pods with an image that could not be resolved
     deny_on_conflict: bool = False   # deny pods whose own arch constraint excludes every arch of S
-    deny_on_empty: bool = True       # deny pods whose images share no architecture
+    deny_on_empty: bool = True       # deny pods whose images share no architecture (in policy)
     scheduler_name: str | None = None
     mode: str = "enforce"            # audit: annotate only; Decision.would says what enforce does
     deny_unschedulable: bool = False  # deny pods whose archs no node they tolerate has
     preferred: tuple[tuple[str, int], ...] = ()     # (arch, weight 1..100), heaviest first
     tolerations: tuple[tuple[str, tuple[dict, ...]], ...] = ()   # (arch, tolerations to add)
+    allowed: frozenset[str] | None = None   # the pod runs only on these (None: any)
+    excluded: frozenset[str] = frozenset()  # ... and never on these
+    fallback: tuple[str, ...] = ()   # what an image that could not be read is taken to run on
+    unresolved: str = "admit"        # admit | gate | deny an image not read in time
+    source: str = ""                 # what shaped it, for archway.dev/policy ("": not written)
 
     @classmethod
     def from_config(cls, config) -> "Policy":
@@ -28,5 +39,24 @@ class Policy:
                    mode=config.admission.mode,
                    deny_unschedulable=config.admission.deny_unschedulable,
                    preferred=config.placement.preferred_architectures,
-                   tolerations=config.placement.tolerations)
+                   tolerations=config.placement.tolerations,
+                   fallback=tuple(config.placement.fallback_architectures),
+                   unresolved=config.admission.unresolved,
+                   source=SOURCE_CONFIG)
 
+    def within(self, archs: frozenset[str]) -> frozenset[str]:
+        """Of `archs`, the ones this policy lets a pod run on."""
+        allowed = archs if self.allowed is None else archs & self.allowed
+        return allowed - self.excluded
+
+    @property
+    def limits(self) -> bool:
+        return self.allowed is not None or bool(self.excluded)
+
+    def describe_limits(self) -> str:
+        said = []
+        if self.allowed is not None:
+            said.append("allowed " + (",".join(sorted(self.allowed)) or "none"))
+        if self.excluded:
+            said.append("excluded " + ",".join(sorted(self.excluded)))
+        return "; ".join(said)

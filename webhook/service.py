@@ -42,7 +42,6 @@ from .admission import (
 from .caches import ClusterCaches
 from .debugservice import review_debug
 from .events import REASON_UNSCHEDULABLE, owner_reference, pod_or_owner
-from .namespaces import NamespaceFacts, namespace_policy
 from .patches import gate_patch
 from .placement import Decision, decide, display_image, gated_warnings
 from .policy import Policy
@@ -106,6 +105,13 @@ class AdmissionSettings:
     unresolved: str = "admit"           # admission.unresolved: admit | gate | deny
     gate_max_seconds: float = 120.0     # how long a gated pod waits at most (its warning says)
     debug_containers: str = "warn"      # admission.debug_containers: warn | deny | off
+    archway_scheduler: str | None = None   # placement.archway_scheduler, for policies
+
+    def __post_init__(self):
+        # One truth for the configured answer to an unread image: the policy's (a
+        # PlacementPolicy may say another).
+        if self.policy.unresolved != self.unresolved:
+            object.__setattr__(self, "policy", replace(self.policy, unresolved=self.unresolved))
 
     @classmethod
     def from_config(cls, config) -> "AdmissionSettings":
@@ -117,7 +123,8 @@ class AdmissionSettings:
                    max_images=config.admission.max_images_per_pod,
                    unresolved=config.admission.unresolved,
                    gate_max_seconds=config.admission.gate_max_seconds,
-                   debug_containers=config.admission.debug_containers)
+                   debug_containers=config.admission.debug_containers,
+                   archway_scheduler=config.placement.archway_scheduler)
 
 
 class AdmissionService:
@@ -165,10 +172,10 @@ class AdmissionService:
 
         pod = request.pod
         assert pod is not None  # every pod CREATE carries one; the rest was skipped
-        policy, policy_warnings = self.policy_for(pod.namespace, api_by)
+        policy, policy_warnings = self.policy_for(pod, api_by)
         if policy.mode == "off":
-            log.info("admission %s uid=%s unchanged: namespace label archway.dev/mode=off",
-                     request.display_name, request.uid)
+            log.info("admission %s uid=%s unchanged: mode off (%s)",
+                     request.display_name, request.uid, policy.source or "config")
             metrics.admission_finished("unchanged", self.clock() - start, 0)
             return Answer(200, allow_unchanged(request))
         resolution = Resolution({})
@@ -178,7 +185,7 @@ class AdmissionService:
                               learned=self.learned_for(pod, api_by))
             outcome = decision.outcome
             if outcome == "fail_open":
-                decision = self._unresolved(request, decision, due)
+                decision = self._unresolved(request, decision, due, policy)
                 outcome = decision.outcome
         except Exception:  # a bug must not turn into a 500: the apiserver would apply failurePolicy
             log.exception("admission %s uid=%s failed", request.display_name, request.uid)
@@ -192,15 +199,16 @@ class AdmissionService:
         return Answer(200, review_response(request, decision, warnings=warnings,
                                                     audit_annotations=_audit(decision, outcome)))
 
-    def policy_for(self, namespace: str, api_by: float) -> tuple[Policy, tuple[str, ...]]:
-        """The configured policy with the namespace's label and annotation over it, and what of
-        them was ignored. Right after start-up the first list may still be on its way: it may
-        wait until `api_by` (the Kubernetes API's share of the time), never more."""
-        cache = self.caches.namespaces
-        if cache is None or not cache.wait_synced(api_by - self.clock()):
-            return self.settings.policy, ()
-        facts: NamespaceFacts | None = cache.items.get(namespace)
-        return namespace_policy(self.settings.policy, facts), facts.problems if facts else ()
+    def policy_for(self, pod: PodView, api_by: float) -> tuple[Policy, tuple[str, ...]]:
+        """The policy in force for `pod` (placementpolicies.py: its PlacementPolicies, the
+        ClusterPlacementPolicies, its Namespace's label and annotation, the config), and the
+        warnings of what was passed over. Right after start-up the first lists may still be on
+        their way: they may wait until `api_by` (the Kubernetes API's share of the time), never
+        more; a kind not listed by then (or whose CRD is not installed) counts as none."""
+        in_force = self.caches.policy_in_force(
+            self.settings.policy, pod, archway_scheduler=self.settings.archway_scheduler,
+            seconds=lambda: api_by - self.clock())
+        return in_force.policy, in_force.warnings
 
     def learned_for(self, pod: PodView, api_by: float):
         """What the pod's workload learned (learning.Learned), from the workload caches: no
@@ -257,17 +265,19 @@ class AdmissionService:
                                              limit=self.settings.max_images)
         return Resolution(results, tuple(credentials.warnings))
 
-    def _unresolved(self, request: AdmissionRequest, decision: Decision, deadline: float
-                    ) -> Decision:
-        """An image was not resolved in time: gate the pod when a gate controller is alive to
-        release it, else admit it unplaced and tell its owner with a Warning Event."""
+    def _unresolved(self, request: AdmissionRequest, decision: Decision, deadline: float,
+                    policy: Policy) -> Decision:
+        """An image was not resolved in time: gate the pod when its policy says so and a gate
+        controller is alive to release it, else admit it unplaced and tell its owner with a
+        Warning Event."""
         pod = request.pod
         assert pod is not None
-        if self.settings.unresolved == "gate":
+        if policy.unresolved == "gate":
             # The Lease's deadline is time.monotonic()'s, the service's clock may be a test's.
             wait_until = time.monotonic() + max(0.0, deadline - self.clock())
             if self.gating is not None and self.gating.leader_fresh(wait_until):
-                return replace(decision, patch=gate_patch(pod, decision.patch), outcome="gated",
+                return replace(decision, patch=gate_patch(pod, decision.patch, policy.source),
+                               outcome="gated",
                                reason="gated until its images are read", warnings=(
                                    ("the pod waits (SchedulingGated) for archway to read its "
                                     f"images, at most {self.settings.gate_max_seconds:g} s"),

@@ -194,6 +194,9 @@ affinity:
 {{- $_ := set $c "registry" $registry -}}
 {{- /* Pull secrets are read only where RBAC lets archway read them. */ -}}
 {{- $_ := set $c "kubernetes" (merge (dict "pull_secret_namespaces" (default list .Values.rbac.pullSecretNamespaces)) (default dict $c.kubernetes)) -}}
+{{- if include "archway.schedulerInstalled" . -}}
+{{- $_ := set $c "placement" (merge (dict "archway_scheduler" .Values.scheduler.name) (default dict $c.placement)) -}}
+{{- end -}}
 {{- $sched := include "archway.injectedSchedulerName" . -}}
 {{- if $sched -}}
 {{- $_ := set $c "placement" (merge (dict "scheduler_name" $sched) (default dict $c.placement)) -}}

@@ -1,0 +1,207 @@
+"""PlacementPolicy objects, pure: what archway reads of one, which one is in force for a pod (the
+precedence of docs/policies.md), the policy knobs in the decision, and the leader's status."""
+from archway.errors import TransportError as RegistryError
+from archway.gate.policystatus import status_body, up_to_date, wanted_conditions
+from archway.podview import PodView
+from archway.registry.model import ImageInfo, Platform
+from archway.webhook.namespaces import NamespaceFacts
+from archway.webhook.placement import decide
+from archway.webhook.placementpolicies import conflicts_of, may_select_together, policy_in_force
+from archway.webhook.policy import Policy
+from archway.webhook.policyobjects import CLUSTER_KIND, NAMESPACED_KIND, policy_object
+
+CONFIG = Policy(source="config")
+
+
+def placement(name, namespace="ml", kind=NAMESPACED_KIND, **spec):
+    meta = {"name": name, "generation": 2, "uid": f"uid-{name}"}
+    if namespace:
+        meta["namespace"] = namespace
+    return policy_object({"metadata": meta, "spec": spec}, kind)
+
+
+def cluster(name, **spec):
+    return placement(name, namespace="", kind=CLUSTER_KIND, **spec)
+
+
+def info(*archs):
+    return ImageInfo("img", frozenset(Platform("linux", a) for a in archs), "sha256:0", "registry")
+
+
+def pod(labels=None, **spec):
+    return PodView.of({"metadata": {"name": "p", "namespace": "ml", "labels": labels or {}},
+                       "spec": {"containers": [{"name": "c", "image": "reg/x:1"}], **spec}})
+
+
+def test_a_namespaced_policy_beats_a_cluster_policy_which_beats_the_namespace_label():
+    facts = NamespaceFacts("ml", mode="audit", labels=(("team", "ml"),))
+    ns = placement("batch", podSelector={"matchLabels": {"kind": "batch"}}, mode="enforce",
+                   preferredArchitectures=[{"architecture": "arm64", "weight": 80},
+                                           {"architecture": "amd64", "weight": 20}])
+    edge = cluster("edge", namespaceSelector={"matchLabels": {"team": "ml"}},
+                   podSelector={"matchLabels": {"tier": "edge"}}, allowedArchitectures=["riscv64"])
+    batch = policy_in_force(CONFIG, {"kind": "batch", "tier": "edge"}, "ml", facts, [ns], [edge])
+    assert batch.source == "PlacementPolicy ml/batch" and batch.policy.mode == "enforce"
+    assert batch.policy.preferred == (("arm64", 80), ("amd64", 20))
+    at_edge = policy_in_force(CONFIG, {"tier": "edge"}, "ml", facts, [ns], [edge])
+    assert at_edge.source == "ClusterPlacementPolicy edge"
+    assert at_edge.policy.allowed == frozenset({"riscv64"}) and at_edge.policy.mode == "audit"
+    plain = policy_in_force(CONFIG, {}, "ml", facts, [ns], [edge])
+    assert plain.source == "namespace label" and plain.policy.mode == "audit"
+    elsewhere = policy_in_force(CONFIG, {"tier": "edge"}, "shop", None, [ns], [edge])
+    assert elsewhere.source == "config"
+
+
+def test_the_highest_priority_wins_and_equals_that_differ_conflict_and_fall_through():
+    low = placement("low", priority=1, mode="audit")
+    high = placement("high", priority=5, mode="enforce")
+    assert policy_in_force(CONFIG, {}, "ml", None, [low, high]).source == "PlacementPolicy ml/high"
+    rival = placement("rival", priority=5, mode="off")
+    fallback = cluster("all", mode="audit")
+    chosen = policy_in_force(CONFIG, {}, "ml", None, [low, high, rival], [fallback])
+    assert chosen.source == "ClusterPlacementPolicy all"
+    assert chosen.conflicts == ((high, rival),)
+    assert chosen.warnings == ("conflicting policies skipped (same priority 5, different "
+                               "settings): PlacementPolicy ml/high, PlacementPolicy ml/rival",)
+    same = placement("same", priority=5, mode="enforce")   # says what `high` says: agrees
+    assert policy_in_force(CONFIG, {}, "ml", None, [high, same]).source == "PlacementPolicy ml/high"
+
+
+def test_an_invalid_policy_is_skipped_and_says_why():
+    bad = [placement("arch", allowedArchitectures=["sparc9"]),
+           placement("sel", podSelector={"matchExpressions": [{"key": "a", "operator": "Near"}]}),
+           placement("both", allowedArchitectures=["arm64"], excludedArchitectures=["aarch64"]),
+           placement("weight", preferredArchitectures=[{"architecture": "arm64", "weight": 0}]),
+           placement("sched", archwayScheduler=True)]
+    assert [p.valid for p in bad] == [False, False, False, False, True]
+    assert "sparc9" in bad[0].problems[0] and "Near" in bad[1].problems[0]
+    assert "arm64 both allowed and excluded" in bad[2].problems
+    in_force = policy_in_force(CONFIG, {}, "ml", None, bad)   # sched: no archway scheduler
+    assert in_force.source == "config" and in_force.policy == CONFIG
+    with_scheduler = policy_in_force(CONFIG, {}, "ml", None, bad, archway_scheduler="arch-s")
+    assert with_scheduler.policy.scheduler_name == "arch-s"
+
+
+def test_allowed_and_excluded_narrow_the_placement_and_forbid_what_is_left_out():
+    policy = Policy(allowed=frozenset({"amd64"}), source="PlacementPolicy shop/payments")
+    placed = decide(pod(), {"reg/x:1": info("amd64", "arm64")}, policy)
+    assert {"op": "add", "path": "/spec/nodeSelector",
+            "value": {"kubernetes.io/arch": "amd64"}} in placed.patch
+    assert any(op["path"] == "/metadata/annotations" and op["value"]["archway.dev/policy"]
+               == "PlacementPolicy shop/payments" for op in placed.patch)
+    denied = decide(pod(), {"reg/x:1": info("arm64")}, policy)
+    assert not denied.allowed and "shop/payments" in denied.message
+    kept_off = decide(pod(), {"reg/x:1": info("arm64")}, Policy(excluded=frozenset({"arm64"}),
+                                                                 deny_on_empty=False))
+    assert kept_off.allowed and "no-common-architecture" in str(kept_off.patch)
+    spread = decide(pod(), {"reg/x:1": info("amd64", "arm64", "riscv64")},
+                    Policy(excluded=frozenset({"riscv64"})))
+    assert "['amd64', 'arm64']" in str(spread.patch) and "riscv64" not in str(
+        [op for op in spread.patch if "affinity" in op["path"]])
+
+
+def test_fallback_architectures_place_a_pod_admitted_with_an_unread_image():
+    results = {"reg/x:1": RegistryError("down")}
+    unplaced = decide(pod(), results, Policy())
+    assert unplaced.outcome == "fail_open" and "nodeSelector" not in str(unplaced.patch)
+    placed = decide(pod(), results, Policy(fallback=("amd64",)))
+    assert placed.outcome == "fail_open" and "'kubernetes.io/arch': 'amd64'" in str(placed.patch)
+    assert any("fallback" in w for w in placed.warnings)
+
+
+def test_selectors_that_cannot_select_the_same_pod_do_not_conflict():
+    assert may_select_together({"matchLabels": {"a": "1"}}, {"matchLabels": {"b": "2"}})
+    assert not may_select_together({"matchLabels": {"a": "1"}}, {"matchLabels": {"a": "2"}})
+    assert not may_select_together({"matchExpressions": [{"key": "a", "operator": "Exists"}]},
+                                   {"matchExpressions": [{"key": "a", "operator": "DoesNotExist"}]})
+    assert not may_select_together(
+        {"matchExpressions": [{"key": "a", "operator": "In", "values": ["1"]}]},
+        {"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]})
+    one = placement("one", priority=3, mode="audit", podSelector={"matchLabels": {"a": "1"}})
+    two = placement("two", priority=3, mode="off", podSelector={"matchLabels": {"b": "1"}})
+    apart = placement("apart", priority=3, mode="off", podSelector={"matchLabels": {"a": "2"}})
+    assert conflicts_of([one, two, apart]) == {"ml/one": (two,), "ml/two": (one,)}
+
+
+def test_the_leader_writes_a_status_only_when_it_differs():
+    invalid = placement("arch", allowedArchitectures=["sparc9"])
+    wanted = wanted_conditions(invalid, (), None)
+    assert wanted[1][:2] == ("Invalid", "True") and wanted[0][:3] == ("Ready", "False", "Invalid")
+    body = status_body(invalid, wanted, "2026-01-01T00:00:00Z")
+    assert body["status"]["observedGeneration"] == 2
+    assert body["metadata"] == {"name": "arch", "namespace": "ml", "resourceVersion": ""}
+    stored = policy_object({"metadata": {"name": "arch", "namespace": "ml", "generation": 2},
+                            "spec": {"allowedArchitectures": ["sparc9"]},
+                            "status": body["status"]}, NAMESPACED_KIND)
+    assert not up_to_date(invalid, wanted) and up_to_date(stored, wanted)
+
+
+def test_explain_judges_manifests_under_the_policies_and_namespaces_they_hold():
+    import yaml
+
+    from archway.tools.explain import explain_workload, to_json, to_text
+    from archway.tools.explainpolicy import KnownPolicies
+    from archway.workloads import workloads_in
+    docs = list(yaml.safe_load_all("""
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop, labels: {archway.dev/mode: audit}}
+---
+apiVersion: archway.dev/v1alpha1
+kind: PlacementPolicy
+metadata: {name: payments-amd64, namespace: shop}
+spec: {podSelector: {matchLabels: {app: payments}}, allowedArchitectures: [amd64], mode: enforce}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: payments, namespace: shop}
+spec:
+  template:
+    metadata: {labels: {app: payments}}
+    spec: {containers: [{name: c, image: reg/x:1}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: shop}
+spec: {containers: [{name: c, image: reg/x:1}]}
+"""))
+    known = KnownPolicies()
+    known.add(docs, "all.yaml")
+    payments, web = workloads_in(docs, "all.yaml")
+    results = {"reg/x:1": info("amd64", "arm64")}
+    placed = explain_workload(payments, results, CONFIG, known=known)
+    assert "  policy: PlacementPolicy shop/payments-amd64 (priority 0, selects it)" \
+        in to_text(placed)
+    assert "'kubernetes.io/arch': 'amd64'" in str(placed.decision.patch)
+    audited = explain_workload(web, results, CONFIG, known=known)
+    assert to_json(audited)["policy"]["source"] == "namespace label"
+    assert audited.decision.outcome == "audited"
+
+
+def test_a_gated_pod_is_released_on_its_policys_fallback():
+    from archway.gate.release import plan_release
+    obj = {"metadata": {"name": "p", "namespace": "ml"},
+           "spec": {"containers": [{"name": "c", "image": "reg/x:1"}],
+                    "schedulingGates": [{"name": "archway.dev/resolving"}]}}
+    release = plan_release(obj, {"reg/x:1": RegistryError("down")},
+                           Policy(fallback=("arm64",)), expired=True)
+    assert release.outcome == "fallback" and release.architectures == frozenset({"arm64"})
+
+
+def test_the_cluster_policy_cache_remembers_namespaces_until_a_policy_changes():
+    from archway.webhook.policyobjects import PolicyCache
+    cache = PolicyCache(lambda: None, CLUSTER_KIND)
+    cache._on_event("ADDED", {"metadata": {"name": "ml-only"},
+                              "spec": {"namespaceSelector": {"matchLabels": {"team": "ml"}}}})
+    ml = {"team": "ml", "kubernetes.io/metadata.name": "ml"}
+    assert [p.name for p in cache.selecting_namespace(ml)] == ["ml-only"]
+    assert cache.selecting_namespace({"team": "shop"}) == ()
+    cache._on_event("ADDED", {"metadata": {"name": "all"}, "spec": {"mode": "audit"}})
+    assert [p.name for p in cache.selecting_namespace({"team": "shop"})] == ["all"]
+    cache._on_event("DELETED", {"metadata": {"name": "ml-only"}})
+    assert [p.name for p in cache.selecting_namespace(ml)] == ["all"]
+    namespaced = PolicyCache(lambda: None, NAMESPACED_KIND)
+    namespaced._on_event("ADDED", {"metadata": {"name": "a", "namespace": "ml"}, "spec": {}})
+    assert [p.name for p in namespaced.in_namespace("ml")] == ["ml/a"]
+    namespaced._on_event("DELETED", {"metadata": {"name": "a", "namespace": "ml"}})
+    assert namespaced.in_namespace("ml") == ()
