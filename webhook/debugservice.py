@@ -33,9 +33,9 @@ def review_debug(service: Any, request: AdmissionRequest, *, start: float, due: 
     assert debug is not None
     settings = service.settings
     skipped = _skip_reason(service, request)
-    mode = service.policy_for(debug.pod.namespace, api_by)[0].mode if skipped is None else ""
-    if mode == "off":
-        skipped = "namespace label archway.dev/mode=off"
+    policy = service.policy_for(debug.pod, api_by)[0] if skipped is None else None
+    if policy is not None and policy.mode == "off":
+        skipped = f"mode off ({policy.source or 'config'})"
     if skipped is not None:
         decision = DebugDecision(True, "unchanged", skipped)
         credential_warnings: tuple[str, ...] = ()
@@ -45,7 +45,7 @@ def review_debug(service: Any, request: AdmissionRequest, *, start: float, due: 
             results, credential_warnings = _resolve(service, debug, due, api_by) \
                 if node is not None and node.arch else ({}, ())
             decision = decide_debug(debug.images, results, node, settings.debug_containers,
-                                    audit=mode == "audit")
+                                    audit=policy is not None and policy.mode == "audit")
         except Exception:   # a bug must not turn into a 500 nor refuse a debugging session
             log.exception("admission %s uid=%s failed", request.display_name, request.uid)
             credential_warnings = ()

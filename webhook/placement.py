@@ -124,7 +124,7 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
         mutated.setdefault("spec", {})["schedulerName"] = policy.scheduler_name
 
     changed = mutated != pod.patchable   # the placement changed the pod, not only named it
-    if policy.source:
+    if policy.source and changed:   # a pod archway left as it was has nothing to name
         name_policy(mutated, policy.source)
     patch = json_patch(dict(pod.patchable), mutated)
     if failed:
@@ -227,7 +227,7 @@ def _audited(pod: PodView, results: dict, decision: Decision, policy: Policy) ->
     mutated = pod.patchable_copy()
     if decision.architectures is not None:
         annotate(mutated, pod, results, decision.architectures)
-    if policy.source:
+    if policy.source and mutated != pod.patchable:
         name_policy(mutated, policy.source)
     patch = json_patch(dict(pod.patchable), mutated)
     if decision.allowed:
