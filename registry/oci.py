@@ -88,7 +88,7 @@ class RegistryClient:
         held = artifact_type(manifest.document)
         if held is not None:
             return ImageInfo(str(ref), frozenset(), manifest.digest, ARTIFACT_SOURCE,
-                             f"an OCI artifact ({clip(held, 100)}), not an image: no platform")
+                             f"an OCI artifact ({clip(held, 100)}): no platform")
         document = self._fetch_config(ref, config, keyring, deadline)
         platforms, note = platforms_from_config(document)
         return ImageInfo(str(ref), platforms, manifest.digest,

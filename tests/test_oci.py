@@ -327,7 +327,7 @@ def test_oci_artifacts_resolve_to_no_platform_and_say_so(plain, plain_client):
     digest = plain.push_artifact("team/model", "v1", "application/vnd.example.model.v1")
     model = resolve(plain_client, plain.ref("team/model", "v1"))
     assert (model.platforms, model.digest, model.source) == (frozenset(), digest, "oci-artifact")
-    assert model.note == "an OCI artifact (application/vnd.example.model.v1), not an image: no platform"
+    assert model.note == "an OCI artifact (application/vnd.example.model.v1): no platform"
     plain.push_artifact("team/bundle", "v1")   # no artifactType: the empty config says it
     assert "vnd.oci.empty.v1+json" in resolve(plain_client, plain.ref("team/bundle", "v1")).note
 

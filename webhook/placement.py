@@ -140,7 +140,7 @@ def _read(pod: PodView, results: dict) -> tuple[list[str], list[str]]:
         named = _short(image) + (f" (image volume '{clip(volume, 63)}')" if volume else "")
         if isinstance(result, ImageInfo):
             if not result.platforms:
-                why = f" ({clip(result.note, _MAX_IMAGE_CHARS)})" if result.note else ""
+                why = f" ({clip(result.note, 2 * _MAX_IMAGE_CHARS)})" if result.note else ""
                 warnings.append(f"{named} records no CPU architecture{why}; "
                                 "it does not restrict placement")
         else:
