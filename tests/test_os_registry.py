@@ -11,7 +11,6 @@ import yaml
 
 from archway.config import RegistrySettings
 from archway.podview import PodView
-from archway.registry.model import ARTIFACT_SOURCE
 from archway.registry.platforms import Platform
 from archway.registry.resolver import Resolver
 from archway.webhook.placement import decide
@@ -24,6 +23,7 @@ from tests.infra.fixtures import LOOPBACK_HOSTS, plain_registry
 pytestmark = pytest.mark.slow
 
 MODEL_TYPE = "application/vnd.example.model.v1"
+ARTIFACT_SOURCE = "oci-artifact"   # registry.model.ARTIFACT_SOURCE, spelt out: the old code lacks it
 
 
 @pytest.fixture(scope="module")
