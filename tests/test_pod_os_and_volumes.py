@@ -6,17 +6,17 @@ import json
 
 import pytest
 
+from archway.extender.archfilter import filter_by_arch, shared_architectures
+from archway.gate.tagwatch import dropped_architectures
 from archway.nodes import NodeFacts, node_facts
 from archway.podview import ImageVolume, PodShapeError, PodView
 from archway.registry.model import ARTIFACT_SOURCE, ImageInfo
 from archway.registry.platforms import parse_platform
+from archway.tools.explain import explain_workload, to_json, to_text
 from archway.vocabulary import ANNOTATION_ARCHITECTURES, ANNOTATION_IMAGES, ARCH_LABEL, OS_LABEL
 from archway.webhook.placement import decide
 from archway.webhook.policy import Policy
 from archway.webhook.workloadcache import workload_facts
-from archway.extender.archfilter import filter_by_arch, shared_architectures
-from archway.gate.tagwatch import dropped_architectures
-from archway.tools.explain import explain_workload, to_json, to_text
 from archway.workloads import workloads_in
 
 DIGEST = "sha256:" + "1" * 64
