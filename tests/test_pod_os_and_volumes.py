@@ -277,3 +277,23 @@ def test_explain_says_a_linux_workload_with_a_windows_only_image_cannot_run():
     assert not e.can_run
     assert e.cannot_run == "reg/win:1 has no linux platform: windows/amd64 only"
     assert "architectures: none for linux" in to_text(e)
+
+
+# --- pre-warming and the report ----------------------------------------------------------------
+
+def test_pre_warming_reads_image_volumes_too():
+    from archway.webhook.prewarm import wanted_images
+    deployment = {"kind": "Deployment", "metadata": {"namespace": "a"},
+                  "spec": {"template": pod("reg/app:1", volumes=[("models", "reg/model:1", {})])}}
+    assert [w.image for w in wanted_images([deployment])] == ["reg/app:1", "reg/model:1"]
+
+
+def test_the_report_counts_image_volumes_and_the_pods_os():
+    from archway.tools.report import assess
+    (workload,) = workloads_in([pod("reg/app:1", volumes=[("tools", "reg/amd-model:1", {})])])
+    row = assess(workload, PodView.of(workload.pod), RESULTS, "arm64")
+    assert row.architectures == {"amd64"} and row.movable == "no"
+    assert row.lacking == ("reg/amd-model:1",)
+    (windows,) = workloads_in([pod("reg/mixed:1", os="windows")])
+    row = assess(windows, PodView.of(windows.pod), RESULTS, "arm64")
+    assert row.architectures == {"amd64"} and row.movable == "no"
