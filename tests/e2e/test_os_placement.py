@@ -104,3 +104,18 @@ def test_a_linux_pod_with_a_windows_only_image_is_refused(archway, kube, namespa
     assert refused.value.status == 403
     assert f"{image} has no linux platform: windows/amd64 only" in refused.value.message
     assert not kube.exists(pod_path(namespace, "nowin"))
+
+
+def test_a_pod_gated_on_its_image_volume_is_placed_by_it_once_the_registry_answers(
+        archway, kube, namespace, os_images, slow_registry):
+    """The webhook cannot read the volume's image in time: the pod is gated, and the gate
+    controller reads that image (not only the containers') and places the pod by it."""
+    tag = os_images.fresh("e2e/amd64")
+    body = with_volumes(pod("gated-vol", [os_images.ref("e2e/multi")]),
+                        image_volume("tools", os_images.ref("e2e/amd64", tag, via="slow")))
+    created = create_pod(kube, namespace, body)
+    assert any(g["name"] == "archway.dev/resolving" for g in created["spec"]["schedulingGates"])
+    slow_registry.delay = 0.0
+    (bound,) = wait_bound(kube, namespace, "gated-vol", 1, timeout=60)
+    assert arches_of(kube, [bound]) == {"amd64"}
+    assert bound["metadata"]["annotations"]["archway.dev/architectures"] == "amd64"
