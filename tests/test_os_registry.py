@@ -94,7 +94,7 @@ def test_image_volumes_resolved_as_images_place_the_pod_and_artifacts_do_not(con
     d = admit(resolver, pod(content["multi"], volumes=[("models", content["model"])]),
               Policy(fail_closed=True))
     assert d.allowed and d.architectures == {"amd64", "arm64"}
-    assert "(image volume 'models') records no CPU architecture" in d.warnings[0]
+    assert "(image volume 'models') is an OCI artifact, no image" in d.warnings[0]
 
 
 def archway(*args, stdin=None, config=None):

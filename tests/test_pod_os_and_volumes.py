@@ -195,8 +195,7 @@ def test_an_artifact_volume_constrains_nothing_and_says_why():
     d = decide(view(pod("reg/app:1", volumes=[("models", "reg/model:1", {})])), RESULTS,
                Policy(fail_closed=True))
     assert d.allowed and d.architectures == {"amd64", "arm64"}
-    assert d.warnings == ("reg/model:1 (image volume 'models') records no CPU architecture (an "
-                          "OCI artifact (application/vnd.example.model.v1): no platform); "
+    assert d.warnings == ("reg/model:1 (image volume 'models') is an OCI artifact, no image; "
                           "it does not restrict placement",)
     entries = json.loads(annotation(d, ANNOTATION_IMAGES))
     assert entries[1] == {"image": "reg/model:1", "volume": "models", "digest": DIGEST,

@@ -139,10 +139,10 @@ def _read(pod: PodView, results: dict) -> tuple[list[str], list[str]]:
         volume = pod.volume_name(image)
         named = _short(image) + (f" (image volume '{clip(volume, 63)}')" if volume else "")
         if isinstance(result, ImageInfo):
-            if not result.platforms:
-                why = f" ({clip(result.note, 2 * _MAX_IMAGE_CHARS)})" if result.note else ""
-                warnings.append(f"{named} records no CPU architecture{why}; "
-                                "it does not restrict placement")
+            if not result.platforms:   # the annotation holds its note
+                what = "is an OCI artifact, no image" if result.is_artifact \
+                    else "records no CPU architecture"
+                warnings.append(f"{named} {what}; it does not restrict placement")
         else:
             failed.append(image)
             warnings.append(f"could not inspect {named} ({classify_error(result).words}); "
