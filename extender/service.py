@@ -117,11 +117,12 @@ class Extender:
         return body, summary
 
     def _cached_facts(self, names: list[str], deadline: float) -> list:
-        """NodeFacts (arch, OS) per name from the node cache, None for a name it lacks. A name the cache does not hold is treated as a
-        node of unknown arch, so it passes: the cache trails the scheduler's own informer by a
-        watch event at most (a node that just joined), or there is no cluster access at all;
-        refusing would stall scheduling on archway's blind spot, while the pod's
-        kubernetes.io/arch selector that the webhook set still guards the node."""
+        """NodeFacts (arch, OS) per name from the node cache, None for a name it lacks. A name
+        the cache does not hold is treated as a node of unknown arch and of the pod's OS, so
+        it passes: the cache trails the scheduler's own informer by a watch event at most (a
+        node that just joined), or there is no cluster access at all; refusing would stall
+        scheduling on archway's blind spot, while the pod's kubernetes.io/arch selector that the
+        webhook set still guards the node."""
         cache = self.node_cache
         # The first call in a worker may arrive before the first list is in: wait for it
         # within the extender's deadline rather than answer blind.

@@ -135,8 +135,8 @@ def _to_json(image: str, row) -> dict:
         return {**row.to_json(), "reference": _reference(image, row),
                 "pinned": pinned(image, row.digest)}
     return {"image": image, "reference": _reference(image, row), "architectures": [],
-            "architectures_by_os": {}, "platforms": [], "digest": None, "source": None, "note": None, "error": str(row),
-            "pinned": None}
+            "architectures_by_os": {}, "platforms": [], "digest": None, "source": None,
+            "note": None, "error": str(row), "pinned": None}
 
 
 def _to_text(image: str, row) -> str:

@@ -136,18 +136,22 @@ def _read(pod: PodView, results: dict) -> tuple[list[str], list[str]]:
     failed: list[str] = []
     for image in pod.images:
         result = results.get(image)
-        volume = pod.volume_name(image)
-        named = _short(image) + (f" (image volume '{clip(volume, 63)}')" if volume else "")
         if isinstance(result, ImageInfo):
             if not result.platforms:   # the annotation holds its note
                 what = "is an OCI artifact, no image" if result.is_artifact \
                     else "records no CPU architecture"
-                warnings.append(f"{named} {what}; it does not restrict placement")
+                warnings.append(f"{_named(pod, image)} {what}; it does not restrict placement")
         else:
             failed.append(image)
-            warnings.append(f"could not inspect {named} ({classify_error(result).words}); "
-                            + UNREAD_ADMITTED)
+            warnings.append(f"could not inspect {_named(pod, image)} "
+                            f"({classify_error(result).words}); " + UNREAD_ADMITTED)
     return warnings, failed
+
+
+def _named(pod: PodView, image: str) -> str:
+    """The image as a warning names it, and the image volume it is pulled for."""
+    volume = pod.volume_name(image)
+    return _short(image) + (f" (image volume '{clip(volume, 63)}')" if volume else "")
 
 
 @dataclass(frozen=True)
