@@ -3,15 +3,13 @@
 A nodeCacheCapable scheduler sends only node names, so the extender needs the labels from
 somewhere; asking the API server per node or per call would put the whole cluster's scheduling
 latency on that round trip. Instead one list + watch keeps a small in-memory map, like an
-informer, with only the three facts archway uses (a 5,000-node cluster's full Node objects would
+informer, with only the few facts archway uses (a 5,000-node cluster's full Node objects would
 be hundreds of megabytes; these facts are a few hundred kilobytes).
 """
 from dataclasses import dataclass
 
-from archway.vocabulary import ARCH_KEYS, normal_architecture
+from archway.vocabulary import ARCH_KEYS, OS_LABEL, normal_architecture
 from archway.watchcache import WatchCache
-
-OS_KEY = "kubernetes.io/os"
 
 # What `kubectl cordon` (spec.unschedulable) means to the scheduler, as the node controller
 # writes it; counted even before the controller has added the taint.
@@ -40,11 +38,16 @@ def node_arch(node: dict) -> str | None:
 
 
 def node_os(node: dict) -> str:
-    """The node's `kubernetes.io/os` label, lower-cased; "linux" when unlabelled (what the
-    kubelet labels every Linux node with, and what a Node object without it most likely is)."""
+    """The node's `kubernetes.io/os` label, else what the kubelet reported in
+    status.nodeInfo.operatingSystem, else linux (a node without the label is a Linux node to
+    archway, as to a pod without spec.os)."""
     meta = node.get("metadata")
     labels = meta.get("labels") if isinstance(meta, dict) else None
-    value = labels.get(OS_KEY) if isinstance(labels, dict) else None
+    value = labels.get(OS_LABEL) if isinstance(labels, dict) else None
+    if not isinstance(value, str) or not value.strip():
+        status = node.get("status")
+        info = status.get("nodeInfo") if isinstance(status, dict) else None
+        value = info.get("operatingSystem") if isinstance(info, dict) else None
     return value.strip().lower() if isinstance(value, str) and value.strip() else "linux"
 
 
@@ -87,8 +90,7 @@ def node_facts(node: dict) -> NodeFacts | None:
     name = meta.get("name") if isinstance(meta, dict) else None
     if not isinstance(name, str) or not name:
         return None
-    return NodeFacts(name, node_arch(node), node_addresses(node), node_taints(node),
-                     node_os(node))
+    return NodeFacts(name, node_arch(node), node_addresses(node), node_taints(node), node_os(node))
 
 
 class NodeCache(WatchCache[NodeFacts]):

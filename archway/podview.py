@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from archway.errors import ArchwayError
-from archway.vocabulary import PREFERRED_AFFINITY, REQUIRED_AFFINITY
+from archway.vocabulary import OS_LABEL, PREFERRED_AFFINITY, REQUIRED_AFFINITY
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
@@ -35,6 +35,15 @@ class Container:
     image: str                  # "" when absent (apiserver validation rejects it after us)
     pull_policy: str            # imagePullPolicy; "" when absent
     init: bool                  # an initContainer
+
+
+@dataclass(frozen=True)
+class ImageVolume:
+    """One spec.volumes[].image (KEP-4639): the kubelet pulls `reference` for the node's platform
+    and mounts it, so it is an image of the pod like a container's."""
+    name: str
+    reference: str              # "" when absent (apiserver validation rejects it after us)
+    pull_policy: str            # pullPolicy; "" when absent
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,8 @@ class PodView:
     patchable: Mapping[str, Any]   # the pod cut down to what a decision may change (see above)
     uid: str = ""
     being_deleted: bool = False                # metadata.deletionTimestamp is set
+    image_volumes: tuple[ImageVolume, ...] = ()   # spec.volumes[] with an image source
+    os: str = "linux"   # the OS it runs on (`kubernetes.io/os`), see `pod_os`
 
     @classmethod
     def of(cls, obj: Any, *, namespace: str = "", name: str = "") -> "PodView":
@@ -123,6 +134,8 @@ class PodView:
         spec = _mapping(pod.get("spec"), "spec")
         affinity = _mapping(spec.get("affinity"), "spec.affinity")
         node_affinity = _mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
+        node_selector = _string_map(spec.get("nodeSelector"), "spec.nodeSelector")
+        required_terms = _required_terms(node_affinity)
         return cls(
             namespace=_text(metadata, "namespace", "metadata") or namespace,
             name=_text(metadata, "name", "metadata") or name,
@@ -143,30 +156,47 @@ class PodView:
                       f"spec.schedulingGates[{i}]")
                 for i, gate in enumerate(_list(spec.get("schedulingGates"),
                                                "spec.schedulingGates"))]),
-            node_selector=_string_map(spec.get("nodeSelector"), "spec.nodeSelector"),
-            required_terms=_required_terms(node_affinity),
+            node_selector=node_selector,
+            required_terms=required_terms,
             preferred_terms=_preferred_terms(node_affinity),
             tolerations=_tolerations(spec.get("tolerations")),
             patchable=MappingProxyType(_patchable(pod, metadata, spec)),
             uid=_text(metadata, "uid", "metadata"),
             being_deleted=bool(metadata.get("deletionTimestamp")),
+            image_volumes=_image_volumes(spec.get("volumes")),
+            os=pod_os(_text(_mapping(spec.get("os"), "spec.os"), "name", "spec.os"),
+                      node_selector, required_terms),
         )
 
     @cached_property
     def images(self) -> tuple[str, ...]:
-        """The distinct images of initContainers and containers, in order.
+        """The distinct images the kubelet pulls to start the pod, in order: those of
+        initContainers and containers, then the references of image volumes (`volume_name`
+        tells them apart for messages).
 
         ephemeralContainers are left out on purpose: the apiserver rejects them at CREATE (they
         are only added later through the pods/ephemeralcontainers subresource, after
         scheduling), and they could not change where an already bound pod runs anyway.
         """
-        return tuple(dict.fromkeys(c.image for c in self.containers if c.image))
+        return tuple(dict.fromkeys([*(c.image for c in self.containers if c.image),
+                                    *(v.reference for v in self.image_volumes if v.reference)]))
 
     @cached_property
     def always_pulled(self) -> frozenset[str]:
-        """Images some container pulls with imagePullPolicy Always: the kubelet will pull what
-        the tag names at start, so a cached answer for it is checked at the registry first."""
-        return frozenset(c.image for c in self.containers if c.image and c.pull_policy == "Always")
+        """Images some container (imagePullPolicy) or image volume (pullPolicy) pulls with
+        Always: the kubelet will pull what the tag names at start, so a cached answer for it is
+        checked at the registry first."""
+        return frozenset([*(c.image for c in self.containers
+                            if c.image and c.pull_policy == "Always"),
+                          *(v.reference for v in self.image_volumes
+                            if v.reference and v.pull_policy == "Always")])
+
+    def volume_name(self, image: str) -> str:
+        """The name of the (first) image volume `image` is pulled for, when no container runs
+        it; "": a container image. For messages ("image volume 'models'") and annotations."""
+        if any(c.image == image for c in self.containers):
+            return ""
+        return next((v.name for v in self.image_volumes if v.reference == image), "")
 
     @property
     def display_name(self) -> str:
@@ -226,6 +256,42 @@ def _containers(spec: dict, field: str) -> tuple[Container, ...]:
             name=_text(item, "name", where), image=_text(item, "image", where),
             pull_policy=_text(item, "imagePullPolicy", where), init=field == "initContainers"))
     return tuple(containers)
+
+
+def _image_volumes(value: Any) -> tuple[ImageVolume, ...]:
+    volumes = []
+    for i, item in enumerate(_list(value, "spec.volumes")):
+        where = f"spec.volumes[{i}]"
+        item = _mapping(item, where)
+        if item.get("image") is None:
+            continue
+        source = _mapping(item["image"], f"{where}.image")
+        volumes.append(ImageVolume(_text(item, "name", where),
+                                   _text(source, "reference", f"{where}.image"),
+                                   _text(source, "pullPolicy", f"{where}.image")))
+    return tuple(volumes)
+
+
+def pod_os(spec_os: str, node_selector: Mapping[str, str],
+           required_terms: tuple[NodeSelectorTerm, ...] | None) -> str:
+    """The OS a pod runs on: spec.os.name, else its `kubernetes.io/os` nodeSelector, else the
+    one OS every required node-affinity term pins (`kubernetes.io/os In [x]`), else linux (what
+    a node without the label runs, and the kubelet's default)."""
+    if spec_os:
+        return spec_os
+    if node_selector.get(OS_LABEL):
+        return node_selector[OS_LABEL]
+    pinned = {_pinned_os(term) for term in required_terms or ()}
+    if len(pinned) == 1 and None not in pinned:
+        return pinned.pop() or "linux"
+    return "linux"
+
+
+def _pinned_os(term: NodeSelectorTerm) -> str | None:
+    """The OS a required term allows alone, or None when it allows any or several."""
+    pinned = {r.values[0] for r in term.match_expressions
+              if r.key == OS_LABEL and r.operator == "In" and len(r.values) == 1}
+    return pinned.pop() if len(pinned) == 1 else None
 
 
 def _pull_secret_names(refs: Any) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ from archway.logsafe import redact_url
 USER_AGENT = f"archway/{__version__}"
 
 ARCH_LABEL = "kubernetes.io/arch"
+OS_LABEL = "kubernetes.io/os"
 # kubelet still sets the deprecated beta label; a pod selecting on it does constrain its arch.
 ARCH_KEYS = (ARCH_LABEL, "beta.kubernetes.io/arch")
 # Other names of an architecture, as containerd normalises them (GOARCH is the name).
@@ -55,15 +56,18 @@ def parse_architectures(text: str) -> frozenset[str]:
     return frozenset(normal_architecture(a) for a in text.split(",") if a.strip())
 
 
-def told_architectures(results: Mapping) -> dict[str, frozenset[str]]:
-    """image -> its architectures, for the images whose result names some: a failure (an
-    ArchwayError), a missing result or an image that records no architecture says nothing about
-    where the pod can run."""
+def told_architectures(results: Mapping, os: str = "linux") -> dict[str, frozenset[str]]:
+    """image -> its architectures for the pod's OS (`kubernetes.io/os`), for the images whose
+    result names a platform: a failure (an ArchwayError), a missing result or an image that
+    records no platform at all (an OCI artifact, a SIF image of arch 00) says nothing about
+    where the pod can run. An image with platforms but none for `os` tells the empty set: it
+    runs nowhere the pod can go."""
     told = {}
     for image, result in results.items():
-        archs = getattr(result, "architectures", None)
-        if archs:
-            told[image] = archs
+        if getattr(result, "platforms", None):
+            told[image] = result.architectures_for(os)
+        elif getattr(result, "architectures", None):
+            told[image] = result.architectures
     return told
 
 
@@ -77,8 +81,20 @@ def join_architectures(archs: Iterable[str]) -> str:
     return ", ".join(sorted(archs))
 
 
-def share_no_architecture(told: Mapping[str, frozenset[str]]) -> str:
+def share_no_architecture(told: Mapping[str, frozenset[str]], results: Mapping | None = None,
+                          os: str = "linux") -> str:
     """Why a pod can run nowhere: its images (a password in a SIF URL redacted) and what each
-    runs on."""
+    runs on; or, when an image has no platform for the pod's OS at all, that (`results` give
+    its platforms)."""
+    lacking = [image for image, archs in told.items() if not archs]
+    if lacking:
+        return "; ".join(no_platform_for(image, (results or {}).get(image), os)
+                         for image in lacking)
     return "the pod's images share no CPU architecture: " + "; ".join(
         f"{redact_url(image)} ({join_architectures(archs)})" for image, archs in told.items())
+
+
+def no_platform_for(image: str, result, os: str) -> str:
+    """`reg/app:1 has no linux platform: windows/amd64 only`."""
+    platforms = ", ".join(sorted(str(p) for p in getattr(result, "platforms", ()) or ()))
+    return f"{redact_url(image)} has no {os} platform: {platforms or 'none'} only"

@@ -23,13 +23,14 @@ def annotated_architectures(pod: PodView) -> frozenset[str] | None:
     return archs or None
 
 
-def shared_architectures(results: dict) -> tuple[frozenset[str] | None, str]:
-    """(S, explanation): the placement decision's S of these results (unresolvable or arch-less
-    images do not shrink it), and which image told what."""
-    told = told_architectures(results)
+def shared_architectures(results: dict, os: str = "linux") -> tuple[frozenset[str] | None, str]:
+    """(S, explanation): the placement decision's S of these results for the pod's OS `os`
+    (unresolvable or platform-less images do not shrink it), and which image told what."""
+    told = told_architectures(results, os)
     if not told:
         return None, "no image told its architectures"
-    detail = "; ".join(f"{image}: {join_architectures(archs)}" for image, archs in told.items())
+    detail = "; ".join(f"{image}: {join_architectures(archs) or 'no ' + os + ' platform'}"
+                       for image, archs in told.items())
     return common_architectures(told), detail
 
 
@@ -42,8 +43,10 @@ class FilterOutcome:
 
 
 def filter_by_arch(pod_archs: frozenset[str] | None, node_archs, names, *,
-                   why_none: str = "") -> FilterOutcome:
-    """Which candidates may run the pod. `node_archs[i]` is node i's GOARCH or None (unknown).
+                   why_none: str = "", node_oses=(), pod_os: str = "linux") -> FilterOutcome:
+    """Which candidates may run the pod. `node_archs[i]` is node i's GOARCH or None (unknown);
+    `node_oses[i]`, when given, its kubernetes.io/os: S holds the architectures of the pod's OS
+    `pod_os` only, so a node of another OS cannot run its images either.
 
     A mismatching node goes to FailedAndUnresolvableNodes: no preemption can change a node's
     architecture, and in FailedNodes the scheduler would consider evicting that node's pods for
@@ -62,7 +65,10 @@ def filter_by_arch(pod_archs: frozenset[str] | None, node_archs, names, *,
     reasons: dict[str, str] = {}
     keep, unresolvable = outcome.keep, outcome.unresolvable
     for i, arch in enumerate(node_archs):
-        if arch is None or arch in pod_archs:
+        node_os = node_oses[i] if i < len(node_oses) else pod_os
+        if node_os != pod_os:
+            unresolvable[names[i]] = f"node OS {node_os} is not the pod's OS {pod_os}"
+        elif arch is None or arch in pod_archs:
             keep.append(i)
         else:
             why = reasons.get(arch)

@@ -81,7 +81,7 @@ class Extender:
         if not images or resolver is None:
             return None, "none", ""
         results = resolver.resolve_many(images, timeout=deadline - time.monotonic())
-        archs, detail = shared_architectures(results)
+        archs, detail = shared_architectures(results, pod.os)
         return archs, "resolver", detail
 
     def filter(self, args: ExtenderArgs, started: float | None = None) -> tuple[bytes, str]:
@@ -95,12 +95,14 @@ class Extender:
             raise MalformedExtenderArgs(f"ExtenderArgs.Pod: {e}") from None
         pod_archs, source, detail = self.pod_architectures(pod, deadline)
         if args.nodes is not None:
-            node_archs = [node.arch for node in args.nodes] if pod_archs else ()
+            facts: list = list(args.nodes) if pod_archs else []
             names = [node.name for node in args.nodes]
         else:
             names = args.names
-            node_archs = self._cached_archs(names, deadline) if pod_archs else ()
-        outcome = filter_by_arch(pod_archs, node_archs, names, why_none=detail)
+            facts = self._cached_facts(names, deadline) if pod_archs else []
+        outcome = filter_by_arch(pod_archs, [getattr(f, "arch", None) for f in facts], names,
+                                 why_none=detail, pod_os=pod.os,
+                                 node_oses=[getattr(f, "os", pod.os) for f in facts])
         keep, lifted = outcome.keep, ""
         busy: dict[str, str] = {}
         if self.ceiling is not None and keep:
@@ -114,12 +116,13 @@ class Extender:
                    + (f", {len(busy)} above extender.max_utilisation" if busy else "") + lifted)
         return body, summary
 
-    def _cached_archs(self, names: list[str], deadline: float) -> list[str | None]:
-        """Arch per name from the node cache. A name the cache does not hold is treated as a
-        node of unknown arch, so it passes: the cache trails the scheduler's own informer by a
-        watch event at most (a node that just joined), or there is no cluster access at all;
-        refusing would stall scheduling on archway's blind spot, while the pod's
-        kubernetes.io/arch selector that the webhook set still guards the node."""
+    def _cached_facts(self, names: list[str], deadline: float) -> list:
+        """NodeFacts (arch, OS) per name from the node cache, None for a name it lacks. A name
+        the cache does not hold is treated as a node of unknown arch and of the pod's OS, so
+        it passes: the cache trails the scheduler's own informer by a watch event at most (a
+        node that just joined), or there is no cluster access at all; refusing would stall
+        scheduling on archway's blind spot, while the pod's kubernetes.io/arch selector that the
+        webhook set still guards the node."""
         cache = self.node_cache
         # The first call in a worker may arrive before the first list is in: wait for it
         # within the extender's deadline rather than answer blind.
@@ -130,7 +133,7 @@ class Extender:
                             "cluster access, or the first list is not done): every node passes")
             return [None] * len(names)
         nodes = cache.nodes
-        return [fact.arch if fact is not None else None for fact in map(nodes.get, names)]
+        return [nodes.get(name) for name in names]
 
     # --- prioritize --------------------------------------------------------------------------
     def prioritize(self, args: ExtenderArgs) -> bytes:

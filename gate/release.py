@@ -104,9 +104,9 @@ def gate_only_release(obj: dict) -> dict:
 
 
 def _hold(obj: dict, pod: PodView, results: dict, decision: Decision) -> Release:
-    known = told_architectures({image: results.get(image) for image in pod.images})
+    known = told_architectures({image: results.get(image) for image in pod.images}, pod.os)
     if decision.architectures == frozenset():
-        note = share_no_architecture(known)
+        note = share_no_architecture(known, results, pod.os)
     else:
         note = decision.message
     updated = _released(obj, Decision(allowed=True))

@@ -187,9 +187,9 @@ class TagWatch(LeaderLoop):
 
     def _alarm(self, ref: str, old: ImageInfo, new: ImageInfo) -> None:
         """ArchitecturesDropped when `new` lacks an architecture `old` had: once per move."""
-        lost = old.architectures - new.architectures
-        if not lost or not new.architectures:
-            return   # nothing dropped, or the new content records no architecture: unknown
+        lost = dropped_architectures(old, new)
+        if not lost or not new.platforms:
+            return   # nothing dropped, or the new content records no platform: unknown
         move = (ref, old.digest or "", new.digest or "")
         with self._alarm_lock:
             if move in self._alarmed:
@@ -199,15 +199,15 @@ class TagWatch(LeaderLoop):
         for arch in sorted(lost):
             metrics.ARCHITECTURES_DROPPED.labels(arch).inc()
         log.warning("tag %s moved from %s (%s) to %s (%s): %s dropped; %d workload(s) use it",
-                    ref, short_digest(old.digest or "?"), join_architectures(old.architectures),
-                    short_digest(new.digest or "?"), join_architectures(new.architectures), join_architectures(lost),
+                    ref, short_digest(old.digest or "?"), join_architectures(offered(old)),
+                    short_digest(new.digest or "?"), join_architectures(offered(new)), join_architectures(lost),
                     len(concerned))
         for top, image in concerned:
             if self.mode_of(top.namespace) == "off":
                 continue
             self.event(workload_reference(top), "Warning", REASON_DROPPED, "Revalidate",
                        f"tag {image} now names {short_digest(new.digest or '?')} "
-                       f"({join_architectures(new.architectures)}), which lacks {join_architectures(lost)} that "
+                       f"({join_architectures(offered(new))}), which lacks {join_architectures(lost)} that "
                        f"{short_digest(old.digest or '?')} had: its pods rescheduled onto "
                        f"{join_architectures(lost)} nodes will not start there (archway report lists the "
                        f"workloads running on an architecture their tag no longer offers)")
@@ -240,6 +240,18 @@ class TagWatch(LeaderLoop):
                    f"archway no longer keeps its pods off "
                    f"{join_architectures(removed.architectures)}: {why}")
         return True
+
+
+def offered(info: ImageInfo) -> frozenset[str]:
+    """What an image runs on, per OS: `arm64` for a Linux platform (as a node's
+    kubernetes.io/arch says it), `windows/amd64` for another OS's (a Windows workload's)."""
+    return frozenset(arch if os == "linux" else f"{os}/{arch}"
+                     for os in info.operating_systems for arch in info.architectures_for(os))
+
+
+def dropped_architectures(old: ImageInfo, new: ImageInfo) -> frozenset[str]:
+    """What `new` lacks that `old` had (see `offered`)."""
+    return offered(old) - offered(new)
 
 
 def tag_key(image: str) -> str | None:

@@ -299,10 +299,14 @@ class UnseenPods(LeaderLoop):
             revisit.next_look = self._clock() + RETRY_SECONDS
             return False
         revisit.next_look = None
-        told = told_architectures(results)
-        # An image that told nothing leaves the pod's architectures unknown: never judged.
-        archs = common_architectures(told) if not unread and len(told) == len(view.images) \
-            else None
+        # The runtime of the node it is bound to picks the platforms of the node's OS.
+        node_os = getattr(self.nodes.items.get(revisit.pod.node), "os", view.os)
+        told = told_architectures(results, node_os)
+        # An image that told nothing leaves the pod's architectures unknown: never judged. An
+        # OCI artifact (an image volume's model) runs everywhere: it tells nothing by nature.
+        silent = [image for image in view.images if image not in told
+                  and not getattr(results.get(image), "is_artifact", False)]
+        archs = common_architectures(told) if not unread and not silent else None
         revisit.pod = replace(revisit.pod, architectures=archs)
         return True
 

@@ -135,8 +135,8 @@ def _to_json(image: str, row) -> dict:
         return {**row.to_json(), "reference": _reference(image, row),
                 "pinned": pinned(image, row.digest)}
     return {"image": image, "reference": _reference(image, row), "architectures": [],
-            "platforms": [], "digest": None, "source": None, "note": None, "error": str(row),
-            "pinned": None}
+            "architectures_by_os": {}, "platforms": [], "digest": None, "source": None,
+            "note": None, "error": str(row), "pinned": None}
 
 
 def _to_text(image: str, row) -> str:
@@ -144,7 +144,13 @@ def _to_text(image: str, row) -> str:
     shown = [f"  reference:     {reference}"] if reference and reference != image else []
     if not isinstance(row, ImageInfo):
         return "\n".join([image, *shown, f"  error:         {row}", ""])
-    archs = " ".join(sorted(row.architectures)) or "unknown"
+    by_os = row.architectures_by_os()
+    if not by_os:
+        archs = "unknown"
+    elif list(by_os) == ["linux"]:
+        archs = " ".join(by_os["linux"])
+    else:   # a Windows or mixed-OS image: which architectures a pod of each OS gets
+        archs = "; ".join(f"{os_name}: {' '.join(found)}" for os_name, found in by_os.items())
     lines = [image, *shown, f"  architectures: {archs}"]
     if row.platforms:
         lines.append(f"  platforms:     {' '.join(sorted(str(p) for p in row.platforms))}")

@@ -139,9 +139,9 @@ def schema1_payload(body: bytes) -> bytes | None:
 
 def platforms_from_index(document: dict, ref: ImageReference | None = None
                          ) -> tuple[frozenset[Platform], str]:
-    """Linux platforms of an index / manifest list, skipping attestations and entries without
-    a platform; the note names what was left out when nothing is left. UnsupportedImage past
-    MAX_INDEX_ENTRIES entries or MAX_PLATFORMS platforms."""
+    """The platforms of an index / manifest list, of every OS (a pod's OS picks its own),
+    skipping attestations and entries without a platform; the note says so when nothing is
+    left. UnsupportedImage past MAX_INDEX_ENTRIES entries or MAX_PLATFORMS platforms."""
     entries = document.get("manifests")
     if not isinstance(entries, list):
         raise RegistryError("malformed image index: 'manifests' is not a list")
@@ -149,7 +149,7 @@ def platforms_from_index(document: dict, ref: ImageReference | None = None
     if len(entries) > MAX_INDEX_ENTRIES:
         raise UnsupportedImage(f"the index of {ref or 'this image'} lists {len(entries)} manifests, "
                                f"more than the {MAX_INDEX_ENTRIES} archway reads: refused", **where)
-    platforms, other_os = set(), set()
+    platforms = set()
     for entry in entries:
         if not isinstance(entry, dict) or is_attestation(entry):
             continue
@@ -157,21 +157,29 @@ def platforms_from_index(document: dict, ref: ImageReference | None = None
         if not isinstance(fields, dict):
             continue
         platform = _platform(fields)
-        if platform is None:
-            continue
-        if platform.os == "linux":
+        if platform is not None:
             platforms.add(platform)
-        else:
-            other_os.add(str(platform))
-    if len(platforms) + len(other_os) > MAX_PLATFORMS:
-        raise UnsupportedImage(f"the index of {ref or 'this image'} lists "
-                               f"{len(platforms) + len(other_os)} platforms, more than the "
-                               f"{MAX_PLATFORMS} archway accepts: refused", **where)
-    note = ""
-    if not platforms:
-        note = ("the index lists no linux platform" +
-                (f" (only {', '.join(sorted(other_os))})" if other_os else ""))
+    if len(platforms) > MAX_PLATFORMS:
+        raise UnsupportedImage(f"the index of {ref or 'this image'} lists {len(platforms)} "
+                               f"platforms, more than the {MAX_PLATFORMS} archway accepts: "
+                               f"refused", **where)
+    note = "" if platforms else "the index lists no platform"
     return frozenset(platforms), note
+
+
+def artifact_type(document: dict) -> str | None:
+    """What an OCI artifact manifest holds (its `artifactType`, else its config's media type
+    when that is not an image config: application/vnd.oci.empty.v1+json for most), or None
+    for an image. An artifact (a model, a config bundle mounted as an image volume) has no
+    platform: the runtime pulls it alike on every node."""
+    declared = document.get("artifactType")
+    if isinstance(declared, str) and declared.strip():
+        return declared
+    config = document.get("config")
+    config_type = config.get("mediaType") if isinstance(config, dict) else None
+    if isinstance(config_type, str) and config_type not in IMAGE_CONFIG_TYPES | {SIF_CONFIG}:
+        return config_type
+    return None
 
 
 def platforms_from_config(document: dict) -> tuple[frozenset[Platform], str]:

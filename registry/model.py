@@ -4,6 +4,8 @@ from dataclasses import dataclass
 
 from .platforms import Platform, architectures
 
+ARTIFACT_SOURCE = "oci-artifact"
+
 
 @dataclass(frozen=True, slots=True)
 class ImageInfo:
@@ -20,7 +22,8 @@ class ImageInfo:
 
     @property
     def architectures(self) -> frozenset[str]:
-        """kubernetes.io/arch values; empty means unknown."""
+        """kubernetes.io/arch values of its Linux platforms (a Linux pod's); empty: no Linux
+        platform, or none at all. `architectures_for` a pod of another OS."""
         return architectures(self.platforms)
 
     def architectures_for(self, os: str) -> frozenset[str]:
@@ -28,8 +31,17 @@ class ImageInfo:
         return architectures(self.platforms, os)
 
     @property
+    def is_artifact(self) -> bool:
+        """An OCI artifact (a model, a bundle): no platform by nature, pulled alike anywhere."""
+        return self.source == ARTIFACT_SOURCE
+
+    @property
     def operating_systems(self) -> frozenset[str]:
         return frozenset(p.os for p in self.platforms if p.os)
+
+    def architectures_by_os(self) -> dict[str, list[str]]:
+        """{"linux": ["amd64", "arm64"], "windows": ["amd64"]}: what a pod of each OS can use."""
+        return {os: sorted(self.architectures_for(os)) for os in sorted(self.operating_systems)}
 
     def approx_bytes(self) -> int:
         """Memory this answer holds, for a cache bounded in bytes. Each object is counted once
@@ -46,6 +58,7 @@ class ImageInfo:
         return {
             "image": self.image,
             "architectures": sorted(self.architectures),
+            "architectures_by_os": self.architectures_by_os(),
             "platforms": sorted(str(p) for p in self.platforms),
             "digest": self.digest,
             "source": self.source,

@@ -19,8 +19,8 @@ from archway.errors import (
     RegistryError,
     ResponseTooLarge,
     TransportError,
-    UnsupportedImage,
 )
+from archway.logsafe import clip
 
 from .auth import Authorization, RegistryAuth
 from .credentials import Keyring
@@ -28,12 +28,12 @@ from .http import HttpClient, Response, parse_json, rate_limited
 from .imageref import ImageReference
 from .manifests import (
     ACCEPT,
-    IMAGE_CONFIG_TYPES,
     INDEX_TYPES,
     SCHEMA1_TYPES,
     SIF_CONFIG,
     SOURCE_BY_TYPE,
     Manifest,
+    artifact_type,
     config_descriptor,
     head_digest_of,
     parse_manifest,
@@ -43,7 +43,7 @@ from .manifests import (
     sif_layer,
     verify_digest,
 )
-from .model import ImageInfo
+from .model import ARTIFACT_SOURCE, ImageInfo
 from .sif import BlockReader, read_sif_platforms
 
 MAX_CONFIG_BYTES = 8 * 1024 * 1024   # configs carry the build history: allow more than a manifest
@@ -85,11 +85,10 @@ class RegistryClient:
         config = config_descriptor(manifest.document, str(ref))
         if config.get("mediaType") == SIF_CONFIG:
             return self._resolve_sif(ref, manifest, keyring, deadline)
-        if config.get("mediaType") not in IMAGE_CONFIG_TYPES | {None}:
-            raise UnsupportedImage(
-                f"{ref} is an OCI artifact of type {str(config.get('mediaType'))[:100]!r}, not a "
-                f"container image or SIF image: it has no architecture", host=ref.api_host,
-                repository=ref.repository)
+        held = artifact_type(manifest.document)
+        if held is not None:
+            return ImageInfo(str(ref), frozenset(), manifest.digest, ARTIFACT_SOURCE,
+                             f"an OCI artifact ({clip(held, 100)}): no platform")
         document = self._fetch_config(ref, config, keyring, deadline)
         platforms, note = platforms_from_config(document)
         return ImageInfo(str(ref), platforms, manifest.digest,

@@ -381,7 +381,7 @@ def test_nodenames_filter_reads_arch_from_the_node_cache(cached, apiserver):
     assert cache.wait_synced(10)
     result = names_filter(client, [AMD64, ARM64, PPC64LE, S390X, "joined-a-moment-ago"])
     assert list(result) == REPLY_KEYS and result["Nodes"] is None
-    # A name the cache does not hold yet passes (see Extender._cached_archs for why).
+    # A name the cache does not hold yet passes (see Extender._cached_facts for why).
     assert result["NodeNames"] == [AMD64, ARM64, "joined-a-moment-ago"]
     assert set(result["FailedAndUnresolvableNodes"]) == {PPC64LE, S390X}
     for _ in range(20):

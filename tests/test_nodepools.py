@@ -62,3 +62,24 @@ def test_a_pod_whose_architecture_a_node_pool_may_launch_is_not_unschedulable():
                                   [{"key": "gpu", "effect": "NoSchedule"}])).nodes
     assert decide_pod(pod, amd_only, Policy(), nodes=[*on_arm, *tainted]).unschedulable == (
         "images are amd64-only; nodes: arm64")
+
+
+@pytest.mark.parametrize("requirements, oses", [
+    (None, {"linux"}),
+    ([arch("In", "amd64")], {"linux"}),
+    ([{"key": "kubernetes.io/os", "operator": "In", "values": ["windows"]}], {"windows"}),
+    ([{"key": "kubernetes.io/os", "operator": "NotIn", "values": ["linux"]}], {"windows"}),
+])
+def test_a_node_pool_launches_the_oses_its_requirements_leave(requirements, oses):
+    from archway.webhook.nodepools import pool_operating_systems
+    assert pool_operating_systems(requirements) == oses
+
+
+def test_a_windows_node_pool_does_not_run_a_linux_pod():
+    amd_only = {"reg/amd:1": info("reg/amd:1", "linux/amd64")}
+    windows = nodepool_facts(pool("win", [arch("In", "amd64"), {
+        "key": "kubernetes.io/os", "operator": "In", "values": ["windows"]}])).nodes
+    assert [(n.arch, n.os) for n in windows] == [("amd64", "windows")]
+    assert decide_pod(make_pod("reg/amd:1"), amd_only, Policy(),
+                      nodes=[Node("arm64"), *windows]).unschedulable == (
+        "images are amd64-only; nodes: arm64")

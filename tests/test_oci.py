@@ -264,19 +264,28 @@ def test_variants_and_arch_aliases_are_normalised(plain, plain_client):
     assert resolve(plain_client, plain.ref("team/alias", "v2")).platforms == linux("amd64")
 
 
-def test_non_linux_entries_are_dropped_and_said(plain, plain_client):
-    def windows_entry(repo):
-        digest = plain.push_image(repo, None, "windows/amd64")
-        return {"mediaType": OCI_MANIFEST, "digest": digest,
-                "size": len(plain.get_manifest(repo, digest).content),
-                "platform": {"architecture": "amd64", "os": "windows", "os.version": "10.0.20348.1"}}
-    plain.push_index("team/mixed", "v1", ["linux/arm64"], extra_entries=[windows_entry("team/mixed")])
+def windows_entry(registry, repo):
+    """An index entry for a windows/amd64 image whose config says os windows."""
+    digest = registry.push_image(repo, None, "windows/amd64",
+                                 config_extra={"os.version": "10.0.20348.2340"})
+    return {"mediaType": OCI_MANIFEST, "digest": digest,
+            "size": len(registry.get_manifest(repo, digest).content),
+            "platform": {"architecture": "amd64", "os": "windows", "os.version": "10.0.20348.2340"}}
+
+
+def test_every_os_of_an_index_is_kept_for_the_pod_to_choose(plain, plain_client):
+    plain.push_index("team/mixed", "v1", ["linux/arm64"], extra_entries=[windows_entry(plain, "team/mixed")])
     mixed = resolve(plain_client, plain.ref("team/mixed", "v1"))
-    assert mixed.platforms == linux("arm64")
-    plain.push_index("team/win", "v1", [], extra_entries=[windows_entry("team/win")])
+    assert mixed.platforms == linux("arm64") | {Platform("windows", "amd64")}
+    assert (mixed.architectures_for("linux"), mixed.architectures_for("windows")) == ({"arm64"}, {"amd64"})
+    assert mixed.operating_systems == {"linux", "windows"}
+    plain.push_index("team/win", "v1", [], extra_entries=[windows_entry(plain, "team/win")])
     only_windows = resolve(plain_client, plain.ref("team/win", "v1"))
-    assert only_windows.platforms == frozenset() and only_windows.architectures == frozenset()
-    assert "windows/amd64" in only_windows.note
+    assert only_windows.platforms == {Platform("windows", "amd64")} and only_windows.note == ""
+    assert only_windows.architectures_for("linux") == frozenset()
+    plain.push_image("team/winimage", "v1", "windows/amd64")   # a manifest whose config says windows
+    single = resolve(plain_client, plain.ref("team/winimage", "v1"))
+    assert (single.platforms, single.source) == ({Platform("windows", "amd64")}, "oci-manifest")
 
 
 def test_digest_references_and_tag_plus_digest(plain, plain_client):
@@ -303,7 +312,7 @@ def test_missing_tag_and_repository_are_not_found(plain, plain_client):
         resolve(plain_client, plain.ref("team/never-pushed", "v1"))
 
 
-def test_non_image_artifact_is_unsupported(plain, plain_client):
+def test_oci_artifacts_resolve_to_no_platform_and_say_so(plain, plain_client):
     config = b'{"name": "chart"}'
     layer = b"chart tarball"
     manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
@@ -312,8 +321,15 @@ def test_non_image_artifact_is_unsupported(plain, plain_client):
                 "layers": [{"mediaType": "application/vnd.cncf.helm.chart.content.v1.tar+gzip",
                             "digest": plain.push_blob("team/chart", layer), "size": len(layer)}]}
     plain.push_manifest("team/chart", "1.0.0", manifest, OCI_MANIFEST)
-    with pytest.raises(UnsupportedImage, match="helm.config"):
-        resolve(plain_client, plain.ref("team/chart", "1.0.0"))
+    chart = resolve(plain_client, plain.ref("team/chart", "1.0.0"))
+    assert (chart.platforms, chart.source) == (frozenset(), "oci-artifact")
+    assert "helm.config" in chart.note and "no platform" in chart.note
+    digest = plain.push_artifact("team/model", "v1", "application/vnd.example.model.v1")
+    model = resolve(plain_client, plain.ref("team/model", "v1"))
+    assert (model.platforms, model.digest, model.source) == (frozenset(), digest, "oci-artifact")
+    assert model.note == "an OCI artifact (application/vnd.example.model.v1): no platform"
+    plain.push_artifact("team/bundle", "v1")   # no artifactType: the empty config says it
+    assert "vnd.oci.empty.v1+json" in resolve(plain_client, plain.ref("team/bundle", "v1")).note
 
 
 # -- schemes -------------------------------------------------------------------------------------
@@ -875,7 +891,8 @@ def test_index_interpretation():
         {"platform": {"architecture": "amd64", "os": "windows"}},
         {"digest": "sha256:x"}, "garbage", {"platform": "garbage"},
     ]})
-    assert platforms == linux("amd64", "arm/v7") and note == ""
+    assert platforms == linux("amd64", "arm/v7") | {Platform("windows", "amd64")} and note == ""
+    assert platforms_from_index({"manifests": []}) == (frozenset(), "the index lists no platform")
     assert platforms_from_config({"architecture": "aarch64", "os": "linux", "variant": "v8"}) == (linux("arm64"), "")
     assert platforms_from_config({"os": "linux"})[0] == frozenset()
 

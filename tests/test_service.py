@@ -261,7 +261,7 @@ class Events:
 
 class Node:
     def __init__(self, arch):
-        self.arch, self.taints = arch, ()
+        self.arch, self.taints, self.os = arch, (), "linux"
 
 
 def test_namespace_mode_off_reads_nothing_and_audit_patches_annotations_only():

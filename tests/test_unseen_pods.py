@@ -195,6 +195,30 @@ def test_a_bare_pod_is_recorded_not_evicted_and_a_replacement_without_a_decision
     assert [e[2] for e in events.about("again")] == [REASON_UNSEEN]
 
 
+def test_an_unseen_pods_image_volume_counts_and_a_windows_node_reads_windows_platforms(
+        leader, plain_registry):
+    server, unseen, events, image, start = leader
+    replicaset = workload(server, "shop")
+    server.put("/api/v1/nodes/win-node", {"metadata": {"name": "win-node", "labels": {
+        "kubernetes.io/arch": "amd64", "kubernetes.io/os": "windows"}}})
+    multi = plain_registry.ref("unseen/multi", "1")
+    plain_registry.push_index("unseen/multi", "1", ["linux/amd64", "linux/arm64"])
+    mixed = plain_registry.ref("unseen/mixed", "1")
+    plain_registry.push_index("unseen/mixed", "1", ["linux/arm64", "windows/amd64"])
+    pods = "/api/v1/namespaces/shop/pods/{}"
+    with_volume = pod("volume", "arm-node", multi, owner=replicaset)
+    with_volume["spec"]["volumes"] = [{"name": "tools", "image": {"reference": image}}]
+    server.put(pods.format("volume"), with_volume)   # its amd64-only volume cannot be pulled
+    # No spec.os, bound to a Windows node: the node's runtime pulls windows/amd64, which exists.
+    server.put(pods.format("windows"), pod("windows", "win-node", mixed, owner=replicaset))
+    start()
+    unseen.revisit_all(unseen.take_due())
+    assert server.get(pods.format("volume")) is None, "evicted"
+    assert "run on amd64, not on arm64" in events.about("volume")[0][3]
+    assert server.get(pods.format("windows")) is not None
+    assert "its images run on amd64" in events.about("windows")[0][3]
+
+
 @pytest.mark.parametrize("leader", [False], indirect=True)
 def test_with_evict_off_an_unseen_pod_on_a_wrong_arch_node_is_only_recorded(leader):
     server, unseen, events, image, start = leader

@@ -50,6 +50,12 @@ class Explanation:
     events: tuple = ()                # a live pod's (and its controller's) archway Events
     learned: Learned | None = None    # what the live pod's workload learned (learning.py)
     in_force: "InForce | None" = None   # the policy it was judged under, and what shaped it
+    pod: PodView | None = None        # the pod template read: its OS and image volumes
+
+    @property
+    def os(self) -> str:
+        """The pod's OS (`kubernetes.io/os`): which platforms of its images count."""
+        return self.pod.os if self.pod is not None else "linux"
 
     @property
     def unreadable(self) -> list[str]:
@@ -70,7 +76,8 @@ class Explanation:
         if not d.allowed:
             return d.message
         if d.architectures == frozenset():
-            return share_no_architecture(told_architectures(self.results))
+            return share_no_architecture(told_architectures(self.results, self.os), self.results,
+                                         self.os)
         return d.conflict
 
 
@@ -89,7 +96,7 @@ def explain_workload(workload: Workload, results: dict, policy: Policy, *, nodes
                                   archway_scheduler=archway_scheduler)
         policy = in_force.policy
     return Explanation(workload, mine, decide(pod, mine, policy, nodes=nodes, learned=learned),
-                       annotations, tuple(events), learned, in_force)
+                       annotations, tuple(events), learned, in_force, pod)
 
 
 def load_manifests(text: str, origin: str) -> list:
@@ -151,24 +158,34 @@ def read_source(path: str, limit: int = MAX_MANIFEST_BYTES) -> tuple[str, str]:
 
 # --- output ------------------------------------------------------------------------------------
 
-def image_json(image: str, result) -> dict:
+def image_json(image: str, result, os: str = "linux", volume: str = "") -> dict:
+    """One image of a workload: its architectures for the pod's OS `os`, every platform, the
+    image volume it is pulled for (`volume`), or its error."""
     from archway.registry.inspect import normalized, pinned
     from archway.registry.model import ImageInfo
     reference = normalized(image)
     row = {"image": display_image(image),
-           "reference": display_image(reference) if reference else None}
+           "reference": display_image(reference) if reference else None, "volume": volume or None}
     if isinstance(result, ImageInfo):
-        return {**row, "architectures": sorted(result.architectures), "digest": result.digest,
-                "pinned": pinned(image, result.digest), "source": result.source, "error": None}
-    return {**row, "architectures": [], "digest": None, "pinned": None, "source": None,
-            "error": str(result) if result is not None else "no answer"}
+        return {**row, "architectures": sorted(result.architectures_for(os)),
+                "platforms": sorted(str(p) for p in result.platforms), "digest": result.digest,
+                "pinned": pinned(image, result.digest), "source": result.source,
+                "note": result.note or None, "error": None}
+    return {**row, "architectures": [], "platforms": [], "digest": None, "pinned": None,
+            "source": None, "note": None, "error": str(result) if result is not None else "no answer"}
+
+
+def _image_rows(explanation: "Explanation") -> list[dict]:
+    pod = explanation.pod
+    return [image_json(image, result, explanation.os, pod.volume_name(image) if pod else "")
+            for image, result in explanation.results.items()]
 
 
 def to_json(explanation: Explanation) -> dict:
     w, d = explanation.workload, explanation.decision
     data: dict[str, Any] = {
         "kind": w.kind, "namespace": w.namespace, "name": w.name, "origin": w.origin,
-        "images": [image_json(i, r) for i, r in explanation.results.items()],
+        "os": explanation.os, "images": _image_rows(explanation),
         "architectures": sorted(d.architectures) if d.architectures is not None else None,
         "can_run": explanation.can_run, "cannot_run": explanation.cannot_run or None,
         "allowed": d.allowed, "outcome": d.outcome,
@@ -191,13 +208,14 @@ def to_json(explanation: Explanation) -> dict:
 def to_text(explanation: Explanation) -> str:
     w, d = explanation.workload, explanation.decision
     lines = [f"{w.display_name}" + (f"  ({w.origin})" if w.origin else "")]
-    lines += _image_lines(explanation.results)
+    lines += _image_lines(_image_rows(explanation), explanation.os)
+    on_os = "" if explanation.os == "linux" else f" ({explanation.os})"
     if explanation.cannot_run:
         lines.append(f"  CANNOT RUN: {explanation.cannot_run}")
     elif d.architectures is None:
-        lines.append("  runs on: unknown (no image told its architectures)")
+        lines.append(f"  runs on: unknown (no image told its architectures){on_os}")
     else:
-        lines.append(f"  runs on: {join_architectures(d.architectures)}")
+        lines.append(f"  runs on: {join_architectures(d.architectures)}{on_os}")
     lines += _policy_lines(explanation.in_force)
     if explanation.learned is not None:
         lines += _learned_lines(explanation.learned, d)
@@ -207,18 +225,24 @@ def to_text(explanation: Explanation) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _image_lines(results: dict) -> list[str]:
+def _image_lines(rows: list[dict], os: str) -> list[str]:
     lines = []
-    for image, result in results.items():
-        row = image_json(image, result)
+    for row in rows:
         shown = row["image"] + (f"  ->  {row['reference']}"
                                 if row["reference"] and row["reference"] != row["image"] else "")
-        lines.append(f"  image {shown}")
+        lines.append(f"  image {shown}" + (f"  (image volume '{row['volume']}')"
+                                           if row["volume"] else ""))
         if row["error"]:
             lines.append(f"    error: {row['error']}")
-        else:
-            lines.append(f"    architectures: {' '.join(row['architectures']) or 'unknown'}"
-                         f"  ({row['source']}, {row['pinned'] or row['digest'] or 'no digest'})")
+            continue
+        archs = " ".join(row["architectures"]) or ("unknown" if not row["platforms"]
+                                                   else f"none for {os}")
+        lines.append(f"    architectures: {archs}"
+                     f"  ({row['source']}, {row['pinned'] or row['digest'] or 'no digest'})")
+        if row["platforms"] and any(not p.startswith(os + "/") for p in row["platforms"]):
+            lines.append(f"    platforms: {' '.join(row['platforms'])}")
+        if row["note"] and not row["platforms"]:
+            lines.append(f"    note: {row['note']}")
     return lines or ["  no images"]
 
 

@@ -42,7 +42,7 @@ def assess(workload: Workload, pod: PodView, results: dict, target: str | None,
     architectures its pods run on (`running`) they no longer offer."""
     from archway.registry.model import ImageInfo
     mine = {image: results.get(image) for image in pod.images}
-    told = told_architectures(mine)
+    told = told_architectures(mine, pod.os)
     archs = common_architectures(told)
     # Images as shown: a password in an https:// SIF URL never reaches the report.
     unreadable = tuple(display_image(i) for i, r in mine.items() if not isinstance(r, ImageInfo))

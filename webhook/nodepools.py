@@ -9,7 +9,7 @@ nodepools.karpenter.sh (a cluster has a handful), nothing per admission.
 from dataclasses import dataclass
 
 from archway.nodes import NodeFacts
-from archway.vocabulary import ARCH_LABEL, normal_architecture
+from archway.vocabulary import ARCH_LABEL, OS_LABEL, normal_architecture
 from archway.watchcache import WatchCache
 
 PATH = "/apis/karpenter.sh/v1/nodepools"
@@ -19,10 +19,14 @@ ANY_ARCH = frozenset({"amd64", "arm64", "arm", "386", "ppc64le", "s390x", "riscv
                       "mips64le"})
 
 
+# A NodePool that says nothing of the OS launches Linux nodes (Karpenter's default images).
+OPERATING_SYSTEMS = frozenset({"linux", "windows"})
+
+
 @dataclass(frozen=True)
 class NodePoolFacts:
     name: str
-    nodes: tuple[NodeFacts, ...]   # one per architecture the pool may launch
+    nodes: tuple[NodeFacts, ...]   # one per architecture (and OS) the pool may launch
 
 
 def _strings(values) -> frozenset[str]:
@@ -46,6 +50,21 @@ def pool_architectures(requirements) -> frozenset[str]:
     return ANY_ARCH if archs is None else archs
 
 
+def pool_operating_systems(requirements) -> frozenset[str]:
+    """The OSes (`kubernetes.io/os`) a NodePool's requirements allow; linux when they say none."""
+    found: frozenset[str] | None = None
+    for term in requirements if isinstance(requirements, list) else ():
+        if not isinstance(term, dict) or term.get("key") != OS_LABEL:
+            continue
+        values = frozenset(v.strip().lower() for v in term.get("values") or ()
+                           if isinstance(v, str) and v.strip())
+        if term.get("operator") == "In":
+            found = values if found is None else found & values
+        elif term.get("operator") == "NotIn":
+            found = (OPERATING_SYSTEMS if found is None else found) - values
+    return frozenset({"linux"}) if found is None else found
+
+
 def _taints(template_spec: dict) -> tuple[tuple[str, str, str], ...]:
     # spec.template.spec.taints stay on the node; startupTaints go once it is initialised.
     return tuple((t["key"], str(t.get("value") or ""), str(t.get("effect") or ""))
@@ -61,9 +80,10 @@ def nodepool_facts(pool: dict) -> NodePoolFacts | None:
     template = ((pool.get("spec") or {}).get("template") or {}).get("spec") or {}
     if not isinstance(template, dict):
         return NodePoolFacts(name, ())
-    taints = _taints(template)
-    return NodePoolFacts(name, tuple(NodeFacts(f"nodepool/{name}", arch, (), taints)
-                                     for arch in sorted(pool_architectures(template.get("requirements")))))
+    taints, requirements = _taints(template), template.get("requirements")
+    return NodePoolFacts(name, tuple(NodeFacts(f"nodepool/{name}", arch, (), taints, os)
+                                     for os in sorted(pool_operating_systems(requirements))
+                                     for arch in sorted(pool_architectures(requirements))))
 
 
 class NodePoolCache(WatchCache[NodePoolFacts]):

@@ -111,17 +111,25 @@ def tolerate(spec: dict, pod: PodView, allowed: frozenset[str],
 
 
 
-def images_annotation(images, results: dict) -> str:
-    """archway.dev/images: per image its digest, architectures and source (or the error kind),
-    as JSON; at most MAX_IMAGES_ANNOTATION_CHARS, the images left out counted in a last
-    {"truncated": N} entry."""
+def images_annotation(images, results: dict, pod: PodView | None = None) -> str:
+    """archway.dev/images: per image its digest, architectures (for the pod's OS) and source, why
+    one without a platform was ignored (`note`: an OCI artifact), the image volume it is (`volume`),
+    or the error kind, as JSON; at most MAX_IMAGES_ANNOTATION_CHARS, the images left out counted
+    in a last {"truncated": N} entry."""
     entries = []
     for image in images:
         result = results.get(image)
         entry: dict = {"image": clip(redact_url(image), _MAX_ANNOTATED_IMAGE_CHARS)}
+        volume = pod.volume_name(image) if pod is not None else ""
+        if volume:
+            entry["volume"] = clip(volume, _MAX_ANNOTATED_IMAGE_CHARS)
         if isinstance(result, ImageInfo):
-            entry.update(digest=result.digest, architectures=sorted(result.architectures),
-                         source=result.source)
+            archs = result.architectures_for(pod.os) if pod is not None else result.architectures
+            entry.update(digest=result.digest, architectures=sorted(archs), source=result.source)
+            if not result.platforms and result.note:
+                entry["note"] = clip(result.note, _MAX_ANNOTATED_IMAGE_CHARS)
+            elif result.platforms and not archs and pod is not None:
+                entry["note"] = f"no {pod.os} platform"
         else:
             entry["error"] = classify_error(result).words
         entries.append(entry)
@@ -141,7 +149,7 @@ def annotate(mutated: dict, pod: PodView, results: dict, archs: frozenset[str],
         metadata["annotations"] = {}
     if archs:
         metadata["annotations"][ANNOTATION_ARCHITECTURES] = ",".join(sorted(archs))
-    metadata["annotations"][ANNOTATION_IMAGES] = images_annotation(pod.images, results)
+    metadata["annotations"][ANNOTATION_IMAGES] = images_annotation(pod.images, results, pod)
     if excluded:
         metadata["annotations"][ANNOTATION_EXCLUDED] = ",".join(sorted(excluded))
 

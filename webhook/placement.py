@@ -15,6 +15,7 @@ from archway.registry.model import ImageInfo
 from archway.vocabulary import (
     common_architectures,
     join_architectures,
+    no_platform_for,
     share_no_architecture,
     told_architectures,
 )
@@ -33,6 +34,8 @@ class NodeLike(Protocol):
     def arch(self) -> str | None: ...
     @property
     def taints(self) -> tuple[tuple[str, str, str], ...]: ...   # (key, value, effect)
+    @property
+    def os(self) -> str: ...                                       # kubernetes.io/os
 
 
 @dataclass(frozen=True)
@@ -84,14 +87,14 @@ def decide(pod: PodView, results: dict, policy: Policy, *,
 
 def _enforce(pod: PodView, results: dict, policy: Policy,
              nodes: Iterable[NodeLike] | None, learned: Learned | None = None) -> Decision:
-    warnings, failed = _read(pod.images, results)
+    warnings, failed = _read(pod, results)
     if failed and policy.fail_closed:
         listed = "; ".join(f"{display_image(image)}: {classify_error(results.get(image)).words}"
                            for image in failed)
         return _deny(f"archway could not read the architectures of {listed} "
                      "(admission.unresolved is deny)", warnings, None)
 
-    known = told_architectures({image: results.get(image) for image in pod.images})
+    known = told_architectures({image: results.get(image) for image in pod.images}, pod.os)
     if failed and policy.fallback:
         known.update((image, frozenset(policy.fallback)) for image in failed)
         warnings.append(f"unread images taken to run on {join_architectures(policy.fallback)} "
@@ -104,9 +107,11 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
         placed = _Placed("no image told its architectures" if pod.images else "pod has no images")
     elif not archs:
         if policy.deny_on_empty:
-            return _deny(share_no_architecture(known), warnings, archs)
-        warnings.insert(0, "the images share no CPU architecture; admitted without an arch "
-                           "constraint")
+            return _deny(share_no_architecture(known, results, pod.os), warnings, archs)
+        lacking = [image for image, told in known.items() if not told]
+        warnings.insert(0, (no_platform_for(_short(lacking[0]), results.get(lacking[0]), pod.os)
+                            if lacking else "the images share no CPU architecture")
+                        + "; admitted without an arch constraint")
         annotate(mutated, pod, results, archs)
         placed = _Placed("no common architecture")
     elif not policy.within(archs):
@@ -137,21 +142,28 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
                     learned=placed.exclusion.note)
 
 
-def _read(images: tuple[str, ...], results: dict) -> tuple[list[str], list[str]]:
-    """(warnings, the images that could not be read) of the images' results."""
+def _read(pod: PodView, results: dict) -> tuple[list[str], list[str]]:
+    """(warnings, the images that could not be read) of the pod's images' results."""
     warnings: list[str] = []
     failed: list[str] = []
-    for image in images:
+    for image in pod.images:
         result = results.get(image)
         if isinstance(result, ImageInfo):
-            if not result.architectures:
-                warnings.append(f"{_short(image)} records no CPU architecture; "
-                                "it does not restrict placement")
+            if not result.platforms:   # the annotation holds its note
+                what = "is an OCI artifact, no image" if result.is_artifact \
+                    else "records no CPU architecture"
+                warnings.append(f"{_named(pod, image)} {what}; it does not restrict placement")
         else:
             failed.append(image)
-            warnings.append(f"could not inspect {_short(image)} ({classify_error(result).words}); "
-                            + UNREAD_ADMITTED)
+            warnings.append(f"could not inspect {_named(pod, image)} "
+                            f"({classify_error(result).words}); " + UNREAD_ADMITTED)
     return warnings, failed
+
+
+def _named(pod: PodView, image: str) -> str:
+    """The image as a warning names it, and the image volume it is pulled for."""
+    volume = pod.volume_name(image)
+    return _short(image) + (f" (image volume '{clip(volume, 63)}')" if volume else "")
 
 
 @dataclass(frozen=True)
@@ -196,7 +208,8 @@ def _place(mutated: dict, pod: PodView, results: dict, archs: frozenset[str], po
         prefer(spec, pod, allowed, policy.preferred)
         added = tolerate(spec, pod, allowed, policy.tolerations)
         if nodes is not None:
-            unschedulable = unschedulable_reason(placed, allowed, nodes, pod.tolerations + added)
+            unschedulable = unschedulable_reason(placed, allowed, nodes, pod.tolerations + added,
+                                                 pod.os)
         if unschedulable:
             if policy.deny_unschedulable:
                 return _deny(unschedulable + " (admission.deny_unschedulable is true)",
@@ -258,14 +271,15 @@ def _may_schedule(node: NodeLike, tolerations: tuple[Toleration, ...]) -> bool:
 
 
 def unschedulable_reason(archs: frozenset[str], allowed: frozenset[str],
-                         nodes: Iterable[NodeLike], tolerations: tuple[Toleration, ...]) -> str:
-    """Why no current node can run a pod restricted to `allowed` ("" when one can, or when no
-    node is known: an empty cache says nothing about the cluster). Stops at the first node
-    that can: in a healthy cluster that is one of the first few."""
+                         nodes: Iterable[NodeLike], tolerations: tuple[Toleration, ...],
+                         os: str = "linux") -> str:
+    """Why no current node of the pod's OS `os` can run a pod restricted to `allowed` ("" when
+    one can, or when no node is known: an empty cache says nothing about the cluster). Stops at
+    the first node that can: in a healthy cluster that is one of the first few."""
     available: set[str] = set()
     known = False
     for node in nodes:
-        if node.arch is None:
+        if node.arch is None or node.os != os:
             continue
         known = True
         if node.arch in available or not _may_schedule(node, tolerations):
@@ -275,7 +289,8 @@ def unschedulable_reason(archs: frozenset[str], allowed: frozenset[str],
         available.add(node.arch)
     if not known:
         return ""
-    return (f"images are {'/'.join(sorted(archs))}-only; nodes: "
+    where = "nodes" if os == "linux" else f"{os} nodes"
+    return (f"images are {'/'.join(sorted(archs))}-only; {where}: "
             f"{join_architectures(available) or 'none the pod tolerates'}")
 
 

@@ -357,6 +357,6 @@ def _count_images(images, results: dict) -> None:
         result = results.get(image)
         if isinstance(result, ImageInfo):
             metrics.IMAGE_RESOLUTIONS.labels(
-                result.source, "resolved" if result.architectures else "no_arch").inc()
+                result.source, "resolved" if result.platforms else "no_arch").inc()
         else:
             metrics.IMAGE_RESOLUTIONS.labels(scheme_of(image), classify_error(result).label).inc()

@@ -54,7 +54,7 @@ class WorkloadFacts:
     uid: str
     owner: tuple[str, str] | None          # its controller: (kind, name), same namespace
     annotations: tuple[tuple[str, str], ...]  # archway.dev/* only
-    images: tuple[str, ...] = ()           # its pod template's, initContainers first
+    images: tuple[str, ...] = ()           # its pod template's: initContainers, containers, volumes
     service_account: str = ""              # the template's, for its pull credentials
     pull_secrets: tuple[str, ...] = ()
     owner_uid: str = ""                    # its controller's uid
@@ -154,10 +154,14 @@ def _template_spec(kind: str, obj: dict) -> dict:
 
 
 def _images(spec: dict) -> tuple[str, ...]:
-    """The template's distinct images, initContainers first."""
-    return tuple(dict.fromkeys(
-        c["image"] for key in ("initContainers", "containers") for c in _list(spec.get(key))
-        if isinstance(c, dict) and isinstance(c.get("image"), str) and c["image"]))
+    """The template's distinct images, initContainers first, then its image volumes' (as
+    PodView.images orders them)."""
+    containers = (c.get("image") for key in ("initContainers", "containers")
+                  for c in _list(spec.get(key)) if isinstance(c, dict))
+    volumes = (v["image"].get("reference") for v in _list(spec.get("volumes"))
+               if isinstance(v, dict) and isinstance(v.get("image"), dict))
+    return tuple(dict.fromkeys(image for image in (*containers, *volumes)
+                               if isinstance(image, str) and image))
 
 
 def workload_path(kind: str, namespace: str, name: str) -> str:

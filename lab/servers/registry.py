@@ -49,6 +49,7 @@ SCHEMA1_SIGNED = "application/vnd.docker.distribution.manifest.v1+prettyjws"
 SIF_CONFIG = "application/vnd.sylabs.sif.config.v1+json"
 SIF_LAYER = "application/vnd.sylabs.sif.layer.v1.sif"
 IN_TOTO = "application/vnd.in-toto+json"
+EMPTY_CONFIG = "application/vnd.oci.empty.v1+json"   # an artifact's config (OCI image-spec 1.1)
 
 def sha256_digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
@@ -282,6 +283,22 @@ class RegistryServer:
         }
         data = json.dumps(manifest, indent=2).encode()
         return self.push_manifest(repo, tag or sha256_digest(data), data, manifest_type)
+
+    def push_artifact(self, repo: str, tag: str, artifact_type: str | None = None, *,
+                      config_media_type: str = EMPTY_CONFIG, blob: bytes = b"weights") -> str:
+        """An OCI artifact (a model, a config bundle): `artifactType` and the empty config, as
+        `oras push --artifact-type` writes it (artifact_type None: the config's media type says
+        what it is). No platform anywhere. Returns the manifest digest."""
+        config = b"{}"
+        manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                    "config": {"mediaType": config_media_type,
+                               "digest": self.push_blob(repo, config), "size": len(config)},
+                    "layers": [{"mediaType": "application/octet-stream",
+                                "digest": self.push_blob(repo, blob), "size": len(blob),
+                                "annotations": {"org.opencontainers.image.title": "model.bin"}}]}
+        if artifact_type is not None:
+            manifest["artifactType"] = artifact_type
+        return self.push_manifest(repo, tag, json.dumps(manifest).encode(), OCI_MANIFEST)
 
     def push_attestation(self, repo: str, subject_digest: str) -> str:
         """A BuildKit-style attestation manifest (in-toto layer) for an index entry."""
