@@ -94,11 +94,7 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
         return _deny(f"archway could not read the architectures of {listed} "
                      "(admission.unresolved is deny)", warnings, None)
 
-    known = told_architectures({image: results.get(image) for image in pod.images}, pod.os)
-    if failed and policy.fallback:
-        known.update((image, frozenset(policy.fallback)) for image in failed)
-        warnings.append(f"unread images taken to run on {join_architectures(policy.fallback)} "
-                        "(the policy's fallback architectures)")
+    known = _told(pod, results, failed, policy, warnings)
     archs = common_architectures(known)
     # Copy and diff only what a decision can change, at the same paths: the same patch as
     # between whole pods, without deep-copying and walking every container and volume.
@@ -108,10 +104,7 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
     elif not archs:
         if policy.deny_on_empty:
             return _deny(share_no_architecture(known, results, pod.os), warnings, archs)
-        lacking = [image for image, told in known.items() if not told]
-        warnings.insert(0, (no_platform_for(_short(lacking[0]), results.get(lacking[0]), pod.os)
-                            if lacking else "the images share no CPU architecture")
-                        + "; admitted without an arch constraint")
+        warnings.insert(0, _nothing_shared(known, results, pod.os))
         annotate(mutated, pod, results, archs)
         placed = _Placed("no common architecture")
     elif not policy.within(archs):
@@ -140,6 +133,26 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
                     outcome=outcome, reason=placed.reason, unschedulable=placed.unschedulable,
                     conflict=placed.conflict, excluded=placed.exclusion.excluded,
                     learned=placed.exclusion.note)
+
+
+def _told(pod: PodView, results: dict, failed: list[str], policy: Policy,
+          warnings: list[str]) -> dict:
+    """image -> the architectures it has for the pod's OS; an unread image is taken to have the
+    policy's fallback architectures, when it names some."""
+    known = told_architectures({image: results.get(image) for image in pod.images}, pod.os)
+    if failed and policy.fallback:
+        known.update((image, frozenset(policy.fallback)) for image in failed)
+        warnings.append(f"unread images taken to run on {join_architectures(policy.fallback)} "
+                        "(the policy's fallback architectures)")
+    return known
+
+
+def _nothing_shared(known: dict, results: dict, os: str) -> str:
+    """The warning of a pod admitted although its images share no architecture."""
+    lacking = [image for image, told in known.items() if not told]
+    return (no_platform_for(_short(lacking[0]), results.get(lacking[0]), os)
+            if lacking else "the images share no CPU architecture") \
+        + "; admitted without an arch constraint"
 
 
 def _read(pod: PodView, results: dict) -> tuple[list[str], list[str]]:
