@@ -127,11 +127,12 @@ class TagWatch(LeaderLoop):
                 break
             # timeout 0: the check starts and goes on; the observer hears of a move.
             self.resolver.resolve_many([image], keyring=self._keyring(pod), timeout=0,
-                                       revalidate=frozenset([image]))
+                                       revalidate=frozenset([image]), scope=pod.namespace)
         results: dict[str, object] = {}
         for image, pod in wanted.values():
             results.update(self.resolver.resolve_many([image], keyring=self._keyring(pod),
-                                                      timeout=self.resolve_timeout))
+                                                      timeout=self.resolve_timeout,
+                                                      scope=pod.namespace))
         return results
 
     def _keyring(self, pod: PodView):
@@ -178,7 +179,8 @@ class TagWatch(LeaderLoop):
         except (ArchwayError, ValueError):
             return None
         answer = self.resolver.resolve_many([pinned], keyring=self._keyring(pod),
-                                            timeout=self.resolve_timeout)[pinned]
+                                            timeout=self.resolve_timeout,
+                                            scope=pod.namespace)[pinned]
         return answer if isinstance(answer, ImageInfo) else None
 
     def tag_moved(self, ref: ImageReference, old, new) -> None:

@@ -84,7 +84,8 @@ class Prewarmer:
             if wait > 0:
                 self._sleep(wait)
             # timeout 0: start the lookup and go on; it fills the cache in the background.
-            self.resolver.resolve_many([item.image], keyring=self._keyring(item.pod), timeout=0)
+            self.resolver.resolve_many([item.image], keyring=self._keyring(item.pod), timeout=0,
+                                       scope=item.pod.namespace)
             metrics.PREWARM_IMAGES.labels("started").set(started)
         self.outcome = self._count(wanted)
         for state in ("resolved", "failed"):
@@ -102,6 +103,7 @@ class Prewarmer:
         resolved = 0
         for item in wanted:
             answer = self.resolver.resolve_many([item.image], keyring=self._keyring(item.pod),
-                                                timeout=max(0.0, end - self._clock()))[item.image]
+                                                timeout=max(0.0, end - self._clock()),
+                                                scope=item.pod.namespace)[item.image]
             resolved += isinstance(answer, ImageInfo)
         return {"images": len(wanted), "resolved": resolved, "failed": len(wanted) - resolved}
