@@ -182,7 +182,7 @@ class Resolver:
             return info
         _count_lookup("miss")
         self._backoff.check(ref.host)
-        return _Pending(self._fly(key, ref.host, lambda: self._miss(ref, keys, key, scope),
+        return _Pending(self._fly(key, ref.host, lambda: self._miss(ref, keys, key, scope, revalidate),
                                   miss=True))
 
     def _key(self, ref: ImageReference, keyring: Keyring) -> tuple:
@@ -227,9 +227,11 @@ class Resolver:
                 if flight is not None and flight.token is token:
                     del self._inflight[key]
 
-    def _miss(self, ref: ImageReference, keyring: Keyring, key: tuple, scope: str | None) -> Answer:
-        """Look an image up that has no usable answer in the cache."""
-        answer, keep = self._ask(key, ref, keyring)
+    def _miss(self, ref: ImageReference, keyring: Keyring, key: tuple, scope: str | None,
+              fresh: bool = False) -> Answer:
+        """Look an image up that has no usable answer in the cache (`fresh`: at the registry,
+        not from another worker's answer: a pod pulling Always)."""
+        answer, keep = self._ask(key, ref, keyring, fresh=fresh)
         if keep > 0:
             self._remember(key, ref, answer, keep, scope)
         return answer
@@ -323,7 +325,7 @@ class Resolver:
         return answer
 
     def _ask(self, key: tuple, ref: ImageReference, keyring: Keyring,
-             known: ImageInfo | None = None) -> tuple[Answer, float]:
+             known: ImageInfo | None = None, fresh: bool = False) -> tuple[Answer, float]:
         """The registry's answer and how long to keep it, asked once for all workers when they
         share lookups; waiting for another worker's lookup and asking share one fetch budget."""
         deadline = time.monotonic() + self.fetch_timeout
@@ -334,7 +336,10 @@ class Resolver:
 
         if self._shared is None:
             return fetch()
-        return self._shared.run(key, fetch, deadline)
+        # A revalidation must reach the registry: the answer another worker wrote is the one
+        # being checked (a pod pulling Always on another worker would get the old digest).
+        return self._shared.run(key, fetch, deadline,
+                                newer_than=time.time() if known is not None or fresh else None)
 
     def _fetch(self, ref: ImageReference, keyring: Keyring, deadline: float,
                known: ImageInfo | None = None) -> Answer:

@@ -7,6 +7,10 @@ pods themselves (paged), and resolves their images in the background with each p
 secrets, paced per registry host (`registry.prewarm.requests_per_second` lookups, each one
 manifest request). /readyz does not wait for it. The processes of one server share their lookups
 (registry/sharedlookups.py), so the registry sees each image about once per server.
+
+With the cluster's image records (imagerecords.py, listed before pre-warming starts) an image
+another replica already read is answered from its record: a rollout of archway asks the
+registries nothing for the images the cluster knows; only images without a record are read.
 """
 import logging
 import time

@@ -120,10 +120,10 @@ def test_a_tag_one_replica_sees_moved_is_answered_from_its_new_digest_by_the_oth
     repo = "e2e/records-move"
     images.registry.push_image(repo, "v1", "linux/amd64")
     image = images.ref(repo, "v1")
+    assert admit(archway.webhook, namespace, pod("first", [image]))["architectures"] == "amd64"
+    first_digest = wait_record(kube, f"/{repo}:v1")["spec"]["digest"]
     second = replica("archway-records-mover")
     assert admit(second, namespace, pod("before", [image]))["architectures"] == "amd64"
-    first_digest = wait_record(kube, f"/{repo}:v1")["spec"]["digest"]
-    assert admit(archway.webhook, namespace, pod("first", [image]))["architectures"] == "amd64"
 
     images.registry.push_image(repo, "v1", "linux/arm64")
     # The first replica sees the move: a pod pulling Always has the tag checked first.
