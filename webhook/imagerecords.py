@@ -72,6 +72,7 @@ class ImageRecords:
     namespaced: RecordWatch
     writer: RecordWriter
     listeners: list[Callable[[str, str | None], None]]
+    read_only: bool = False     # the operator's commands read, and write nothing
 
     @classmethod
     def build(cls, api_client_factory, *, refresh_seconds: float, max_pending: int) -> "ImageRecords":
@@ -104,7 +105,8 @@ class ImageRecords:
         return stored.record
 
     def offer(self, record: ImageRecord) -> None:
-        self.writer.offer(record)
+        if not self.read_only:
+            self.writer.offer(record)
 
     def known(self, name: str) -> StoredRecord | None:
         watch = self.namespaced if "/" in name else self.cluster
@@ -119,7 +121,8 @@ class ImageRecords:
         first lists (a replica that starts answers from them, not from the registries)."""
         for watch in (self.cluster, self.namespaced):
             watch.ensure_started()
-        self.writer.start()
+        if not self.read_only:
+            self.writer.start()
         deadline = time.monotonic() + wait_seconds
         for watch in (self.cluster, self.namespaced):
             watch.wait_synced(deadline - time.monotonic())
@@ -131,7 +134,8 @@ class ImageRecords:
         self.writer.stop()
 
 
-def records_for(config, api_client_factory, resolver, *, has_api: bool) -> ImageRecords | None:
+def records_for(config, api_client_factory, resolver, *, has_api: bool,
+                read_only: bool = False) -> ImageRecords | None:
     """The record store `resolver` reads and offers to, started (its first lists waited for,
     up to kubernetes.image_records.start_wait_seconds); None without a Kubernetes API or with
     kubernetes.image_records.enabled off."""
@@ -141,4 +145,15 @@ def records_for(config, api_client_factory, resolver, *, has_api: bool) -> Image
     records = ImageRecords.build(api_client_factory,
                                  refresh_seconds=config.registry.cache.tag_ttl_seconds / 2,
                                  max_pending=settings.max_queued_writes)
+    records.read_only = read_only
     return records.serve(resolver).start(settings.start_wait_seconds)
+
+
+def read_records(config, api_client, resolver) -> ImageRecords | None:
+    """For `archway explain` and `report`: the records listed once (up to
+    kubernetes.image_records.start_wait_seconds) before `resolver` asks a registry; nothing is
+    written (the operator may read, not write, them). Stop it when done."""
+    if api_client is None:
+        return None
+    records = records_for(config, lambda: api_client, resolver, has_api=True, read_only=True)
+    return records

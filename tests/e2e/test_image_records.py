@@ -249,3 +249,20 @@ def test_the_leaders_round_deletes_records_no_pod_uses_once_expired(
         for name in made.values():
             if kube.exists(f"{API}/clusterimagerecords/{name}"):
                 kube.delete(f"{API}/clusterimagerecords/{name}")
+
+
+def test_archway_explain_reads_what_the_cluster_knows_from_the_records_not_the_registry(
+        archway, control_plane, kube, namespace, images, tmp_path):
+    from .test_tools import run_archway
+    repo = "e2e/records-explain"
+    images.registry.push_index(repo, "v1", ["linux/arm64", "linux/ppc64le"])
+    image = images.ref(repo, "v1")
+    create_pod(kube, namespace, pod("explained", [image]))   # the webhook reads and records it
+    wait_record(kube, f"/{repo}:v1")
+    mark = images.registry.mark()
+    done = run_archway(control_plane, tmp_path, images, "explain", "pod/explained", "-n", namespace,
+                       "--json")
+    assert done.returncode == 0, done.stderr
+    (explained,) = json.loads(done.stdout)
+    assert explained["architectures"] == ["arm64", "ppc64le"]
+    assert repo_requests(images.registry, mark, repo) == []
