@@ -12,10 +12,8 @@ being served while the registry is down, slow or rate-limiting, for up to
 answer. Pods that pull with `imagePullPolicy: Always` revalidate first (within their deadline,
 stale on failure), since the kubelet will pull whatever the tag names now.
 
-Between this process's cache and the registry stands the cluster's record store (records.py,
-when the edge sets `records`): a miss, or an answer gone stale, is answered from a record a
-registry confirmed within the TTL, so a process that starts asks no registry for what another
-already read; what this process reads at a registry is offered to the store.
+Between this cache and the registry stand the cluster's records (records.py, when the edge
+sets `records`): read on a miss or a stale answer; what a registry tells is offered to them.
 """
 import dataclasses
 import logging
@@ -244,24 +242,29 @@ class Resolver:
         kind = KINDS[ref.scheme]
         if self.records is None or kind.head_digest is None or ref.url:
             return None
-        if kind.pull_secrets and keyring.fingerprint_for(image_name(ref)):
-            return scope or None
-        return CLUSTER
+        return (scope or None) if kind.pull_secrets and keyring.fingerprint_for(image_name(ref)) else CLUSTER
+
+    def confirmed_at(self, image: str, keyring: Keyring | None = None,
+                     scope: str | None = None) -> float | None:
+        """When a registry last confirmed the cluster's record of `image` (wall clock); None:
+        no record (the leader's tag watch checks only tags no process checked lately)."""
+        ref = parse_reference(image, self._library_host)
+        scope = self._record_scope(ref, keyring or Keyring.empty(), scope)
+        record = self.records.find(scope, ref.url or str(ref)) if self.records and scope is not None else None
+        return record.revalidated_at if record else None
 
     def _recorded(self, key: tuple, ref: ImageReference, scope: str, entry: Entry | None
                   ) -> Entry | None:
         """The record's answer when a registry confirmed it later than `entry`'s (then it is
         this cache's entry too); else `entry`."""
-        assert self.records is not None
-        record = self.records.find(scope, key[0])
+        record = self.records.find(scope, key[0]) if self.records else None
         if record is None:
             return entry
         keep = self._keep(ref, record.info)
         fresh_until = self._clock() + keep - max(0.0, time.time() - record.revalidated_at)
         if entry is not None and entry.fresh_until >= fresh_until:
             return entry
-        recorded = Entry(record.info, fresh_until,
-                         fresh_until + self.settings.cache.stale_if_error_seconds,
+        recorded = Entry(record.info, fresh_until, fresh_until + self.settings.cache.stale_if_error_seconds,
                          answer_bytes(record.info))
         if recorded.state(self._clock()) == EXPIRED:
             return entry
@@ -271,16 +274,15 @@ class Resolver:
     def _offer(self, ref: ImageReference, scope: str | None, info: ImageInfo, error: str = "") -> None:
         if scope is None or self.records is None:
             return
-        now = time.time()
         try:
-            self.records.offer(ImageRecord(scope, str(ref), _named(info, str(ref)), now, now, error))
+            self.records.offer(ImageRecord(scope, str(ref), _named(info, str(ref)), time.time(),
+                                           time.time(), error))
         except Exception:   # the store's bug must not cost the answer
             log.exception("offering the record of %s failed", ref)
 
     def record_changed(self, reference: str, digest: str | None) -> int:
-        """A record says `reference` names `digest` now (or, None, that it is gone): answers of
-        another digest are dropped, so the next lookup reads the record instead of serving
-        what this process read before until its TTL. Returns how many were dropped."""
+        """A record says `reference` names `digest` now (None: it is gone): answers of another
+        digest are dropped, the next lookup reads the record. How many were dropped."""
         def unwanted(key, answer) -> bool:
             return key[0] == reference and not (isinstance(answer, ImageInfo)
                                                 and digest is not None and answer.digest == digest)

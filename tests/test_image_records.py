@@ -191,3 +191,16 @@ def test_the_writer_writes_only_what_tells_the_others_something():
     assert merged(known, failed) == replace(known, last_error="timeout")     # times kept
     again = merged(known, replace(known, read_at=3000, revalidated_at=3000))
     assert again.read_at == 1000 and again.revalidated_at == 3000
+
+
+def test_the_leader_learns_when_a_record_was_last_confirmed_so_its_tag_watch_skips_fresh_ones(
+        plain_registry):
+    plain_registry.push_image("rec/confirmed", "v1", "linux/amd64")
+    image = plain_registry.ref("rec/confirmed", "v1")
+    records = DictRecords()
+    resolver = resolver_for(plain_registry.host, records)
+    assert resolver.confirmed_at(image) is None
+    resolver.resolve(image, deadline=time.monotonic() + 10)
+    assert abs(resolver.confirmed_at(image) - time.time()) < 30
+    assert resolver.confirmed_at(image, Keyring.empty(), "team-a") == resolver.confirmed_at(image)
+    assert Resolver().confirmed_at(image) is None      # no records: always checked
