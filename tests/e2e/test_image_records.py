@@ -304,3 +304,16 @@ def test_a_new_image_two_processes_offer_is_written_once(archway, kube, control_
         first.stop()
         second.stop()
         kube.delete(f"{API}/clusterimagerecords/{record.name}")
+
+
+def test_the_webhooks_service_account_may_do_with_records_what_archway_does_and_no_more(
+        archway, kube):
+    from .test_rbac import identity_of
+    client, _ = identity_of(archway, kube, "webhook")
+    for resource in ("clusterimagerecords", "imagerecords"):
+        for verb in ("get", "list", "watch", "create", "update", "delete"):
+            assert client.can_i(verb, resource, group="archway.dev"), (verb, resource)
+        for verb in ("patch", "deletecollection"):
+            assert not client.can_i(verb, resource, group="archway.dev"), (verb, resource)
+    # The records' kinds only: nothing else of the group.
+    assert not client.can_i("create", "placementpolicies", group="archway.dev", namespace="default")
