@@ -1,8 +1,10 @@
 """The leader's care of the cluster's image records (webhook/imagerecords.py), once per cluster
 instead of once per process:
 
-    every round (a quarter of kubernetes.image_records.expire_seconds, at most half the tag TTL)
-      -> the images the cluster's pods and workload templates name, per namespace
+    every round (a quarter of the tag TTL, at most a quarter of kubernetes.image_records.expire_seconds)
+      -> the images the cluster's pods and workload templates name, per namespace (listed again
+         when the last listing is LIST_SECONDS old, or a quarter of expire_seconds: a listing
+         of every pod is the round's dearest part)
       -> a cluster-wide record of a tag still in use whose last revalidation is half a tag TTL
          old: revalidated (a HEAD at its registry; the resolver offers the result, so the record
          says when, and a moved tag's new digest reaches every replica through its watch)
@@ -31,6 +33,7 @@ from archway.webhook.recordobjects import object_path
 log = logging.getLogger("archway.imagerecords")
 
 MIN_ROUND_SECONDS = 1.0
+LIST_SECONDS = 600.0
 
 
 def images_in_use(objects: Iterable[dict], exclude_namespaces=()) -> set[tuple[str, str]]:
@@ -61,9 +64,18 @@ class RecordKeeper:
         self.list_objects = list_objects          # pods and workloads (ClusterReader's pages)
         self.expire_seconds = expire_seconds
         self.refresh_seconds = tag_ttl_seconds / 2
-        self.round_seconds = max(MIN_ROUND_SECONDS, min(expire_seconds / 4, self.refresh_seconds))
+        self.round_seconds = max(MIN_ROUND_SECONDS, min(expire_seconds, tag_ttl_seconds) / 4)
+        self.list_seconds = max(self.round_seconds, min(expire_seconds / 4, LIST_SECONDS))
         self.exclude_namespaces = tuple(exclude_namespaces)
         self._wall = wall
+        self._used: set[tuple[str, str]] | None = None
+        self._listed_at = 0.0
+
+    def _in_use(self, now: float) -> set[tuple[str, str]]:
+        if self._used is None or now - self._listed_at >= self.list_seconds:
+            self._used = images_in_use(self.list_objects(), self.exclude_namespaces)
+            self._listed_at = now
+        return self._used
 
     def lead(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -75,9 +87,9 @@ class RecordKeeper:
 
     def round(self) -> dict[str, int]:
         """One pass over the records; returns how many were revalidated and deleted."""
-        used = images_in_use(self.list_objects(), self.exclude_namespaces)
-        anywhere = {reference for _, reference in used}
         now = self._wall()
+        used = self._in_use(now)
+        anywhere = {reference for _, reference in used}
         done = {"revalidated": 0, "deleted": 0}
         for record in self.records.records():
             if in_use(record, used, anywhere):

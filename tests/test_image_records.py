@@ -204,3 +204,33 @@ def test_the_leader_learns_when_a_record_was_last_confirmed_so_its_tag_watch_ski
     assert abs(resolver.confirmed_at(image) - time.time()) < 30
     assert resolver.confirmed_at(image, Keyring.empty(), "team-a") == resolver.confirmed_at(image)
     assert Resolver().confirmed_at(image) is None      # no records: always checked
+
+
+def test_the_leaders_round_revalidates_in_use_records_once_and_leaves_fresh_ones(plain_registry):
+    from archway.gate.recordkeeper import RecordKeeper
+
+    class Listed(DictRecords):
+        def records(self):
+            return list(self.by_key.values())
+    plain_registry.push_image("rec/kept", "v1", "linux/amd64")
+    plain_registry.push_image("rec/fresh2", "v1", "linux/amd64")
+    images = [plain_registry.ref("rec/kept", "v1"), plain_registry.ref("rec/fresh2", "v1")]
+    records = Listed()
+    worker = resolver_for(plain_registry.host, records)
+    for image in images:
+        worker.resolve(image, deadline=time.monotonic() + 10)
+    old_key = (CLUSTER, records.offers[0].reference)
+    records.by_key[old_key] = replace(records.by_key[old_key], revalidated_at=time.time() - 200)
+    pods = [{"kind": "Pod", "metadata": {"name": f"p{i}", "namespace": "shop"},
+             "spec": {"containers": [{"name": "c", "image": image}]}} for i, image in enumerate(images)]
+    leader = resolver_for(plain_registry.host, records)
+    keeper = RecordKeeper(api=None, records=records, resolver=leader, list_objects=lambda: pods,
+                          expire_seconds=3600, tag_ttl_seconds=300)
+    mark = plain_registry.mark()
+    assert keeper.round() == {"revalidated": 1, "deleted": 0}
+    deadline = time.monotonic() + 10
+    while time.time() - records.by_key[old_key].revalidated_at > 60 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert time.time() - records.by_key[old_key].revalidated_at < 60
+    heads = [r for r in plain_registry.requests_since(mark) if "/manifests/" in r.path]
+    assert [(r.method, "rec/kept" in r.path) for r in heads] == [("HEAD", True)]
