@@ -148,7 +148,8 @@ def _pulling_always(body: dict) -> dict:
 
 def test_a_record_read_with_a_namespaces_pull_secret_serves_that_namespace_only(
         archway, kube, control_plane, images, replica, tmp_path):
-    private = RegistryServer(tmp_path / "private", auth="htpasswd", users={"alice": "pw"})
+    private = RegistryServer(tmp_path / "private", auth="htpasswd",
+                             users={"alice": "pw", "bob": "pw2"})
     try:
         _tenants_test(archway, kube, control_plane, images, private, replica)
     finally:
@@ -160,7 +161,7 @@ def _tenants_test(archway, kube, control_plane, images, private, replica):
     image = private.ref("tenant/app", "v1")
     account = archway.service_account("webhook")
     tenants = []
-    for name in ("e2e-records-a", "e2e-records-b"):
+    for name, user, password in (("e2e-records-a", "alice", "pw"), ("e2e-records-b", "bob", "pw2")):
         tenant = f"{name}-{int(time.time() * 1000) % 10000}"
         control_plane.new_namespace(tenant)
         tenants.append(tenant)
@@ -168,7 +169,8 @@ def _tenants_test(archway, kube, control_plane, images, private, replica):
         kube.create(f"/api/v1/namespaces/{tenant}/secrets", {
             "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
             "metadata": {"name": "pull"},
-            "data": {".dockerconfigjson": base64.b64encode(private.dockerconfigjson()).decode()}})
+            "data": {".dockerconfigjson": base64.b64encode(
+                private.dockerconfigjson(user, password)).decode()}})
     a, b = tenants
     overrides = {"registry": {"insecure_hosts": [images.registry.host, private.host]},
                  "kubernetes": {"pull_secret_namespaces": tenants}}
@@ -185,7 +187,9 @@ def _tenants_test(archway, kube, control_plane, images, private, replica):
         assert repo_requests(private, mark, "tenant/app") == []
         # B, without a secret: not answered (the registry refuses it, and A's record is A's).
         assert admit(other, b, pod("nosecret", [image]))["architectures"] is None
-        # B, with a secret of its own: read with B's secret, at the registry, into B's record.
+        # B, with a secret of its own (another account): read with it, at the registry, into
+        # B's record. (A pod presenting A's very credentials would be answered as A's: the
+        # same credentials have the same access, as the resolver's cache keys answers.)
         mark = private.mark()
         assert admit(other, b, with_secret)["architectures"] == "arm64"
         assert repo_requests(private, mark, "tenant/app") != []
