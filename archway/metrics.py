@@ -182,7 +182,8 @@ IMAGE_RECORD_WRITES = Counter(
     ["result"])
 IMAGE_RECORDS_SERVED = Counter(
     "archway_image_records_served_total",
-    "Lookups answered from the cluster's image records instead of a registry")
+    "Lookups that found the image's record in the cluster's image records (after the process's "
+    "own cache, before a registry)")
 CACHE_BYTES = Gauge("archway_cache_bytes", "Approximate memory held by the resolver cache",
                     multiprocess_mode="livesum")
 REGISTRY_BACKOFF_UNTIL = Gauge(
