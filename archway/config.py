@@ -184,6 +184,14 @@ class PlacementSettings:
 
 
 @dataclass(frozen=True)
+class ImageRecordSettings:
+    enabled: bool = True                  # share answers as ImageRecord/ClusterImageRecord objects
+    expire_seconds: float = 7 * 24 * 3600  # a record no pod or workload uses is deleted this late
+    max_queued_writes: int = 1000         # record writes waiting; past it an offer is dropped
+    start_wait_seconds: float = 5.0       # a starting worker waits this long for the records
+
+
+@dataclass(frozen=True)
 class KubernetesSettings:
     enabled: str = choice("auto", "off")  # auto: kubeconfig, in-cluster, ~/.kube/config, or none
     kubeconfig: str | None = None
@@ -195,6 +203,7 @@ class KubernetesSettings:
     namespace: str | None = None          # the gate controller's Lease; none: the pod's own
     webhook_configuration: str | None = None  # archway's own: its caBundle checked (trust path)
     trust_repair: tuple[str, ...] = ()    # `archway certs bootstrap` arguments: the leader repairs
+    image_records: ImageRecordSettings = field(default_factory=ImageRecordSettings)
 
 
 @dataclass(frozen=True)

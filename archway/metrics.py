@@ -174,6 +174,16 @@ PREWARM_IMAGES = Gauge(
     "Pre-warming at start (registry.prewarm): images the cluster's workloads and pods name "
     "(found), lookups started, and how many resolved or failed once done; the furthest "
     "process of the server", ["state"], multiprocess_mode="livemax")
+IMAGE_RECORD_WRITES = Counter(
+    "archway_image_record_writes_total",
+    "Writes of the cluster's image records (ImageRecord, ClusterImageRecord) by result: created, "
+    "updated, exists (a create another process made first), conflict (an update another "
+    "process made first), failed, dropped (the write queue was full), deleted (expired)",
+    ["result"])
+IMAGE_RECORDS_SERVED = Counter(
+    "archway_image_records_served_total",
+    "Lookups that found the image's record in the cluster's image records (after the process's "
+    "own cache, before a registry)")
 CACHE_BYTES = Gauge("archway_cache_bytes", "Approximate memory held by the resolver cache",
                     multiprocess_mode="livesum")
 REGISTRY_BACKOFF_UNTIL = Gauge(

@@ -35,6 +35,7 @@ SECTIONS = {           # name -> module of bench/sections/ whose run(lab) return
     "bodies": "bodies",
     "extender": "extender",
     "burst": "burst",
+    "records": "records",      # the image records on a real apiserver (issue 35)
     "kube": "kube",
     "loop": "loop",
     "scale": "scale",          # a package: the section and its load, events and figures

@@ -197,7 +197,8 @@ class GateController:
         start = time.monotonic()
         credentials = self.pull_secrets.credentials_for(view, start + timeout * 0.4)
         results = self.resolver.resolve_many(view.images, keyring=credentials.keyring,
-                                             timeout=max(0.05, start + timeout - time.monotonic()))
+                                             timeout=max(0.05, start + timeout - time.monotonic()),
+                                             scope=view.namespace)
         self._heard(results)
         waited = max(0.0, self._wall() - p.created)
         top = None

@@ -7,8 +7,9 @@ API is configured.
       -> each leadership: the caches listed afresh, the gate controller (controller.py) and
          beside it the closed loop (remediation.py; tagwatch.py when workloads are read) and
          the revisit of pods archway never saw (unseen.py, fed by remediation's pod watch),
-         the DaemonSets told which nodes cannot run them (daemonsets.py) and the status of
-         the PlacementPolicies (policystatus.py)
+         the DaemonSets told which nodes cannot run them (daemonsets.py), the status of the
+         PlacementPolicies (policystatus.py) and the care of the cluster's image records
+         (recordkeeper.py: revalidated once per cluster, expired)
       -> the Lease lost: that leadership stopped, its caches with it
     beside it, leading or not: the check of archway's trust path (certs/trustpath.py), which
       the leader also repairs
@@ -24,6 +25,7 @@ from archway import logs
 from archway.background import supervised_child
 from archway.certs.cli import bootstrap_spec
 from archway.certs.trustpath import STATUS_FILE, TrustWatch
+from archway.cluster import ClusterReader
 from archway.kubeapi import KubeApi
 from archway.kubeclient import api_client_factory, build_api_client
 from archway.lease import LeaderElector, lead_while_elected, lease_namespace, new_identity
@@ -31,13 +33,16 @@ from archway.registry.resolver import Resolver
 from archway.webhook.caches import ClusterCaches
 from archway.webhook.clusterranges import keep_cluster_ranges
 from archway.webhook.events import EventSink
+from archway.webhook.imagerecords import ImageRecords, records_for
 from archway.webhook.policy import Policy
 from archway.webhook.pullsecrets import PullSecrets
+from archway.workloads import TEMPLATE_PATHS
 
 from .controller import GateController
 from .coverage import WebhookCoverage
 from .daemonsets import DaemonSetNodes
 from .policystatus import PolicyStatus
+from .recordkeeper import RecordKeeper
 from .remediation import Remediation
 from .tagwatch import TagWatch
 from .unseen import UnseenPods
@@ -57,6 +62,7 @@ class ControllerParts:
     pull_secrets: PullSecrets
     events: EventSink
     controller: GateController
+    records: ImageRecords | None = None    # the cluster's image records, read and kept
 
     @classmethod
     def build(cls, config, api_client, source: str, identity: str) -> "ControllerParts":
@@ -67,6 +73,8 @@ class ControllerParts:
             config.registry.cache, negative_ttl_seconds=NEGATIVE_TTL_SECONDS))
         resolver = Resolver(registry, sif=config.sif)
         keep_cluster_ranges(config, api_client, resolver)
+        factory = api_client_factory(config.kubernetes)
+        records = records_for(config, factory, resolver, has_api=True)
         pull_secrets = PullSecrets(api_client, source=source,
                                    cache_seconds=config.kubernetes.secret_cache_seconds,
                                    namespaces=config.kubernetes.pull_secret_namespaces)
@@ -76,8 +84,16 @@ class ControllerParts:
             policy=Policy.from_config(config), max_seconds=config.admission.gate_max_seconds,
             fallback=config.placement.fallback_architectures, events=events,
             resolve_timeout=config.registry.timeout_seconds)
-        return cls(config, api_client_factory(config.kubernetes), api, resolver, pull_secrets,
-                   events, controller)
+        return cls(config, factory, api, resolver, pull_secrets, events, controller, records)
+
+    def record_keeper(self) -> RecordKeeper:
+        assert self.records is not None
+        config = self.config
+        return RecordKeeper(api=self.api, records=self.records, resolver=self.resolver,
+                            list_objects=lambda: _listed(ClusterReader(self.api.client)),
+                            expire_seconds=config.kubernetes.image_records.expire_seconds,
+                            tag_ttl_seconds=config.registry.cache.tag_ttl_seconds,
+                            exclude_namespaces=config.admission.exclude_namespaces)
 
     def coverage(self) -> WebhookCoverage | None:
         """The pods archway's webhook is sent, read from its configuration (the chart's); None:
@@ -122,6 +138,9 @@ class ControllerParts:
                                   archway_scheduler=config.placement.archway_scheduler)
             loops.append(threading.Thread(target=status.lead, args=(stop,),
                                           name="archway-policy-status", daemon=True))
+        if self.records is not None:
+            loops.append(threading.Thread(target=self.record_keeper().lead, args=(stop,),
+                                          name="archway-image-records", daemon=True))
         if caches.workloads is not None:
             registry = config.registry
             tags = TagWatch(resolver=self.resolver, pull_secrets=self.pull_secrets,
@@ -141,6 +160,10 @@ class ControllerParts:
             self.controller.workloads = None
             self.controller.policy_of = None
             caches.stop()
+
+
+def _listed(reader: ClusterReader):
+    return (obj for kind in TEMPLATE_PATHS for obj in reader.workloads(kind))
 
 
 def trust_watch(config, api_client) -> TrustWatch | None:

@@ -125,14 +125,26 @@ class TagWatch(LeaderLoop):
                                           lambda item: image_host(item[0])):
             if stop.wait(max(0.0, begin + offset - self._clock())):
                 break
+            if self._confirmed_lately(image, pod):
+                continue    # a process checked it within half a round: its record says so
             # timeout 0: the check starts and goes on; the observer hears of a move.
             self.resolver.resolve_many([image], keyring=self._keyring(pod), timeout=0,
-                                       revalidate=frozenset([image]))
+                                       revalidate=frozenset([image]), scope=pod.namespace)
         results: dict[str, object] = {}
         for image, pod in wanted.values():
             results.update(self.resolver.resolve_many([image], keyring=self._keyring(pod),
-                                                      timeout=self.resolve_timeout))
+                                                      timeout=self.resolve_timeout,
+                                                      scope=pod.namespace))
         return results
+
+    def _confirmed_lately(self, image: str, pod: PodView) -> bool:
+        """The cluster's record of `image` was confirmed at its registry within half a round
+        (a new leader's first round after an archway rollout sends no HEAD for it)."""
+        try:
+            confirmed = self.resolver.confirmed_at(image, self._keyring(pod), pod.namespace)
+        except ArchwayError:   # a reference the resolver cannot read: checked as before
+            return False
+        return confirmed is not None and time.time() - confirmed < self.round_seconds / 2
 
     def _keyring(self, pod: PodView):
         group = (pod.namespace, pod.service_account, pod.pull_secret_names)
@@ -178,7 +190,8 @@ class TagWatch(LeaderLoop):
         except (ArchwayError, ValueError):
             return None
         answer = self.resolver.resolve_many([pinned], keyring=self._keyring(pod),
-                                            timeout=self.resolve_timeout)[pinned]
+                                            timeout=self.resolve_timeout,
+                                            scope=pod.namespace)[pinned]
         return answer if isinstance(answer, ImageInfo) else None
 
     def tag_moved(self, ref: ImageReference, old, new) -> None:

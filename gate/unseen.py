@@ -290,7 +290,7 @@ class UnseenPods(LeaderLoop):
         credentials = self.pull_secrets.credentials_for(
             view, time.monotonic() + self.resolve_timeout / 2)
         results = self.resolver.resolve_many(view.images, keyring=credentials.keyring,
-                                             timeout=self.resolve_timeout)
+                                             timeout=self.resolve_timeout, scope=view.namespace)
         unread = [image for image in view.images
                   if not hasattr(results.get(image), "architectures")]
         revisit.resolve_tries += 1

@@ -22,6 +22,7 @@ the highest one it imports.
   2  cache            the answers, with their age, bounded in entries and bytes
   2  connections      connections that check where they landed and end at the deadline
   2  providerplugin   one run of a credential provider plugin
+  2  records          what the cluster knows of an image: a record, its name, the store's calls
   1  credentials      keyrings from pull secrets and docker config files
   1  hostpolicy       which hosts archway may contact
   1  mirrors          hosts.toml, containerd's mirror configuration

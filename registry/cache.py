@@ -92,6 +92,16 @@ class AnswerCache:
             while self._data and (len(self._data) > self.max_entries or self._bytes > self.max_bytes):
                 self._drop(next(iter(self._data)))
 
+    def drop_where(self, unwanted) -> int:
+        """Drop every entry whose (key, answer) `unwanted` says so (a record told of a tag's new
+        digest: the answers of the old one go); how many were dropped. One pass over the map:
+        rare, and bounded by max_entries."""
+        with self._lock:
+            gone = [key for key, entry in self._data.items() if unwanted(key, entry.answer)]
+            for key in gone:
+                self._drop(key)
+            return len(gone)
+
     def _drop(self, key: Hashable) -> None:
         self._bytes -= self._data.pop(key).size
 

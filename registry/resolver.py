@@ -11,6 +11,9 @@ being served while the registry is down, slow or rate-limiting, for up to
 `cache.stale_if_error_seconds`. Only a pod whose image was never seen can be left without an
 answer. Pods that pull with `imagePullPolicy: Always` revalidate first (within their deadline,
 stale on failure), since the kubelet will pull whatever the tag names now.
+
+Between this cache and the registry stand the cluster's records (records.py, when the edge
+sets `records`): read on a miss or a stale answer; what a registry tells is offered to them.
 """
 import dataclasses
 import logging
@@ -33,7 +36,7 @@ from archway.logsafe import redact_url
 
 from .access import RegistryAccess, image_name
 from .backoff import Backoff
-from .cache import STALE, Answer, AnswerCache, Entry, Failure, answer_bytes
+from .cache import EXPIRED, STALE, Answer, AnswerCache, Entry, Failure, answer_bytes
 from .credentials import Keyring
 from .http import HttpClient
 from .imageref import ImageReference
@@ -42,6 +45,7 @@ from .mirrors import Mirrors
 from .model import ImageInfo
 from .nodecredentials import NodeCredentials
 from .oci import RegistryClient
+from .records import CLUSTER, ImageRecord, RecordStore
 from .reference import KINDS, parse_reference
 from .sharedlookups import SharedLookups
 
@@ -97,6 +101,8 @@ class Resolver:
         # Told (reference, old answer, new answer) when a revalidation finds a tag naming another
         # digest: archway.gate.remediation raises ArchitecturesDropped from it.
         self.tag_moved: Callable[[ImageReference, ImageInfo, ImageInfo], None] | None = None
+        # The cluster's records (webhook/imagerecords.py), read after this cache; None: none.
+        self.records: RecordStore | None = None
 
     @property
     def cache_size(self) -> int:
@@ -114,22 +120,24 @@ class Resolver:
         return self._backoff.backed_off()
 
     def resolve(self, image: str, *, keyring: Keyring | None = None,
-                deadline: float | None = None) -> ImageInfo:
+                deadline: float | None = None, scope: str | None = None) -> ImageInfo:
         """Resolve one image; raise ArchwayError (DeadlineExceeded when `deadline` passes)."""
         timeout = None if deadline is None else deadline - time.monotonic()
-        answer = self.resolve_many([image], keyring=keyring, timeout=timeout)[image]
+        answer = self.resolve_many([image], keyring=keyring, timeout=timeout, scope=scope)[image]
         if isinstance(answer, ArchwayError):
             raise answer
         return answer
 
     def resolve_many(self, images, *, keyring: Keyring | None = None, timeout: float | None,
-                     revalidate=frozenset(), limit: int | None = None
+                     revalidate=frozenset(), limit: int | None = None, scope: str | None = None
                      ) -> dict[str, ImageInfo | ArchwayError]:
         """Resolve images concurrently under one overall timeout (None: wait). Never raises for
         one image: each failure is the ArchwayError in that image's slot. `revalidate`: images
         whose tag must be checked at the registry before their cached answer is used (pods that
         pull Always). `limit`: at most this many distinct images are looked up; the rest fail
-        (Overloaded), so one pod cannot queue a thousand lookups."""
+        (Overloaded), so one pod cannot queue a thousand lookups. `scope`: the tenant (the
+        namespace) `keyring`'s pull secrets belong to, for the records read with them; None:
+        records read with a pod's credentials are neither read nor written."""
         distinct = list(dict.fromkeys(images))
         answers: dict[str, object] = {}
         for n, image in enumerate(distinct):
@@ -139,7 +147,7 @@ class Resolver:
                     f"archway reads at most {limit}")
                 continue
             try:
-                answers[image] = self._start(image, keyring, image in revalidate)
+                answers[image] = self._start(image, keyring, image in revalidate, scope)
             except ArchwayError as e:
                 answers[image] = e
         pending = [a.future for a in answers.values() if isinstance(a, _Pending)]
@@ -148,12 +156,15 @@ class Resolver:
         return {image: _settled(answer, image, timeout) for image, answer in answers.items()}
 
     # --- internals -------------------------------------------------------------------------
-    def _start(self, image: str, keyring: Keyring | None, revalidate: bool):
+    def _start(self, image: str, keyring: Keyring | None, revalidate: bool, scope: str | None):
         """The answer to hand out now (ImageInfo or ArchwayError), or a _Pending to wait for."""
         ref = parse_reference(image, self._library_host)
         keys = keyring or Keyring.empty()   # the pod's; the node's are added per host looked up
         key = self._key(ref, keys)
         entry = self._cache.get(key)
+        scope = self._record_scope(ref, keys, scope)
+        if scope is not None and (entry is None or entry.state(self._clock()) == STALE):
+            entry = self._recorded(key, ref, scope, entry)
         if entry is not None:
             if isinstance(entry.answer, Failure):
                 _count_lookup("fresh")
@@ -161,7 +172,7 @@ class Resolver:
             info = _named(entry.answer, image)
             state = entry.state(self._clock())
             if state == STALE or revalidate:
-                flight = self._revalidation(key, ref, keys, entry)
+                flight = self._revalidation(key, ref, keys, entry, scope)
                 if revalidate and flight is not None:
                     _count_lookup("revalidate")
                     return _Pending(flight, fallback=info)
@@ -169,7 +180,8 @@ class Resolver:
             return info
         _count_lookup("miss")
         self._backoff.check(ref.host)
-        return _Pending(self._fly(key, ref.host, lambda: self._miss(ref, keys, key), miss=True))
+        return _Pending(self._fly(key, ref.host, lambda: self._miss(ref, keys, key, scope, revalidate),
+                                  miss=True))
 
     def _key(self, ref: ImageReference, keyring: Keyring) -> tuple:
         # A URL's own user:password is part of the key (str(ref) hides it): an answer read with
@@ -213,26 +225,84 @@ class Resolver:
                 if flight is not None and flight.token is token:
                     del self._inflight[key]
 
-    def _miss(self, ref: ImageReference, keyring: Keyring, key: tuple) -> Answer:
-        """Look an image up that has no usable answer in the cache."""
-        answer, keep = self._ask(key, ref, keyring)
+    def _miss(self, ref: ImageReference, keyring: Keyring, key: tuple, scope: str | None,
+              fresh: bool = False) -> Answer:
+        """Look an image up that has no usable answer in the cache (`fresh`: at the registry,
+        not from another worker's answer: a pod pulling Always)."""
+        answer, keep = self._ask(key, ref, keyring, fresh=fresh)
         if keep > 0:
-            self._remember(key, ref, answer, keep)
+            self._remember(key, ref, answer, keep, scope)
         return answer
 
+    # --- the cluster's records -----------------------------------------------------------------
+    def _record_scope(self, ref: ImageReference, keyring: Keyring, scope: str | None) -> str | None:
+        """Where this lookup's record lives: CLUSTER when the pod's own credentials play no
+        part, the tenant's `scope` when they do; None: no record (no store, an image that is
+        not a registry's, a URL that may carry a password, or credentials of no known tenant)."""
+        kind = KINDS[ref.scheme]
+        if self.records is None or kind.head_digest is None or ref.url:
+            return None
+        return (scope or None) if kind.pull_secrets and keyring.fingerprint_for(image_name(ref)) else CLUSTER
+
+    def confirmed_at(self, image: str, keyring: Keyring | None = None,
+                     scope: str | None = None) -> float | None:
+        """When a registry last confirmed the cluster's record of `image` (wall clock); None:
+        no record (the leader's tag watch checks only tags no process checked lately)."""
+        ref = parse_reference(image, self._library_host)
+        scope = self._record_scope(ref, keyring or Keyring.empty(), scope)
+        record = self.records.find(scope, ref.url or str(ref)) if self.records and scope is not None else None
+        return record.revalidated_at if record else None
+
+    def _recorded(self, key: tuple, ref: ImageReference, scope: str, entry: Entry | None
+                  ) -> Entry | None:
+        """The record's answer when a registry confirmed it later than `entry`'s (then it is
+        this cache's entry too); else `entry`."""
+        record = self.records.find(scope, key[0]) if self.records else None
+        if record is None:
+            return entry
+        keep = self._keep(ref, record.info)
+        fresh_until = self._clock() + keep - max(0.0, time.time() - record.revalidated_at)
+        if entry is not None and entry.fresh_until >= fresh_until:
+            return entry
+        recorded = Entry(record.info, fresh_until, fresh_until + self.settings.cache.stale_if_error_seconds,
+                         answer_bytes(record.info))
+        if recorded.state(self._clock()) == EXPIRED:
+            return entry
+        self._cache.put(key, recorded)
+        return recorded
+
+    def _offer(self, ref: ImageReference, scope: str | None, info: ImageInfo, error: str = "") -> None:
+        if scope is None or self.records is None:
+            return
+        try:
+            self.records.offer(ImageRecord(scope, str(ref), _named(info, str(ref)), time.time(),
+                                           time.time(), error))
+        except Exception:   # the store's bug must not cost the answer
+            log.exception("offering the record of %s failed", ref)
+
+    def record_changed(self, reference: str, digest: str | None) -> int:
+        """A record says `reference` names `digest` now (None: it is gone): answers of another
+        digest are dropped, the next lookup reads the record. How many were dropped."""
+        def unwanted(key, answer) -> bool:
+            return key[0] == reference and not (isinstance(answer, ImageInfo)
+                                                and digest is not None and answer.digest == digest)
+        return self._cache.drop_where(unwanted)
+
     def _revalidation(self, key: tuple, ref: ImageReference, keyring: Keyring,
-                      entry: Entry) -> Future | None:
+                      entry: Entry, scope: str | None = None) -> Future | None:
         """Start (or join) a check of a cached answer at its registry; None while the last
         check failed recently or the host is backed off: the cached answer stands."""
         if self._clock() < entry.checks_paused_until:
             return None
         try:
             self._backoff.check(ref.host)
-            return self._fly(key, ref.host, lambda: self._revalidate(key, ref, keyring, entry))
+            return self._fly(key, ref.host,
+                             lambda: self._revalidate(key, ref, keyring, entry, scope))
         except (RateLimited, Overloaded):   # the cached answer stands; a later pod checks again
             return None
 
-    def _revalidate(self, key: tuple, ref: ImageReference, keyring: Keyring, entry: Entry) -> Answer:
+    def _revalidate(self, key: tuple, ref: ImageReference, keyring: Keyring, entry: Entry,
+                    scope: str | None = None) -> Answer:
         old = entry.answer
         assert isinstance(old, ImageInfo)
         answer, keep = self._ask(key, ref, keyring, known=old)
@@ -245,9 +315,10 @@ class Resolver:
             self._cache.put(key, dataclasses.replace(entry, checks_paused_until=self._clock() + retry))
             log.info("revalidating %s failed (%s); serving the answer cached before",
                      ref, classify_error(answer.error).words)
+            self._offer(ref, scope, old, classify_error(answer.error).words)
             return answer
         _count_revalidation("unchanged" if answer.digest == old.digest else "changed")
-        self._remember(key, ref, answer, keep)
+        self._remember(key, ref, answer, keep, scope)
         if answer.digest != old.digest and self.tag_moved is not None:
             try:
                 self.tag_moved(ref, old, answer)
@@ -256,7 +327,7 @@ class Resolver:
         return answer
 
     def _ask(self, key: tuple, ref: ImageReference, keyring: Keyring,
-             known: ImageInfo | None = None) -> tuple[Answer, float]:
+             known: ImageInfo | None = None, fresh: bool = False) -> tuple[Answer, float]:
         """The registry's answer and how long to keep it, asked once for all workers when they
         share lookups; waiting for another worker's lookup and asking share one fetch budget."""
         deadline = time.monotonic() + self.fetch_timeout
@@ -267,7 +338,10 @@ class Resolver:
 
         if self._shared is None:
             return fetch()
-        return self._shared.run(key, fetch, deadline)
+        # A revalidation must reach the registry: the answer another worker wrote is the one
+        # being checked (a pod pulling Always on another worker would get the old digest).
+        return self._shared.run(key, fetch, deadline,
+                                newer_than=time.time() if known is not None or fresh else None)
 
     def _fetch(self, ref: ImageReference, keyring: Keyring, deadline: float,
                known: ImageInfo | None = None) -> Answer:
@@ -317,8 +391,11 @@ class Resolver:
             return 0.0 if isinstance(answer.error, _NOT_CACHED) else cache.negative_ttl_seconds
         return cache.digest_ttl_seconds if ref.digest else cache.tag_ttl_seconds
 
-    def _remember(self, key: tuple, ref: ImageReference, answer: Answer, keep: float) -> None:
+    def _remember(self, key: tuple, ref: ImageReference, answer: Answer, keep: float,
+                  scope: str | None = None) -> None:
         self._cache.put(key, self._entry(answer, keep))
+        if isinstance(answer, ImageInfo):
+            self._offer(ref, scope, answer)
         if isinstance(answer, ImageInfo) and answer.digest and not ref.digest and KINDS[ref.scheme].head_digest:
             # The same content asked for by digest later is a hit, for the long TTL.
             self._cache.put((str(dataclasses.replace(ref, tag=None, digest=answer.digest)), key[1]),

@@ -43,9 +43,11 @@ class SharedLookups:
         self._open_lock = threading.Lock()
 
     def run(self, key: tuple, fetch: Callable[[], tuple[Answer, float]],
-            deadline: float) -> tuple[Answer, float]:
+            deadline: float, newer_than: float | None = None) -> tuple[Answer, float]:
         """fetch() -> (answer, seconds to keep it); or the answer another worker wrote for `key`
-        and the seconds it has left. An answer kept for 0 s is not shared."""
+        and the seconds it has left. An answer kept for 0 s is not shared. `newer_than` (wall
+        clock): a revalidation takes only an answer written since it began (another worker's
+        check it waited for), never the one it is checking."""
         key_hash = hashlib.sha256(repr(key).encode()).hexdigest()
         offset = int(key_hash[:_LOCK_OFFSET_BITS // 4], 16)
         fd = self._lock_file()
@@ -53,12 +55,12 @@ class SharedLookups:
             return fetch()  # the other worker is slow: don't wait past our own deadline
         try:
             path = os.path.join(self.directory, f"record-{offset % RECORD_FILES:04d}")
-            shared = _read(path, key_hash, self._clock())
+            shared = _read(path, key_hash, self._clock(), newer_than)
             if shared is not None:
                 return shared
             answer, keep = fetch()
             if keep > 0:
-                _write(path, key_hash, answer, self._clock() + keep)
+                _write(path, key_hash, answer, self._clock() + keep, self._clock())
             return answer, keep
         finally:
             fcntl.lockf(fd, fcntl.LOCK_UN, 1, offset)
@@ -83,11 +85,14 @@ def _lock(fd: int, offset: int, deadline: float) -> bool:
             time.sleep(_POLL_SECONDS)
 
 
-def _read(path: str, key_hash: str, now: float) -> tuple[Answer, float] | None:
+def _read(path: str, key_hash: str, now: float,
+          newer_than: float | None = None) -> tuple[Answer, float] | None:
     try:
         with open(path, "rb") as f:
             record = json.loads(f.read(_MAX_RECORD_BYTES))
         if record["key"] != key_hash or record["expires"] <= now:
+            return None
+        if newer_than is not None and record.get("written", 0.0) < newer_than:
             return None
         if "error" in record:
             return Failure(_error_from(record["error"])), record["expires"] - now
@@ -101,8 +106,8 @@ def _read(path: str, key_hash: str, now: float) -> tuple[Answer, float] | None:
         return None  # written by another version, or damaged: fetch again
 
 
-def _write(path: str, key_hash: str, answer: Answer, expires: float) -> None:
-    record: dict = {"key": key_hash, "expires": expires}
+def _write(path: str, key_hash: str, answer: Answer, expires: float, written: float) -> None:
+    record: dict = {"key": key_hash, "expires": expires, "written": written}
     if isinstance(answer, Failure):
         record["error"] = _error_record(answer.error)
     else:

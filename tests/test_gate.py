@@ -672,7 +672,7 @@ class FlakyResolver:
     def __init__(self):
         self.results = {}
 
-    def resolve_many(self, images, *, keyring=None, timeout):
+    def resolve_many(self, images, *, keyring=None, timeout, scope=None):
         return {image: self.results.get(image, DOWN) for image in images}
 
 

@@ -240,3 +240,23 @@ def test_a_new_registry_kind_is_a_module_and_one_entry(monkeypatch, tmp_path):
     assert resolver.resolve(image).architectures == {"arm64"} and read == [image]   # cached
     assert reference.scheme_of(image) == "sif+file"
     assert inspect.pinned(image, "sha256:" + "a" * 64) is None   # no digest: nothing to pin
+
+
+def test_a_pod_pulling_always_on_another_worker_is_checked_at_the_registry_not_told_the_shared_answer(
+        plain_registry, tmp_path):
+    """Two workers of one server share lookups (registry/sharedlookups.py). The tag is re-pushed
+    after the first read it: a pod pulling Always, on the other worker, is answered from the
+    registry (the shared answer is the one to check), with and without its own cached answer."""
+    from archway.registry.sharedlookups import SharedLookups
+    plain_registry.push_image("sf/always", "v1", "linux/amd64")
+    image = plain_registry.ref("sf/always", "v1")
+
+    def worker():
+        return Resolver(settings_for(plain_registry.host), shared=SharedLookups(str(tmp_path)))
+    first, second = worker(), worker()
+    assert first.resolve(image, deadline=time.monotonic() + 10).architectures == {"amd64"}
+    assert second.resolve(image, deadline=time.monotonic() + 10).architectures == {"amd64"}
+    plain_registry.push_image("sf/always", "v1", "linux/arm64")
+    for resolver in (worker(), second):     # no answer of its own; a cached one
+        answer = resolver.resolve_many([image], timeout=10, revalidate=frozenset([image]))[image]
+        assert answer.architectures == {"arm64"}

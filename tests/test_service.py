@@ -35,7 +35,8 @@ class Resolver:
         self.results, self.error, self.clock, self.takes = results or {}, error, clock, takes
         self.calls = []
 
-    def resolve_many(self, images, *, keyring=None, timeout, revalidate=frozenset(), limit=None):
+    def resolve_many(self, images, *, keyring=None, timeout, revalidate=frozenset(), limit=None,
+                     scope=None):
         self.calls.append((tuple(images), keyring, timeout))
         if self.clock is not None:
             self.clock.now += self.takes

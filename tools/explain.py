@@ -374,6 +374,7 @@ def explain_live_pod(name: str, namespace: str, config, policy: Policy,
     from archway.cluster import ClusterReader
     from archway.nodes import node_facts
     from archway.registry.resolver import Resolver
+    from archway.webhook.imagerecords import read_records
     from archway.webhook.pullsecrets import PullSecrets
 
     reader = ClusterReader.from_config(config)
@@ -384,8 +385,14 @@ def explain_live_pod(name: str, namespace: str, config, policy: Policy,
     known = KnownPolicies()
     read_from_cluster(known, config)
     credentials = PullSecrets(reader.api_client).credentials_for(pod, time.monotonic() + timeout)
-    results = Resolver(config.registry, sif=config.sif).resolve_many(pod.images,
-                             timeout=timeout, keyring=credentials.keyring)
+    resolver = Resolver(config.registry, sif=config.sif)
+    records = read_records(config, reader.api_client, resolver)   # what archway knows first
+    try:
+        results = resolver.resolve_many(pod.images, timeout=timeout, keyring=credentials.keyring,
+                                        scope=namespace)
+    finally:
+        if records is not None:
+            records.stop()
     nodes = [f for f in map(node_facts, _nodes(reader)) if f is not None]
     annotations = {k: v for k, v in pod.annotations.items() if k.startswith("archway.dev/")}
     top = live_workload(reader, pod)

@@ -209,9 +209,18 @@ def _resolve(pods: list[PodView], reader, config, timeout: float) -> dict[int, d
     credentials (namespace, ServiceAccount, pull secrets): a namespace's workloads usually share
     them, and the resolver's cache shares the rest."""
     from archway.registry.resolver import Resolver
+    from archway.webhook.imagerecords import read_records
     from archway.webhook.pullsecrets import PullSecrets
     resolver = Resolver(config.registry, sif=config.sif)
-    secrets = PullSecrets(reader.api_client)
+    records = read_records(config, reader.api_client, resolver)   # what archway knows first
+    try:
+        return _resolve_groups(pods, resolver, PullSecrets(reader.api_client), timeout)
+    finally:
+        if records is not None:
+            records.stop()
+
+
+def _resolve_groups(pods: list[PodView], resolver, secrets, timeout: float) -> dict[int, dict]:
     groups: dict[tuple, list[int]] = {}
     for i, pod in enumerate(pods):
         groups.setdefault((pod.namespace, pod.service_account, pod.pull_secret_names),
@@ -223,7 +232,8 @@ def _resolve(pods: list[PodView], reader, config, timeout: float) -> dict[int, d
         _progress(f"reading {len(set(images))} image(s) of {len(members)} workload(s) in "
                   f"{first.namespace} ({n}/{len(groups)})")
         credentials = secrets.credentials_for(first, time.monotonic() + timeout)
-        answers = resolver.resolve_many(images, timeout=timeout, keyring=credentials.keyring)
+        answers = resolver.resolve_many(images, timeout=timeout, keyring=credentials.keyring,
+                                        scope=first.namespace)
         for i in members:
             results[i] = answers
     return results

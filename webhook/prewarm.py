@@ -7,6 +7,10 @@ pods themselves (paged), and resolves their images in the background with each p
 secrets, paced per registry host (`registry.prewarm.requests_per_second` lookups, each one
 manifest request). /readyz does not wait for it. The processes of one server share their lookups
 (registry/sharedlookups.py), so the registry sees each image about once per server.
+
+With the cluster's image records (imagerecords.py, listed before pre-warming starts) an image
+another replica already read is answered from its record: a rollout of archway asks the
+registries nothing for the images the cluster knows; only images without a record are read.
 """
 import logging
 import time
@@ -84,7 +88,8 @@ class Prewarmer:
             if wait > 0:
                 self._sleep(wait)
             # timeout 0: start the lookup and go on; it fills the cache in the background.
-            self.resolver.resolve_many([item.image], keyring=self._keyring(item.pod), timeout=0)
+            self.resolver.resolve_many([item.image], keyring=self._keyring(item.pod), timeout=0,
+                                       scope=item.pod.namespace)
             metrics.PREWARM_IMAGES.labels("started").set(started)
         self.outcome = self._count(wanted)
         for state in ("resolved", "failed"):
@@ -102,6 +107,7 @@ class Prewarmer:
         resolved = 0
         for item in wanted:
             answer = self.resolver.resolve_many([item.image], keyring=self._keyring(item.pod),
-                                                timeout=max(0.0, end - self._clock()))[item.image]
+                                                timeout=max(0.0, end - self._clock()),
+                                                scope=item.pod.namespace)[item.image]
             resolved += isinstance(answer, ImageInfo)
         return {"images": len(wanted), "resolved": resolved, "failed": len(wanted) - resolved}

@@ -262,7 +262,8 @@ class AdmissionService:
         results = self.resolver.resolve_many(images, keyring=credentials.keyring,
                                              timeout=timeout,
                                              revalidate=pod.always_pulled,
-                                             limit=self.settings.max_images)
+                                             limit=self.settings.max_images,
+                                             scope=pod.namespace)
         return Resolution(results, tuple(credentials.warnings))
 
     def _unresolved(self, request: AdmissionRequest, decision: Decision, deadline: float,

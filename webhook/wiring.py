@@ -1,8 +1,8 @@
 """A webhook worker's parts, built in one place, once: the client factory every cache of the
 worker reads through, the pull-secret reader, the caches (caches.py), the gate controller's
 Lease observer, the Event sink and the cluster addresses the resolver refuses (clusterranges.py)
-when a Kubernetes API is configured, the admission service
-over them, and pre-warming. register_webhook (app.py) puts them behind POST /mutate and
+when a Kubernetes API is configured, the cluster's image records the resolver reads before a
+registry (imagerecords.py), the admission service over them, and pre-warming. register_webhook (app.py) puts them behind POST /mutate and
 /readyz; `archway serve` starts the pre-warming as each worker boots.
 """
 from dataclasses import dataclass, replace
@@ -15,6 +15,7 @@ from archway.lease import LeaseObserver, lease_namespace, new_identity
 from .caches import ClusterCaches
 from .clusterranges import keep_cluster_ranges
 from .events import EventSink
+from .imagerecords import ImageRecords, records_for
 from .prewarm import Prewarmer
 from .pullsecrets import PullSecrets
 from .service import AdmissionService, AdmissionSettings
@@ -26,6 +27,7 @@ class WebhookParts:
     pull_secrets: PullSecrets             # or the reader a test handed in
     gating: LeaseObserver | None          # admission.unresolved: gate with an API; else None
     prewarmer: Prewarmer | None           # registry.prewarm.enabled with an API; else None
+    records: ImageRecords | None = None   # kubernetes.image_records.enabled with an API
 
 
 def build_webhook(config, resolver, node_cache, pull_secrets=None) -> WebhookParts:
@@ -35,6 +37,10 @@ def build_webhook(config, resolver, node_cache, pull_secrets=None) -> WebhookPar
     if pull_secrets is None:
         pull_secrets = PullSecrets.from_config(config, factory)
     gating, events = _gate_support(config, pull_secrets)
+    # Before pre-warming and the first pod: what the cluster already knows, so a new replica
+    # asks no registry for it.
+    records = records_for(config, factory, resolver,
+                          has_api=getattr(pull_secrets, "api", None) is not None)
     # Before the first pod: the Service ranges and the API server a pod's image may not name.
     keep_cluster_ranges(config, getattr(getattr(pull_secrets, "api", None), "client", None),
                         resolver)
@@ -50,7 +56,7 @@ def build_webhook(config, resolver, node_cache, pull_secrets=None) -> WebhookPar
                                pull_secrets=pull_secrets, caches=caches, gating=gating,
                                events=events)
     return WebhookParts(service, pull_secrets, gating,
-                        _prewarmer(config, resolver, pull_secrets))
+                        _prewarmer(config, resolver, pull_secrets), records)
 
 
 def startup_seconds(config) -> float:
