@@ -377,11 +377,11 @@ def explain_live_pod(name: str, namespace: str, config, policy: Policy,
     from archway.webhook.imagerecords import read_records
     from archway.webhook.pullsecrets import PullSecrets
 
-    reader = ClusterReader.from_config(config)
-    obj = reader.pod(namespace, name)
-    workload = Workload("Pod", namespace, name, obj)
-    pod = _view(workload)
     from .explainpolicy import KnownPolicies, read_from_cluster
+
+    reader = ClusterReader.from_config(config)
+    workload = Workload("Pod", namespace, name, reader.pod(namespace, name))
+    pod = _view(workload)
     known = KnownPolicies()
     read_from_cluster(known, config)
     credentials = PullSecrets(reader.api_client).credentials_for(pod, time.monotonic() + timeout)
