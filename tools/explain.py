@@ -396,8 +396,7 @@ def explain_live_pod(name: str, namespace: str, config, policy: Policy,
     nodes = [f for f in map(node_facts, _nodes(reader)) if f is not None]
     annotations = {k: v for k, v in pod.annotations.items() if k.startswith("archway.dev/")}
     top = live_workload(reader, pod)
-    learned = top.learned if top is not None and config.remediation.learn_failed_architectures \
-        else None
+    learned = top.learned if top and config.remediation.learn_failed_architectures else None
     return explain_workload(workload, results, policy, nodes=nodes or None,
                             annotations=annotations,
                             events=archway_events(reader, pod, top.object_name if top else None),
