@@ -96,7 +96,8 @@ def _resolve(service: Any, debug, due: float, api_by: float) -> tuple[dict, tupl
     timeout = max(0.0, due - _ANSWER_MARGIN_SECONDS - service.clock())
     results = service.resolver.resolve_many(debug.images, keyring=credentials.keyring,
                                             timeout=timeout, revalidate=debug.always_pulled,
-                                            limit=service.settings.max_images)
+                                            limit=service.settings.max_images,
+                                            scope=debug.pod.namespace)
     return results, tuple(credentials.warnings)
 
 
