@@ -1,13 +1,11 @@
 """The image records with archway installed by its chart on the real node (two webhook replicas,
 lab/cluster/incluster.py): `kubectl rollout restart` of archway under steady pod creation asks
 the registry nothing for the images the cluster already runs, and gates no pod."""
-import threading
-
 import pytest
 
 from lab.kube import pod_path
 
-from .test_incluster import ARCH_ANNOTATION, fresh_namespace, restart_deployments
+from .test_incluster import ARCH_ANNOTATION, SteadyCreation, fresh_namespace, restart_deployments
 
 RECORDS = "/apis/archway.dev/v1alpha1/clusterimagerecords"
 REPOS = [f"node/records-{i}" for i in range(5)]
@@ -33,30 +31,11 @@ def test_an_archway_rollout_reads_no_known_image_from_the_registry_and_gates_no_
                                   for r in kube.items(RECORDS)) for repo in REPOS) or None,
                   timeout=60, what="a record of every image")
     mark = node_registry.mark()
-    created, failures = [], []
-    stop = threading.Event()
-
-    def create_steadily():
-        i = 0
-        while not stop.is_set():
-            try:
-                created.append(kube.create(pod_path(namespace),
-                                           arm64_pod(f"p{i}", images[i % len(images)])))
-            except Exception as e:   # every failure is the finding
-                failures.append(f"p{i}: {e}")
-            i += 1
-            stop.wait(0.5)
-
-    writer = threading.Thread(target=create_steadily)
-    writer.start()
-    try:
+    with SteadyCreation(kube, namespace,
+                        lambda i: arm64_pod(f"p{i}", images[i % len(images)])) as creation:
         restart_deployments(in_cluster)
-        after = len(created) + 6
-        kube.wait_for(lambda: len(created) >= after or bool(failures) or None, timeout=60,
-                      what="creations after the rollout")
-    finally:
-        stop.set()
-        writer.join()
+        creation.wait_for_more(6, what="creations after the rollout")
+    created, failures = creation.created, creation.failures
     assert failures == []
     # What the apiserver stored is what admission made of each pod: none gated, all placed.
     gated = [p["metadata"]["name"] for p in created if p["spec"].get("schedulingGates")]

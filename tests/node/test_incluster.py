@@ -98,6 +98,42 @@ def helm_upgrade(in_cluster) -> None:
                   timeout=240, what="archway's webhook rolled out")
 
 
+class SteadyCreation:
+    """Pods created at a steady rate (2 a second) on a thread of their own for as long as the
+    `with` block runs, while archway is changed; every failed creation is a finding. `pod(i)`:
+    the i-th pod. `created`: the objects the apiserver stored (what admission made of them)."""
+
+    def __init__(self, kube, namespace: str, pod):
+        self.kube, self.namespace, self.pod = kube, namespace, pod
+        self.created: list[dict] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._create_steadily)
+
+    def _create_steadily(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            try:
+                self.created.append(self.kube.create(pod_path(self.namespace), self.pod(i)))
+            except Exception as e:   # every failure is the finding
+                self.failures.append(f"p{i}: {e}")
+            i += 1
+            self._stop.wait(0.5)
+
+    def wait_for_more(self, count: int, *, what: str) -> None:
+        """Until `count` more creations (or a failure), within a minute."""
+        after = len(self.created) + count
+        self.kube.wait_for(lambda: len(self.created) >= after or bool(self.failures) or None,
+                           timeout=60, what=what)
+
+    def __enter__(self) -> "SteadyCreation":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
 @pytest.mark.timeout(900)      # the session's install when first, and a rollout
 @pytest.mark.parametrize("change", [restart_deployments, helm_upgrade],
                          ids=["rollout-restart", "helm-upgrade"])
@@ -108,36 +144,18 @@ def test_a_change_of_archway_fails_no_creation_and_leaves_no_pod_unannotated(
     kube = plane.kube
     image = pause_image(node_registry)
     namespace = fresh_namespace(plane, "rollout")
-    created, failures = [], []
-    stop = threading.Event()
 
-    def create_steadily():
-        i = 0
-        while not stop.is_set():
-            name = f"p{i}"
-            try:
-                kube.create(pod_path(namespace), {"metadata": {"name": name}, "spec": {
-                    "nodeSelector": {"kubernetes.io/arch": "arm64"},   # API-only: never runs
-                    "containers": [{"name": "c", "image": image}]}})
-                created.append(name)
-            except Exception as e:   # every failure is the finding
-                failures.append(f"{name}: {e}")
-            i += 1
-            stop.wait(0.5)
+    def pod(i: int) -> dict:
+        return {"metadata": {"name": f"p{i}"}, "spec": {
+            "nodeSelector": {"kubernetes.io/arch": "arm64"},   # API-only: never runs
+            "containers": [{"name": "c", "image": image}]}}
 
-    writer = threading.Thread(target=create_steadily)
-    writer.start()
-    try:
-        before = len(created)
+    with SteadyCreation(kube, namespace, pod) as creation:
+        before = len(creation.created)
         change(in_cluster)
-        during = len(created) - before
-        # A few creations after the change too.
-        after = len(created) + 6
-        kube.wait_for(lambda: len(created) >= after or bool(failures) or None, timeout=60,
-                      what="creations after the change")
-    finally:
-        stop.set()
-        writer.join()
+        during = len(creation.created) - before
+        creation.wait_for_more(6, what="creations after the change")
+    created, failures = creation.created, creation.failures
     assert failures == []
     unannotated = [p["metadata"]["name"] for p in kube.items(pod_path(namespace))
                    if ARCH_ANNOTATION not in (p["metadata"].get("annotations") or {})]
