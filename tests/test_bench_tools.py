@@ -224,3 +224,44 @@ def test_the_scale_sections_apiserver_histograms_and_its_figures_at_one_size():
     verdicts = {f.number: f.verdict for f in figures}
     assert verdicts["25b"] == "MISS" and verdicts["25"] == "PASS"    # p99 ratio 1.25
     assert verdicts["25e"] == "MISS" and "RuntimeError: x" in figures[5].measured
+
+
+def test_the_scale_sections_records_requests_and_their_figures():
+    from bench.sections.scale import records
+    from bench.sections.scale.load import ACCOUNTS, histogram
+
+    def event(audit_id, verb, resource, user=ACCOUNTS + "archway-webhook"):
+        return {"auditID": audit_id, "verb": verb, "user": {"username": user},
+                "objectRef": {"resource": resource}}
+
+    class Plane:   # the audit log as ControlPlane.audit_events reads it
+        def audit_events(self, mark):
+            return iter([event("1", "list", "clusterimagerecords"),
+                         event("2", "watch", "clusterimagerecords"),
+                         event("2", "watch", "clusterimagerecords"),   # a watch logs twice
+                         event("3", "create", "clusterimagerecords"),
+                         event("4", "watch", "imagerecords"),
+                         event("5", "list", "nodes"),
+                         event("6", "create", "clusterimagerecords", user="kubernetes-admin")])
+
+    counts = records.records_requests(Plane(), 0)
+    assert counts == {"list clusterimagerecords": 1, "watch clusterimagerecords": 1,
+                      "create clusterimagerecords": 1, "watch imagerecords": 1}
+    assert records.is_records("patch imagerecords") and not records.is_records("get nodes")
+    h = histogram(APISERVER, "apiserver_request_duration_seconds", verb="POST", resource="pods",
+                  subresource="")
+    kinds = ("webhook", "controller", "extender", "masters")
+    size = {"nodes": 300, "rss": {k: [60e6] for k in kinds},
+            "requests": {"create clusterimagerecords": 1, "get leases": 9, "get secrets": 1},
+            "startup": {"admitted": {"p50": 1, "p99": 2.5}, "skipped": {"p50": 1, "p99": 2.0},
+                        "load": "1 1 1"},
+            "apiserver": {"webhook": h},
+            "records": {"on": True, "objects": {"clusterimagerecords": 2, "imagerecords": 0},
+                        "requests": counts}}
+    figure = records.records_figure([size], 100)
+    assert figure.measured == "2 records, 1 of 2 burst requests"   # Lease renewals apart
+    assert "create clusterimagerecords 1, 1 of its 2 requests (0.01 per pod)" in figure.notes[1]
+    off = {**size, "requests": {"get secrets": 1}}
+    side = records.on_off_figure([size], [off], 100)
+    assert side.measured == "300 Nodes: startup p99 2.50 on / 2.50 s off"
+    assert "0.02 requests per pod" in side.notes[1] and "0.01 requests per pod" in side.notes[2]

@@ -10,7 +10,9 @@ with KWOK-simulated Nodes (lab/cluster/kwok.py) at three sizes, each its own fre
     keeps open; target <= 0.01 (watches, never a read per pod). Lease renewals of the gate
     controller's leader election are counted apart (they are per second, not per pod).
 25b-25d at every size (load.py), 25e-25g at the largest (events.py), formatted by figures.py;
-sizes from ARCHWAY_SCALE_SIZES (default 100,1000,5000).
+25h (the image records at each size) and 25i (records on vs off) in records.py;
+sizes from ARCHWAY_SCALE_SIZES (default 100,1000,5000); ARCHWAY_SCALE_RECORDS_OFF names sizes
+measured a second time with the records off (default none).
 """
 import json
 import os
@@ -28,11 +30,12 @@ from lab.procs import REPO
 from lab.servers.proxy import DelayProxy
 from lab.servers.registry import RegistryServer
 
-from . import events, figures, load
+from . import events, figures, load, records
 from .load import ACCOUNTS
 
 # The largest size also gets the relist, the failover and the schedulers' race (events.py).
 SIZES = tuple(int(n) for n in os.environ.get("ARCHWAY_SCALE_SIZES", "100,1000,5000").split(","))
+RECORDS_OFF = tuple(int(n) for n in os.environ.get("ARCHWAY_SCALE_RECORDS_OFF", "").split(",") if n)
 BURST = 100
 REST_SECONDS = 30     # at rest: CPU and requests per minute (the watches, the Lease renewals)
 DEADLINE = 1.0        # admission.deadline_seconds: a pod through the slow registry is gated
@@ -40,7 +43,7 @@ REQUESTS_PER_POD_TARGET = 0.01
 RESULTS = os.path.join(REPO, "bench", "results")
 SPECS = (("25a", f"archway RSS against cluster size ({', '.join(map(str, SIZES))} KWOK Nodes)", "info"),
          ("25", f"archway's apiserver requests per pod, burst of {BURST} pods", f"<= {REQUESTS_PER_POD_TARGET}"),
-         *figures.SPECS)
+         *figures.SPECS, *records.SPECS)
 
 
 def run(lab: Lab) -> list[Figure]:
@@ -52,32 +55,39 @@ def _measure(lab: Lab, started: Started) -> list[Figure]:
     registry.push_index("bench/multi", "1", ["linux/amd64", "linux/arm64"])
     registry.push_index("bench/gated", "1", ["linux/amd64", "linux/arm64"])
     slow = started(DelayProxy(registry.port))
-    sizes, stopped = [], ""
-    for nodes in SIZES:
+    sizes: list[dict] = []
+    off: list[dict] = []
+    stopped = ""
+    for nodes, records_on in [(n, on) for n in SIZES for on in (True, False)
+                              if on or n in RECORDS_OFF]:
         try:
-            sizes.append(_one_size(lab, registry, slow, nodes))
-            _keep(sizes, "")
+            (sizes if records_on else off).append(_one_size(lab, registry, slow, nodes, records_on))
+            _keep(sizes, off, "")
         except Exception as e:   # the sizes measured so far still count; say where it stopped
-            stopped = f"{nodes:,} Nodes: {type(e).__name__}: {str(e)[:300]}"
+            stopped = f"{nodes:,} Nodes, records {'on' if records_on else 'off'}: " \
+                      f"{type(e).__name__}: {str(e)[:300]}"
             step(f"stopped at {stopped}")
             break
     if not sizes:
         raise RuntimeError(stopped)
-    _keep(sizes, stopped)
+    _keep(sizes, off, stopped)
     # Each kind of figure made on its own: one that cannot be made leaves the others.
     made = [*measured([SPECS[0]], lambda _: [memory_figure(sizes)]),
             *measured([SPECS[1]], lambda _: [requests_figure(sizes)]),
-            *measured([SPECS[2]], lambda _: figures.figures(sizes))]
+            *measured([SPECS[2]], lambda _: figures.figures(sizes)),
+            *measured([records.SPECS[0]], lambda _: [records.records_figure(sizes, BURST)]),
+            *measured([records.SPECS[1]], lambda _: [records.on_off_figure(sizes, off, BURST)])]
     if stopped:
         made[0].notes.append(f"stopped at {stopped}")
     return made
 
 
-def _keep(sizes: list[dict], stopped: str) -> None:
+def _keep(sizes: list[dict], off: list[dict], stopped: str) -> None:
     """What was measured so far, kept whatever becomes of the rest (a size takes minutes)."""
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "scale-raw.json"), "w") as f:
-        json.dump({"sizes": sizes, "stopped": stopped}, f, indent=1, default=str)
+        json.dump({"sizes": sizes, "records_off": off, "stopped": stopped}, f, indent=1,
+                  default=str)
 
 
 def step(what: str) -> None:
@@ -103,10 +113,11 @@ def _events(plane: ControlPlane, install: ChartInstall, registry: RegistryServer
     return found
 
 
-def _one_size(lab: Lab, registry: RegistryServer, slow: DelayProxy, nodes: int) -> dict:
+def _one_size(lab: Lab, registry: RegistryServer, slow: DelayProxy, nodes: int,
+              records_on: bool = True) -> dict:
     with Started() as cluster:   # each size its own fresh cluster
-        plane = cluster(ControlPlane(lab.path(f"scale-{nodes}")))
-        step(f"{nodes} Nodes: control plane and KWOK")
+        plane = cluster(ControlPlane(lab.path(f"scale-{nodes}" + ("" if records_on else "-off"))))
+        step(f"{nodes} Nodes (records {'on' if records_on else 'off'}): control plane and KWOK")
         started = time.monotonic()
         plane.start()
         kwok = Kwok(plane).start()
@@ -115,8 +126,10 @@ def _one_size(lab: Lab, registry: RegistryServer, slow: DelayProxy, nodes: int) 
         step(f"{nodes} Nodes Ready; installing archway")
         install = ChartInstall(plane, archway_config={
             "registry": {"insecure_hosts": [registry.host, slow.host], "timeout_seconds": 2.0},
-            "admission": {"deadline_seconds": DEADLINE}})
+            "admission": {"deadline_seconds": DEADLINE}},
+            values=None if records_on else records.OFF_VALUES)
         cluster.callback(install.stop_processes)
+        installed = plane.audit_mark()
         install.install()
         assert install.webhook and install.extender
         time.sleep(5)   # the caches listed at boot; let the lists' garbage go
@@ -157,8 +170,10 @@ def _one_size(lab: Lab, registry: RegistryServer, slow: DelayProxy, nodes: int) 
         found["startup"] = {**load.startup(plane, image), "load": load_average()}
         step(f"{nodes} Nodes: the apiserver's latency")
         found["apiserver"] = {**load.apiserver(plane, image), "load": load_average()}
-        if nodes == max(SIZES):
+        if nodes == max(SIZES) and records_on:
             found["events"] = _events(plane, install, registry, slow)
+        found["records"] = {"on": records_on, "objects": records.record_objects(kube),
+                            "requests": records.records_requests(plane, installed)}
         return found
 
 
