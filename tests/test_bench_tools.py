@@ -263,5 +263,5 @@ def test_the_scale_sections_records_requests_and_their_figures():
     assert "create clusterimagerecords 1, 1 of its 2 requests (0.01 per pod)" in figure.notes[1]
     off = {**size, "requests": {"get secrets": 1}}
     side = records.on_off_figure([size], [off], 100)
-    assert side.measured == "300 Nodes: startup p99 2.50 on / 2.50 s off"
+    assert side.measured == "300 Nodes: startup p99 ratio 1.25 on / 1.25 off"
     assert "0.02 requests per pod" in side.notes[1] and "0.01 requests per pod" in side.notes[2]
