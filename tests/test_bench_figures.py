@@ -40,13 +40,16 @@ def test_interleaved_rounds_take_turns_and_each_side_goes_first_in_turn():
     assert values == {"a": [1.0, 1.0, 1.0], "b": [2.0, 2.0, 2.0]}
 
 
-def test_steady_median_spread_and_iqr():
-    s = steady([0.80, 0.90, 0.85, 0.88, 0.70])
+def test_steady_median_spread_is_the_iqr_so_one_outlier_round_does_not_make_noise():
+    s = steady([0.80, 0.90, 0.85, 0.88, 0.50])
     assert s.median == pytest.approx(0.85)
-    assert s.spread == pytest.approx((0.90 - 0.70) / 0.85)
-    assert s.iqr == pytest.approx((0.88 - 0.80) / 0.85)
-    assert s.describe() == "0.85 ±24% (5 rounds: 0.70-0.90)"
-    assert steady([3.0]).spread == 0.0 and steady([3.0]).describe() == "3.00 (1 round)"
+    assert s.spread == pytest.approx((0.88 - 0.80) / 0.85)     # 2nd to 4th of 5
+    assert s.range == pytest.approx((0.90 - 0.50) / 0.85)
+    assert not s.noisy(0.15) and s.noisy(0.05)
+    assert steady([0.7, 0.9, 1.0]).spread == pytest.approx(0.3 / 0.9)   # 3 rounds: the range
+    assert s.describe() == "0.85 ±9% (5 rounds: 0.50 to 0.90)"
+    assert s.describe("{:.1f}", "x") == "0.8x ±9% (5 rounds: 0.5x to 0.9x)"
+    assert steady([3.0]).spread == 0.0 and steady([3.0]).describe("{:+.1f}", " ms") == "+3.0 ms (1 round)"
     assert steady([-1.0, 1.0]).spread == math.inf      # a median of 0 with rounds apart
 
 
@@ -82,7 +85,8 @@ def test_a_figure_whose_rounds_spread_past_the_bound_is_noisy_not_pass_or_miss(m
     assert [f.verdict for f in figures] == ["PASS", "NOISY", "NOISY", "MISS", "info"]
     assert [f.missed for f in figures] == [False, False, False, True, False]
     assert summary(figures) == "1/4 targets met; missed: 18; too noisy to judge: 14, 19"
-    assert any(n.startswith("rounds: per round 0.70, 0.95, 1.10") for n in loose_pass.notes)
+    assert any(n.startswith("rounds: per round 0.70, 0.95, 1.10; median 0.95, spread (IQR/median) "
+                            "42%") for n in loose_pass.notes)
     monkeypatch.setenv("BENCH_NOISE_BOUND", "0.5")      # a looser bound judges them again
     assert [f.verdict for f in figures] == ["PASS", "PASS", "NOISY", "MISS", "info"]
 

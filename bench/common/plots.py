@@ -55,12 +55,11 @@ def write(figures: Iterable, directory: str, *, note: str = "") -> tuple[list[st
         import matplotlib
     except ImportError:
         return [], SKIPPED
-    matplotlib.use("svg")
     os.makedirs(directory, exist_ok=True)
     paths = []
-    style = {"svg.fonttype": "none", "svg.hashsalt": "archway-bench", "font.size": 9,
-             "axes.spines.top": False, "axes.spines.right": False}
-    with matplotlib.rc_context(style):
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "archway-bench",
+                                "font.size": 9, "axes.spines.top": False,
+                                "axes.spines.right": False}):
         for name, spec in sorted(plots.items()):
             path = os.path.join(directory, f"{name}.svg")
             _draw(spec, note).savefig(path, format="svg", metadata={"Date": None})
@@ -71,7 +70,9 @@ def write(figures: Iterable, directory: str, *, note: str = "") -> tuple[list[st
 def _draw(spec: dict, note: str):
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
-    canvas = Figure(figsize=(6.4, 3.6), layout="constrained")
+    canvas = Figure(figsize=(6.4, 3.6))
+    # Room below the axes for the note on the run (which constrained layout does not place).
+    canvas.set_layout_engine("constrained", rect=(0, 0.05 if note else 0, 1, 0.95 if note else 1))
     ax = canvas.add_subplot()
     if spec["kind"] == "bar":
         _bars(ax, spec["series"])

@@ -2,9 +2,10 @@
 
 One round of a ratio figure measures both sides (A then B, the next round B then A), so that a
 change in the machine's load during the run hits both alike; each round gives one ratio. The
-figure is the median of the rounds' ratios, and its spread is how far the rounds fell apart,
-(max - min) / median. Past `noise_bound()` the figure says NOISY instead of PASS or MISS: the run
-cannot tell whether the target was met.
+figure is the median of the rounds' ratios, and its spread is how far the rounds fell apart:
+their interquartile range over the median (with 3 rounds or fewer, their whole range). Past
+`noise_bound()` the figure says NOISY instead of PASS or MISS: the run cannot tell whether the
+target was met.
 
     BENCH_ROUNDS       rounds per ratio figure (default 5; `python3 -m bench --rounds`)
     BENCH_NOISE_BOUND  the spread past which a figure is NOISY (default 0.15 = 15 %; --noise-bound)
@@ -56,34 +57,39 @@ class Steady:
 
     @property
     def spread(self) -> float:
-        """(max - min) / |median|: 0 for one round; inf when the median is 0 and rounds differ."""
-        low, high, mid = min(self.values), max(self.values), abs(self.median)
-        if high == low:
-            return 0.0
-        return (high - low) / mid if mid else float("inf")
-
-    @property
-    def iqr(self) -> float:
-        """The interquartile range relative to |median| (nearest rank), for the notes."""
+        """The interquartile range (nearest rank) relative to |median|: with up to 3 rounds
+        their whole range, with 5 the 2nd to the 4th value, so that one round caught by a
+        burst of load elsewhere does not alone make a figure NOISY. 0 for one round; inf when
+        the median is 0 and the rounds differ."""
         mid = abs(self.median)
         width = percentile(self.values, 75) - percentile(self.values, 25)
+        if not width:
+            return 0.0
+        return width / mid if mid else float("inf")
+
+    @property
+    def range(self) -> float:
+        """(max - min) / |median|, for the notes."""
+        mid, width = abs(self.median), max(self.values) - min(self.values)
         return width / mid if mid else (0.0 if not width else float("inf"))
 
     def noisy(self, bound: float | None = None) -> bool:
         return len(self.values) > 1 and self.spread > (noise_bound() if bound is None else bound)
 
-    def describe(self, fmt: str = "{:.2f}") -> str:
-        """'0.88 ±6 % (5 rounds: 0.85-0.90)': the median, the spread, the range."""
+    def describe(self, fmt: str = "{:.2f}", unit: str = "") -> str:
+        """'0.88x ±6% (5 rounds: 0.85x-0.90x)': the median, the spread, the range."""
+        def value(v: float) -> str:
+            return fmt.format(v) + unit
         if len(self.values) == 1:
-            return f"{fmt.format(self.values[0])} (1 round)"
+            return f"{value(self.values[0])} (1 round)"
         spread = "inf" if self.spread == float("inf") else f"{self.spread:.0%}"
-        return (f"{fmt.format(self.median)} ±{spread} ({len(self.values)} rounds: "
-                f"{fmt.format(min(self.values))}-{fmt.format(max(self.values))})")
+        return (f"{value(self.median)} ±{spread} ({len(self.values)} rounds: "
+                f"{value(min(self.values))} to {value(max(self.values))})")
 
     def rounds_note(self, fmt: str = "{:.2f}") -> str:
         return (f"per round {', '.join(fmt.format(v) for v in self.values)}; median "
-                f"{fmt.format(self.median)}, spread (max-min)/median {self.spread:.0%}, IQR/median "
-                f"{self.iqr:.0%}; NOISY past {noise_bound():.0%}")
+                f"{fmt.format(self.median)}, spread (IQR/median) {self.spread:.0%}, range/median "
+                f"{self.range:.0%}; NOISY past {noise_bound():.0%}")
 
 
 def blocks(samples: Sequence[T], count: int) -> list[list[T]]:

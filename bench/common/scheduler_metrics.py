@@ -13,6 +13,7 @@ scrape goes to 127.0.0.1 only, bounded in time and size.
 """
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import requests
@@ -39,7 +40,7 @@ def attempt_buckets(text: str) -> dict[float, float]:
     return histogram_buckets(text, ATTEMPT_SECONDS, result="scheduled")
 
 
-def crossing(samples: list[tuple[float, float]], count: float) -> float | None:
+def crossing(samples: Sequence[tuple[float, float]], count: float) -> float | None:
     """When a growing count reached `count`, interpolated between the two samples (time,
     count) around it; None if no sample reached it or the first already had."""
     for (t0, c0), (t1, c1) in zip(samples, samples[1:]):
@@ -48,7 +49,7 @@ def crossing(samples: list[tuple[float, float]], count: float) -> float | None:
     return None
 
 
-def window_rate(samples: list[tuple[float, float]], low: float, high: float) -> float:
+def window_rate(samples: Sequence[tuple[float, float]], low: float, high: float) -> float:
     """Per second between the count's crossings of `low` and `high`; when the first sample is
     already past `low` (the scheduler was quicker than the first look), from that sample."""
     if not samples:

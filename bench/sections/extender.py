@@ -163,7 +163,7 @@ def _filter_in_process(body: bytes, number: str, name: str, target: str) -> Figu
         raise RuntimeError(f"filter kept {kept} and failed {failed} of {NODES} nodes")
     steady = ratios(filter_times, loads_times)    # run by run: each pair saw the same load
     ratio = steady.median
-    return Figure(number, name, f"{steady.describe()}x ({median(filter_times) * 1000:.0f} ms vs "
+    return Figure(number, name, f"{steady.describe(unit='x')} ({median(filter_times) * 1000:.0f} ms vs "
                   f"{median(loads_times) * 1000:.0f} ms)", target, ratio <= FILTER_TARGET, [
         f"a {len(body) / 1e6:.0f} MB ExtenderArgs body (compact JSON, as kube-scheduler sends it) "
         f"of {NODES:,} Nodes of ~{len(body) // NODES // 1000} KB (50 status.images each), half "

@@ -114,7 +114,7 @@ def _create_latency(plane: ControlPlane, image: str) -> Figure:
     calls = webhook_calls(plane) - calls_before
     mean_added = (sum(took["webhook"]) - sum(took["skipped"])) / CREATES
     return Figure(
-        "18", SPECS[0][1], f"+{per_round.describe('{:.1f}')} ms (all: p99 {p['webhook'][1]:.1f} "
+        "18", SPECS[0][1], f"{per_round.describe('{:+.1f}', ' ms')} (all: p99 {p['webhook'][1]:.1f} "
                            f"vs {p['skipped'][1]:.1f}; p50 {p['webhook'][0]:.1f} vs "
                            f"{p['skipped'][0]:.1f})",
         SPECS[0][2], added <= ADDED_P99_TARGET_MS, [
@@ -192,7 +192,8 @@ RACE_NOTE = ("rate = scheduler_schedule_attempts_total{result=\"scheduled\"} fro
              "scheduler's own /metrics (scraped every 0.25 s), between 10 % and 90 % of the pods "
              "scheduled (crossings interpolated between scrapes); beside it the rate of bound "
              "pods polled from the apiserver every 0.5 s (same window); attempt p50/p99 from "
-             "scheduler_scheduling_attempt_duration_seconds over the race")
+             "scheduler_scheduling_attempt_duration_seconds over the race (algorithm and binding: "
+             "with client limits, the binding's wait for the client's qps too)")
 
 
 def race_rounds(plane: ControlPlane, install: ChartInstall, image: str, limits: dict,

@@ -178,7 +178,7 @@ def _pod_watch(plane: ControlPlane, namespaces: list[str], image: str,
         updates = pods[FAILING_AT_LIST:] + pods[:FAILING_AT_LIST]   # every pod once
         # Rounds: blocks of the updates, each process's CPU over each block (both watch the
         # same events at the same time: a round is the same load for both).
-        per_block = {w.mode: [] for w in watchers}
+        per_block: dict[str, list[float]] = {w.mode: [] for w in watchers}
         done = 0
         for block in blocks(list(enumerate(updates)), rounds()):
             at_start = {w.mode: cpu_seconds(w.process.pid) for w in watchers}
@@ -203,7 +203,7 @@ def _pod_watch(plane: ControlPlane, namespaces: list[str], image: str,
     retained = (rss["archway"] - rss["parse-only"]) / MB
     return [
         Figure("22", SPECS[0][1],
-               f"{per_round.describe()}x ({per_update['archway']:.0f} vs "
+               f"{per_round.describe(unit='x')} ({per_update['archway']:.0f} vs "
                f"{per_update['parse-only']:.0f} us)",
                SPECS[0][2], ratio <= CPU_RATIO_TARGET, [
                    f"{PODS:,} pods (~{len(json.dumps(pods[0][1])) / 1024:.1f} KB each as "

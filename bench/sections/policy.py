@@ -68,7 +68,7 @@ def run(lab: Lab) -> list[Figure]:
     plain, full, audit, worst = (min(times[k]) for k in ("plain", "full", "audit", "worst"))
     ratio = steady.median
     return [Figure("15", "decide() with the arch policy vs plain",
-                   f"{steady.describe()}x ({full * 1e6:.0f} vs {plain * 1e6:.0f} µs)",
+                   f"{steady.describe(unit='x')} ({full * 1e6:.0f} vs {plain * 1e6:.0f} µs)",
                    f"<= {TARGET_RATIO:g}x", ratio <= TARGET_RATIO, [
         (f"in process, {len(steady.values)} rounds x {ROUNDS} calls, taking turns; figure = "
          f"median of the per-round ratios, times = best round: a pod of 3 images (amd64, "

@@ -227,7 +227,7 @@ def _create_latency(plane: ControlPlane, image: str) -> list[Figure]:
     archway_call, noop_call, patch_call = (calls[h] for h in HOOKS)
     return [
         Figure("18c", SPECS[0][1],
-               f"{per_round.describe()}x (all: p99 archway {p99['archway']:.1f} / no-op with "
+               f"{per_round.describe(unit='x')} (all: p99 archway {p99['archway']:.1f} / no-op with "
                f"the patch {p99['no-op-patch']:.1f} / plain no-op {p99['no-op']:.1f} / none "
                f"{p99['none']:.1f}; p50 {p50['archway']:.1f} / {p50['no-op-patch']:.1f} / "
                f"{p50['no-op']:.1f} / {p50['none']:.1f})",
