@@ -227,6 +227,21 @@ def test_the_plot_writer_makes_small_valid_svgs_with_the_series_and_no_fonts(tmp
         assert a.read() == b.read()
 
 
+def test_a_bar_plot_keeps_the_bars_an_earlier_run_measured_and_this_one_did_not(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional bench dependency")
+    kube, scale = _figures_with_plots()[:2]       # 19b (section kube), 25g (section scale)
+    plots.write([kube], str(tmp_path), note="run 1")
+    plots.write([scale], str(tmp_path), note="run 2")
+    svg = (tmp_path / "scheduling-rate.svg").read_text()
+    assert ">19b<" in svg and ">25g<" in svg and "run 2; 19b from an earlier run" in svg
+    kube.data["plots"]["scheduling-rate"]["series"]["archway"]["y"] = [310.0]
+    plots.write([kube], str(tmp_path), note="run 3")     # 19b measured again: this run's value
+    record = (tmp_path / "scheduling-rate.json").read_text()
+    merged = plots.json.loads(record)["series"]["archway"]
+    assert merged["x"] == ["25g", "19b"] and merged["y"] == [30.0, 310.0]
+    assert not (tmp_path / "scale-memory.json").exists()     # curves: this run's alone
+
+
 def test_without_matplotlib_the_run_prints_its_table_and_says_plots_were_skipped(
         tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)      # import matplotlib -> ImportError

@@ -9,6 +9,7 @@ its tables all the same and says the plots were skipped.
 The SVGs keep their text as text (no embedded fonts, no glyph outlines) and carry no date, so
 they stay a few tens of KB and a re-run with the same figures changes no byte.
 """
+import json
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -62,9 +63,40 @@ def write(figures: Iterable, directory: str, *, note: str = "") -> tuple[list[st
                                 "axes.spines.right": False}):
         for name, spec in sorted(plots.items()):
             path = os.path.join(directory, f"{name}.svg")
-            _draw(spec, note).savefig(path, format="svg", metadata={"Date": None})
+            spec, told = _with_earlier_bars(os.path.join(directory, f"{name}.json"), spec, note)
+            _draw(spec, told).savefig(path, format="svg", metadata={"Date": None})
             paths.append(path)
     return paths, f"{len(paths)} plots written to {directory}"
+
+
+def _with_earlier_bars(record: str, spec: dict, note: str) -> tuple[dict, str]:
+    """A bar plot gathers figures of several sections (19 and 19b in `kube`, 25g in `scale`),
+    which runs of single sections measure apart: the bars this run did not measure are kept
+    from the last run that did (NAME.json beside the SVG), and the note says so. A curve is
+    always this run's alone."""
+    earlier = {}
+    if spec["kind"] == "bar" and os.path.exists(record):
+        with open(record) as f:
+            earlier = json.load(f)
+    measured = {c for values in spec["series"].values() for c in values["x"]}
+    kept = [c for c in dict.fromkeys(c for values in earlier.get("series", {}).values()
+                                     for c in values["x"]) if c not in measured]
+    if kept:
+        series = {}
+        for label in dict.fromkeys([*earlier["series"], *spec["series"]]):
+            old = earlier["series"].get(label, {"x": []})
+            new = spec["series"].get(label, {"x": []})
+            rows = [(old, i) for i, c in enumerate(old["x"]) if c in kept]
+            rows += [(new, i) for i in range(len(new["x"]))]
+            keys = [k for k in ("x", "y", "low", "high")
+                    if all(k in values for values, _ in rows)]
+            series[label] = {k: [values[k][i] for values, i in rows] for k in keys}
+        spec = {**spec, "series": series}
+        note += f"; {', '.join(kept)} from an earlier run"
+    if spec["kind"] == "bar":
+        with open(record, "w") as f:
+            json.dump(spec, f, indent=1)
+    return spec, note
 
 
 def _draw(spec: dict, note: str):
@@ -79,8 +111,14 @@ def _draw(spec: dict, note: str):
     else:
         for label, values in spec["series"].items():
             _curve(ax, spec["kind"], label, values)
-    if spec.get("log_x"):
+    if spec.get("log_x"):   # the measured sizes as plain numbers, not powers of ten
+        from matplotlib.ticker import FixedLocator, NullFormatter
         ax.set_xscale("log")
+        sizes = sorted({x for values in spec["series"].values() for x in values["x"]})
+        if len(sizes) <= 8:
+            ax.xaxis.set_major_locator(FixedLocator(sizes))
+            ax.set_xticks(sizes, [f"{x:,.{0 if float(x).is_integer() else 2}f}" for x in sizes])
+            ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(spec["x"])
     ax.set_ylabel(spec["y"])
     ax.set_title(spec["title"], fontsize=10)

@@ -11,8 +11,9 @@ installed by its chart (lab/cluster/chart.py).
     scheduler is stopped, then the scheduler started; pods scheduled per second between 10 % and
     90 % scheduled, from the scheduler's own /metrics (scheduler_schedule_attempts_total), the
     polled bound count beside it; interleaved rounds of both schedulers, told as median and
-    spread (bench/common/rounds.py). 19: both with kube-scheduler's default client limits, as deployed; 19b: both
-    with the limits lifted, which shows what the extender's two calls per pod cost.
+    spread (bench/common/rounds.py). 19: both with kube-scheduler's default client limits, as
+    deployed; 19b: both with the limits lifted, which shows what the extender's two calls per
+    pod cost.
 20: 100 pods (10 images x 10) created through the apiserver while their registry is too slow
     for any lookup: all gated; the registry is then fast again and each pod is timed until the
     real scheduler has bound it (released by the gate controller, validated by the apiserver).
