@@ -237,8 +237,8 @@ def rate_plot(category: str, rates_by_process: dict[str, list[float]]) -> dict:
         values = rates_by_process[name]
         series[label] = {"x": [category], "y": [median(values)], "low": [min(values)],
                          "high": [max(values)]}
-    return plot("scheduling-rate", "pods scheduled per second, with and without archway "
-                "(median of rounds, bars: range)", "", "pods/s (scheduler's own metrics)",
+    return plot("scheduling-rate", "pods scheduled/s with and without archway (median; "
+                "whiskers: range of rounds)", "", "pods/s (scheduler's own metrics)",
                 series, kind="bar")
 
 
