@@ -2,6 +2,10 @@
 
     python3 -m bench                       # everything (bench/run.sh does setup first)
     python3 -m bench --only admission,extender
+    python3 -m bench --rounds 7 --noise-bound 0.1
+
+Ratio figures are taken over interleaved rounds (bench/common/rounds.py) and told as median and
+spread; a figure whose rounds spread past the noise bound is NOISY, neither PASS nor MISS.
 
 To measure a proposed fix, copy the checkout, patch the copy and run `python3 -m bench` inside
 it: the servers and the in-process parts then all run the copy's code.
@@ -16,6 +20,7 @@ import os
 import sys
 import time
 
+from bench.common import plots, rounds
 from bench.common.lab import Lab
 from bench.common.report import load_average, machine, markdown, summary, table
 
@@ -55,7 +60,17 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help=f"comma-separated sections: {', '.join(SECTIONS)}")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
     parser.add_argument("--output", default=os.path.join(RESULTS, "latest.md"))
+    parser.add_argument("--plots", default=os.path.join(RESULTS, "plots"),
+                        help="directory of the SVG plots (needs matplotlib)")
+    parser.add_argument("--rounds", type=int, help=f"interleaved rounds per ratio figure "
+                        f"(BENCH_ROUNDS, default {rounds.DEFAULT_ROUNDS})")
+    parser.add_argument("--noise-bound", type=float, help=f"spread past which a figure is NOISY "
+                        f"(BENCH_NOISE_BOUND, default {rounds.DEFAULT_NOISE_BOUND})")
     args = parser.parse_args(argv)
+    if args.rounds is not None:
+        os.environ["BENCH_ROUNDS"] = str(args.rounds)
+    if args.noise_bound is not None:
+        os.environ["BENCH_NOISE_BOUND"] = str(args.noise_bound)
     wanted = args.only.split(",") if args.only else list(SECTIONS)
     unknown = set(wanted) - set(SECTIONS)
     if unknown:
@@ -83,7 +98,20 @@ def main(argv=None) -> int:
     with open(args.output, "w") as f:
         f.write(markdown(figures, described, seconds=seconds, load_at_end=load_average()))
     print(f"written to {args.output}" + (f"; scratch kept in {lab.directory}" if args.keep else ""))
-    return 0 if all(f.passed is not False for f in figures) else 1
+    _, told = plots.write(figures, args.plots, note=plot_note(described))
+    print(told)
+    return 1 if any(f.missed for f in figures) else 0
+
+
+def plot_note(described: dict[str, str]) -> str:
+    """The run a plot comes from, and whether the machine was loaded (load > cores)."""
+    load, cores = load_average(), os.cpu_count() or 1
+    try:
+        loaded = float(load.split()[0]) > cores
+    except (ValueError, IndexError):
+        loaded = False
+    return (f"bench run {described['date (UTC)']} UTC, {cores} cores, load average {load}"
+            + (": a loaded machine, figures noisy" if loaded else ""))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@
 #   bash bench/run.sh                     everything (a few minutes on 2 cores)
 #   bash bench/run.sh --only admission    some sections (bench/sections/): policy, registry, cache, drip, dns, uncached, admission, slowclients, memory, gate, bodies, extender, burst, records, kube, loop, scale, autoscale, realnode (root)
 #   BENCH_SKIP_SETUP=1 bash bench/run.sh  skip the (idempotent) install step
+#   bash bench/run.sh --rounds 7 --noise-bound 0.1   interleaved rounds per ratio figure (BENCH_ROUNDS,
+#                                         default 5) and the spread past which it is NOISY (BENCH_NOISE_BOUND)
+# SVG plots go to bench/results/plots/ when matplotlib is installed (bench/requirements.txt).
 # Profiling a missed target needs py-spy: pip install -r bench/requirements.txt, then
 #   python3 -m bench.profile admission
 set -euo pipefail

@@ -1,7 +1,9 @@
 """The figures table and the machine it was measured on: pure formatting plus a few reads of /proc.
 
 A `Figure` is one row: what was measured, the value as text, the target as text, and whether the
-target was met (None: informational, no target). The table is the same on the terminal and in
+target was met (None: informational, no target). A figure taken over rounds carries them
+(`rounds`, bench/common/rounds.py): when they spread past the noise bound its verdict is NOISY,
+neither PASS nor MISS. `data` holds what the plots draw (bench/common/plots.py), if anything. The table is the same on the terminal and in
 bench/results/latest.md, so what a run printed and what it wrote can be compared line by line.
 """
 import datetime
@@ -13,6 +15,8 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 
+from bench.common.rounds import Steady
+
 
 @dataclass
 class Figure:
@@ -22,10 +26,27 @@ class Figure:
     target: str
     passed: bool | None    # None: context only, no target of its own
     notes: list[str] = field(default_factory=list)   # how it was measured, in a few words
+    rounds: Steady | None = None   # the rounds of a figure taken several times
+    data: dict = field(default_factory=dict, repr=False)   # series for the plots
+
+    def __post_init__(self) -> None:
+        if self.rounds is not None and len(self.rounds.values) > 1:
+            self.notes = [*self.notes, f"rounds: {self.rounds.rounds_note()}"]
+
+    @property
+    def noisy(self) -> bool:
+        """A judged figure whose rounds spread past the noise bound: the run cannot tell."""
+        return self.passed is not None and self.rounds is not None and self.rounds.noisy()
 
     @property
     def verdict(self) -> str:
+        if self.noisy:
+            return "NOISY"
         return {True: "PASS", False: "MISS", None: "info"}[self.passed]
+
+    @property
+    def missed(self) -> bool:
+        return self.verdict == "MISS"
 
 
 def failed_figure(number: str, name: str, target: str, error: BaseException) -> Figure:
@@ -58,9 +79,12 @@ def notes(figures: list[Figure]) -> str:
 
 def summary(figures: list[Figure]) -> str:
     judged = [f for f in figures if f.passed is not None]
-    missed = [f.number for f in judged if not f.passed]
-    text = f"{len(judged) - len(missed)}/{len(judged)} targets met"
-    return text + (f"; missed: {', '.join(missed)}" if missed else "")
+    met = [f.number for f in judged if f.verdict == "PASS"]
+    missed = [f.number for f in judged if f.missed]
+    noisy = [f.number for f in judged if f.noisy]
+    text = f"{len(met)}/{len(judged)} targets met"
+    text += f"; missed: {', '.join(missed)}" if missed else ""
+    return text + (f"; too noisy to judge: {', '.join(noisy)}" if noisy else "")
 
 
 # --- the machine --------------------------------------------------------------------------------

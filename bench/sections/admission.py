@@ -9,21 +9,21 @@ from contextlib import contextmanager
 
 from bench.common.lab import PLATFORMS, Lab, fixture_text, mutated_archs
 from bench.common.loadgen import run_wrk
+from bench.common.plots import cumulative, plot
 from bench.common.report import Figure
+from bench.common.rounds import interleaved, ratios, rounds
 from bench.common.section import Started, measured
 from bench.common.servers import GunicornServer, cpu_seconds
 from bench.common.stats import (
     bucket_difference,
     histogram_buckets,
     histogram_quantile,
-    median,
     parse_metrics,
     share_at_most,
 )
 from lab.servers.apiserver import FakeApiServer
 from lab.servers.registry import RegistryServer
 
-ROUNDS = 4
 SECONDS = 3
 # Each worker listens on a socket of its own (archway/server/worker.py, SO_REUSEPORT) and the kernel
 # spreads wrk's connections by hash, so a run can still be uneven (figure 1c). Closing one
@@ -152,12 +152,18 @@ def _measure(archway, echo, body, specs) -> list[Figure]:
     mutated_before = _mutated_total(archway)
     buckets_before = histogram_buckets(archway.metrics(), hist)
     discarded = {archway.name: [], echo.name: []}
-    for _ in range(ROUNDS):
-        for server, runs, cpu in ((archway, archway_runs, archway_cpu), (echo, echo_runs, echo_cpu)):
+
+    def side(server, runs, cpu):
+        def one_run() -> float:
             result, used, unbalanced = _balanced_run(server, body)
             runs.append(result)
             cpu.append(used)
             discarded[server.name] += unbalanced
+            return result.rate
+        return one_run
+    count = rounds()
+    rates = interleaved({"archway": side(archway, archway_runs, archway_cpu),
+                         "echo": side(echo, echo_runs, echo_cpu)}, count)
     saturated_buckets = bucket_difference(histogram_buckets(archway.metrics(), hist), buckets_before)
     mutated = _mutated_total(archway) - mutated_before
 
@@ -166,17 +172,17 @@ def _measure(archway, echo, body, specs) -> list[Figure]:
     served_all = served + sum(r.requests for r, _ in discarded[archway.name])
     archway_rate = served / sum(r.seconds for r in archway_runs)
     echo_rate = sum(r.requests for r in echo_runs) / sum(r.seconds for r in echo_runs)
-    ratios = [a.rate / e.rate for a, e in zip(archway_runs, echo_runs)]
-    ratio = median(ratios)
+    steady = ratios(rates["archway"], rates["echo"])
+    ratio = steady.median
     archway_us = sum(archway_cpu) / served * 1e6
     echo_us = sum(echo_cpu) / sum(r.requests for r in echo_runs) * 1e6
     throughput = Figure(
         specs[0][0], specs[0][1],
-        f"{ratio:.2f} ({archway_rate:.0f} vs {echo_rate:.0f} req/s)", specs[0][2],
+        f"{steady.describe()} ({archway_rate:.0f} vs {echo_rate:.0f} req/s)", specs[0][2],
         ratio >= RATIO_TARGET and errors == 0 and mutated >= served_all, [
-            f"wrk, {CONNECTIONS} keep-alive TLS connections, {ROUNDS} rounds of {SECONDS} s per "
-            f"server, alternating; figure = median of the per-round ratios "
-            f"({', '.join(f'{r:.2f}' for r in ratios)}); {errors} errors; every archway answer a "
+            f"wrk, {CONNECTIONS} keep-alive TLS connections, {count} rounds of {SECONDS} s per "
+            f"server, interleaved (each first in turn); figure = median of the per-round ratios; "
+            f"{errors} errors; every archway answer a "
             f"real mutation (archway_admissions_total{{outcome=\"mutated\"}} grew by "
             f"{mutated:.0f} for {served_all} requests wrk counted)",
             "baseline: bench/apps/echo_app.py, Flask parses the AdmissionReview and answers "
@@ -187,7 +193,7 @@ def _measure(archway, echo, body, specs) -> list[Figure]:
             f"1c); only runs in which each worker did >= "
             f"{BALANCE:.0%} of the work count: repeated runs archway "
             f"{len(discarded[archway.name])}, echo {len(discarded[echo.name])}",
-        ])
+        ], rounds=steady)
     spread = _keepalive_spread(archway, body)
     cpu = Figure(
         "1b", "server CPU per warm admission (gunicorn master + workers)",
@@ -221,5 +227,17 @@ def _measure(archway, echo, body, specs) -> list[Figure]:
             f"{saturated_buckets[float('inf')]:.0f} admissions): server side p50 {s50:.2f} / "
             f"p99 {s99:.2f} ms, {share_at_most(saturated_buckets, 0.005):.1%} <= 5 ms; wrk "
             f"client side p99 {max(r.p99_ms for r in archway_runs):.1f} ms (worst round)",
-        ])
+        ], data={"plots": latency_plot(light_buckets, saturated_buckets)})
     return [throughput, cpu, spread, latency]
+
+
+def latency_plot(light: dict, saturated: dict) -> dict:
+    """Figure 2's distribution: the share of admissions answered within each bucket bound."""
+    series = {}
+    for label, buckets in ((f"{LIGHT_CONNECTIONS} connections", light),
+                           (f"{CONNECTIONS} connections (saturated)", saturated)):
+        bounds, shares = cumulative(buckets)
+        series[label] = {"x": [b * 1000 for b in bounds], "y": shares}
+    return plot("admission-latency", "warm admission latency, server side (figure 2): CDF",
+                "ms (archway_admission_duration_seconds bucket bounds)",
+                "share of admissions answered within", series, kind="step", log_x=True)

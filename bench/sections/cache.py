@@ -12,6 +12,7 @@ from archway.config import CacheSettings, RegistrySettings
 from archway.registry.model import ImageInfo
 from archway.registry.resolver import Resolver
 from bench.common.lab import Lab
+from bench.common.plots import plot
 from bench.common.report import Figure
 from bench.common.section import Started, measured
 from bench.common.stats import percentile
@@ -50,30 +51,52 @@ def _settle(resolver: Resolver) -> None:
         time.sleep(0.002)
 
 
-def _day_of_admissions(registry: RegistryServer, resolver_class, repo: str) -> tuple[int, int]:
-    """(manifest GETs, HEADs) the registry served for one tag admitted every minute for a day."""
+def _day_of_admissions(registry: RegistryServer, resolver_class, repo: str) -> tuple[int, int, list]:
+    """(manifest GETs, HEADs, hourly) the registry served for one tag admitted every minute for
+    a day; hourly: (hour, GETs so far, HEADs so far) at the end of each simulated hour."""
     clock = ManualClock()
     resolver = resolver_class(RegistrySettings(insecure_hosts=(registry.host,),
                                                cache=CacheSettings(tag_ttl_seconds=TAG_TTL)),
                               clock=clock)
     image = registry.ref(repo, "v1")
     mark = registry.mark()
-    for _ in range(int(DAY / ADMISSION_EVERY)):
+    hourly = [(0.0, 0, 0)]
+    per_hour = int(3600 / ADMISSION_EVERY)
+    for i in range(int(DAY / ADMISSION_EVERY)):
         answer = resolver.resolve_many([image], timeout=5)[image]
         if not isinstance(answer, ImageInfo):
             raise RuntimeError(f"{image}: {answer}")
         _settle(resolver)
         clock.now += ADMISSION_EVERY
+        if (i + 1) % per_hour == 0:
+            hourly.append(((i + 1) / per_hour, *_gets_and_heads(registry, mark, repo)))
+    return (*_gets_and_heads(registry, mark, repo), hourly)
+
+
+def _gets_and_heads(registry: RegistryServer, mark, repo: str) -> tuple[int, int]:
     served = registry.manifest_gets(mark, repo)
     return (sum(1 for e in served if e.method == "GET"), sum(1 for e in served if e.method == "HEAD"))
+
+
+def _day_plot(revalidated: list, refetched: list) -> dict:
+    """Figure 10 over the day: manifest requests so far, hour by hour."""
+    def column(rows, k):
+        return {"x": [r[0] for r in rows], "y": [r[k] for r in rows]}
+    return plot("registry-requests-per-image", "registry requests for one tag admitted every "
+                f"minute, tag TTL {TAG_TTL:g} s (figure 10)", "simulated hours",
+                "manifest requests so far", {
+                    "GETs (archway: HEAD revalidation)": column(revalidated, 1),
+                    "HEADs (archway)": column(revalidated, 2),
+                    "GETs (refetching an expired tag)": column(refetched, 1)})
 
 
 def _gets_per_day(lab: Lab, started: Started, number: str, name: str, target: str) -> Figure:
     registry = started(RegistryServer(lab.path("registry-day")))
     registry.push_index("day/revalidated", "v1", ["linux/amd64", "linux/arm64"])
     registry.push_index("day/refetched", "v1", ["linux/amd64", "linux/arm64"])
-    gets, heads = _day_of_admissions(registry, Resolver, "day/revalidated")
-    old_gets, old_heads = _day_of_admissions(registry, _RefetchingResolver, "day/refetched")
+    gets, heads, hourly = _day_of_admissions(registry, Resolver, "day/revalidated")
+    old_gets, old_heads, old_hourly = _day_of_admissions(registry, _RefetchingResolver,
+                                                         "day/refetched")
     steady = gets - 1
     return Figure(number, name, f"{steady} (+1 first GET, {heads} HEADs) vs {old_gets} GETs "
                                 f"refetching", target, steady == 0, [
@@ -81,7 +104,7 @@ def _gets_per_day(lab: Lab, started: Started, number: str, name: str, target: st
         f"{TAG_TTL:g}, one worker's Resolver; requests from the real registry's access log",
         f"side by side, the same resolver fetching an expired tag again instead of a HEAD: "
         f"{old_gets} GETs, {old_heads} HEADs per day (Docker Hub counts each GET as a pull)",
-    ])
+    ], data={"plots": _day_plot(hourly, old_hourly)})
 
 
 def _expired_tag_latency(lab: Lab, started: Started, number: str, name: str, target: str) -> Figure:

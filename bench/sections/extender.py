@@ -43,6 +43,7 @@ from bench.common.extender_cluster import (
 )
 from bench.common.lab import Lab
 from bench.common.report import Figure, failed_figure
+from bench.common.rounds import ratios, rounds
 from bench.common.section import Started, measured
 from bench.common.servers import GunicornServer
 from bench.common.stats import (
@@ -142,7 +143,7 @@ def _filter_in_process(body: bytes, number: str, name: str, target: str) -> Figu
     extender = Extender(config, None)
     loads_times, filter_times, no_gc_times = [], [], []
     reply = b""
-    for _ in range(FILTER_RUNS):
+    for _ in range(rounds(FILTER_RUNS)):
         started = time.perf_counter()
         json.loads(body)
         loads_times.append(time.perf_counter() - started)
@@ -160,19 +161,20 @@ def _filter_in_process(body: bytes, number: str, name: str, target: str) -> Figu
     kept, failed = len(answer["Nodes"]["items"]), len(answer["FailedAndUnresolvableNodes"])
     if (kept, failed) != (NODES // 2, NODES - NODES // 2):
         raise RuntimeError(f"filter kept {kept} and failed {failed} of {NODES} nodes")
-    ratio = median(filter_times) / median(loads_times)
-    return Figure(number, name, f"{ratio:.2f}x ({median(filter_times) * 1000:.0f} ms vs "
+    steady = ratios(filter_times, loads_times)    # run by run: each pair saw the same load
+    ratio = steady.median
+    return Figure(number, name, f"{steady.describe(unit='x')} ({median(filter_times) * 1000:.0f} ms vs "
                   f"{median(loads_times) * 1000:.0f} ms)", target, ratio <= FILTER_TARGET, [
         f"a {len(body) / 1e6:.0f} MB ExtenderArgs body (compact JSON, as kube-scheduler sends it) "
         f"of {NODES:,} Nodes of ~{len(body) // NODES // 1000} KB (50 status.images each), half "
         f"amd64, half arm64; pod annotated amd64; timed in one process: parse_extender_args + "
         f"Extender.filter (reply of {kept:,} Nodes and {failed:,} failures, {len(reply) / 1e6:.0f} MB, "
-        f"built) vs json.loads(body); median of {FILTER_RUNS} interleaved runs each",
+        f"built) vs json.loads(body), interleaved; figure = median of the per-run ratios",
         f"the extender keeps only each node's facts (name, arch, addresses) and leaves the "
         f"garbage collector alone (extender/wire.py); json.loads with the collector paused "
         f"takes {median(no_gc_times) * 1000:.0f} ms; against that the extender takes "
         f"{median(filter_times) / median(no_gc_times):.2f}x",
-    ])
+    ], rounds=steady)
 
 
 def _filter_on_server(server: GunicornServer, body: bytes, figure: Figure) -> None:

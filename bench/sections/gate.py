@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from bench.common.lab import PLATFORMS, Lab, fixture_text, mutated_archs
 from bench.common.loadgen import run_wrk
 from bench.common.report import Figure
+from bench.common.rounds import interleaved, ratios, rounds
 from bench.common.section import Started, measured
 from bench.common.servers import GunicornServer, rss_bytes
 from bench.common.stats import median, parse_metrics, percentile
@@ -30,7 +31,6 @@ IMAGES = 10
 SLOW_SECONDS = 4.0        # per response chunk: far past the deadline and the registry timeout
 DEADLINE = 1.0
 P99_TARGET_SECONDS = 2.0
-ROUNDS = 3
 SECONDS = 3
 CONNECTIONS = 16
 RATIO_TARGET = 0.9
@@ -184,28 +184,31 @@ def _throughput(gated, plain, api, proxy, warm: bytes, busy_images) -> Figure:
     # Keep the controller busy: 100 more gated pods retrying against the slow registry.
     proxy.delay = SLOW_SECONDS
     _admit_gated(gated, api, busy_images, "b")
-    rates = {gated.name: [], plain.name: []}
+    def side(server):
+        def one_run() -> float:
+            result = run_wrk(server.url("/mutate"), warm, seconds=SECONDS,
+                             connections=CONNECTIONS, close_every=200)
+            if result.errors:
+                raise RuntimeError(f"{server.name}: {result.errors} wrk errors")
+            return result.rate
+        return one_run
+    count = rounds()
     try:
-        for _ in range(ROUNDS):
-            for server in (gated, plain):
-                result = run_wrk(server.url("/mutate"), warm, seconds=SECONDS,
-                                 connections=CONNECTIONS, close_every=200)
-                if result.errors:
-                    raise RuntimeError(f"{server.name}: {result.errors} wrk errors")
-                rates[server.name].append(result.rate)
+        rates = interleaved({gated.name: side(gated), plain.name: side(plain)}, count)
         busy = _gated_now(gated)
         controller_mb = sum(rss_bytes(pid) for pid in gated.controller_pids()) / 1e6
     finally:
         proxy.delay = 0.0
-    ratios = [a / b for a, b in zip(rates[gated.name], rates[plain.name])]
-    ratio = median(ratios)
+    steady = ratios(rates[gated.name], rates[plain.name])
+    ratio = steady.median
     return Figure("14", "warm-cache admission throughput, gate controller busy vs no controller",
-                  f"{ratio:.2f} ({median(rates[gated.name]):.0f} vs "
+                  f"{steady.describe()} ({median(rates[gated.name]):.0f} vs "
                   f"{median(rates[plain.name]):.0f} req/s)", f">= {RATIO_TARGET}",
                   ratio >= RATIO_TARGET, [(
                       f"the same archway build twice: with the stand-in API, gate mode, its "
                       f"controller process retrying {busy:.0f} gated pods against a registry "
                       f"delayed {SLOW_SECONDS:g} s; and with kubernetes.enabled off (no "
-                      f"controller); wrk {CONNECTIONS} connections, {ROUNDS} alternating rounds of "
-                      f"{SECONDS} s; per-round ratios {', '.join(f'{r:.2f}' for r in ratios)}; the "
-                      f"controller process's RSS {controller_mb:.0f} MB")])
+                      f"controller); wrk {CONNECTIONS} connections, {count} interleaved rounds of "
+                      f"{SECONDS} s (each first in turn); figure = median of the per-round "
+                      f"ratios; the controller process's RSS {controller_mb:.0f} MB")],
+                  rounds=steady)

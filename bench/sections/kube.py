@@ -8,20 +8,33 @@ installed by its chart (lab/cluster/chart.py).
     see the same apiserver, etcd and machine load.
 19: scheduling throughput of archway's second scheduler (the chart's KubeSchedulerConfiguration,
     the extender on this machine) vs the default kube-scheduler: 1,000 pods created while the
-    scheduler is stopped, then the scheduler started; pods bound per second between 10 % and
-    90 % bound. 19: both with kube-scheduler's default client limits, as deployed; 19b: both
-    with the limits lifted, which shows what the extender's two calls per pod cost.
+    scheduler is stopped, then the scheduler started; pods scheduled per second between 10 % and
+    90 % scheduled, from the scheduler's own /metrics (scheduler_schedule_attempts_total), the
+    polled bound count beside it; interleaved rounds of both schedulers, told as median and
+    spread (bench/common/rounds.py). 19: both with kube-scheduler's default client limits, as
+    deployed; 19b: both with the limits lifted, which shows what the extender's two calls per
+    pod cost.
 20: 100 pods (10 images x 10) created through the apiserver while their registry is too slow
     for any lookup: all gated; the registry is then fast again and each pod is timed until the
     real scheduler has bound it (released by the gate controller, validated by the apiserver).
 """
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from bench.common.lab import Lab
+from bench.common.plots import plot
 from bench.common.report import Figure
+from bench.common.rounds import blocks, interleaved, ratios, rounds, steady
+from bench.common.scheduler_metrics import (
+    MetricsRate,
+    MetricsScraper,
+    race_rate,
+    scheduled_total,
+    window_rate,
+)
 from bench.common.section import Started, measured
-from bench.common.stats import percentile
+from bench.common.stats import median, percentile
 from lab.cluster.chart import ChartInstall
 from lab.cluster.controlplane import ControlPlane
 from lab.kube import KubeError, pod_path
@@ -38,6 +51,9 @@ GATED_IMAGES = 10
 RELEASE_P99_TARGET = 3.0
 DEADLINE = 1.0
 UNTHROTTLED = {"qps": 5000, "burst": 5000}
+SCHEDULER_ROUNDS = 3      # a race is ~1,000 pods created, scheduled and deleted: 12 races in all
+SCRAPE_EVERY = 0.25     # its /metrics is ~200 KB: scraped often, it would load what it measures
+POLL_EVERY = 0.5
 NAMESPACE_GONE_SECONDS = 180
 SPECS = (("18", f"pod create through the apiserver, p99 added by archway's webhook ({CREATES} each)",
           f"<= {ADDED_P99_TARGET_MS:g} ms"),
@@ -93,12 +109,15 @@ def _create_latency(plane: ControlPlane, image: str) -> Figure:
                     "annotations", {}):
                 raise RuntimeError(f"pod {kind}-{i} was not placed by archway")
     p = {kind: (percentile(v, 50), percentile(v, 99)) for kind, v in took.items()}
-    added = p["webhook"][1] - p["skipped"][1]
+    per_round = steady([percentile(a, 99) - percentile(b, 99) for a, b in zip(
+        blocks(took["webhook"], rounds()), blocks(took["skipped"], rounds()))])
+    added = per_round.median
     calls = webhook_calls(plane) - calls_before
     mean_added = (sum(took["webhook"]) - sum(took["skipped"])) / CREATES
     return Figure(
-        "18", SPECS[0][1], f"+{added:.1f} ms (p99 {p['webhook'][1]:.1f} vs {p['skipped'][1]:.1f};"
-                           f" p50 {p['webhook'][0]:.1f} vs {p['skipped'][0]:.1f})",
+        "18", SPECS[0][1], f"{per_round.describe('{:+.1f}', ' ms')} (all: p99 {p['webhook'][1]:.1f} "
+                           f"vs {p['skipped'][1]:.1f}; p50 {p['webhook'][0]:.1f} vs "
+                           f"{p['skipped'][0]:.1f})",
         SPECS[0][2], added <= ADDED_P99_TARGET_MS, [
             f"{CREATES} creates called archway (warm cache, the chart's webhook configuration, "
             f"TLS from the apiserver) and {CREATES} did not (label archway.dev/skip), "
@@ -107,7 +126,9 @@ def _create_latency(plane: ControlPlane, image: str) -> Figure:
             f"which {calls.mean_ms:.2f} ms the webhook call as the apiserver times it "
             f"({calls.count} calls; apiserver_admission_webhook_admission_duration_seconds: "
             "sending the AdmissionReview, archway, reading the answer), the rest the "
-            "apiserver's own work on a mutated pod (the patch applied, the pod decoded again)"])
+            "apiserver's own work on a mutated pod (the patch applied, the pod decoded again)",
+            f"figure = median over {len(per_round.values)} rounds (consecutive blocks of the "
+            "interleaved creates) of the p99 added in each"], rounds=per_round)
 
 
 class _Calls:
@@ -149,25 +170,90 @@ def _scheduling(plane: ControlPlane, install: ChartInstall, image: str) -> list[
     schedulers' own speed, the extender's calls included, is what is measured."""
     figures = []
     for number, limits in (("19", {"qps": 50, "burst": 100}), ("19b", UNTHROTTLED)):
-        rates = {name: bound_per_second(plane, name, scheduler, image, limits)
-                 for name, scheduler in (("kube-scheduler", "default-scheduler"),
-                                         ("archway-scheduler", install.scheduler_name))}
-        ratio = rates["archway-scheduler"] / rates["kube-scheduler"]
+        races = race_rounds(plane, install, image, limits)
+        ratio = ratios(*(rates(races[name]) for name in ("archway-scheduler", "kube-scheduler")))
         figures.append(Figure(
             number, f"{SPECS[1][1]}, client qps {limits['qps']} burst {limits['burst']}",
-            f"{ratio:.2f} ({rates['archway-scheduler']:.0f} vs {rates['kube-scheduler']:.0f} pods/s)",
+            f"{ratio.describe()} ({race_summary(races)})",
             SPECS[1][2] if number == "19" else "context for 19",
-            ratio >= RATIO_TARGET if number == "19" else None, [
+            ratio.median >= RATIO_TARGET if number == "19" else None, [
                 f"{SCHEDULED} pods created while the scheduler was stopped, then it was started; "
-                f"rate between 10 % and 90 % bound (bound pods counted every 50 ms), each race "
-                f"after the previous race's namespace is gone; {NODES} "
+                f"{RACE_NOTE}; {len(ratio.values)} interleaved rounds (each scheduler first in "
+                f"turn), each race after the previous race's namespace is gone; {NODES} "
                 "Nodes half amd64, half arm64; extender with node names only "
-                "(nodeCacheCapable), no Prometheus (neutral scores)"]))
+                "(nodeCacheCapable), no Prometheus (neutral scores)", race_details(races)],
+            rounds=ratio, data={"plots": rate_plot(
+                f"{number}: {NODES:,} Nodes, qps {limits['qps']}",
+                {name: rates(rs) for name, rs in races.items()})}))
     return figures
 
 
-def bound_per_second(plane: ControlPlane, process: str, scheduler: str, image: str,
-                      limits: dict) -> float:
+SCHEDULERS = (("kube-scheduler", "default-scheduler"), ("archway-scheduler", None))
+RACE_NOTE = ("rate = scheduler_schedule_attempts_total{result=\"scheduled\"} from the "
+             "scheduler's own /metrics (scraped every 0.25 s), between 10 % and 90 % of the pods "
+             "scheduled (crossings interpolated between scrapes); beside it the rate of bound "
+             "pods polled from the apiserver every 0.5 s (same window); attempt p50/p99 from "
+             "scheduler_scheduling_attempt_duration_seconds over the race (algorithm and binding: "
+             "with client limits, the binding's wait for the client's qps too)")
+
+
+def race_rounds(plane: ControlPlane, install: ChartInstall, image: str, limits: dict,
+                count: int | None = None) -> dict[str, list["Race"]]:
+    """Both schedulers' races over interleaved rounds (each first in turn): process -> races."""
+    races: dict[str, list[Race]] = {name: [] for name, _ in SCHEDULERS}
+
+    def side(process: str, scheduler: str):
+        def one_race() -> float:
+            races[process].append(race(plane, process, scheduler, image, limits))
+            return races[process][-1].rate
+        return one_race
+    interleaved({name: side(name, scheduler or install.scheduler_name)
+                 for name, scheduler in SCHEDULERS}, count or rounds(SCHEDULER_ROUNDS))
+    return races
+
+
+def rates(races: list["Race"]) -> list[float]:
+    return [r.rate for r in races]
+
+
+def race_summary(races: dict[str, list["Race"]]) -> str:
+    archway, kube = (median(rates(races[name])) for name in ("archway-scheduler", "kube-scheduler"))
+    return f"{archway:.0f} vs {kube:.0f} pods/s"
+
+
+def race_details(races: dict[str, list["Race"]]) -> str:
+    def one(r: "Race") -> str:
+        return (f"{r.rate:.0f} (polled {r.polled:.0f}; attempt p50 {r.metrics.attempt_p50_ms:.1f}"
+                f" / p99 {r.metrics.attempt_p99_ms:.1f} ms)")
+    return "; ".join(f"{name}: {', '.join(one(r) for r in rs)} pods/s"
+                     for name, rs in races.items())
+
+
+def rate_plot(category: str, rates_by_process: dict[str, list[float]]) -> dict:
+    """Scheduling rate with and without archway: a bar per scheduler, the rounds' range."""
+    series = {}
+    for name, label in (("kube-scheduler", "kube-scheduler (default)"),
+                        ("archway-scheduler", "kube-scheduler + archway's extender")):
+        values = rates_by_process[name]
+        series[label] = {"x": [category], "y": [median(values)], "low": [min(values)],
+                         "high": [max(values)]}
+    return plot("scheduling-rate", "pods scheduled/s with and without archway (median; "
+                "whiskers: range of rounds)", "", "pods/s (scheduler's own metrics)",
+                series, kind="bar")
+
+
+@dataclass(frozen=True)
+class Race:
+    metrics: MetricsRate
+    polled: float        # bound pods counted by listing them, same window
+
+    @property
+    def rate(self) -> float:
+        return self.metrics.rate
+
+
+def race(plane: ControlPlane, process: str, scheduler: str, image: str, limits: dict) -> Race:
+    """One race: SCHEDULED pods created with the scheduler stopped, then it is started."""
     kube = plane.kube
     ns = plane.new_namespace(f"bench-{process}-{limits['qps']}")
     plane.stop_scheduler(process)
@@ -177,18 +263,26 @@ def bound_per_second(plane: ControlPlane, process: str, scheduler: str, image: s
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(create, range(SCHEDULED)))
     plane.restart_scheduler(process, limits)
-    marks: dict[float, float] = {}
+    scraper = MetricsScraper(plane.ports[process], kube.token)
+    scrapes, bound, next_poll = [scraper.scrape()], [], 0.0
     end = time.monotonic() + 300
-    while len(marks) < 2 and time.monotonic() < end:
-        bound = _bound_count(kube, ns)
-        for fraction in (0.1, 0.9):
-            if fraction not in marks and bound >= fraction * SCHEDULED:
-                marks[fraction] = time.monotonic()
-        time.sleep(0.05)
-    if len(marks) < 2:
-        raise RuntimeError(f"{scheduler}: only {_bound_count(kube, ns)} of {SCHEDULED} bound")
+    try:
+        while time.monotonic() < end:
+            if time.monotonic() >= next_poll:
+                bound.append((time.monotonic(), _bound_count(kube, ns)))
+                next_poll = time.monotonic() + POLL_EVERY
+            scrapes.append(scraper.scrape())
+            if bound[-1][1] >= 0.9 * SCHEDULED and \
+                    scheduled_total(scrapes[-1].text) >= 0.9 * SCHEDULED:
+                break
+            time.sleep(SCRAPE_EVERY)
+    finally:
+        scraper.close()
+    if bound[-1][1] < 0.9 * SCHEDULED:
+        raise RuntimeError(f"{scheduler}: only {bound[-1][1]} of {SCHEDULED} bound")
     delete_namespace(kube, ns)
-    return 0.8 * SCHEDULED / max(1e-3, marks[0.9] - marks[0.1])
+    low, high = 0.1 * SCHEDULED, 0.9 * SCHEDULED
+    return Race(race_rate(scrapes, low, high), window_rate(bound, low, high))
 
 
 def delete_namespace(kube, ns: str, timeout: float = NAMESPACE_GONE_SECONDS) -> None:

@@ -9,6 +9,7 @@ process from /proc, before (after one admission) and after.
 import time
 
 from bench.common.lab import Lab, mutated_archs, pod_review, push_index_variants
+from bench.common.plots import plot
 from bench.common.report import Figure
 from bench.common.section import Started, measured
 from bench.common.servers import GunicornServer, rss_bytes
@@ -70,7 +71,10 @@ def _measure(lab: Lab, started: Started) -> list[Figure]:
         f"manifest of one image, annotated with each name: own body, own digest); "
         f"registry.cache.max_entries raised to {2 * IMAGES:,} so that none is evicted; "
         f"+{per_image:.0f} bytes of RSS per image for those",
-    ])]
+    ], data={"plots": plot("memory-images", "one webhook worker's RSS against cached images "
+                                            "(figure 9)", "images cached", "RSS (MB)", {
+        "webhook worker": {"x": [1, REAL_IMAGES, IMAGES],
+                           "y": [before / MB, after_real / MB, after / MB]}}, log_x=True)})]
 
 
 def _admit(server: GunicornServer, images: list[str]) -> None:

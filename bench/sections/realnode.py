@@ -8,9 +8,11 @@ node: nothing else may run one meanwhile (`scripts/cluster.sh up --real-node`, t
      archway's webhook called; a no-op webhook called instead (the bench's echo app, which
      answers `allowed` and nothing else, served by archway's image with the chart's config and
      gunicorn settings, 2 replicas behind a Service of its own, TLS with a certificate of its
-     own: the same path as archway's); neither (the chart's skip label). What archway adds at
-     p99 over no webhook, against what the no-op adds: the part any webhook costs vs archway's
-     own. The pods name a scheduler nobody runs: they stay Pending, nothing else loads the node.
+     own: the same path as archway's); the no-op answering archway's own patch (18e); neither
+     (the chart's skip label). The target: archway's p99 against the no-op writing the same
+     patch (what the apiserver must do for any placement), per round (consecutive blocks of
+     the interleaved creates), median and spread. The pods name a scheduler nobody runs: they
+     stay Pending, nothing else loads the node.
 18d: the same calls as the apiserver times them (its webhook duration metric, per webhook).
 26:  a real pod's startup, client create -> Running seen by a watch (a real container on the
      kubelet), with archway (webhook, second scheduler and extender) vs without (skip label,
@@ -28,6 +30,7 @@ import requests
 
 from bench.common.lab import Lab
 from bench.common.report import Figure
+from bench.common.rounds import blocks, ratios, rounds
 from bench.common.section import Started, measured
 from bench.common.stats import percentile
 from lab.cluster.controlplane import ControlPlane
@@ -41,7 +44,7 @@ from lab.servers.registry import RegistryServer
 from .kube import webhook_calls
 
 CREATES = 1000           # of each kind, figure 18c (~1 min at load 15: the p99 is the 10th slowest)
-ADDED_RATIO_TARGET = 1.3
+P99_RATIO_TARGET = 1.1   # archway's deciding adds <= 10 % to a placement-writing webhook's tail
 PAIRS = 30               # figure 26
 STARTUP_RATIO_TARGET = 1.2
 NOOP = "bench-noop"        # no name of the release's: nothing takes it for archway's
@@ -52,8 +55,9 @@ HOOKS = (ARCHWAY_HOOK, NOOP_HOOK, PATCH_HOOK)
 SKIP = {"archway.dev/skip": "true"}
 KINDS = {"archway": {}, "no-op": {**SKIP, "bench": "noop"},                 # kind -> pod labels
          "no-op-patch": {**SKIP, "bench": "noop-patch"}, "none": SKIP}
-SPECS = (("18c", f"in-cluster pod create, p99 archway's webhook adds vs a no-op webhook's, "
-                 f"same Service path ({CREATES} each)", f"<= {ADDED_RATIO_TARGET:g}x"),
+SPECS = (("18c", f"in-cluster pod create, p99 with archway's webhook vs a no-op webhook writing "
+                 f"archway's patch (18e), same Service path ({CREATES} each)",
+          f"<= {P99_RATIO_TARGET:g}x"),
          ("18d", "in-cluster webhook call as the apiserver times it, mean archway vs no-op",
           "context for 18c"),
          ("18e", "in-cluster pod create, the no-op answering archway's own patch: p99 added",
@@ -214,15 +218,20 @@ def _create_latency(plane: ControlPlane, image: str) -> list[Figure]:
     p50 = {kind: percentile(v, 50) for kind, v in took.items()}
     p99 = {kind: percentile(v, 99) for kind, v in took.items()}
     added = {kind: p99[kind] - p99["none"] for kind in ("archway", "no-op", "no-op-patch")}
-    ratio = added["archway"] / added["no-op"] if added["no-op"] > 0 else float("inf")
+    # Rounds: consecutive blocks of the interleaved creates; in each, archway's p99 against the
+    # no-op writing archway's own patch (18e), the work the apiserver does for any placement.
+    count = rounds()
+    per_round = ratios([percentile(b, 99) for b in blocks(took["archway"], count)],
+                       [percentile(b, 99) for b in blocks(took["no-op-patch"], count)])
     mean = {kind: sum(v) / len(v) for kind, v in took.items()}
     archway_call, noop_call, patch_call = (calls[h] for h in HOOKS)
     return [
         Figure("18c", SPECS[0][1],
-               f"{ratio:.2f}x (+{added['archway']:.1f} vs +{added['no-op']:.1f} ms; p99 archway "
-               f"{p99['archway']:.1f} / no-op {p99['no-op']:.1f} / none {p99['none']:.1f}; p50 "
-               f"{p50['archway']:.1f} / {p50['no-op']:.1f} / {p50['none']:.1f})",
-               SPECS[0][2], added["archway"] <= ADDED_RATIO_TARGET * max(0.0, added["no-op"]), [
+               f"{per_round.describe(unit='x')} (all: p99 archway {p99['archway']:.1f} / no-op with "
+               f"the patch {p99['no-op-patch']:.1f} / plain no-op {p99['no-op']:.1f} / none "
+               f"{p99['none']:.1f}; p50 {p50['archway']:.1f} / {p50['no-op-patch']:.1f} / "
+               f"{p50['no-op']:.1f} / {p50['none']:.1f})",
+               SPECS[0][2], per_round.median <= P99_RATIO_TARGET, [
                    f"{CREATES} creates of each kind interleaved one by one (each kind first in "
                    "turn) from one client, keep-alive, after 10 rounds of warming: archway "
                    "(warm cache, through the chart's Service), the no-op (bench/apps/echo_app.py in "
@@ -236,7 +245,14 @@ def _create_latency(plane: ControlPlane, image: str) -> list[Figure]:
                    f"{archway_call.mean_ms - noop_call.mean_ms:.1f} ms in the webhook call as the "
                    "apiserver times it (18d: the call and the patch applied), the rest the "
                    "apiserver's later work on a mutated pod (validated with its affinity, "
-                   "stored bigger)"]),
+                   "stored bigger)",
+                   f"figure = median over {len(per_round.values)} rounds (consecutive blocks of "
+                   f"the interleaved creates) of archway's p99 / the p99 of the no-op answering "
+                   f"archway's patch; p99 added over none in all: archway "
+                   f"+{added['archway']:.1f}, no-op with the patch +{added['no-op-patch']:.1f}, "
+                   f"plain no-op +{added['no-op']:.1f} ms (the target until issue 37 compared "
+                   f"the first with the last, a ratio of two small differences that swung from "
+                   f"-5 to +34 ms between runs)"], rounds=per_round),
         Figure("18d", SPECS[1][1],
                f"{archway_call.mean_ms:.1f} vs {noop_call.mean_ms:.1f} ms "
                f"({archway_call.mean_ms / noop_call.mean_ms:.2f}x)", SPECS[1][2], None, [

@@ -20,6 +20,7 @@ import sys
 import time
 
 from bench.common.lab import Lab
+from bench.common.plots import plot
 from bench.common.report import Figure, load_average
 from bench.common.section import Started, measured
 from bench.common.servers import children, cpu_seconds, is_gate_controller, rss_bytes
@@ -213,13 +214,21 @@ def memory_figure(sizes: list[dict]) -> Figure:
     first, last = sizes[0], sizes[-1]
     grow = {k: (max(last["rss"][k]) - max(first["rss"][k])) / max(1, last["nodes"] - first["nodes"])
             for k in ("webhook", "extender")}
+    nodes = [s["nodes"] for s in sizes]
+    memory = plot("scale-memory", "archway's memory per process against cluster size (figure 25a)",
+                  "KWOK Nodes", "RSS per process (MB)", {
+                      label: {"x": nodes, "y": [max(s["rss"][kind]) / 1e6 for s in sizes]}
+                      for label, kind in (("webhook worker", "webhook"),
+                                          ("gate controller (leader)", "controller"),
+                                          ("extender worker", "extender"))}, log_x=True)
     return Figure("25a", SPECS[0][1],
                   f"webhook worker {mb([max(s['rss']['webhook']) for s in sizes])} MB, extender "
                   f"{mb([max(s['rss']['extender']) for s in sizes])} MB; +{grow['webhook'] / 1e3:.1f}"
                   f" / +{grow['extender'] / 1e3:.1f} KB per Node", "info", None,
                   ["RSS (/proc VmRSS) of each `archway serve` worker the chart's config runs, "
                    "5 s after install (node, namespace, workload caches and the pod watch "
-                   "synced), one fresh control plane + KWOK per size", *rows])
+                   "synced), one fresh control plane + KWOK per size", *rows],
+                  data={"plots": memory})
 
 
 def requests_figure(sizes: list[dict]) -> Figure:

@@ -21,7 +21,7 @@ import time
 import requests
 
 from bench.common.stats import percentile
-from bench.sections.kube import UNTHROTTLED, bound_per_second
+from bench.sections.kube import UNTHROTTLED, race_details, race_rounds, rates
 from lab.cluster.chart import ChartInstall
 from lab.cluster.controlplane import ControlPlane, start_process, stop_process
 from lab.kube import KubeError, pod_path
@@ -185,7 +185,7 @@ def install_lease(install: ChartInstall) -> float:
 
 
 def schedule(plane: ControlPlane, install: ChartInstall, image: str) -> dict:
-    rates = {name: bound_per_second(plane, name, scheduler, image, UNTHROTTLED)
-             for name, scheduler in (("kube-scheduler", "default-scheduler"),
-                                     ("archway-scheduler", install.scheduler_name))}
-    return {"rates": rates, "ratio": rates["archway-scheduler"] / rates["kube-scheduler"]}
+    races = race_rounds(plane, install, image, UNTHROTTLED)
+    return {"rates": {name: rates(rs) for name, rs in races.items()},
+            "polled": {name: [r.polled for r in rs] for name, rs in races.items()},
+            "details": race_details(races)}

@@ -1,6 +1,10 @@
 """The figures of the scale section's further measurements (load.py at every size, events.py at
 the largest), numbered 25b-25g beside figure 25; pure formatting of what was measured."""
+from bench.common.plots import plot
 from bench.common.report import Figure
+from bench.common.rounds import Steady, ratios
+from bench.common.stats import median
+from bench.sections.kube import RACE_NOTE, rate_plot
 
 STARTUP_P99_TARGET = 5.0
 STARTUP_RATIO_TARGET = 1.2
@@ -43,27 +47,38 @@ def _at_largest(number: str, nodes: int, found: dict, measured) -> Figure:
     if "error" in found or not found:
         return _failed(number, found)
     name, target = _spec(number)
-    value, met, notes = measured(found)
-    return Figure(number, f"{name} ({nodes:,} Nodes)", value, target, met, notes)
+    value, met, notes, *steady = measured(found)     # a figure over rounds gives them too
+    figure = Figure(number, f"{name} ({nodes:,} Nodes)", value, target, met, notes,
+                    rounds=steady[0] if steady else None)
+    if number == "25g":
+        figure.data["plots"] = rate_plot(f"25g: {nodes:,} Nodes", found["rates"])
+    return figure
 
 
 def _startup(sizes: list[dict]) -> Figure:
     name, target = _spec("25b")
-    ratios, rows, met = [], [], True
+    p99_ratios, rows, met = [], [], True
     for s in sizes:
         a, k = s["startup"]["admitted"], s["startup"]["skipped"]
         ratio = a["p99"] / k["p99"]
-        ratios.append(ratio)
+        p99_ratios.append(ratio)
         met = met and ratio <= STARTUP_RATIO_TARGET and a["p99"] <= STARTUP_P99_TARGET
         rows.append(f"{s['nodes']:,} Nodes: archway p50 {a['p50']:.2f} / p99 {a['p99']:.2f} s, "
                     f"skipped p50 {k['p50']:.2f} / p99 {k['p99']:.2f} s (create call p99 "
                     f"{1000 * a['create_p99']:.0f} vs {1000 * k['create_p99']:.0f} ms); load "
                     f"{s['startup']['load']}")
-    return Figure("25b", name, " / ".join(f"{r:.2f}" for r in ratios) + " p99 ratio", target, met,
+    nodes = [s["nodes"] for s in sizes]
+    startup = plot("scale-startup", "pod startup p99 against cluster size (figure 25b)",
+                   "KWOK Nodes", "startup p99, create -> Running (s)", {
+                       label: {"x": nodes, "y": [s["startup"][kind]["p99"] for s in sizes]}
+                       for label, kind in (("with archway", "admitted"),
+                                           ("without (archway.dev/skip)", "skipped"))}, log_x=True)
+    return Figure("25b", name, " / ".join(f"{r:.2f}" for r in p99_ratios) + " p99 ratio", target, met,
                   ["pods created at a steady 10/s, archway's and skipped ones (label "
                    "archway.dev/skip) alternately, 150 of each, on KWOK Nodes by the default "
                    "scheduler; timed from the client's create (creationTimestamp is set after "
-                   "mutating admission) to Running seen through a watch", *rows])
+                   "mutating admission) to Running seen through a watch", *rows],
+                  data={"plots": startup})
 
 
 def _apiserver(sizes: list[dict]) -> Figure:
@@ -120,9 +135,11 @@ def _failover(found: dict) -> tuple[str, None, list[str]]:
              f"{found['load']}"])
 
 
-def _schedule(found: dict) -> tuple[str, bool, list[str]]:
+def _schedule(found: dict) -> tuple[str, bool, list[str], Steady]:
     rates = found["rates"]
-    return (f"{found['ratio']:.2f} ({rates['archway-scheduler']:.0f} vs "
-            f"{rates['kube-scheduler']:.0f} pods/s)", found["ratio"] >= SCHEDULE_RATIO_TARGET,
+    steady = ratios(rates["archway-scheduler"], rates["kube-scheduler"])
+    return (f"{steady.describe()} ({median(rates['archway-scheduler']):.0f} vs "
+            f"{median(rates['kube-scheduler']):.0f} pods/s)", steady.median >= SCHEDULE_RATIO_TARGET,
             [f"as figure 19b: 1,000 pods created with the scheduler stopped, then started "
-             f"with qps/burst 5000; rate between 10 % and 90 % bound; load {found['load']}"])
+             f"with qps/burst 5000; {RACE_NOTE}; {len(steady.values)} interleaved rounds; "
+             f"load {found['load']}", found["details"]], steady)

@@ -1,0 +1,263 @@
+"""The bench's steady figures (bench/common/rounds.py: interleaved rounds, median, spread, NOISY),
+its scheduler rates from kube-scheduler's own /metrics (bench/common/scheduler_metrics.py) and
+its plots (bench/common/plots.py, optional matplotlib). The bench itself is not a test: these
+check the machinery, never a speed."""
+import importlib
+import math
+import os
+import sys
+import time
+import types
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from bench.common import plots
+from bench.common.report import Figure, summary
+from bench.common.rounds import blocks, interleaved, noise_bound, ratios, rounds, steady
+from bench.common.scheduler_metrics import (
+    MetricsScraper,
+    Scrape,
+    crossing,
+    race_rate,
+    scheduled_total,
+    window_rate,
+)
+from lab.kube import pod_path
+
+# --- rounds, median, spread, NOISY ----------------------------------------------------------------
+
+def test_interleaved_rounds_take_turns_and_each_side_goes_first_in_turn():
+    calls = []
+
+    def side(name, value):
+        def measure():
+            calls.append(name)
+            return value
+        return measure
+    values = interleaved({"a": side("a", 1.0), "b": side("b", 2.0)}, 3)
+    assert calls == ["a", "b", "b", "a", "a", "b"]
+    assert values == {"a": [1.0, 1.0, 1.0], "b": [2.0, 2.0, 2.0]}
+
+
+def test_steady_median_spread_is_the_iqr_so_one_outlier_round_does_not_make_noise():
+    s = steady([0.80, 0.90, 0.85, 0.88, 0.50])
+    assert s.median == pytest.approx(0.85)
+    assert s.spread == pytest.approx((0.88 - 0.80) / 0.85)     # 2nd to 4th of 5
+    assert s.range == pytest.approx((0.90 - 0.50) / 0.85)
+    assert not s.noisy(0.15) and s.noisy(0.05)
+    assert steady([0.7, 0.9, 1.0]).spread == pytest.approx(0.3 / 0.9)   # 3 rounds: the range
+    assert s.describe() == "0.85 ±9% (5 rounds: 0.50 to 0.90)"
+    assert s.describe("{:.1f}", "x") == "0.8x ±9% (5 rounds: 0.5x to 0.9x)"
+    assert steady([3.0]).spread == 0.0 and steady([3.0]).describe("{:+.1f}", " ms") == "+3.0 ms (1 round)"
+    assert steady([-1.0, 1.0]).spread == math.inf      # a median of 0 with rounds apart
+
+
+def test_ratios_are_taken_round_by_round():
+    s = ratios([2.0, 3.0, 4.0], [1.0, 3.0, 0.0])
+    assert s.values == (2.0, 1.0, math.inf)
+    with pytest.raises(ValueError):
+        ratios([1.0], [1.0, 2.0])
+
+
+def test_blocks_cut_interleaved_samples_into_rounds():
+    assert blocks(list(range(10)), 3) == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+    assert blocks([1, 2], 5) == [[1], [2]]
+
+
+def test_rounds_and_noise_bound_come_from_the_environment(monkeypatch):
+    monkeypatch.delenv("BENCH_ROUNDS", raising=False)
+    monkeypatch.delenv("BENCH_NOISE_BOUND", raising=False)
+    assert rounds() == 5 and rounds(3) == 3 and noise_bound() == 0.15
+    monkeypatch.setenv("BENCH_ROUNDS", "7")
+    monkeypatch.setenv("BENCH_NOISE_BOUND", "0.3")
+    assert rounds(3) == 7 and noise_bound() == 0.3
+
+
+def test_a_figure_whose_rounds_spread_past_the_bound_is_noisy_not_pass_or_miss(monkeypatch):
+    monkeypatch.delenv("BENCH_NOISE_BOUND", raising=False)
+    tight = Figure("1", "t", "x", ">= 0.85", True, rounds=steady([0.88, 0.90, 0.86]))
+    loose_pass = Figure("14", "l", "x", ">= 0.9", True, rounds=steady([0.70, 0.95, 1.10]))
+    loose_miss = Figure("19", "m", "x", ">= 0.5", False, rounds=steady([0.2, 0.4, 0.6]))
+    missed = Figure("18", "s", "x", "<= 3 ms", False, rounds=steady([5.0, 5.1, 5.2]))
+    context = Figure("19b", "c", "x", "context", None, rounds=steady([0.1, 0.9]))
+    figures = [tight, loose_pass, loose_miss, missed, context]
+    assert [f.verdict for f in figures] == ["PASS", "NOISY", "NOISY", "MISS", "info"]
+    assert [f.missed for f in figures] == [False, False, False, True, False]
+    assert summary(figures) == "1/4 targets met; missed: 18; too noisy to judge: 14, 19"
+    assert any(n.startswith("rounds: per round 0.70, 0.95, 1.10; median 0.95, spread (IQR/median) "
+                            "42%") for n in loose_pass.notes)
+    monkeypatch.setenv("BENCH_NOISE_BOUND", "0.5")      # a looser bound judges them again
+    assert [f.verdict for f in figures] == ["PASS", "PASS", "NOISY", "MISS", "info"]
+
+
+# --- kube-scheduler's own metrics ---------------------------------------------------------------
+
+# The shape of kube-scheduler v1.37's /metrics (names, labels, histogram) for a scheduler with one
+# profile, as scraped from the lab's control plane (test_the_real_kube_scheduler_... below; the
+# histogram and the counter's series appear only once a pod was scheduled), buckets cut short.
+SCHEDULER_METRICS = """# HELP scheduler_schedule_attempts_total [STABLE] Number of attempts to schedule pods, by the result. 'unschedulable' means a pod could not be scheduled, while 'error' means an internal scheduler problem.
+# TYPE scheduler_schedule_attempts_total counter
+scheduler_schedule_attempts_total{{profile="default-scheduler",result="error"}} 0
+scheduler_schedule_attempts_total{{profile="default-scheduler",result="scheduled"}} {scheduled}
+scheduler_schedule_attempts_total{{profile="default-scheduler",result="unschedulable"}} 2
+# HELP scheduler_scheduling_attempt_duration_seconds [STABLE] Scheduling attempt latency in seconds (scheduling algorithm + binding)
+# TYPE scheduler_scheduling_attempt_duration_seconds histogram
+scheduler_scheduling_attempt_duration_seconds_bucket{{profile="default-scheduler",result="scheduled",le="0.001"}} {fast}
+scheduler_scheduling_attempt_duration_seconds_bucket{{profile="default-scheduler",result="scheduled",le="0.002"}} {scheduled}
+scheduler_scheduling_attempt_duration_seconds_bucket{{profile="default-scheduler",result="scheduled",le="+Inf"}} {scheduled}
+scheduler_scheduling_attempt_duration_seconds_sum{{profile="default-scheduler",result="scheduled"}} 0.5
+scheduler_scheduling_attempt_duration_seconds_count{{profile="default-scheduler",result="scheduled"}} {scheduled}
+scheduler_schedule_attempts_totally_other_metric 99
+"""
+
+
+def _scrape(at: float, scheduled: int, fast: int = 0) -> Scrape:
+    return Scrape(at, SCHEDULER_METRICS.format(scheduled=scheduled, fast=fast))
+
+
+def test_scheduled_total_reads_the_scheduled_result_only_per_profile():
+    text = SCHEDULER_METRICS.format(scheduled=250, fast=0)
+    assert scheduled_total(text) == 250
+    assert scheduled_total(text, "default-scheduler") == 250
+    assert scheduled_total(text, "archway") == 0
+
+
+def test_crossings_are_interpolated_between_samples_and_the_window_rate():
+    samples = [(0.0, 0.0), (1.0, 50.0), (2.0, 150.0), (3.0, 950.0), (4.0, 1000.0)]
+    assert crossing(samples, 100.0) == pytest.approx(1.5)
+    assert crossing(samples, 900.0) == pytest.approx(2.9375)
+    assert window_rate(samples, 100.0, 900.0) == pytest.approx(800 / 1.4375)
+    # The first look already past 10 %: from that look.
+    assert window_rate([(0.0, 200.0), (1.0, 1000.0)], 100.0, 900.0) == pytest.approx(700 / 0.875)
+    with pytest.raises(ValueError):
+        window_rate([(0.0, 0.0), (1.0, 500.0)], 100.0, 900.0)
+
+
+def test_race_rate_from_scrapes_counts_and_attempt_quantiles():
+    scrapes = [_scrape(0.0, 0), _scrape(1.0, 100, 100), _scrape(2.0, 900, 500),
+               _scrape(3.0, 1000, 600)]
+    rate = race_rate(scrapes, 100, 900)
+    assert rate.rate == pytest.approx(800.0)
+    assert rate.attempts == 1000
+    assert rate.attempt_p50_ms == pytest.approx(500 / 600)   # inside the first bucket, as Prometheus
+    assert 1.0 < rate.attempt_p99_ms <= 2.0
+
+
+def test_the_real_kube_scheduler_counts_a_scheduled_pod_in_its_metrics(control_plane):
+    """kube-scheduler v1.37 as the lab starts it (secure port, delegated authn/z): the admin
+    token may read /metrics, the names are those above, and a bound pod counts."""
+    kube = control_plane.kube
+    scraper = MetricsScraper(control_plane.ports["scheduler"], kube.token)
+    try:
+        before = scraper.scrape()
+        ns = control_plane.new_namespace("bench-metrics")
+        kube.create(pod_path(ns), {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                                   "spec": {"containers": [{"name": "c", "image": "x/y:1"}]}})
+        end = time.monotonic() + 60
+        while scheduled_total(scraper.scrape().text) < scheduled_total(before.text) + 1:
+            assert time.monotonic() < end, "the scheduled pod never counted"
+            time.sleep(0.2)
+        assert kube.get(pod_path(ns, "p"))["spec"].get("nodeName")
+        after = scraper.scrape()
+        assert 'scheduler_scheduling_attempt_duration_seconds_bucket{' in after.text
+        assert race_rate([before, after], scheduled_total(before.text),
+                         scheduled_total(after.text)).attempts >= 1
+    finally:
+        scraper.close()
+
+
+# --- plots --------------------------------------------------------------------------------------
+
+def _figures_with_plots() -> list[Figure]:
+    rate = plots.plot("scheduling-rate", "pods scheduled per second", "", "pods/s", {
+        "kube-scheduler": {"x": ["19b"], "y": [800.0], "low": [700.0], "high": [900.0]},
+        "archway": {"x": ["19b"], "y": [300.0], "low": [250.0], "high": [320.0]}}, kind="bar")
+    more = plots.plot("scheduling-rate", "", "", "", {
+        "kube-scheduler": {"x": ["25g"], "y": [70.0], "low": [60.0], "high": [75.0]},
+        "archway": {"x": ["25g"], "y": [30.0], "low": [29.0], "high": [33.0]}}, kind="bar")
+    cdf_x, cdf_y = plots.cumulative({0.001: 50.0, 0.005: 99.0, 0.01: 100.0, math.inf: 100.0})
+    latency = plots.plot("admission-latency", "CDF", "ms", "share",
+                         {"2 connections": {"x": [x * 1000 for x in cdf_x], "y": cdf_y}},
+                         kind="step", log_x=True)
+    memory = plots.plot("scale-memory", "RSS", "Nodes", "MB", {
+        "webhook worker": {"x": [100, 1000, 5000], "y": [60.0, 64.0, 80.0]},
+        "extender worker": {"x": [100, 1000, 5000], "y": [50.0, 55.0, 70.0]}}, log_x=True)
+    return [Figure("19b", "r", "x", "t", None, data={"plots": rate}),
+            Figure("25g", "r", "x", "t", None, data={"plots": more}),
+            Figure("2", "l", "x", "t", True, data={"plots": {**latency, **memory}}),
+            Figure("3", "none", "x", "t", True)]
+
+
+def test_plot_series_of_one_plot_from_several_figures_are_merged():
+    collected = plots.collect(_figures_with_plots())
+    assert sorted(collected) == ["admission-latency", "scale-memory", "scheduling-rate"]
+    assert collected["scheduling-rate"]["series"]["archway"]["x"] == ["19b", "25g"]
+    assert collected["scheduling-rate"]["title"] == "pods scheduled per second"
+    assert plots.cumulative({0.001: 1.0, math.inf: 4.0}) == ([0.001], [0.25])
+    with pytest.raises(ValueError):
+        plots.plot("p", "t", "x", "y", {"s": {"x": [1, 2], "y": [1]}})
+
+
+def test_the_plot_writer_makes_small_valid_svgs_with_the_series_and_no_fonts(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional bench dependency "
+                        "(~120 MB with numpy, pillow, fonttools): pip install -r bench/requirements.txt")
+    paths, told = plots.write(_figures_with_plots(), str(tmp_path), note="bench run, load 9 on 2 cores")
+    assert told == f"3 plots written to {tmp_path}"
+    assert sorted(os.path.basename(p) for p in paths) == [
+        "admission-latency.svg", "scale-memory.svg", "scheduling-rate.svg"]
+    for path in paths:
+        with open(path) as f:
+            text = f.read()
+        root = ET.fromstring(text)
+        assert root.tag == "{http://www.w3.org/2000/svg}svg"
+        assert len(text) < 60_000, f"{path}: {len(text)} bytes"
+        assert "@font-face" not in text and "<font" not in text
+        assert "bench run, load 9 on 2 cores" in text
+    with open(tmp_path / "scheduling-rate.svg") as f:
+        rate = f.read()
+    for label in ("kube-scheduler", "archway", "19b", "25g"):
+        assert f">{label}<" in rate
+    with open(tmp_path / "scale-memory.svg") as f:
+        memory = f.read()
+    assert ">webhook worker<" in memory and ">extender worker<" in memory
+    # The same figures drawn again: the same bytes (no date, fixed ids).
+    again, _ = plots.write(_figures_with_plots(), str(tmp_path / "again"), note="bench run, load 9 on 2 cores")
+    with open(again[0]) as a, open(paths[0]) as b:
+        assert a.read() == b.read()
+
+
+def test_a_bar_plot_keeps_the_bars_an_earlier_run_measured_and_this_one_did_not(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional bench dependency")
+    kube, scale = _figures_with_plots()[:2]       # 19b (section kube), 25g (section scale)
+    plots.write([kube], str(tmp_path), note="run 1")
+    plots.write([scale], str(tmp_path), note="run 2")
+    svg = (tmp_path / "scheduling-rate.svg").read_text()
+    assert ">19b<" in svg and ">25g<" in svg and "run 2; 19b from an earlier run" in svg
+    kube.data["plots"]["scheduling-rate"]["series"]["archway"]["y"] = [310.0]
+    plots.write([kube], str(tmp_path), note="run 3")     # 19b measured again: this run's value
+    record = (tmp_path / "scheduling-rate.json").read_text()
+    merged = plots.json.loads(record)["series"]["archway"]
+    assert merged["x"] == ["25g", "19b"] and merged["y"] == [30.0, 310.0]
+    assert not (tmp_path / "scale-memory.json").exists()     # curves: this run's alone
+
+
+def test_without_matplotlib_the_run_prints_its_table_and_says_plots_were_skipped(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)      # import matplotlib -> ImportError
+    for name in ("BENCH_ROUNDS", "BENCH_NOISE_BOUND"):        # main sets them: restored after
+        monkeypatch.delenv(name, raising=False)
+    fake = types.ModuleType("bench.sections.fake")
+    fake.run = lambda lab: _figures_with_plots()
+    monkeypatch.setitem(sys.modules, "bench.sections.fake", fake)
+    main = importlib.import_module("bench.__main__")
+    monkeypatch.setattr(main, "SECTIONS", {"fake": "fake"})
+    status = main.main(["--output", str(tmp_path / "latest.md"), "--plots", str(tmp_path / "plots"),
+                        "--rounds", "3", "--noise-bound", "0.2"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "| 19b |" in out and "| 25g |" in out
+    assert plots.SKIPPED in out
+    assert not (tmp_path / "plots").exists()
+    assert (tmp_path / "latest.md").read_text().startswith("# archway benchmark results")
+    assert os.environ["BENCH_ROUNDS"] == "3" and os.environ["BENCH_NOISE_BOUND"] == "0.2"
