@@ -11,7 +11,7 @@ import time
 from archway.config import CacheSettings, RegistrySettings
 from archway.registry.model import ImageInfo
 from archway.registry.resolver import Resolver
-from bench.common.lab import Lab
+from bench.common.lab import Lab, resolve_ms
 from bench.common.plots import plot
 from bench.common.report import Figure
 from bench.common.section import Started, measured
@@ -120,9 +120,9 @@ def _expired_tag_latency(lab: Lab, started: Started, number: str, name: str, tar
                         clock=clock)
     images = [f"{proxy.host}/expired/app:{tag}" for tag in tags]
     resolver.resolve_many(images, timeout=60)               # warm
-    fresh = [_timed(resolver, image) for image in images]
+    fresh = [resolve_ms(resolver, image) for image in images]
     clock.now += TAG_TTL + 1                                   # every tag just expired
-    expired = [_timed(resolver, image) for image in images]
+    expired = [resolve_ms(resolver, image) for image in images]
     _settle(resolver)
     fresh_p99, expired_p99 = percentile(fresh, 99), percentile(expired, 99)
     ok = expired_p99 < REGISTRY_DELAY * 1000 / 4 and expired_p99 <= max(3 * fresh_p99, 1.0)
@@ -135,11 +135,3 @@ def _expired_tag_latency(lab: Lab, started: Started, number: str, name: str, tar
         "the expired answers are served at once; their HEADs run in the background",
     ])
 
-
-def _timed(resolver: Resolver, image: str) -> float:
-    start = time.perf_counter()
-    answer = resolver.resolve_many([image], timeout=5)[image]
-    elapsed = (time.perf_counter() - start) * 1000
-    if not isinstance(answer, ImageInfo):
-        raise RuntimeError(f"{image}: {answer}")
-    return elapsed

@@ -23,7 +23,7 @@ from archway.registry.records import CLUSTER, ImageRecord
 from archway.registry.resolver import Resolver
 from archway.webhook.imagerecords import ImageRecords
 from archway.webhook.recordobjects import record_object
-from bench.common.lab import Lab, push_index_variants
+from bench.common.lab import Lab, push_index_variants, resolve_ms
 from bench.common.report import Figure
 from bench.common.section import Started, measured
 from bench.common.stats import percentile
@@ -192,9 +192,9 @@ def _latency(client, settings, images) -> Figure:
     _resolve_all(none, sample)
     recorded = _replica(client, settings)
     try:
-        first = [_timed(recorded, image) for image in sample]     # answered from the record
-        without = [_timed(none, images[i % len(sample)]) for i in range(LATENCY_SAMPLES)]
-        warm = [_timed(recorded, images[i % len(sample)]) for i in range(LATENCY_SAMPLES)]
+        first = [resolve_ms(recorded, image) for image in sample]     # answered from the record
+        without = [resolve_ms(none, images[i % len(sample)]) for i in range(LATENCY_SAMPLES)]
+        warm = [resolve_ms(recorded, images[i % len(sample)]) for i in range(LATENCY_SAMPLES)]
     finally:
         _stop([recorded])
     p99_none, p99_warm, p99_first = (percentile(s, 99) for s in (without, warm, first))
@@ -206,11 +206,3 @@ def _latency(client, settings, images) -> Figure:
         "records, both warm; and a new process's first answer of each image, from its record "
         "(a registry read instead: milliseconds to seconds)"])
 
-
-def _timed(resolver: Resolver, image: str) -> float:
-    start = time.perf_counter()
-    answer = resolver.resolve_many([image], timeout=5)[image]
-    elapsed = (time.perf_counter() - start) * 1000
-    if not isinstance(answer, ImageInfo):
-        raise RuntimeError(f"{image}: {answer}")
-    return elapsed
