@@ -68,12 +68,13 @@ if ! python_at_least_3_11 "$ARCHWAY_VENV/bin/python"; then
 fi
 
 # Installed again only when pyproject.toml (the dependencies), the checkout or the extras
-# change; an install with the test extras also serves plain setup.sh.
-extras=""; $for_tests && extras="[test]"
+# change; an install with the test extras also serves plain setup.sh. The tests draw the bench's
+# plots too, so they install its optional plotting library (the bench extra).
+extras=""; $for_tests && extras="[test,bench]"
 installed_for="$(sha256sum pyproject.toml | cut -d' ' -f1) $PWD"
 stamp="$ARCHWAY_VENV/.archway-installed"
 case "$(cat "$stamp" 2>/dev/null)" in
-  "$installed_for [test]") up_to_date=true ;;
+  "$installed_for [test,bench]") up_to_date=true ;;
   "$installed_for ") [ -z "$extras" ] && up_to_date=true || up_to_date=false ;;
   *) up_to_date=false ;;
 esac
