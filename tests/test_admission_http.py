@@ -202,6 +202,21 @@ def world(control_plane, tmp_path_factory):
     finally:
         for item in reversed(stack):
             item.stop()
+        _remove_api_objects(control_plane.kube)
+
+
+def _remove_api_objects(kube) -> None:
+    """What the world made in the session's apiserver, so another module's world (the debug
+    containers' tests use this fixture too) can make them again."""
+    rbac, bound = "/apis/rbac.authorization.k8s.io/v1", f"{NS}-admission-test"
+    for path in (f"/api/v1/namespaces/{NS}/secrets/regcred",
+                 f"/api/v1/namespaces/{NS}/secrets/other-registry",
+                 f"/api/v1/namespaces/{NS}/serviceaccounts/builder",
+                 f"/api/v1/namespaces/{NS}/serviceaccounts/admission-test",
+                 f"{rbac}/clusterroles/{bound}", f"{rbac}/clusterrolebindings/{bound}",
+                 *(f"{rbac}/namespaces/{where}/{kind}/{bound}" for where in (NS, "team-b")
+                   for kind in ("roles", "rolebindings"))):
+        kube.delete(path)
 
 
 class SimpleStop:

@@ -61,7 +61,8 @@ _WORTH_A_LINE = frozenset({"denied", "fail_open", "gated", "error"})
 
 class ImageResolver(Protocol):
     def resolve_many(self, images, *, keyring: Keyring | None = None, timeout: float | None,
-                     revalidate=frozenset(), limit: int | None = None) -> dict[str, Any]: ...
+                     revalidate=frozenset(), limit: int | None = None,
+                     scope: str | None = None) -> dict[str, Any]: ...
 
 
 class PullCredentialSource(Protocol):

@@ -212,9 +212,12 @@ def test_a_gated_pod_of_the_workload_is_released_with_the_exclusion(
     crash_with_exec_format_error(kube, namespace, failing)
     kube.wait_for(lambda: learned(kube, namespace).get(FAILED), timeout=20,
                   what="the learned annotation")
-    # archway starts again (its caches empty) while the registry is too slow for admission:
-    # the replacement is gated, and the new leader places it once the registry answers.
+    # archway starts again knowing nothing of the image (its caches die with it, and the
+    # cluster's record of the image is deleted: else the new process is warm from it) while
+    # the registry is too slow for admission: the replacement is gated, and the new leader
+    # places it once the registry answers.
     slow_registry.delay = 3.0
+    forget_image_records(kube, image)
     archway.restart_webhook()
     kube.delete(pod_path(namespace, failing["metadata"]["name"]))
     replacement = kube.wait_for(lambda: [p for p in app_pods(kube, namespace, "app")
@@ -227,6 +230,15 @@ def test_a_gated_pod_of_the_workload_is_released_with_the_exclusion(
     assert bound["metadata"]["annotations"]["archway.dev/excluded-architectures"] == "arm64"
     kube.wait_for(lambda: "Placed" in [e["reason"] for e in kube.events_for(
         namespace, bound["metadata"]["name"])], timeout=30, what="the Placed Event")
+
+
+def forget_image_records(kube, image: str) -> None:
+    """Delete the cluster's image records (docs/image-records.md) of `image`."""
+    records = "/apis/archway.dev/v1alpha1/clusterimagerecords"
+    path = image.split("/", 1)[1]          # the reference without its host
+    for record in kube.items(records):
+        if record["spec"]["reference"].endswith("/" + path):
+            kube.delete(f"{records}/{record['metadata']['name']}")
 
 
 def test_the_webhooks_account_may_learn_but_not_rewrite_workloads(archway, kube):
