@@ -19,8 +19,6 @@ from .placement import Decision
 log = logging.getLogger("archway.admission")
 
 REASON_DEBUG_IMAGE = "ArchwayDebugImageCannotRun"
-# Kept back from the deadline to build and send the answer (as for a pod).
-_ANSWER_MARGIN_SECONDS = 0.05
 _WORTH_A_LINE = frozenset({"denied", "warned", "fail_open", "audited", "error"})
 
 
@@ -92,13 +90,9 @@ def _node(service: Any, name: str) -> NodePlatform | None:
 
 def _resolve(service: Any, debug, due: float, api_by: float) -> tuple[dict, tuple[str, ...]]:
     """The debug images' results, read with the pod's pull secrets, by `due`."""
-    credentials = service.pull_secrets.credentials_for(debug.pod, api_by)
-    timeout = max(0.0, due - _ANSWER_MARGIN_SECONDS - service.clock())
-    results = service.resolver.resolve_many(debug.images, keyring=credentials.keyring,
-                                            timeout=timeout, revalidate=debug.always_pulled,
-                                            limit=service.settings.max_images,
-                                            scope=debug.pod.namespace)
-    return results, tuple(credentials.warnings)
+    resolution = service.resolve(debug.pod, due, api_by, images=debug.images,
+                                 always_pulled=debug.always_pulled)
+    return resolution.results, resolution.warnings
 
 
 def _record_event(service: Any, request: AdmissionRequest, decision: DebugDecision) -> None:

@@ -251,18 +251,23 @@ class AdmissionService:
                                    + ": the pod stays Pending until such a node joins",
                                    being_created=bool(pod.name) and regarding["kind"] == "Pod")
 
-    def resolve(self, pod: PodView, due: float, api_by: float) -> Resolution:
+    def resolve(self, pod: PodView, due: float, api_by: float, *,
+                images: tuple[str, ...] | None = None,
+                always_pulled: frozenset[str] | None = None) -> Resolution:
         """The images' results and the credential warnings, by `due`; the API reads may go on
         until `api_by`, the registries get the rest. With no time left, the cache answers alone
-        (the lookups it starts go on in the background)."""
-        images = pod.images
+        (the lookups it starts go on in the background). `images` (and of them
+        `always_pulled`): others than the pod's own, read with its pull secrets (a debug
+        container's)."""
+        images = pod.images if images is None else images
         if not images:
             return Resolution({})
         credentials = self.pull_secrets.credentials_for(pod, api_by)
         timeout = max(0.0, due - ANSWER_MARGIN_SECONDS - self.clock())
         results = self.resolver.resolve_many(images, keyring=credentials.keyring,
                                              timeout=timeout,
-                                             revalidate=pod.always_pulled,
+                                             revalidate=(pod.always_pulled if always_pulled is None
+                                                         else always_pulled),
                                              limit=self.settings.max_images,
                                              scope=pod.namespace)
         return Resolution(results, tuple(credentials.warnings))
