@@ -59,6 +59,9 @@ class ServerState:
         self.readiness_checks: dict[str, Callable[[], str | None]] = {}
         # (method, path) -> handler(environ) -> (status, JSON bytes): answered ahead of Flask.
         self.fast_routes: dict[tuple[str, str], Callable[[dict], tuple[int, bytes]]] = {}
+        # (method, path) -> handler(body, arrived) -> (status, JSON bytes) or None: answered in
+        # the worker's main loop when it needs no wait (archway.server.inline).
+        self.inline_routes: dict[tuple[str, str], Callable] = {}
         # name -> callable returning a fact /readyz shows when ready; products may add.
         self.readiness_facts: dict[str, Callable[[], object]] = {
             "resolver_cache_entries": lambda: self.resolver.cache_size}
@@ -97,14 +100,28 @@ def create_app(config, *, product: str | None = None, resolver=None, pull_secret
         register_webhook(app, state, pull_secrets)
     if "extender" in products:
         register_extender(app, config, resolver, node_cache=node_cache,
-                          fast_routes=state.fast_routes)
+                          fast_routes=state.fast_routes, inline_routes=state.inline_routes)
     _register_common(app, state)
+    app.inline_routes_for = _inline_routes_for(config, state.inline_routes)  # type: ignore[attr-defined]
     if state.fast_routes:
         app.wsgi_app = _FastRoutes(app.wsgi_app, state.fast_routes)  # type: ignore[method-assign]
     if config.server.metrics_bind:
         app.wsgi_app = _MetricsListener(  # type: ignore[method-assign]
             app.wsgi_app, split_bind(config.server.metrics_bind)[1])
     return app
+
+
+def _inline_routes_for(config, routes: dict) -> Callable[[object], dict]:
+    """For the worker (archway.server.inline): the routes it may answer in its main loop on the
+    listener at a (host, port) address; none on server.metrics_bind's, which serves only
+    metrics and probes (_MetricsListener)."""
+    metrics_port = split_bind(config.server.metrics_bind)[1] if config.server.metrics_bind else None
+
+    def routes_for(address) -> dict:
+        on_metrics_port = isinstance(address, tuple) and address[1] == metrics_port
+        return {} if on_metrics_port else routes
+
+    return routes_for
 
 
 def _refuse_cluster_addresses(config, resolver) -> None:

@@ -67,6 +67,11 @@ class ListWatch:
         return self._synced.is_set()
 
     @property
+    def settled(self) -> bool:
+        """wait_synced would return at once: synced, or no cluster, or the first list failed."""
+        return self._settled.is_set()
+
+    @property
     def current(self) -> bool:
         """Synced, and following the watch now (not listing again, not retrying)."""
         return self._current.is_set()

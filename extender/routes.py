@@ -11,6 +11,7 @@ that is why unknown things pass instead of blocking.
 import json
 import logging
 import time
+from functools import partial
 
 from flask import Flask, Response, request
 
@@ -39,7 +40,8 @@ BODY_DEADLINE_SECONDS = 10.0
 # --- HTTP -----------------------------------------------------------------------------------------
 
 def register_extender(app: Flask, config, resolver, *, extender: Extender | None = None,
-                      node_cache: NodeCache | None = None, fast_routes: dict | None = None) -> None:
+                      node_cache: NodeCache | None = None, fast_routes: dict | None = None,
+                      inline_routes: dict | None = None) -> None:
     """Add POST /scheduler/filter and /scheduler/prioritize to `app`. `resolver` is a
     archway.registry.resolver.Resolver or None (pod arch then comes from the webhook's
     annotation only). `node_cache`: the process's one NodeCache (archway.app
@@ -47,18 +49,22 @@ def register_extender(app: Flask, config, resolver, *, extender: Extender | None
     scheduler sends pass the filter. `extender` replaces the one built from `config`.
     `fast_routes`: archway.app's routes answered from the WSGI environ ahead of Flask (figure 1:
     Flask's request and response objects cost a third of a warm call); the views are added
-    there too, and Flask serves what reaches it (a test client, GET's 405)."""
+    there too, and Flask serves what reaches it (a test client, GET's 405). `inline_routes`:
+    the worker's routes answered in its main loop (archway.server.inline) when the answer needs
+    no wait: kube-scheduler waits for every call."""
     extender = extender or Extender(config, resolver, node_cache=node_cache)
     app.extensions["archway.extender"] = extender
-    views = {"/scheduler/filter": _environ_view(extender, "filter"),
-             "/scheduler/prioritize": _environ_view(extender, "prioritize")}
-    for path, view in views.items():
+    for path, verb in (("/scheduler/filter", "filter"), ("/scheduler/prioritize", "prioritize")):
+        view = _environ_view(extender, verb)
+
         def flask_view(view=view):
             status, body = view(request.environ)
             return Response(body, status, mimetype="application/json")
         app.add_url_rule(path, path.replace("/", "_").strip("_"), flask_view, methods=["POST"])
         if fast_routes is not None:
             fast_routes[("POST", path)] = view
+        if inline_routes is not None:
+            inline_routes[("POST", path)] = partial(_answer, extender, verb, wait=False)
 
 
 def _environ_view(extender: Extender, verb: str):
@@ -67,31 +73,49 @@ def _environ_view(extender: Extender, verb: str):
     def view(environ: dict) -> tuple[int, bytes]:
         started = time.perf_counter()
         try:
-            args = _read_args(environ)
-            if verb == "filter":
-                # From the request's arrival: time it waited for a thread is spent already.
-                body, summary = extender.filter(args, arrival(environ))
-            else:
-                body = extender.prioritize(args)
-        except MalformedExtenderArgs as e:
-            return _bad_request(verb, e, started)
+            body = _read_body(environ)
         except _TooLarge as e:
-            _finished(verb, "bad_request", started)
-            metrics.bad_request(413)
-            return 413, json.dumps({"error": str(e)}).encode()
-        _finished(verb, "ok", started)
-        if verb == "filter":
-            log.info("filter %s (%.1f ms)", summary, (time.perf_counter() - started) * 1000)
-        return 200, body
+            return _too_large(verb, e, started)
+        # From the request's arrival: time it waited for a thread is spent already.
+        answer = _answer(extender, verb, body, arrival(environ), started=started)
+        assert answer is not None   # it waits when it must
+        return answer
 
     return view
+
+
+def _answer(extender: Extender, verb: str, body: bytes, arrived: float | None, *,
+            wait: bool = True, started: float | None = None) -> tuple[int, bytes] | None:
+    """(status, JSON body) of a call with this body; None when `wait` is False and the answer
+    would wait for something (a registry lookup, the first list of Nodes)."""
+    started = started or time.perf_counter()
+    try:
+        try:
+            args = parse_extender_args(body)
+        except TooManyNodes as e:
+            raise _TooLarge(str(e)) from None
+        if verb == "filter":
+            filtered = extender.filter(args, arrived, wait=wait)
+            if filtered is None:
+                return None
+            answer, summary = filtered
+        else:
+            answer = extender.prioritize(args)
+    except MalformedExtenderArgs as e:
+        return _bad_request(verb, e, started)
+    except _TooLarge as e:
+        return _too_large(verb, e, started)
+    _finished(verb, "ok", started)
+    if verb == "filter":
+        log.info("filter %s (%.1f ms)", summary, (time.perf_counter() - started) * 1000)
+    return 200, answer
 
 
 class _TooLarge(Exception):
     """A body over MAX_BODY_BYTES, or a list of more candidates than the extender takes."""
 
 
-def _read_args(environ: dict):
+def _read_body(environ: dict) -> bytes:
     try:
         length = int(environ.get("CONTENT_LENGTH") or "")
     except ValueError:
@@ -102,10 +126,13 @@ def _read_args(environ: dict):
     body = read_body(environ, MAX_BODY_BYTES + 1, time.monotonic() + BODY_DEADLINE_SECONDS)
     if len(body) > MAX_BODY_BYTES:   # a chunked body without a length
         raise _TooLarge(f"request body exceeds the extender's limit ({MAX_BODY_BYTES})")
-    try:
-        return parse_extender_args(body)
-    except TooManyNodes as e:
-        raise _TooLarge(str(e)) from None
+    return body
+
+
+def _too_large(verb: str, error: Exception, started: float) -> tuple[int, bytes]:
+    _finished(verb, "bad_request", started)
+    metrics.bad_request(413)
+    return 413, json.dumps({"error": str(error)}).encode()
 
 
 def _bad_request(verb: str, error: Exception, started: float) -> tuple[int, bytes]:

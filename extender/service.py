@@ -84,15 +84,19 @@ class Extender:
         archs, detail = shared_architectures(results, pod.os)
         return archs, "resolver", detail
 
-    def filter(self, args: ExtenderArgs, started: float | None = None) -> tuple[bytes, str]:
+    def filter(self, args: ExtenderArgs, started: float | None = None, *,
+               wait: bool = True) -> tuple[bytes, str] | None:
         """(ExtenderFilterResult JSON, a summary for the log line). `started`: time.monotonic()
-        when the request arrived; the answer is due within extender.deadline_seconds of it."""
+        when the request arrived; the answer is due within extender.deadline_seconds of it.
+        `wait` False: None instead of an answer that would wait (see answers_at_once)."""
         deadline = ((started or time.monotonic()) + self.config.extender.deadline_seconds
                     - ANSWER_MARGIN_SECONDS)
         try:
             pod = PodView.of(args.pod)
         except PodShapeError as e:
             raise MalformedExtenderArgs(f"ExtenderArgs.Pod: {e}") from None
+        if not wait and not self.answers_at_once(pod, args):
+            return None
         pod_archs, source, detail = self.pod_architectures(pod, deadline)
         if args.nodes is not None:
             facts: list = list(args.nodes) if pod_archs else []
@@ -115,6 +119,16 @@ class Extender:
                    f"from {source}, {len(keep)}/{len(names)} nodes pass"
                    + (f", {len(busy)} above extender.max_utilisation" if busy else "") + lifted)
         return body, summary
+
+    def answers_at_once(self, pod: PodView, args: ExtenderArgs) -> bool:
+        """Whether filtering this pod waits for nothing: its architectures are in its
+        annotation (or nothing can be looked up), and the names' Nodes are in the node cache
+        (or come in the call)."""
+        if (self.resolver is not None and pod.images
+                and annotated_architectures(pod) is None):
+            return False   # a registry lookup
+        cache = self.node_cache
+        return args.nodes is not None or cache is None or cache.settled
 
     def _cached_facts(self, names: list[str], deadline: float) -> list:
         """NodeFacts (arch, OS) per name from the node cache, None for a name it lacks. A name

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import kubernetes_validate
@@ -25,7 +26,7 @@ from archway.extender.service import Extender
 from archway.nodes import NodeCache, node_arch
 from archway.podview import PodShapeError, PodView
 from archway.registry.resolver import Resolver
-from lab.procs import REPO, free_port, wait_for_port, wait_until
+from lab.procs import REPO, Server, free_port, wait_for_port, wait_until
 from lab.servers.apiserver import FakeApiServer
 from lab.servers.faults import BlackHole
 from tests.infra.fixtures import LOOPBACK_HOSTS, plain_registry
@@ -702,3 +703,47 @@ def test_a_worker_stays_under_512_mb_with_bodies_at_the_cap_in_both_shapes(tmp_p
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(15)
+
+
+def test_one_pods_slow_lookup_holds_up_no_other_pods_call(tmp_path):
+    """kube-scheduler waits for every extender call. With the worker's only thread held by an
+    unannotated pod whose image is on a registry that never answers, the call for a pod archway
+    annotated at admission is answered at once in the worker's main loop (archway.server.inline),
+    not after that lookup's deadline."""
+    hole = BlackHole()
+    config_path = str(tmp_path / "archway.yaml")
+    with open(config_path, "w") as f:
+        json.dump({"server": {"tls": False, "workers": 1, "threads": 1,
+                              "state_dir": str(tmp_path)},
+                   "kubernetes": {"enabled": "off"},
+                   "registry": {"allow_hosts": list(LOOPBACK_HOSTS), "insecure_hosts": [hole.host],
+                                "timeout_seconds": 30},
+                   "extender": {"deadline_seconds": 6.0}}, f)
+    port = free_port()
+    stuck = load("filter-nodes.json")
+    del stuck["Pod"]["metadata"]["annotations"]
+    stuck["Pod"]["spec"]["containers"][0]["image"] = f"{hole.host}/never/answers:1"
+    answers: dict = {}
+    try:
+        with Server([sys.executable, "-m", "archway.cli", "--config", config_path, "serve",
+                     "--product", "extender", "--bind", f"127.0.0.1:{port}"],
+                    port=port, log_path=str(tmp_path / "serve.log"), cwd=REPO, ready_timeout=30):
+            url = f"http://127.0.0.1:{port}/scheduler/filter"
+
+            def call(name, body):
+                started = time.monotonic()
+                answers[name] = requests.post(url, data=body, timeout=30), time.monotonic() - started
+
+            held = threading.Thread(target=call, args=("stuck", json.dumps(stuck)))
+            held.start()
+            wait_until(lambda: hole.accepted > 0, timeout=10)   # the thread is looking
+            call("annotated", raw("filter-nodes.json"))
+            held.join(30)
+    finally:
+        hole.stop()
+    reply, took = answers["annotated"]
+    assert reply.status_code == 200
+    assert [n["metadata"]["name"] for n in reply.json()["Nodes"]["items"]] == [AMD64, ARM64]
+    assert took < 3.0, f"answered after {took:.1f} s: it waited for the held thread"
+    reply, took = answers["stuck"]   # given up at its deadline: archway has no objection
+    assert reply.status_code == 200 and len(reply.json()["Nodes"]["items"]) == 4 and took >= 5

@@ -51,6 +51,7 @@ from archway.logs import JsonFormatter
 from archway.logsafe import SafeFormatter, escape
 from archway.requestbody import BODY_READ
 
+from .inline import InlineAnswers
 from .linger import Lingering
 from .listeners import own_listener
 
@@ -91,7 +92,7 @@ def body_to_preread(head: bytes, limit: int) -> int:
 
 class _Arrival:
     """A connection whose request (or TLS handshake) is still arriving."""
-    __slots__ = ("arrived", "buf", "conn", "deadline", "need", "scanned", "stage")
+    __slots__ = ("arrived", "buf", "conn", "deadline", "head_end", "need", "scanned", "stage")
 
     def __init__(self, conn: TConn, stage: str, arrived: float, timeout: float):
         self.conn = conn
@@ -100,11 +101,13 @@ class _Arrival:
         self.deadline = arrived + timeout
         self.buf = bytearray()
         self.scanned = 0            # where to resume looking for the end of the head
+        self.head_end = 0           # where the head's final CRLF CRLF begins, once it is in
         self.need: int | None = None  # total bytes of head + pre-read body, once the head is in
 
 
-class GuardedThreadWorker(ThreadWorker):
-    """gunicorn's gthread worker (see the module docstring for what changes)."""
+class GuardedThreadWorker(InlineAnswers, ThreadWorker):
+    """gunicorn's gthread worker (see the module docstring for what changes), answering the
+    app's inline routes in its main loop (archway.server.inline)."""
 
     #: Bodies up to this size are read in the main loop; `archway serve` sets it to
     #: server.max_body_bytes (the extender's larger bodies are read by their thread).
@@ -121,6 +124,7 @@ class GuardedThreadWorker(ThreadWorker):
         # socket descriptor -> (arrived, body read) of the request handed to a pool thread on
         # it, until the app is called (_hand_over, load_wsgi)
         self.handed_over: dict[int, tuple[float, bool]] = {}
+        self.replies = {}
         self._next_sweep = 0.0
         self._cuts: Counter[str] = Counter()
         self._last_cut_peer = "-"
@@ -233,18 +237,20 @@ class GuardedThreadWorker(ThreadWorker):
             ahead = conn.parser.unreader.take_buffered()
             if ahead or (isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending()):
                 conn.sock.setblocking(False)
-                arrival = _Arrival(conn, "header", time.monotonic(), HEADER_TIMEOUT_SECONDS)
-                arrival.buf += ahead
-                self.buffered += len(ahead)
-                self.arrivals[conn] = arrival
-                self.poller.register(conn.sock, selectors.EVENT_READ,
-                                     partial(self._on_event, arrival))
-                if self._complete(arrival):
-                    self._hand_over(arrival)
-                else:
-                    self._advance(arrival)
-                return
+                return self._read_ahead(conn, ahead)
         super().finish_request(conn, fs)
+
+    def _read_ahead(self, conn: TConn, ahead: bytes) -> None:
+        """The next request on `conn`, of which `ahead` was read already: on as it arrives."""
+        arrival = _Arrival(conn, "header", time.monotonic(), HEADER_TIMEOUT_SECONDS)
+        arrival.buf += ahead
+        self.buffered += len(ahead)
+        self.arrivals[conn] = arrival
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_event, arrival))
+        if self._complete(arrival):
+            self._hand_over(arrival)
+        else:
+            self._advance(arrival)
 
     def _on_event(self, arrival: _Arrival, _fileobj) -> None:
         # An event of a connection closed earlier in the same batch of events (to make room, or
@@ -293,6 +299,7 @@ class GuardedThreadWorker(ThreadWorker):
             if end < 0:
                 arrival.scanned = max(0, len(buf) - 3)
                 return False
+            arrival.head_end = end
             arrival.need = end + 4 + body_to_preread(bytes(buf[:end]), self.preread_limit)
             if arrival.need > end + 4:
                 arrival.stage = "body"
@@ -305,6 +312,9 @@ class GuardedThreadWorker(ThreadWorker):
             self.poller.modify(arrival.conn.sock, events, key.data)
 
     def _hand_over(self, arrival: _Arrival) -> None:
+        if arrival.stage == "body" and self.inline_routes_for and self._answered_inline(
+                arrival, arrival.head_end):
+            return
         conn = arrival.conn
         self._forget(arrival)
         self.poller.unregister(conn.sock)
@@ -324,6 +334,7 @@ class GuardedThreadWorker(ThreadWorker):
         """The app, called with its request's arrival and body state in the environ."""
         super().load_wsgi()
         app, handed_over = self.wsgi, self.handed_over
+        self.inline_routes_for = getattr(app, "inline_routes_for", None)
 
         def told_of_arrival(environ, start_response):
             sock = environ.get("gunicorn.socket")   # gunicorn's: the connection's own socket
@@ -409,6 +420,7 @@ class GuardedThreadWorker(ThreadWorker):
         for arrival in late:
             self._close(arrival, f"{arrival.stage}_timeout")
         self.lingering.sweep(now)
+        self._late_replies(now)
         if self._cuts and now >= self._next_log:
             self._log_cuts(now)
 
