@@ -181,6 +181,9 @@ class PlacementSettings:
     fallback_architectures: tuple[str, ...] = ()
     # archway's own scheduler, for PlacementPolicies that send pods to it (archwayScheduler)
     archway_scheduler: str | None = None
+    # Which pods get scheduler_name (or a policy's archwayScheduler): `needed`, those whose
+    # node archway's extender could still change; `all`, every pod asking for the default.
+    scheduler_for: str = choice("needed", "all")
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,8 @@ class PodView:
     uid: str = ""
     being_deleted: bool = False                # metadata.deletionTimestamp is set
     image_volumes: tuple[ImageVolume, ...] = ()   # spec.volumes[] with an image source
-    os: str = "linux"   # the OS it runs on (`kubernetes.io/os`), see `pod_os`
+    os: str = "linux"   # the OS it runs on (`kubernetes.io/os`), see `pinned_os`
+    os_pinned: bool = False   # ... and the pod's own constraints say it (no default)
 
     @classmethod
     def of(cls, obj: Any, *, namespace: str = "", name: str = "") -> "PodView":
@@ -136,6 +137,8 @@ class PodView:
         node_affinity = _mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
         node_selector = _string_map(spec.get("nodeSelector"), "spec.nodeSelector")
         required_terms = _required_terms(node_affinity)
+        os = pinned_os(_text(_mapping(spec.get("os"), "spec.os"), "name", "spec.os"),
+                       node_selector, required_terms)
         return cls(
             namespace=_text(metadata, "namespace", "metadata") or namespace,
             name=_text(metadata, "name", "metadata") or name,
@@ -164,8 +167,7 @@ class PodView:
             uid=_text(metadata, "uid", "metadata"),
             being_deleted=bool(metadata.get("deletionTimestamp")),
             image_volumes=_image_volumes(spec.get("volumes")),
-            os=pod_os(_text(_mapping(spec.get("os"), "spec.os"), "name", "spec.os"),
-                      node_selector, required_terms),
+            os=os or "linux", os_pinned=os is not None,
         )
 
     @cached_property
@@ -272,19 +274,20 @@ def _image_volumes(value: Any) -> tuple[ImageVolume, ...]:
     return tuple(volumes)
 
 
-def pod_os(spec_os: str, node_selector: Mapping[str, str],
-           required_terms: tuple[NodeSelectorTerm, ...] | None) -> str:
-    """The OS a pod runs on: spec.os.name, else its `kubernetes.io/os` nodeSelector, else the
-    one OS every required node-affinity term pins (`kubernetes.io/os In [x]`), else linux (what
-    a node without the label runs, and the kubelet's default)."""
+def pinned_os(spec_os: str, node_selector: Mapping[str, str],
+              required_terms: tuple[NodeSelectorTerm, ...] | None) -> str | None:
+    """The OS a pod says it runs on: spec.os.name, else its `kubernetes.io/os` nodeSelector,
+    else the one OS every required node-affinity term pins (`kubernetes.io/os In [x]`); None
+    when it says none (it runs on linux then: what a node without the label runs, and the
+    kubelet's default)."""
     if spec_os:
         return spec_os
     if node_selector.get(OS_LABEL):
         return node_selector[OS_LABEL]
     pinned = {_pinned_os(term) for term in required_terms or ()}
     if len(pinned) == 1 and None not in pinned:
-        return pinned.pop() or "linux"
-    return "linux"
+        return pinned.pop() or None
+    return None
 
 
 def _pinned_os(term: NodeSelectorTerm) -> str | None:

@@ -368,6 +368,48 @@ def test_scheduler_name_is_set_even_when_nothing_resolved():
     assert applied(pod, d)["spec"]["schedulerName"] == "archway"
 
 
+NEEDED = Policy(scheduler_name="archway", scheduler_for_pinned=False)   # placement.scheduler_for
+
+
+@pytest.mark.parametrize("pod, node_oses, sent", [
+    # pinned to its images' architectures by archway, on a cluster of linux nodes: left as is
+    (make_pod("reg/arm:1"), frozenset({"linux"}), False),
+    (make_pod("reg/multi:1", "reg/amdarm:1"), frozenset({"linux"}), False),
+    # ... unless the cluster's nodes are not known, or some run another OS
+    (make_pod("reg/arm:1"), None, True),
+    (make_pod("reg/arm:1"), frozenset({"linux", "windows"}), True),
+    # a pod that pins its OS itself needs no knowledge of the nodes
+    (make_pod("reg/arm:1", node_selector={"kubernetes.io/os": "linux"}), None, False),
+    # its own arch pin within its images' architectures is a pin too; one beyond them is not
+    (make_pod("reg/amdarm:1", node_selector={ARCH_LABEL: "arm64"}), frozenset({"linux"}), False),
+    (make_pod("reg/arm:1", affinity=required(term(expr(ARCH_LABEL, "In", "arm64", "amd64")))),
+     frozenset({"linux"}), True),
+    # an image not read: nothing is pinned, the extender reads it at scheduling time
+    (make_pod("reg/x:1"), frozenset({"linux"}), True),
+    (make_pod("reg/arm:1", "reg/x:1"), frozenset({"linux"}), True),
+])
+def test_a_pod_pinned_where_its_images_run_keeps_the_default_scheduler(pod, node_oses, sent):
+    results = dict(RESULTS, **{"reg/x:1": DeadlineExceeded("x")})
+    d = decide(pod, results, NEEDED, node_oses=node_oses)
+    assert applied(pod, d)["spec"].get("schedulerName") == ("archway" if sent else None)
+    assert (placement.PINNED_SCHEDULER in d.reason) == (not sent)
+    # placement.scheduler_for: all (or an extender that scores or caps nodes): always sent
+    d = decide(pod, results, Policy(scheduler_name="archway"), node_oses=node_oses)
+    assert applied(pod, d)["spec"]["schedulerName"] == "archway"
+
+
+@pytest.mark.parametrize("section, values, for_pinned", [
+    ("placement", {}, False),
+    ("placement", {"scheduler_for": "all"}, True),
+    ("prometheus", {"url": "http://prometheus:9090"}, True),
+    ("extender", {"max_utilisation": 0.8}, True),
+])
+def test_which_pods_get_the_scheduler_name_follows_the_config(section, values, for_pinned):
+    from archway.config import config_from_dict
+    config = config_from_dict({section: values, "kubernetes": {"enabled": "off"}})
+    assert Policy.from_config(config).scheduler_for_pinned is for_pinned
+
+
 # --- table: idempotence and shape errors ------------------------------------------------------
 
 @pytest.mark.parametrize("pod", [

@@ -245,6 +245,7 @@ class Cache:
     """A synced list + watch cache holding `items`; `synced=False`: the first list is not in."""
     def __init__(self, items, synced=True):
         self.items, self.synced, self.waits = dict(items), synced, []
+        self.version = 1
 
     def wait_synced(self, timeout):
         self.waits.append(timeout)

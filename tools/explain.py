@@ -76,8 +76,7 @@ class Explanation:
         if not d.allowed:
             return d.message
         if d.architectures == frozenset():
-            return share_no_architecture(told_architectures(self.results, self.os), self.results,
-                                         self.os)
+            return share_no_architecture(told_architectures(self.results, self.os), self.results, self.os)
         return d.conflict
 
 
@@ -95,8 +94,9 @@ def explain_workload(workload: Workload, results: dict, policy: Policy, *, nodes
                                   namespace_object=namespace_object,
                                   archway_scheduler=archway_scheduler)
         policy = in_force.policy
-    return Explanation(workload, mine, decide(pod, mine, policy, nodes=nodes, learned=learned),
-                       annotations, tuple(events), learned, in_force, pod)
+    decision = decide(pod, mine, policy, nodes=nodes, learned=learned,
+                      node_oses=frozenset(n.os for n in nodes) if nodes is not None else None)
+    return Explanation(workload, mine, decision, annotations, tuple(events), learned, in_force, pod)
 
 
 def load_manifests(text: str, origin: str) -> list:

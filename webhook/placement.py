@@ -73,20 +73,23 @@ def gated_warnings(warnings: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def decide(pod: PodView, results: dict, policy: Policy, *,
-           nodes: Iterable[NodeLike] | None = None, learned: Learned | None = None) -> Decision:
+           nodes: Iterable[NodeLike] | None = None, learned: Learned | None = None,
+           node_oses: frozenset[str] | None = None) -> Decision:
     """Decide how to place `pod` given `results` (image -> ImageInfo | ArchwayError).
 
     An image missing from `results` counts as unresolved (the resolver ran out of time).
     `nodes`: the cluster's nodes when known (the node cache); None: the cluster is not consulted.
     `learned`: what its workload learned from exec format errors (learning.exclusion).
+    `node_oses`: the OSes of those nodes (None: not known).
     In audit mode the decision is made in full, then only its annotations are applied.
     """
-    decision = _enforce(pod, results, policy, nodes, learned)
+    decision = _enforce(pod, results, policy, nodes, learned, node_oses)
     return _audited(pod, results, decision, policy) if policy.mode == "audit" else decision
 
 
-def _enforce(pod: PodView, results: dict, policy: Policy,
-             nodes: Iterable[NodeLike] | None, learned: Learned | None = None) -> Decision:
+def _enforce(pod: PodView, results: dict, policy: Policy, nodes: Iterable[NodeLike] | None,
+             learned: Learned | None = None, node_oses: frozenset[str] | None = None
+             ) -> Decision:
     warnings, failed = _read(pod, results)
     if failed and policy.fail_closed:
         listed = "; ".join(f"{display_image(image)}: {classify_error(results.get(image)).words}"
@@ -118,8 +121,13 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
             return placing   # denied
         placed = placing
 
+    reason = placed.reason
     if policy.scheduler_name and pod.scheduler_name in ("", DEFAULT_SCHEDULER):
-        mutated.setdefault("spec", {})["schedulerName"] = policy.scheduler_name
+        # An image not read yet may still be read at scheduling time (or at a gated pod's release).
+        if policy.scheduler_for_pinned or failed or not _pinned(placed, pod, node_oses):
+            mutated.setdefault("spec", {})["schedulerName"] = policy.scheduler_name
+        else:
+            reason += f"; {PINNED_SCHEDULER}"
 
     changed = mutated != pod.patchable   # the placement changed the pod, not only named it
     if policy.source and changed:   # a pod archway left as it was has nothing to name
@@ -130,9 +138,19 @@ def _enforce(pod: PodView, results: dict, policy: Policy,
     else:
         outcome = "mutated" if changed else "unchanged"
     return Decision(allowed=True, patch=patch, warnings=tuple(warnings), architectures=archs,
-                    outcome=outcome, reason=placed.reason, unschedulable=placed.unschedulable,
+                    outcome=outcome, reason=reason, unschedulable=placed.unschedulable,
                     conflict=placed.conflict, excluded=placed.exclusion.excluded,
                     learned=placed.exclusion.note)
+
+
+PINNED_SCHEDULER = "schedulerName left as is: the default scheduler keeps it where its images run"
+
+
+def _pinned(placed: "_Placed", pod: PodView, node_oses: frozenset[str] | None) -> bool:
+    """Whether any scheduler keeps the pod where its images run, so archway's extender could
+    not change its node: its required constraints pin the images' architectures and no node
+    of another OS can take it (it pins its OS, or every node runs that OS)."""
+    return placed.pinned and (pod.os_pinned or node_oses == {pod.os})
 
 
 def _told(pod: PodView, results: dict, failed: list[str], policy: Policy,
@@ -186,6 +204,7 @@ class _Placed:
     unschedulable: str = ""
     conflict: str = ""
     exclusion: Exclusion = field(default_factory=Exclusion)
+    pinned: bool = False   # its required constraints keep it on the images' architectures
 
 
 def _place(mutated: dict, pod: PodView, results: dict, archs: frozenset[str], policy: Policy,
@@ -230,7 +249,8 @@ def _place(mutated: dict, pod: PodView, results: dict, archs: frozenset[str], po
             warnings.insert(0, unschedulable + "; the pod would stay Pending")
     warnings[:0] = learned_on.warnings
     annotate(mutated, pod, results, archs, learned_on.excluded)
-    return _Placed(reason, unschedulable, conflict, learned_on)
+    pinned = bool(allowed) and (existing is None or not existing.exceeds(placed))
+    return _Placed(reason, unschedulable, conflict, learned_on, pinned)
 
 
 def _forbidden(mutated: dict, pod: PodView, results: dict, archs: frozenset[str],

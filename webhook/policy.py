@@ -28,6 +28,9 @@ class Policy:
     fallback: tuple[str, ...] = ()   # what an image that could not be read is taken to run on
     unresolved: str = "admit"        # admit | gate | deny an image not read in time
     source: str = ""                 # what shaped it, for archway.dev/policy ("": not written)
+    # A pod pinned to its images' architectures and OS gets scheduler_name too: archway's
+    # scheduler scores or caps nodes, or placement.scheduler_for is all (else it adds nothing).
+    scheduler_for_pinned: bool = True
 
     @classmethod
     def from_config(cls, config) -> "Policy":
@@ -42,7 +45,10 @@ class Policy:
                    tolerations=config.placement.tolerations,
                    fallback=tuple(config.placement.fallback_architectures),
                    unresolved=config.admission.unresolved,
-                   source=SOURCE_CONFIG)
+                   source=SOURCE_CONFIG,
+                   scheduler_for_pinned=(config.placement.scheduler_for == "all"
+                                         or bool(config.prometheus.url)
+                                         or bool(config.extender.max_utilisation)))
 
     def within(self, archs: frozenset[str]) -> frozenset[str]:
         """Of `archs`, the ones this policy lets a pod run on."""

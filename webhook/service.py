@@ -146,6 +146,8 @@ class AdmissionService:
         self.gating = gating
         self.events = events
         self.clock = clock
+        # ((node cache version, NodePool cache version), their OSes): node_oses' memo
+        self._node_oses: tuple[tuple[int, int], frozenset[str]] | None = None
 
     def review(self, body: bytes, *, started: float | None = None, timeout: float | None = None,
                peer: str = "-") -> Answer:
@@ -183,6 +185,7 @@ class AdmissionService:
         try:
             resolution = self.resolve(pod, due, api_by)
             decision = decide(pod, resolution.results, policy, nodes=self.known_nodes(),
+                              node_oses=self.node_oses(),
                               learned=self.learned_for(pod, api_by))
             outcome = decision.outcome
             if outcome == "fail_open":
@@ -238,6 +241,20 @@ class AdmissionService:
             return None   # whether a node may join is not known yet: judge nothing
         # One pass, stopped at the first node that can run the pod: no copy of 5,000 facts.
         return chain(cache.items.values(), pools.nodes_that_may_join())
+
+    def node_oses(self) -> frozenset[str] | None:
+        """The OSes of the nodes known_nodes gives, worked out again only when a node or
+        NodePool changed; None when those are not known."""
+        cache, pools = self.caches.nodes, self.caches.node_pools
+        if cache is None or not cache.wait_synced(0) or (pools and not pools.wait_synced(0)):
+            return None
+        versions = (cache.version, pools.version if pools else 0)
+        known = self._node_oses
+        if known is None or known[0] != versions:
+            may_join = pools.nodes_that_may_join() if pools else ()
+            known = self._node_oses = (versions, frozenset(
+                node.os for node in chain(cache.items.values(), may_join)))
+        return known[1]
 
     def _report(self, request: AdmissionRequest, pod: PodView, decision: Decision) -> None:
         if decision.outcome == "audited":

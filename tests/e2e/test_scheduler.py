@@ -143,3 +143,39 @@ def test_the_second_scheduler_never_binds_to_a_node_of_another_architecture(
             for e in events} == {archway.scheduler_name}
     assert kube.get(pod_path(namespace, "p0"))["metadata"]["annotations"][
         "archway.dev/architectures"] == "amd64"
+
+
+def test_only_pods_whose_node_archway_could_still_change_go_to_its_scheduler(
+        archway, kube, namespace, images):
+    """placement.scheduler_name with placement.scheduler_for: needed (the default), no
+    Prometheus: a pod archway pins to its image's architecture keeps default-scheduler, which
+    binds it to a node of that architecture without any extender call; a pod whose image archway
+    cannot read goes to archway's scheduler. scheduler_for: all sends every pod there."""
+    second = archway.scheduler_name
+    try:
+        archway.restart_webhook({"placement": {"scheduler_name": second}})
+        archway.wait_until_webhook_acts()
+        create_pod(kube, namespace, pod("pinned", [images.ref("e2e/arm64")]))
+        create_pod(kube, namespace, pod("unread", [images.ref("e2e/never-pushed")]))
+        pinned = wait_bound(kube, namespace, "pinned", 1)[0]
+        assert pinned["spec"]["schedulerName"] == "default-scheduler"
+        assert pinned["spec"]["nodeSelector"] == {"kubernetes.io/arch": "arm64"}
+        assert arches_of(kube, [pinned]) == {"arm64"}
+        assert kube.get(pod_path(namespace, "unread"))["spec"]["schedulerName"] == second
+
+        def scheduled_by():
+            found = {e.get("involvedObject", {}).get("name"):
+                     e.get("reportingComponent") or e["source"].get("component")
+                     for e in kube.items(f"/api/v1/namespaces/{namespace}/events",
+                                         fieldSelector="reason=Scheduled")}
+            return found if "pinned" in found else None
+        by = kube.wait_for(scheduled_by, timeout=30, what="the pinned pod's Scheduled Event")
+        assert by["pinned"] == "default-scheduler"
+        assert f"{namespace}/pinned" not in archway.extender.log(5000)
+
+        archway.restart_webhook({"placement": {"scheduler_name": second, "scheduler_for": "all"}})
+        archway.wait_until_webhook_acts()
+        create_pod(kube, namespace, pod("pinned-all", [images.ref("e2e/arm64")]))
+        assert kube.get(pod_path(namespace, "pinned-all"))["spec"]["schedulerName"] == second
+    finally:
+        archway.restart_webhook()
