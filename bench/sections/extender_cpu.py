@@ -122,7 +122,9 @@ def filter_cpu(lab: Lab, started: Started, split: CpuSplit | None) -> Figure:
         f"connection each; {WARM_CALLS} calls each to warm up, then blocks of {BLOCK_CALLS} "
         f"calls, the two taking turns; a block's figure = the server's CPU over the block "
         f"(its processes' CPU clocks: every thread's sum_exec_runtime) / its calls",
-        split.describe() if split else unpinned_note(),
+        (f"{split.describe()}; the Go extender started on the bench's CPU(s), so its runtime "
+         f"sized GOMAXPROCS to {len(split.others)} (one Python worker answers archway's calls)")
+        if split else unpinned_note(),
         f"Go per block: {theirs.describe('{:.3f}', ' ms')}; cross-check over all blocks from "
         f"/proc/PID/stat utime+stime (10 ms ticks): archway "
         f"{callers['archway'].ticks_per_call_ms():.3f} ms, Go {callers['go'].ticks_per_call_ms():.3f} ms "
