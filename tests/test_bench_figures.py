@@ -271,3 +271,83 @@ def test_without_matplotlib_the_run_prints_its_table_and_says_plots_were_skipped
     assert not (tmp_path / "plots").exists()
     assert (tmp_path / "latest.md").read_text().startswith("# archway benchmark results")
     assert os.environ["BENCH_ROUNDS"] == "3" and os.environ["BENCH_NOISE_BOUND"] == "0.2"
+
+
+# --- the extender's own work: CPU pinning and CPU per call (bench/common/pinning.py) -----------
+
+SPINNER = """
+import subprocess, sys, threading, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+def spin():
+    end = time.thread_time() + float(sys.argv[1])
+    while time.thread_time() < end:
+        pass
+    print("spun", flush=True)
+threading.Thread(target=spin, daemon=True).start()
+print(child.pid, flush=True)
+sys.stdin.readline()                  # the test pins the tree, then asks for one more thread
+threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+print("started", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def spinner():
+    """A process with a thread spinning 0.3 s of CPU, a child process, and one more thread on
+    request."""
+    import subprocess
+    proc = subprocess.Popen([sys.executable, "-c", SPINNER, "0.3"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        yield proc, int(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to pin apart")
+def test_pinning_puts_every_thread_of_a_process_tree_and_later_threads_on_its_cpus(spinner):
+    import subprocess
+
+    from bench.common.pinning import pin, process_tree, tasks
+    proc, child = spinner
+    cpu = max(os.sched_getaffinity(0))
+    assert process_tree(proc.pid) == [proc.pid, child]
+    pin(proc.pid, {cpu})
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    while proc.stdout.readline().strip() != "started":
+        pass
+    threads = tasks(proc.pid)
+    assert len(threads) >= 3   # main, spinner (or gone), the one started after pinning
+    for pid in (proc.pid, child):
+        for task in tasks(pid):
+            assert os.sched_getaffinity(task) == {cpu}, (pid, task)
+    shown = subprocess.run(["taskset", "-p", str(child)], capture_output=True, text=True,
+                           check=True).stdout
+    assert shown.strip().endswith(f"{1 << cpu:x}"), shown
+
+
+def test_cpu_per_call_reads_a_process_cpu_to_the_nanosecond(spinner):
+    from bench.common.pinning import cpu_ns
+    from bench.common.servers import cpu_seconds
+    proc, child = spinner
+    while proc.stdout.readline().strip() != "spun":
+        pass
+    spent = cpu_ns(proc.pid) / 1e9
+    assert 0.3 <= spent < 0.6, spent
+    assert abs(spent - cpu_seconds(proc.pid)) < 0.05    # /proc/PID/stat's ticks agree
+    assert cpu_ns(child) < 0.1e9                         # a sleeping process: next to nothing
+
+
+def test_without_a_second_cpu_or_with_bench_pin_0_nothing_is_pinned(monkeypatch):
+    from bench.common.pinning import CpuSplit
+    monkeypatch.setenv("BENCH_PIN", "0")
+    assert CpuSplit.of_machine() is None
+    monkeypatch.setenv("BENCH_PIN", "1")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert CpuSplit.of_machine() is None
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    split = CpuSplit.of_machine()
+    assert split is not None and (split.server, split.others) == ({1}, {0})

@@ -1,21 +1,25 @@
-"""Figures 7 and 8: the scheduler extender with 5,000 nodes.
+"""Figures 7, 8 and 8b: the scheduler extender with 5,000 nodes, and one small filter call's CPU.
 
 7. prioritize in NodeNames mode (nodeCacheCapable, what the chart configures): `archway serve`
    as the chart's sidecar runs it (plain HTTP on loopback, 1 worker), its node cache listing and
    watching 5,000 Nodes from the API server stand-in, its traffic from a real Prometheus that
    scrapes 5,000 nodes' series. Measured while the background readers are busy: a traffic
-   refresh every 2 s and pod watch events all along. Side by side, calls alternating, the same
-   server with the poller in the worker as before issue 28 (bench/apps/poller_in_worker.py). Server
-   side = the extender's own latency histogram.
+   refresh every 2 s and pod watch events all along. Side by side, in blocks of calls taking
+   turns, the same server with the poller in the worker as before issue 28
+   (bench/apps/poller_in_worker.py) and one with no refresh among the calls. The extender's own
+   work (issue 37): the server of a block alone on one CPU, everything else the bench runs on
+   the other (bench/sections/extender_prioritize.py, bench/common/pinning.py); server side =
+   the extender's own latency histogram, with its CPU time per call beside it.
 8. filter with 5,000 full Node objects: in this process, the extender's work on a received body
    (parse_extender_args + Extender.filter, reply bytes included) against plain json.loads of the
    same body, interleaved, median of several runs; the real server's time is given as context.
+8b. filter with 100 NodeNames: server CPU per call, archway beside the Go pass-all extender
+   (bench/sections/extender_cpu.py).
 """
 import copy
 import gc
 import json
 import os
-import threading
 import time
 
 from archway.config import PrometheusSettings, config_from_dict
@@ -42,46 +46,58 @@ from bench.common.extender_cluster import (
     traffic_rate,
 )
 from bench.common.lab import Lab
+from bench.common.pinning import CpuSplit, released
 from bench.common.report import Figure, failed_figure
 from bench.common.rounds import ratios, rounds
 from bench.common.section import Started, measured
 from bench.common.servers import GunicornServer
-from bench.common.stats import (
-    bucket_difference,
-    histogram_buckets,
-    histogram_quantile,
-    median,
-    percentile,
-    share_at_most,
-)
+from bench.common.stats import median, percentile
+from bench.sections import extender_cpu
+from bench.sections.extender_prioritize import PRIORITIZE_PODS, PRIORITIZE_TARGET_MS, prioritize
 from lab.servers.apiserver import FakeApiServer
 
-PRIORITIZE_SECONDS = 30.0   # calls alternating between the two servers for this long
 REFRESH_SECONDS = 2.0       # prometheus.refresh_seconds: many refreshes among the calls
-POD_EVENTS_PER_SECOND = 20  # pods updated in the API stand-in meanwhile: pod watch events
-PRIORITIZE_PODS = 50     # distinct pods among the calls: each one a placement herd control adds
-PRIORITIZE_TARGET_MS = 10.0
 FILTER_RUNS = 5
 FILTER_TARGET = 1.5
-HISTOGRAM = "archway_extender_duration_seconds"
 
 
 def run(lab: Lab) -> list[Figure]:
     specs = (("7", f"extender prioritize, {NODES:,} nodes, NodeNames mode, herd control on",
-              f"< {PRIORITIZE_TARGET_MS:g} ms"),
+              f"p99 <= {PRIORITIZE_TARGET_MS:g} ms"),
              ("8", f"extender filter, {NODES:,} full Node objects, vs plain json.loads",
-              f"<= {FILTER_TARGET}x"))
+              f"<= {FILTER_TARGET}x"),
+             extender_cpu.SPEC)
     figures: dict[str, Figure] = {}
     with Started() as started:
-        try:
-            _measure(lab, started, specs, figures)
-        except Exception as e:   # the figures measured before it still count
-            for number, name, target in specs:
-                figures.setdefault(number, failed_figure(number, name, target, e))
-    return [figures[n] for n, _, _ in specs]
+        # The bench's own threads and every process it starts from here on away from the CPU
+        # the measured server gets (none to spare on one CPU).
+        split = CpuSplit.of_machine()
+        if split:
+            split.pin_bench()
+            started.callback(split.restore)
+        for number, measure in (("8b", _filter_cpu), ("7", _measure)):
+            try:
+                measure(lab, split, specs, figures)
+            except Exception as e:   # the figures measured before it still count
+                for spec in specs:
+                    if spec[0] == number or (number == "7" and spec[0] == "8"):
+                        figures.setdefault(spec[0], failed_figure(*spec, e))
+    return [figures[spec[0]] for spec in specs]
 
 
-def _measure(lab: Lab, started: Started, specs, figures: dict[str, Figure]) -> None:
+def _filter_cpu(lab: Lab, split: CpuSplit | None, specs, figures: dict[str, Figure]) -> None:
+    """Figure 8b first, before Prometheus scrapes 5,000 nodes' series beside it."""
+    with Started() as started:
+        figures["8b"] = extender_cpu.filter_cpu(lab, started, split)
+
+
+def _measure(lab: Lab, split: CpuSplit | None, specs, figures: dict[str, Figure]) -> None:
+    with Started() as started:
+        _measure_5000(lab, started, split, specs, figures)
+
+
+def _measure_5000(lab: Lab, started: Started, split: CpuSplit | None, specs,
+                  figures: dict[str, Figure]) -> None:
     exporter = started(ManyNodesExporter())
     # its first scrapes take ~8 s
     prometheus = started(Prometheus(lab.path("prometheus"), exporter))
@@ -90,12 +106,13 @@ def _measure(lab: Lab, started: Started, specs, figures: dict[str, Figure]) -> N
     body = json.dumps({"Pod": pod, "Nodes": {"metadata": {"resourceVersion": "48377"},
                                              "items": nodes}, "NodeNames": None},
                       separators=(",", ":")).encode()
-    figures["8"], = measured([specs[1]], lambda _: [_filter_in_process(body, *specs[1])])
+    with released(split):   # timed in this process: on every CPU, as before pinning
+        figures["8"], = measured([specs[1]], lambda _: [_filter_in_process(body, *specs[1])])
     api = started(FakeApiServer())
     for node in nodes:
         api.put(f"/api/v1/nodes/{node['metadata']['name']}", node)
-    for pod in running_pods():
-        api.put(f"/api/v1/namespaces/bench/pods/{pod['metadata']['name']}", pod)
+    for running in running_pods():
+        api.put(f"/api/v1/namespaces/bench/pods/{running['metadata']['name']}", running)
     del nodes
     config = lab.archway_config(
         "extender",
@@ -114,10 +131,14 @@ def _measure(lab: Lab, started: Started, specs, figures: dict[str, Figure]) -> N
         def floor() -> GunicornServer:
             return others(GunicornServer.archway(lab.path("extender-floor"), quiet,
                                                  tls_ca=None, name="extender-floor"))
-        figures["7"] = _prioritize({"now": server, "before": baseline}, floor, api,
-                                   prometheus, pod, *specs[0])
-    figures["7"].notes.append(_refresh_cost_in_process(prometheus, lab.path("refresh-cost")))
-    figures["7"].notes.append(_herd_cost_in_process(pod))
+        before = (f"archway serve from {os.environ['BENCH_EXTENDER_BASELINE_REPO']}"
+                  if os.environ.get("BENCH_EXTENDER_BASELINE_REPO") else
+                  "the poller elected among the workers (bench/apps/poller_in_worker.py)")
+        figures["7"] = prioritize({"now": server, "before": baseline}, floor, api, prometheus,
+                                  pod, split, specs[0], before, REFRESH_SECONDS)
+    with released(split):
+        figures["7"].notes.append(_refresh_cost_in_process(prometheus, lab.path("refresh-cost")))
+        figures["7"].notes.append(_herd_cost_in_process(pod))
     _filter_on_server(server, body, figures["8"])
 
 
@@ -195,111 +216,7 @@ def _filter_on_server(server: GunicornServer, body: bytes, figure: Figure) -> No
             f"built), {median(client) * 1000:.0f} ms client side (sending and receiving included)")
 
 
-# --- figure 7 ---------------------------------------------------------------------------------
-
-def _prioritize(servers: dict[str, GunicornServer], floor, api: FakeApiServer,
-                prometheus: Prometheus, pod: dict, number: str, name: str,
-                target: str) -> Figure:
-    names = [node_name(i) for i in range(NODES)]
-    body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names},
-                      separators=(",", ":")).encode()
-    # Distinct pods (uids), every other one with an expected-bandwidth annotation: each call
-    # records a placement and later calls add the placed pods' traffic to their nodes.
-    uid = pod["metadata"]["uid"].encode()
-    bodies = []
-    for k in range(PRIORITIZE_PODS):
-        one = body.replace(uid, f"bench-pod-{k:04d}".encode())
-        if k % 2:
-            one = one.replace(b'"annotations":{', b'"annotations":{"archway.dev/expected-bandwidth":"5M",', 1)
-        bodies.append(one)
-    prometheus.wait_for("node_uname_info", NODES)
-    scores = _wait_for_scores(servers["now"], body)
-    servers["floor"] = floor()   # started once the others score: its one query sees every rate
-    for other in servers.values():
-        _wait_for_scores(other, body, timeout=180)
-    start = {k: histogram_buckets(s.metrics(), HISTOGRAM, verb="prioritize")
-             for k, s in servers.items()}
-    client: dict[str, list[float]] = {k: [] for k in servers}
-    stop = threading.Event()
-    churn = threading.Thread(target=_churn_pods, args=(api, stop), daemon=True)
-    churn.start()
-    call, end = 0, time.monotonic() + PRIORITIZE_SECONDS
-    try:
-        while time.monotonic() < end:
-            order = list(servers)[call % len(servers):] + list(servers)[:call % len(servers)]
-            for key in order:
-                started = time.perf_counter()
-                answer = servers[key].post("/scheduler/prioritize", bodies[call % PRIORITIZE_PODS])
-                client[key].append((time.perf_counter() - started) * 1000)
-                answer.raise_for_status()
-            call += 1
-    finally:
-        stop.set()
-        churn.join(10)
-    buckets = {k: bucket_difference(histogram_buckets(s.metrics(), HISTOGRAM, verb="prioritize"),
-                                    start[k]) for k, s in servers.items()}
-    side = {k: _server_side(b) for k, b in buckets.items()}
-    within = share_at_most(buckets["now"], PRIORITIZE_TARGET_MS / 1000)
-    p99 = histogram_quantile(buckets["now"], 0.99) * 1000
-    ok = p99 < PRIORITIZE_TARGET_MS and within >= 0.99
-    spread = sorted(set(scores))
-    cp99 = {k: percentile(c, 99) for k, c in client.items()}
-    return Figure(number, name, side["now"] + f"; client p50 {percentile(client['now'], 50):.1f} "
-                  f"/ p99 {cp99['now']:.1f} ms; before: {side['before']}, client p99 "
-                  f"{cp99['before']:.1f} ms; no refresh among the calls: {side['floor']}, client "
-                  f"p99 {cp99['floor']:.1f} ms", target, ok, [
-        f"{call:,} calls to each of three archway serve (1 worker x 8 threads, plain HTTP, as the "
-        f"chart's extender sidecar), in turn, for {PRIORITIZE_SECONDS:g} s, {NODES:,} "
-        f"NodeNames ({len(body) // 1000} KB) each; prometheus.refresh_seconds "
-        f"{REFRESH_SECONDS:g} (about {PRIORITIZE_SECONDS / REFRESH_SECONDS:.0f} refreshes among "
-        f"the calls) and {POD_EVENTS_PER_SECOND} pod updates a second in the API stand-in (pod "
-        f"watch events); now: the traffic poller in a process of its own "
-        f"(extender/pollerprocess.py); before: "
-        + (f"archway serve from {os.environ['BENCH_EXTENDER_BASELINE_REPO']}"
-           if os.environ.get("BENCH_EXTENDER_BASELINE_REPO") else
-           "the poller elected among the workers (bench/apps/poller_in_worker.py)")
-        + "; floor: as now, with no refresh among the calls",
-        f"server side from {HISTOGRAM}{{verb=\"prioritize\"}} (p50/p99 interpolated inside its "
-        f"5 ms / 10 ms buckets like histogram_quantile): now {within:.1%} <= 10 ms, "
-        f"{share_at_most(buckets['now'], 0.005):.1%} <= 5 ms; before "
-        f"{share_at_most(buckets['before'], 0.010):.1%} <= 10 ms, "
-        f"{share_at_most(buckets['before'], 0.005):.1%} <= 5 ms; floor "
-        f"{share_at_most(buckets['floor'], 0.010):.1%} <= 10 ms, "
-        f"{share_at_most(buckets['floor'], 0.005):.1%} <= 5 ms; client side (request and "
-        f"{NODES:,}-entry reply over keep-alive HTTP) p50 / p99: now "
-        f"{percentile(client['now'], 50):.1f} / {cp99['now']:.1f} ms, before "
-        f"{percentile(client['before'], 50):.1f} / {cp99['before']:.1f} ms, floor "
-        f"{percentile(client['floor'], 50):.1f} / {cp99['floor']:.1f} ms",
-        f"node cache listed from the API server stand-in ({NODES:,} full Nodes) and watching; "
-        f"traffic and link speeds (100 Mb/s..25 Gb/s, every fifth node none) from a real "
-        f"Prometheus scraping {NODES:,} nodes' node_exporter series, default archway queries, "
-        f"nodename short names matched to FQDN node names; scores seen {spread[0]}..{spread[-1]}",
-        f"herd control on: the pod watch lists {NODES:,} running pods (one per node) and watches; "
-        f"the calls cycle through {PRIORITIZE_PODS} distinct pods (half annotated "
-        f"archway.dev/expected-bandwidth: 5M), so every call after the first round adds the "
-        f"estimated traffic of up to {PRIORITIZE_PODS - 1} placed pods to their nodes",
-    ])
-
-
-def _server_side(buckets) -> str:
-    """p50 / p99 from the histogram; inside its first bucket it only bounds them: said so."""
-    fast = share_at_most(buckets, 0.005)
-    if fast >= 0.99:
-        return f"p99 <= 5 ms server side ({fast:.1%} of calls <= 5 ms)"
-    return (f"p50 {histogram_quantile(buckets, 0.5) * 1000:.1f} / p99 "
-            f"{histogram_quantile(buckets, 0.99) * 1000:.1f} ms server side")
-
-
-def _churn_pods(api: FakeApiServer, stop: threading.Event) -> None:
-    """Status updates of running pods (a watch event each) while figure 7 measures."""
-    pods = running_pods()
-    k = 0
-    while not stop.wait(1.0 / POD_EVENTS_PER_SECOND):
-        one = copy.deepcopy(pods[k % len(pods)])
-        one["status"]["conditions"] = [{"type": "Ready", "status": "True", "reason": f"r{k}"}]
-        api.put(f"/api/v1/namespaces/bench/pods/{one['metadata']['name']}", one)
-        k += 1
-
+# --- figure 7's notes ------------------------------------------------------------------------
 
 def _refresh_cost_in_process(prometheus: Prometheus, directory: str, runs: int = 15) -> str:
     """What a new sample costs the process that answers prioritize, on the bench's real
@@ -393,20 +310,3 @@ def _herd_cost_in_process(pod: dict, runs: int = 300) -> str:
             f"{percentile([t * 1000 for t in times[True]], 99):.2f} ms; off median {off:.2f} ms, "
             f"p99 {percentile([t * 1000 for t in times[False]], 99):.2f} ms (medians "
             f"{on / off:.2f}x)")
-
-
-def _wait_for_scores(server: GunicornServer, body: bytes, timeout: float = 90.0) -> list[int]:
-    """Until the node cache is synced and Prometheus' answer is in: scores stop being all
-    neutral (5), and the server logged its node cache sync."""
-    end = time.monotonic() + timeout
-    scores = []
-    while time.monotonic() < end:
-        answer = server.post("/scheduler/prioritize", body)
-        answer.raise_for_status()
-        scores = [entry["Score"] for entry in answer.json()]
-        synced = "node cache synced" in server.log_since(0)
-        if len(scores) == NODES and len(set(scores)) > 1 and synced:
-            return scores
-        time.sleep(0.5)
-    raise TimeoutError(f"{server.name}: prioritize stayed neutral (scores {sorted(set(scores))}) "
-                       f"or the node cache never synced; log:\n{server.log_since(0)[-3000:]}")
