@@ -11,8 +11,11 @@ import types
 import xml.etree.ElementTree as ET
 
 import pytest
+import requests
+import yaml
 
 from bench.common import plots
+from bench.common.passall import PassAllExtender, extender_url, point_extender
 from bench.common.report import Figure, summary
 from bench.common.rounds import blocks, interleaved, noise_bound, ratios, rounds, steady
 from bench.common.scheduler_metrics import (
@@ -108,16 +111,23 @@ scheduler_scheduling_attempt_duration_seconds_bucket{{profile="default-scheduler
 scheduler_scheduling_attempt_duration_seconds_bucket{{profile="default-scheduler",result="scheduled",le="+Inf"}} {scheduled}
 scheduler_scheduling_attempt_duration_seconds_sum{{profile="default-scheduler",result="scheduled"}} 0.5
 scheduler_scheduling_attempt_duration_seconds_count{{profile="default-scheduler",result="scheduled"}} {scheduled}
+# HELP scheduler_scheduling_algorithm_duration_seconds Scheduling algorithm latency in seconds
+# TYPE scheduler_scheduling_algorithm_duration_seconds histogram
+scheduler_scheduling_algorithm_duration_seconds_bucket{{le="0.001"}} {fast}
+scheduler_scheduling_algorithm_duration_seconds_bucket{{le="+Inf"}} {scheduled}
+scheduler_scheduling_algorithm_duration_seconds_sum {algorithm}
+scheduler_scheduling_algorithm_duration_seconds_count {scheduled}
 scheduler_schedule_attempts_totally_other_metric 99
 """
 
 
 def _scrape(at: float, scheduled: int, fast: int = 0) -> Scrape:
-    return Scrape(at, SCHEDULER_METRICS.format(scheduled=scheduled, fast=fast))
+    return Scrape(at, SCHEDULER_METRICS.format(scheduled=scheduled, fast=fast,
+                                               algorithm=scheduled * 0.002))
 
 
 def test_scheduled_total_reads_the_scheduled_result_only_per_profile():
-    text = SCHEDULER_METRICS.format(scheduled=250, fast=0)
+    text = SCHEDULER_METRICS.format(scheduled=250, fast=0, algorithm=0.5)
     assert scheduled_total(text) == 250
     assert scheduled_total(text, "default-scheduler") == 250
     assert scheduled_total(text, "archway") == 0
@@ -142,6 +152,7 @@ def test_race_rate_from_scrapes_counts_and_attempt_quantiles():
     assert rate.attempts == 1000
     assert rate.attempt_p50_ms == pytest.approx(500 / 600)   # inside the first bucket, as Prometheus
     assert 1.0 < rate.attempt_p99_ms <= 2.0
+    assert rate.algorithm_mean_ms == pytest.approx(2.0)     # the algorithm's sum / count delta
 
 
 def test_the_real_kube_scheduler_counts_a_scheduled_pod_in_its_metrics(control_plane):
@@ -170,11 +181,50 @@ def test_the_real_kube_scheduler_counts_a_scheduled_pod_in_its_metrics(control_p
         assert kube.get(pod_path(ns, "p"))["spec"].get("nodeName")
         after = scraper.scrape()
         assert 'scheduler_scheduling_attempt_duration_seconds_bucket{' in after.text
-        assert race_rate([before, after], scheduled_total(before.text),
-                         scheduled_total(after.text)).attempts >= 1
+        rate = race_rate([before, after], scheduled_total(before.text), scheduled_total(after.text))
+        assert rate.attempts >= 1
+        assert rate.algorithm_mean_ms > 0     # the algorithm's histogram (figure 19c's notes)
     finally:
         scraper.close()
         kube.delete(f"/api/v1/nodes/{node}")   # the later tests' Nodes are theirs alone
+
+
+# --- the Go pass-all extender (figures 19c, 25j) -------------------------------------------------
+
+def test_the_go_passall_extender_passes_every_node_and_the_scheduler_config_is_repointed(tmp_path):
+    """The yardstick's answers as kube-scheduler reads them (nodeCacheCapable: names in, the
+    same names out, nothing failed; prioritize: no scores), and the Go arm's configuration
+    differs from archway's in its extender's urlPrefix only."""
+    go = PassAllExtender(str(tmp_path / "go"))
+    try:
+        pod = {"metadata": {"name": "p", "namespace": "default"}, "spec": {}}
+        names = [f"node-{i:03d}" for i in range(100)]
+        with requests.Session() as http:
+            http.trust_env = False
+            answer = http.post(go.url + "/filter", json={"Pod": pod, "NodeNames": names},
+                               timeout=10)
+            assert answer.status_code == 200
+            assert answer.json() == {"Nodes": None, "NodeNames": names, "FailedNodes": {},
+                                     "FailedAndUnresolvableNodes": {}, "Error": ""}
+            scores = http.post(go.url + "/prioritize", json={"Pod": pod, "NodeNames": names},
+                               timeout=10)
+            assert scores.status_code == 200 and scores.json() == []
+            assert http.post(go.url + "/filter", data=b"{", timeout=10).status_code == 400
+    finally:
+        go.stop()
+
+    class Plane:
+        def path(self, *parts):
+            return str(tmp_path.joinpath(*parts))
+    config = {"profiles": [{"schedulerName": "archway-scheduler"}], "extenders": [
+        {"urlPrefix": "http://127.0.0.1:8090/scheduler", "filterVerb": "filter",
+         "nodeCacheCapable": True, "ignorable": True, "httpTimeout": "5s"}]}
+    (tmp_path / "archway-scheduler.config.yaml").write_text(yaml.safe_dump(config))
+    point_extender(Plane(), "archway-scheduler", go.url)
+    assert extender_url(Plane(), "archway-scheduler") == go.url
+    repointed = yaml.safe_load((tmp_path / "archway-scheduler.config.yaml").read_text())
+    config["extenders"][0]["urlPrefix"] = go.url
+    assert repointed == config
 
 
 # --- plots --------------------------------------------------------------------------------------

@@ -218,12 +218,27 @@ def test_the_scale_sections_apiserver_histograms_and_its_figures_at_one_size():
             "startup": {"admitted": {"p50": 1, "p99": 2.5, "create_p99": 0.1},
                         "skipped": {"p50": 1, "p99": 2.0, "create_p99": 0.1}, "load": "1 1 1"},
             "apiserver": {"skipped": h, "admitted": h, "webhook": h, "load": "1 1 1"},
-            "events": {"relist": {"error": "RuntimeError: x"}}}
+            "events": {"relist": {"error": "RuntimeError: x"}, "failover": {"left_out": True},
+                       "schedule": {"rates": {"kube-scheduler": [100.0, 100.0, 100.0],
+                                              "archway-scheduler": [80.0, 90.0, 85.0],
+                                              "go-extender": [100.0, 100.0, 100.0]},
+                                    "algorithm_ms": {"kube-scheduler": [1.0] * 3,
+                                                     "archway-scheduler": [4.0] * 3,
+                                                     "go-extender": [2.0] * 3},
+                                    "details": "d", "load": "1 1 1"}}}
     figures = [scale.memory_figure([size]), scale.requests_figure([size]),
                *scale_figures.figures([size])]
     verdicts = {f.number: f.verdict for f in figures}
     assert verdicts["25b"] == "MISS" and verdicts["25"] == "PASS"    # p99 ratio 1.25
     assert verdicts["25e"] == "MISS" and "RuntimeError: x" in figures[5].measured
+    assert verdicts["25f"] == "info" and "left out" in figures[6].measured
+    # 25g against the default, 25j against the Go extender: the same rounds' third arm
+    assert verdicts["25g"] == "PASS" and verdicts["25j"] == "PASS"
+    against_go = figures[8]
+    assert against_go.measured.startswith("0.85 ±12% (3 rounds: 0.80 to 0.90) (85 vs 100 pods/s)")
+    assert any("archway 4.00, 4.00, 4.00, Go 2.00, 2.00, 2.00 ms" in n for n in against_go.notes)
+    bars = figures[7].data["plots"]["scheduling-rate"]["series"]
+    assert bars["kube-scheduler + a minimal Go extender"]["y"] == [100.0]
 
 
 def test_the_scale_sections_records_requests_and_their_figures():

@@ -14,6 +14,10 @@ installed by its chart (lab/cluster/chart.py).
     spread (bench/common/rounds.py). 19: both with kube-scheduler's default client limits, as
     deployed; 19b: both with the limits lifted, which shows what the extender's two calls per
     pod cost.
+19c: in 19b's rounds, a third arm: the same second kube-scheduler (archway's configuration, limits
+    lifted) pointed at a minimal Go extender in which every node passes (bench/common/passall.py)
+    instead of archway's; archway's rate over the Go extender's, round by round: what archway's
+    own serving of the call costs the scheduler.
 20: 100 pods (10 images x 10) created through the apiserver while their registry is too slow
     for any lookup: all gated; the registry is then fast again and each pod is timed until the
     real scheduler has bound it (released by the gate controller, validated by the apiserver).
@@ -23,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from bench.common.lab import Lab
+from bench.common.passall import PassAllExtender, extender_url, point_extender
 from bench.common.plots import plot
 from bench.common.report import Figure
 from bench.common.rounds import blocks, interleaved, ratios, rounds, steady
@@ -46,6 +51,7 @@ CREATES = 500
 ADDED_P99_TARGET_MS = 3.0
 SCHEDULED = 1000
 RATIO_TARGET = 0.5
+GO_RATIO_TARGET = 0.8
 GATED = 100
 GATED_IMAGES = 10
 RELEASE_P99_TARGET = 3.0
@@ -60,7 +66,10 @@ SPECS = (("18", f"pod create through the apiserver, p99 added by archway's webho
          ("19", f"pods bound per second, archway's scheduler + extender vs default ({SCHEDULED} pods, "
                 f"{NODES} nodes)", f">= {RATIO_TARGET}"),
          ("20", f"{GATED} pods gated on a slow registry, bound after it is back, real API",
-          f"p99 < {RELEASE_P99_TARGET:g} s"))
+          f"p99 < {RELEASE_P99_TARGET:g} s"),
+         ("19c", f"pods bound per second, the same kube-scheduler with archway's extender vs a "
+                 f"minimal Go extender ({SCHEDULED} pods, {NODES} nodes, limits lifted)",
+          f">= {GO_RATIO_TARGET}"))
 
 
 def run(lab: Lab) -> list[Figure]:
@@ -79,7 +88,8 @@ def run(lab: Lab) -> list[Figure]:
         started.callback(install.stop_processes)
         install.install()
         image = f"{registry.host}/bench/multi:1"
-        return [_create_latency(plane, image), *_scheduling(plane, install, image),
+        go = started(PassAllExtender(lab.path("passall-extender")))
+        return [_create_latency(plane, image), *_scheduling(plane, install, image, go),
                 _gate_release(plane, slow)]
     return measured(SPECS, measure)
 
@@ -164,13 +174,15 @@ def _bound_count(kube, ns: str) -> int:
     return sum(1 for p in kube.items(pod_path(ns)) if p["spec"].get("nodeName"))
 
 
-def _scheduling(plane: ControlPlane, install: ChartInstall, image: str) -> list[Figure]:
+def _scheduling(plane: ControlPlane, install: ChartInstall, image: str,
+                go: PassAllExtender) -> list[Figure]:
     """19 as both schedulers are deployed (kube-scheduler's default client limits, qps 50 and
     burst 100, which the chart's configuration keeps); 19b with those limits lifted, so the
-    schedulers' own speed, the extender's calls included, is what is measured."""
+    schedulers' own speed, the extender's calls included, is what is measured; 19c from 19b's
+    rounds, which race the Go extender's arm too."""
     figures = []
     for number, limits in (("19", {"qps": 50, "burst": 100}), ("19b", UNTHROTTLED)):
-        races = race_rounds(plane, install, image, limits)
+        races = race_rounds(plane, install, image, limits, go=go if number == "19b" else None)
         ratio = ratios(*(rates(races[name]) for name in ("archway-scheduler", "kube-scheduler")))
         figures.append(Figure(
             number, f"{SPECS[1][1]}, client qps {limits['qps']} burst {limits['burst']}",
@@ -185,10 +197,46 @@ def _scheduling(plane: ControlPlane, install: ChartInstall, image: str) -> list[
             rounds=ratio, data={"plots": rate_plot(
                 f"{number}: {NODES:,} Nodes, qps {limits['qps']}",
                 {name: rates(rs) for name, rs in races.items()})}))
+    # races: 19b's, whose rounds raced the Go extender's arm too
+    figures.append(go_figure("19c", SPECS[3][1], SPECS[3][2],
+                             {arm: rates(rs) for arm, rs in races.items()},
+                             algorithm_means(races), race_details(races)))
     return figures
 
 
+def go_figure(number: str, name: str, target: str, rates_by_arm: dict[str, list[float]],
+              algorithm_ms: dict[str, list[float]], details: str, load: str = "") -> Figure:
+    """archway's extender against the Go pass-all one, the same second scheduler, per round."""
+    ratio = ratios(rates_by_arm["archway-scheduler"], rates_by_arm[GO_ARM])
+    archway, go = (median(rates_by_arm[arm]) for arm in ("archway-scheduler", GO_ARM))
+    return Figure(number, name, f"{ratio.describe()} ({archway:.0f} vs {go:.0f} pods/s)", target,
+                  ratio.median >= GO_RATIO_TARGET, [
+                      "the same second kube-scheduler (the chart's KubeSchedulerConfiguration, "
+                      "client limits lifted, filterVerb only, nodeCacheCapable) with its "
+                      "extender's urlPrefix at archway's extender or at a Go extender passing "
+                      "every node (lab/cluster/go/passall-extender), restarted before each race; "
+                      f"the arms and the default scheduler interleaved in each round; {RACE_NOTE}"
+                      + (f"; load {load}" if load else ""),
+                      "the call's cost from kube-scheduler's side: "
+                      "scheduler_scheduling_algorithm_duration_seconds (filters and the "
+                      "extender's call, not binding), mean per pod per race: archway "
+                      f"{_ms(algorithm_ms['archway-scheduler'])}, Go {_ms(algorithm_ms[GO_ARM])}"
+                      f" ms, default {_ms(algorithm_ms.get('kube-scheduler', []))} ms", details],
+                  rounds=ratio)
+
+
+def algorithm_means(races: dict[str, list["Race"]]) -> dict[str, list[float]]:
+    """arm -> the scheduling algorithm's mean per pod (ms) in each of its races."""
+    return {arm: [r.metrics.algorithm_mean_ms for r in rs] for arm, rs in races.items()}
+
+
+def _ms(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
+# Arm -> (the kube-scheduler process racing, the pods' schedulerName: None for archway's).
 SCHEDULERS = (("kube-scheduler", "default-scheduler"), ("archway-scheduler", None))
+GO_ARM = "go-extender"   # archway's second scheduler pointed at the Go pass-all extender
 RACE_NOTE = ("rate = scheduler_schedule_attempts_total{result=\"scheduled\"} from the "
              "scheduler's own /metrics (scraped every 0.25 s), between 10 % and 90 % of the pods "
              "scheduled (crossings interpolated between scrapes); beside it the rate of bound "
@@ -198,17 +246,27 @@ RACE_NOTE = ("rate = scheduler_schedule_attempts_total{result=\"scheduled\"} fro
 
 
 def race_rounds(plane: ControlPlane, install: ChartInstall, image: str, limits: dict,
-                count: int | None = None) -> dict[str, list["Race"]]:
-    """Both schedulers' races over interleaved rounds (each first in turn): process -> races."""
-    races: dict[str, list[Race]] = {name: [] for name, _ in SCHEDULERS}
+                count: int | None = None,
+                go: PassAllExtender | None = None) -> dict[str, list["Race"]]:
+    """The schedulers' races over interleaved rounds (each first in turn): arm -> races. With
+    `go`, a third arm: archway's second scheduler with its extender at the Go pass-all one."""
+    arms: dict[str, tuple[str, str, str | None]] = {
+        name: ("kube-scheduler" if name == "kube-scheduler" else "archway-scheduler",
+               scheduler or install.scheduler_name, None) for name, scheduler in SCHEDULERS}
+    if go is not None:
+        arms["archway-scheduler"] = (*arms["archway-scheduler"][:2],
+                                     extender_url(plane, "archway-scheduler"))
+        arms[GO_ARM] = (*arms["archway-scheduler"][:2], go.url)
+    races: dict[str, list[Race]] = {name: [] for name in arms}
 
-    def side(process: str, scheduler: str):
+    def side(arm: str):
+        process, scheduler, extender = arms[arm]
+
         def one_race() -> float:
-            races[process].append(race(plane, process, scheduler, image, limits))
-            return races[process][-1].rate
+            races[arm].append(race(plane, process, scheduler, image, limits, extender, arm))
+            return races[arm][-1].rate
         return one_race
-    interleaved({name: side(name, scheduler or install.scheduler_name)
-                 for name, scheduler in SCHEDULERS}, count or rounds(SCHEDULER_ROUNDS))
+    interleaved({arm: side(arm) for arm in arms}, count or rounds(SCHEDULER_ROUNDS))
     return races
 
 
@@ -229,12 +287,19 @@ def race_details(races: dict[str, list["Race"]]) -> str:
                      for name, rs in races.items())
 
 
+PLOT_LABELS = (("kube-scheduler", "kube-scheduler (default)"),
+               ("archway-scheduler", "kube-scheduler + archway's extender"),
+               (GO_ARM, "kube-scheduler + a minimal Go extender"))
+
+
 def rate_plot(category: str, rates_by_process: dict[str, list[float]]) -> dict:
-    """Scheduling rate with and without archway: a bar per scheduler, the rounds' range."""
+    """Scheduling rate with and without archway: a bar per scheduler (and the Go extender's
+    when it raced), the rounds' range."""
     series = {}
-    for name, label in (("kube-scheduler", "kube-scheduler (default)"),
-                        ("archway-scheduler", "kube-scheduler + archway's extender")):
-        values = rates_by_process[name]
+    for name, label in PLOT_LABELS:
+        values = rates_by_process.get(name)
+        if not values:
+            continue
         series[label] = {"x": [category], "y": [median(values)], "low": [min(values)],
                          "high": [max(values)]}
     return plot("scheduling-rate", "pods scheduled/s with and without archway (median; "
@@ -252,11 +317,15 @@ class Race:
         return self.metrics.rate
 
 
-def race(plane: ControlPlane, process: str, scheduler: str, image: str, limits: dict) -> Race:
-    """One race: SCHEDULED pods created with the scheduler stopped, then it is started."""
+def race(plane: ControlPlane, process: str, scheduler: str, image: str, limits: dict,
+         extender: str | None = None, arm: str | None = None) -> Race:
+    """One race: SCHEDULED pods created with the scheduler stopped, then it is started (with
+    its extender at `extender` when given)."""
     kube = plane.kube
-    ns = plane.new_namespace(f"bench-{process}-{limits['qps']}")
+    ns = plane.new_namespace(f"bench-{arm or process}-{limits['qps']}")
     plane.stop_scheduler(process)
+    if extender is not None:
+        point_extender(plane, process, extender)
 
     def create(i: int) -> None:
         kube.create(pod_path(ns), _pod(f"p-{i}", image, schedulerName=scheduler))

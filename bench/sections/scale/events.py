@@ -10,7 +10,9 @@ failover  the gate controller's leader killed (SIGKILL, it gives nothing up) whi
           pod, until the pod is Running, and until the new leader has learned (its caches of
           Nodes, Namespaces, workloads and failing pods synced, as its log says).
 schedule  pods bound per second by archway's second scheduler + extender vs the default
-          kube-scheduler, client limits lifted (bench/sections/kube.py, figure 19b's method).
+          kube-scheduler, client limits lifted (bench/sections/kube.py, figure 19b's method),
+          and in the same rounds that second scheduler pointed at the Go pass-all extender
+          (figure 19c's arm, bench/common/passall.py).
 """
 import os
 import re
@@ -20,8 +22,9 @@ import time
 
 import requests
 
+from bench.common.passall import PassAllExtender
 from bench.common.stats import percentile
-from bench.sections.kube import UNTHROTTLED, race_details, race_rounds, rates
+from bench.sections.kube import UNTHROTTLED, algorithm_means, race_details, race_rounds, rates
 from lab.cluster.chart import ChartInstall
 from lab.cluster.controlplane import ControlPlane, start_process, stop_process
 from lab.kube import KubeError, pod_path
@@ -185,7 +188,11 @@ def install_lease(install: ChartInstall) -> float:
 
 
 def schedule(plane: ControlPlane, install: ChartInstall, image: str) -> dict:
-    races = race_rounds(plane, install, image, UNTHROTTLED)
+    go = PassAllExtender(plane.path("passall-extender"))
+    try:
+        races = race_rounds(plane, install, image, UNTHROTTLED, go=go)
+    finally:
+        go.stop()
     return {"rates": {name: rates(rs) for name, rs in races.items()},
             "polled": {name: [r.polled for r in rs] for name, rs in races.items()},
-            "details": race_details(races)}
+            "algorithm_ms": algorithm_means(races), "details": race_details(races)}

@@ -4,7 +4,7 @@ from bench.common.plots import plot
 from bench.common.report import Figure
 from bench.common.rounds import Steady, ratios
 from bench.common.stats import median
-from bench.sections.kube import RACE_NOTE, rate_plot
+from bench.sections.kube import GO_ARM, GO_RATIO_TARGET, RACE_NOTE, go_figure, rate_plot
 
 STARTUP_P99_TARGET = 5.0
 STARTUP_RATIO_TARGET = 1.2
@@ -19,7 +19,10 @@ SPECS = (("25b", "pod startup latency, client create -> Running seen by a watch,
          ("25f", "gate controller leader killed at the largest size: new leader gates, releases, learns",
           "info"),
          ("25g", "pods bound per second, archway's scheduler + extender vs default, at the largest "
-                 "size, client limits lifted", f">= {SCHEDULE_RATIO_TARGET}"))
+                 "size, client limits lifted", f">= {SCHEDULE_RATIO_TARGET}"),
+         ("25j", "pods bound per second, the same kube-scheduler with archway's extender vs a "
+                 "minimal Go extender, at the largest size, client limits lifted",
+          f">= {GO_RATIO_TARGET}"))
 
 
 def figures(sizes: list[dict]) -> list[Figure]:
@@ -29,7 +32,8 @@ def figures(sizes: list[dict]) -> list[Figure]:
             *(_at_largest(number, largest["nodes"], events.get(key) or {}, measured)
               for number, key, measured in (("25e", "relist", _relist),
                                             ("25f", "failover", _failover),
-                                            ("25g", "schedule", _schedule)))]
+                                            ("25g", "schedule", _schedule))),
+            _against_go(largest["nodes"], events.get("schedule") or {})]
 
 
 def _spec(number: str) -> tuple[str, str]:
@@ -42,8 +46,15 @@ def _failed(number: str, found: dict) -> Figure:
     return Figure(number, name, f"not measured ({found.get('error', 'no result')})", target, False)
 
 
+def _left_out(number: str) -> Figure:
+    name, target = _spec(number)
+    return Figure(number, name, "not measured (left out: ARCHWAY_SCALE_EVENTS)", target, None)
+
+
 def _at_largest(number: str, nodes: int, found: dict, measured) -> Figure:
     """A figure of the largest size only; `measured(found)` gives (value, met, notes)."""
+    if found.get("left_out"):
+        return _left_out(number)
     if "error" in found or not found:
         return _failed(number, found)
     name, target = _spec(number)
@@ -53,6 +64,17 @@ def _at_largest(number: str, nodes: int, found: dict, measured) -> Figure:
     if number == "25g":
         figure.data["plots"] = rate_plot(f"25g: {nodes:,} Nodes", found["rates"])
     return figure
+
+
+def _against_go(nodes: int, found: dict) -> Figure:
+    """25j: 25g's rounds, whose races had the Go extender's arm too (figure 19c's)."""
+    if found.get("left_out"):
+        return _left_out("25j")
+    if "error" in found or GO_ARM not in found.get("rates", {}):
+        return _failed("25j", found)
+    name, target = _spec("25j")
+    return go_figure("25j", f"{name} ({nodes:,} Nodes)", target, found["rates"],
+                     found["algorithm_ms"], found["details"], found["load"])
 
 
 def _startup(sizes: list[dict]) -> Figure:
