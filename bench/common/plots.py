@@ -12,6 +12,7 @@ they stay a few tens of KB and a re-run with the same figures changes no byte.
 import json
 import math
 import os
+import textwrap
 from collections.abc import Iterable, Sequence
 
 KINDS = ("line", "step", "bar")
@@ -163,7 +164,8 @@ def _bars(ax, series: dict[str, dict]) -> None:
             where = {c: k for k, c in enumerate(values["x"])}
             errors = [[e[where[c]] if c in where else 0.0 for c in categories] for e in errors]
         ax.bar(offsets, heights, width, label=label, yerr=errors, capsize=3 if errors else 0)
-    ax.set_xticks(range(len(categories)), categories)
+    # Wrapped: four or more categories' names would run into each other on one line.
+    ax.set_xticks(range(len(categories)), [textwrap.fill(c, 16) for c in categories])
 
 
 def cumulative(bounds_and_counts: dict[float, float]) -> tuple[Sequence[float], Sequence[float]]:

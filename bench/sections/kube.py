@@ -67,8 +67,9 @@ SPECS = (("18", f"pod create through the apiserver, p99 added by archway's webho
                 f"{NODES} nodes)", f">= {RATIO_TARGET}"),
          ("20", f"{GATED} pods gated on a slow registry, bound after it is back, real API",
           f"p99 < {RELEASE_P99_TARGET:g} s"),
-         ("19c", f"pods bound per second, the same kube-scheduler with archway's extender vs a "
-                 f"minimal Go extender ({SCHEDULED} pods, {NODES} nodes, limits lifted)",
+         ("19c", f"scheduling cycles (and pods bound) per second, the same kube-scheduler with "
+                 f"archway's extender vs a minimal Go extender ({SCHEDULED} pods, {NODES} nodes, "
+                 f"limits lifted)",
           f">= {GO_RATIO_TARGET}"))
 
 
@@ -206,11 +207,18 @@ def _scheduling(plane: ControlPlane, install: ChartInstall, image: str,
 
 def go_figure(number: str, name: str, target: str, rates_by_arm: dict[str, list[float]],
               algorithm_ms: dict[str, list[float]], details: str, load: str = "") -> Figure:
-    """archway's extender against the Go pass-all one, the same second scheduler, per round."""
-    ratio = ratios(rates_by_arm["archway-scheduler"], rates_by_arm[GO_ARM])
+    """archway's extender against the Go pass-all one, the same second scheduler, per round:
+    judged on the scheduling cycles per second the extender's call leaves kube-scheduler
+    (1 / the algorithm's mean per pod, the serial part of scheduling the call is in), with the
+    pods bound per second beside it: binding runs beside the cycle, at the apiserver's pace,
+    and swings 2x between rounds whichever extender is called."""
+    archway_ms, go_ms = algorithm_ms["archway-scheduler"], algorithm_ms[GO_ARM]
+    cycles = ratios(go_ms, archway_ms)    # (1 / archway's cycle) over (1 / Go's)
+    bound = ratios(rates_by_arm["archway-scheduler"], rates_by_arm[GO_ARM])
     archway, go = (median(rates_by_arm[arm]) for arm in ("archway-scheduler", GO_ARM))
-    return Figure(number, name, f"{ratio.describe()} ({archway:.0f} vs {go:.0f} pods/s)", target,
-                  ratio.median >= GO_RATIO_TARGET, [
+    return Figure(number, name, f"cycles/s {cycles.describe()} ({median(archway_ms):.2f} vs "
+                  f"{median(go_ms):.2f} ms per pod); bound/s {bound.describe()} ({archway:.0f} vs "
+                  f"{go:.0f} pods/s)", target, cycles.median >= GO_RATIO_TARGET, [
                       "the same second kube-scheduler (the chart's KubeSchedulerConfiguration, "
                       "client limits lifted, filterVerb only, nodeCacheCapable) with its "
                       "extender's urlPrefix at archway's extender or at a Go extender passing "
@@ -222,7 +230,7 @@ def go_figure(number: str, name: str, target: str, rates_by_arm: dict[str, list[
                       "extender's call, not binding), mean per pod per race: archway "
                       f"{_ms(algorithm_ms['archway-scheduler'])}, Go {_ms(algorithm_ms[GO_ARM])}"
                       f" ms, default {_ms(algorithm_ms.get('kube-scheduler', []))} ms", details],
-                  rounds=ratio)
+                  rounds=cycles)
 
 
 def algorithm_means(races: dict[str, list["Race"]]) -> dict[str, list[float]]:
