@@ -99,9 +99,9 @@ class InlineAnswers:
     _read_ahead: Callable
     on_client_socket_readable: Callable
 
-    def _answered_inline(self, arrival, head_end: int) -> bool:
+    def _answered_inline(self, arrival) -> bool:
         """Answer the request `arrival` holds here; False: it goes to the pool untouched."""
-        conn = arrival.conn
+        conn, head_end = arrival.conn, arrival.head_end
         if not self.alive or isinstance(conn.sock, ssl.SSLSocket):
             return False
         buf = arrival.buf

@@ -10,7 +10,8 @@ Here the main loop does those steps itself, non-blocking, each under a deadline:
     accept -> TLS handshake (HANDSHAKE_TIMEOUT_SECONDS)
            -> request head, and a body up to server.max_body_bytes with a Content-Length
               (HEADER_TIMEOUT_SECONDS, then BODY_TIMEOUT_SECONDS)
-           -> a pool thread, which finds the whole request already read
+           -> a pool thread, which finds the whole request already read (or, for the app's
+              inline routes, an answer written by the main loop itself: archway.server.inline)
 
 A kept-alive connection goes through the same steps from its next request's first byte; one
 that ends after its answer lingers in the poller until its client closes (archway.server.linger).
@@ -312,8 +313,7 @@ class GuardedThreadWorker(InlineAnswers, ThreadWorker):
             self.poller.modify(arrival.conn.sock, events, key.data)
 
     def _hand_over(self, arrival: _Arrival) -> None:
-        if arrival.stage == "body" and self.inline_routes_for and self._answered_inline(
-                arrival, arrival.head_end):
+        if arrival.stage == "body" and self.inline_routes_for and self._answered_inline(arrival):
             return
         conn = arrival.conn
         self._forget(arrival)
