@@ -2,6 +2,7 @@
 under a real gunicorn with archway's worker; and the pure parts (which requests, the response)."""
 import json
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -157,3 +158,34 @@ def test_a_client_that_does_not_read_its_answer_holds_no_one_else(server):
         assert answer["n"] == 0 and len(answer["pad"]) == BIG
         slow.sendall(_request({"n": 2}))   # and the connection goes on
         assert _responses(slow, 1)[0][1] == {"n": 2, "main_loop": True}
+
+
+@pytest.mark.slow
+def test_a_call_waiting_when_the_worker_starts_is_answered_and_closed(tmp_path):
+    """A request queued on the master's socket before the worker runs is taken in, answered in
+    the main loop and (Connection: close) closed, as the worker starts: it crashed the worker."""
+    port = free_port()
+    with open(tmp_path / "gunicorn.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "--worker-class",
+             "archway.server.worker.GuardedThreadWorker", "--workers", "1", "--threads", "2",
+             "--reuse-port", "--bind", f"127.0.0.1:{port}", "tests.test_inline:app"],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:   # the master listens before its worker has loaded the app
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=1)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "gunicorn did not listen"
+                time.sleep(0.005)
+        with sock:
+            sock.sendall(_request({"n": 7}, close=True))
+            (headers, answer), = _responses(sock, 1)
+            assert answer == {"n": 7, "main_loop": True} and headers["connection"] == "close"
+            assert sock.recv(1) == b""
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    assert b"Exception in worker process" not in (tmp_path / "gunicorn.log").read_bytes()

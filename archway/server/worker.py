@@ -153,7 +153,9 @@ class GuardedThreadWorker(InlineAnswers, ThreadWorker):
         # The master's socket belongs to the same SO_REUSEPORT group and would still get its
         # share of new connections, accepted by whichever worker wakes first: take in what it
         # holds, then stop it listening (for every worker: they share that one socket), so the
-        # kernel's hash alone spreads connections over the workers' own sockets.
+        # kernel's hash alone spreads connections over the workers' own sockets. What is taken
+        # in may be answered (and closed) at once: archway.server.inline.
+        self.lingering = Lingering(self.poller)
         for shared in self.shared_listeners:
             try:
                 shared.setblocking(False)
@@ -164,7 +166,6 @@ class GuardedThreadWorker(InlineAnswers, ThreadWorker):
             except OSError:
                 pass   # already stopped by a sibling worker
         self.shared_listeners = []
-        self.lingering = Lingering(self.poller)
         super().run()
 
     def set_accept_enabled(self, enabled: bool) -> None:
