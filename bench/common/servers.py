@@ -142,12 +142,17 @@ def children(pid: int) -> list[int]:
     return sorted(set(pids))
 
 
-def is_gate_controller(pid: int) -> bool:
+def runs(pid: int, module: bytes) -> bool:
+    """Whether process `pid`'s command line names `module` (False once it is gone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"archway.gate.process" in f.read()
+            return module in f.read()
     except OSError:
         return False
+
+
+def is_gate_controller(pid: int) -> bool:
+    return runs(pid, b"archway.gate.process")
 
 
 def rss_bytes(pid: int) -> int:

@@ -17,7 +17,7 @@ from bench.common.extender_cluster import NODES, Prometheus, node_name, running_
 from bench.common.pinning import CpuSplit, affinities, process_tree, tree_cpu_ns, unpinned_note
 from bench.common.report import Figure
 from bench.common.rounds import Steady, steady
-from bench.common.servers import GunicornServer
+from bench.common.servers import GunicornServer, runs
 from bench.common.stats import (
     bucket_difference,
     histogram_buckets,
@@ -37,13 +37,7 @@ HISTOGRAM = "archway_extender_duration_seconds"
 
 def answering_pids(server: GunicornServer) -> list[int]:
     """The processes that answer calls: gunicorn's workers, not the traffic poller's."""
-    def poller(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                return b"pollerprocess" in f.read()
-        except OSError:
-            return False
-    return [pid for pid in server.worker_pids() if not poller(pid)]
+    return [pid for pid in server.worker_pids() if not runs(pid, b"pollerprocess")]
 
 
 def bodies_of(pod: dict) -> list[bytes]:
