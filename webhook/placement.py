@@ -124,7 +124,7 @@ def _enforce(pod: PodView, results: dict, policy: Policy, nodes: Iterable[NodeLi
     reason = placed.reason
     if policy.scheduler_name and pod.scheduler_name in ("", DEFAULT_SCHEDULER):
         # An image not read yet may still be read at scheduling time (or at a gated pod's release).
-        if policy.scheduler_for_pinned or failed or not _pinned(placed, pod, node_oses):
+        if not policy.scheduler_only_when_needed or failed or not _pinned(placed, pod, node_oses):
             mutated.setdefault("spec", {})["schedulerName"] = policy.scheduler_name
         else:
             reason += f"; {PINNED_SCHEDULER}"

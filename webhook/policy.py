@@ -56,6 +56,11 @@ class Policy:
         return allowed - self.excluded
 
     @property
+    def scheduler_only_when_needed(self) -> bool:
+        """scheduler_name goes only to pods whose node archway's extender could still change."""
+        return bool(self.scheduler_name) and not self.scheduler_for_pinned
+
+    @property
     def limits(self) -> bool:
         return self.allowed is not None or bool(self.excluded)
 

@@ -185,7 +185,8 @@ class AdmissionService:
         try:
             resolution = self.resolve(pod, due, api_by)
             decision = decide(pod, resolution.results, policy, nodes=self.known_nodes(),
-                              node_oses=self.node_oses(),
+                              node_oses=self.node_oses() if policy.scheduler_only_when_needed
+                              else None,
                               learned=self.learned_for(pod, api_by))
             outcome = decision.outcome
             if outcome == "fail_open":
