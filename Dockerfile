@@ -20,13 +20,17 @@ ARG TARGETARCH
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY registry/ registry/
 COPY archway/ archway/
+COPY registry/ registry/
+COPY certs/ certs/
+COPY placement/ placement/
+COPY objects/ objects/
+COPY cluster/ cluster/
 COPY webhook/ webhook/
 COPY extender/ extender/
-COPY certs/ certs/
 COPY gate/ gate/
 COPY tools/ tools/
+COPY main/ main/
 RUN set -eu; \
     case "$TARGETARCH" in \
       amd64) machine=x86_64 ;; \

@@ -1,26 +1,17 @@
 """archway: architecture-aware pod placement for Kubernetes.
 
-One import namespace over eight folders (pyproject's packages and package-dir): this package,
-archway/, is the core; the rooms are `archway.registry` (registry/: which CPU architectures an
-image supports), `archway.webhook` (webhook/: the admission webhook), `archway.gate` (gate/: gated
-pods, their controller and its closed loop), `archway.tools` (tools/: explain and report),
-`archway.extender` (extender/: the scheduler extender), `archway.certs` (certs/: TLS) and
-`archway.server` (archway/server/: the gunicorn adapter: worker, lingering close, listeners,
-master and options, the supervisor of the master's child processes).
-
-The core has two floors:
-- the ground every room stands on: vocabulary (architecture names and sets, the names archway
-  writes on objects), config, errors, logsafe (what a log line or message may show) and logs
-  (their format), hostport, kubeclient and kubeapi (the Kubernetes API), listwatch,
-  watchcache and lease, podview, nodes, workloads and cluster (reads of the cluster), metrics,
-  background, deadline and requestbody (a request's deadline, its body read within bounds);
-- the top, which puts the rooms together into programs: cli (the `archway` command), serve
-  (`archway serve`: config, TLS, preflight, then the server room), app (the Flask app of one
-  worker), addresses, completion.
-Rooms import the ground floor and the rooms below them: registry/ and certs/ nothing else,
-webhook/ and extender/ registry/ (never each other), gate/ and tools/ the webhook's decision,
-server/ certs/ (it serves TLS) and never a product. Nothing but the top imports gate/, tools/ or
-server/, no room imports the top, nothing imports in a circle (tests/test_rooms.py). CONTRIBUTING.md has the map of where each kind of change goes.
+One import namespace over the folders pyproject's packages and package-dir name: this package,
+archway/, is the ground floor every room stands on (vocabulary: architecture names and sets,
+the names archway writes on objects; config; errors; logsafe and logs; hostport; kubeclient and
+kubeapi; listwatch, watchcache and lease; labelselector; podview; metrics; background; deadline;
+statusfile), with archway/server/ (serving HTTP). Above it the shared rooms: `archway.registry`
+(registry/: which CPU architectures an image supports), `archway.certs` (certs/: TLS),
+`archway.placement` (placement/: the placement model, pure), `archway.objects` (objects/:
+archway's own Kubernetes objects) and `archway.cluster` (cluster/: the cluster as archway reads
+it); then the products, `archway.webhook`, `archway.extender`, `archway.gate` and
+`archway.tools`, which never import one another; and the top, `archway.main` (main/: the
+command line, `archway serve`, a serving worker put together). tests/test_rooms.py holds the
+floors; CONTRIBUTING.md has the map of where each kind of change goes.
 """
 from importlib.metadata import PackageNotFoundError, version
 

@@ -1,8 +1,8 @@
 """A daemon thread per process, started on first use; and how a child process that `archway
-serve`'s master supervises begins.
+serve` supervises begins.
 
-Threads do not survive fork, and gunicorn forks its workers after the app is built: a thread
-started in the master would be missing in every worker. Each process starts its own instead.
+Threads do not survive fork, and gunicorn forks its workers after their parts are built: a
+thread started before the fork would be missing in every worker. Each process starts its own.
 """
 import logging
 import os
@@ -11,6 +11,10 @@ import signal
 import sys
 import threading
 from typing import Any
+
+# The environment variable that names the process which started a supervised child: the child
+# stops when its parent is no longer that one.
+SUPERVISOR_ENV = "ARCHWAY_SUPERVISOR_PID"
 
 
 class ProcessThread:
@@ -40,22 +44,24 @@ class ProcessThread:
 
 
 def supervised_child(what: str) -> tuple[Any, threading.Event]:
-    """(its arguments, its stop event) for a process `archway serve`'s master starts and
-    supervises (the gate controller, the traffic poller): the arguments come pickled on stdin;
-    SIGTERM and SIGINT set the event, and so does the master's end (SIGKILL leaves it no time to
+    """(its arguments, its stop event) for a process `archway serve` starts and supervises (the
+    gate controller, the traffic poller): the arguments come pickled on stdin; SIGTERM and
+    SIGINT set the event, and so does the end of `archway serve` (SIGKILL leaves it no time to
     stop its children: one nobody supervises must not go on, a controller must not keep leading)."""
-    parent = os.getppid()
+    parent = int(os.environ.get(SUPERVISOR_ENV) or os.getppid())
     arguments = pickle.loads(sys.stdin.buffer.read())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     def orphaned() -> None:
-        while not stop.wait(1.0):
+        while True:
             if os.getppid() != parent:
                 logging.getLogger(__name__).warning("%s: archway serve (pid %d) is gone; stopping",
                                                     what, parent)
                 stop.set()
+            if stop.wait(1.0):
+                return
 
     threading.Thread(target=orphaned, name=f"archway-{what.replace(' ', '-')}-parent",
                      daemon=True).start()

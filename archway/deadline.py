@@ -4,18 +4,15 @@ A request can wait before a handler thread takes it (the worker's queue, behind 
 slow lookups), and the apiserver's clock runs from the moment it sent the request: it gives up at
 the webhook's `timeoutSeconds` and, with failurePolicy Ignore, admits the pod as if archway had
 never been asked (it "fails open"). So the deadline counts from when the request began arriving
-(archway.server.worker puts that time.monotonic() into the WSGI environ under ARRIVED), and it
-never goes past the timeout the apiserver sends with each call (`?timeout=5s`, a Go duration)
-minus a margin. A request that waited gets the time it has left; one with none left is answered at once.
+(the server's loop hands that time.monotonic() over as Request.arrived), and it never goes past
+the timeout the apiserver sends with each call (`?timeout=5s`, a Go duration) minus a margin. A
+request that waited gets the time it has left; one with none left is answered at once.
 
-Pure: the callers read the clock and the environ.
+Pure: the callers read the clock and the request.
 """
+import functools
 import re
 from urllib.parse import unquote
-
-# WSGI environ key: time.monotonic() when the request's first byte (or, on a new connection,
-# the connection) arrived. Absent when the request did not come through archway.server.worker.
-ARRIVED = "archway.arrived"
 
 # Kept back from the caller's timeout: its clock started before ours (connecting, the TLS
 # handshake, the kernel's accept queue), the answer still has to travel back, and the apiserver
@@ -44,6 +41,7 @@ def parse_go_duration(text: str) -> float | None:
     return seconds if at == len(text) else None
 
 
+@functools.lru_cache(maxsize=64)   # the apiserver sends the same `?timeout=10s` every call
 def caller_timeout(query_string: str) -> float | None:
     """The `timeout` the caller sent in the query string, in seconds; None when it sent none, or
     none that is a positive Go duration (ignored: archway's own deadline still holds). Several:
@@ -56,13 +54,6 @@ def caller_timeout(query_string: str) -> float | None:
             if seconds is not None and seconds > 0:
                 found.append(seconds)
     return min(found) if found else None
-
-
-def arrival(environ: dict) -> float | None:
-    """When the request began arriving, as archway.server.worker put it in the WSGI environ;
-    None when it did not come through the worker."""
-    arrived = environ.get(ARRIVED)
-    return arrived if isinstance(arrived, float) else None
 
 
 def answer_by(now: float, arrived: float | None, deadline_seconds: float,

@@ -99,8 +99,9 @@ UNSCHEDULABLE_PODS = Counter(
 CLIENT_CUTS = Counter(
     "archway_client_connections_cut_total",
     "Client connections archway closed before their request was in: handshake_timeout, "
-    "header_timeout, body_timeout (too slow), header_too_large, tls_failed (no TLS client), "
-    "overflow (the oldest partial or idle connection, to make room)", ["reason"])
+    "header_timeout, body_timeout (too slow), tls_failed (no TLS client), plain_http (HTTP "
+    "on the TLS port, answered 400), overflow (the oldest partial or idle connection, to make "
+    "room)", ["reason"])
 OWNER_WAITS = Counter(
     "archway_admission_owner_waits_total",
     "Admissions of pods whose controller the workload watch had not brought, by result: found "

@@ -33,6 +33,8 @@ ANNOTATION_FAILED = "archway.dev/failed-architectures"
 ANNOTATION_EVIDENCE = "archway.dev/failed-images"
 # What admission kept a pod off, from what its workload learned.
 ANNOTATION_EXCLUDED = "archway.dev/excluded-architectures"
+# A pod that opts out of archway (the annotation, or the chart's objectSelector label).
+SKIP_ANNOTATION = "archway.dev/skip"
 # A Namespace's own policy: its mode, and the architectures its pods prefer.
 LABEL_MODE = "archway.dev/mode"
 ANNOTATION_PREFERRED = "archway.dev/preferred-architectures"

@@ -2,9 +2,9 @@
 follows rotation on disk (kubelet Secret sync, cert-manager, `archway certs bootstrap`) without a
 restart and without a failed handshake.
 
-How rotation works: the context handed to gunicorn carries an `sni_callback`. OpenSSL runs it on
-every ClientHello (with or without SNI) before the certificate is chosen; at most once a second it
-stats the two files, and when they changed it loads them into a fresh context and switches the
+How rotation works: the context the server's loop wraps connections in carries an
+`sni_callback`. OpenSSL runs it on every ClientHello (with or without SNI) before the
+certificate is chosen; at most once a second it stats the two files, and when they changed it loads them into a fresh context and switches the
 connection to it. A pair that does not load (half-written, key not matching the certificate) is
 logged and the previous certificate stays in use until the files change again.
 """
@@ -120,19 +120,11 @@ _reloaders_lock = threading.Lock()
 def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     """The server context for this pair: TLS 1.2+, reloading a rotated certificate from disk.
 
-    Cached per pair, so callers may ask for it on every connection (gunicorn's `ssl_context` hook
-    is called per accepted connection) at no cost. Raises ConfigError if the pair cannot be
-    loaded now."""
+    Cached per pair, so callers may ask for it on every connection at no cost. Raises
+    ConfigError if the pair cannot be loaded now."""
     key = (os.path.abspath(cert_file), os.path.abspath(key_file))
     with _reloaders_lock:
         reloader = _reloaders.get(key)
         if reloader is None:
             reloader = _reloaders[key] = ReloadingContext(*key)
     return reloader.context
-
-
-def gunicorn_ssl_context(cert_file: str, key_file: str):
-    """A function for gunicorn's `ssl_context` setting (signature (conf, default_factory))."""
-    def ssl_context(_conf, _default_factory):
-        return server_context(cert_file, key_file)
-    return ssl_context

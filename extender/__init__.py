@@ -3,10 +3,12 @@
 Each module imports only from the lines below its own (and from the core), so each can be read
 and tested without those above it:
 
-  routes        the HTTP side: bounded body reads, the two views, their metrics and log lines
+  routes        the two routes, declared once (archway.server.routes), their metrics and log
+                lines
   service       Extender: filter and prioritize on parsed arguments, no HTTP; score_signals,
                 the one place prioritize's signals are registered
   trafficscore  the traffic signal: scores of the sample per node, corrected by herd control
+  pollerprocess the traffic poller in a process of its own, kept running by `archway serve`
   prometheus    the one query of a refresh, its answer, the poller shared by the workers
   ceiling       extender.max_utilisation: filter turns away nodes whose link is too busy
   signals       the seam: what a score signal gives, how several combine, the answer

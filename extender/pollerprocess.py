@@ -1,4 +1,4 @@
-"""The traffic poller in a process of its own, kept running by `archway serve`'s master.
+"""The traffic poller in a process of its own, kept running by `archway serve`.
 
 A refresh reads ~1-2 MB from Prometheus at 5,000 nodes and parses it with one json.loads, a C
 call that holds the GIL for 5-75 ms on a loaded machine, then splits it: done in a worker, every
@@ -7,9 +7,9 @@ parse run where no request is answered; the workers only follow the snapshot fil
 (prometheus.py's SharedSnapshot: a quarter of the size, each series' score already worked out)
 and never query themselves while this process exists (POLLER_PROCESS_ENV).
 
-`archway serve`'s master starts it as `python -P -m archway.extender.pollerprocess`, its config
+`archway serve` starts it as `python -P -m archway.extender.pollerprocess`, its config
 and directory pickled on stdin (archway.server.supervisor). Its health, for the workers'
-/healthz (archway/app.py), as the gate controller's: the master's supervisor writes STATUS_FILE
+/healthz (main/probes.py), as the gate controller's: archway serve's supervisor writes STATUS_FILE
 (died, restarting, a crash loop), and the process itself touches HEARTBEAT_FILE at every turn of
 its loop, so one that is alive but stuck (it stopped producing) is seen too (`stall_problem`,
 pure).

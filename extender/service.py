@@ -11,8 +11,8 @@ import os
 import time
 
 from archway import metrics
+from archway.cluster.nodes import NodeCache
 from archway.kubeclient import api_client_factory
-from archway.nodes import NodeCache
 from archway.podview import PodShapeError, PodView
 
 from .archfilter import annotated_architectures, filter_by_arch, shared_architectures
@@ -39,7 +39,7 @@ def score_signals(config, traffic: TrafficScore) -> list[ScoreSignal]:
 
 class Extender:
     """Holds what the two endpoints share: the resolver, the node cache (built once per process
-    by archway.app and handed in; None: no cluster access or extender.node_cache off), the
+    by archway.main.app and handed in; None: no cluster access or extender.node_cache off), the
     traffic poller and the score signals."""
 
     def __init__(self, config, resolver, *, node_cache: NodeCache | None = None,

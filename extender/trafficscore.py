@@ -5,7 +5,7 @@ sample (herd.py), so a burst of pods inside one refresh does not all land on the
 from collections.abc import Mapping
 from itertools import filterfalse
 
-from archway.nodes import NodeCache
+from archway.cluster.nodes import NodeCache
 
 from .herd import Herd, PodWatch, added_traffic, pod_bandwidth, pod_key
 from .prometheus import TrafficPoller, TrafficSnapshot
@@ -113,7 +113,7 @@ class TrafficScore:
             self.pod_watch.stop()
 
     def start(self) -> None:
-        """The poller and the pod watch: as a worker boots (archway.serve), else on first use."""
+        """The poller and the pod watch: as a worker boots (archway.main.serve), else on first use."""
         self.traffic.ensure_started()
         if self.pod_watch is not None:
             self.pod_watch.ensure_started()

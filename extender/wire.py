@@ -9,7 +9,7 @@ the body and the reply is assembled from those original slices: byte-for-byte th
 scheduler sent, for the price of a memory copy.
 
 Memory stays near twice the body (the bytes and their text): each node is parsed, reduced to
-the facts the extender uses (archway.nodes.NodeFacts) and dropped, instead of keeping
+the facts the extender uses (archway.cluster.nodes.NodeFacts) and dropped, instead of keeping
 every full Node object (about 4.5 times the body for 5,000 nodes).
 """
 import json
@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import cast
 
+from archway.cluster.nodes import NodeFacts, node_facts
 from archway.errors import ArchwayError
-from archway.nodes import NodeFacts, node_facts
 
 MAX_SCORE = 10          # extenderv1.MaxExtenderPriority: a HostPriority's score is 0..10
 NEUTRAL_SCORE = 5       # no data: neither favour nor avoid the node

@@ -22,13 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from archway import metrics
+from archway.cluster.events import EventSink, pod_reference
 from archway.kubeapi import LIST_PAGE_SIZE, ApiError, KubeApi
 from archway.lease import parse_time
 from archway.listwatch import ListWatch
+from archway.placement.policy import Policy
 from archway.podview import PodShapeError, PodView
 from archway.vocabulary import GATED_LABEL
-from archway.webhook.events import EventSink, pod_reference
-from archway.webhook.policy import Policy
 
 from .fairqueue import Candidate, FairShare, pod_hosts
 from .put import put_release

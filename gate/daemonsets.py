@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from archway.cluster.workloadcache import controlling_workload
 from archway.kubeapi import LIST_PAGE_SIZE
 from archway.listwatch import ListWatch
 from archway.podview import OwnerReference, PodShapeError, PodView
@@ -31,7 +32,6 @@ from archway.vocabulary import (
     join_architectures,
     parse_architectures,
 )
-from archway.webhook.workloadcache import controlling_workload
 
 from .leaderloop import LeaderLoop
 

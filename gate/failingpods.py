@@ -3,10 +3,10 @@ status update, pure. This runs on every pod status update of the cluster, so a p
 failing costs a scan of its container statuses and nothing more."""
 from dataclasses import dataclass
 
+from archway.placement.archset import ArchSet, pod_arch_constraint
+from archway.placement.learning import Evidence, Learned
 from archway.podview import OwnerReference, PodShapeError, PodView
 from archway.vocabulary import ANNOTATION_ARCHITECTURES
-from archway.webhook.archset import ArchSet, pod_arch_constraint
-from archway.webhook.learning import Evidence, Learned
 
 from .podstatus import (
     EXEC_FORMAT_ERROR,

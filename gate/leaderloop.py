@@ -5,9 +5,9 @@ read again when it changed meanwhile (409).
 """
 from collections.abc import Callable
 
+from archway.cluster.events import EventSink
 from archway.kubeapi import ApiError, KubeApi
-from archway.webhook.events import EventSink
-from archway.webhook.namespaces import namespace_mode
+from archway.placement.namespaces import namespace_mode
 
 MAX_PATCH_ATTEMPTS = 4            # a workload changed meanwhile (409): read it again and merge
 

@@ -9,7 +9,7 @@ runtimes say so in the pod's status (a StartError message, CRI-O; or the last lo
 are only in its log. So the statuses are read (`exec_format_failures`), and for a failed
 container whose status says nothing, the tail of its log once per failed instance (`log_reads`
 says which, `log_wording` what it matched). What is learned goes onto the workload
-(webhook/learning.py, which admission reads).
+(placement/learning.py, which admission reads).
 """
 import json
 from collections.abc import Mapping

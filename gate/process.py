@@ -1,6 +1,8 @@
 """The gate controller's process: `python -m archway.gate.process`, started beside `archway
-serve`'s gunicorn workers and kept running by its master (supervisor.py) whenever a Kubernetes
-API is configured.
+serve`'s gunicorn master and kept running by `archway serve` (archway.server.supervisor)
+whenever a Kubernetes API is configured. The process is put together here, in one place: what
+it builds once are the fields of ControllerParts, and `ControllerParts.lead` starts what each
+leadership runs.
 
     build once: the API client, the controller's resolver and pull-secret reader, the Event sink
       -> a candidate for the Lease (archway/lease.py), until SIGTERM or the server is gone
@@ -25,23 +27,23 @@ from archway import logs
 from archway.background import supervised_child
 from archway.certs.cli import bootstrap_spec
 from archway.certs.trustpath import STATUS_FILE, TrustWatch
-from archway.cluster import ClusterReader
+from archway.cluster.caches import ClusterCaches
+from archway.cluster.events import EventSink
+from archway.cluster.pullsecrets import PullSecrets
+from archway.cluster.ranges import keep_cluster_ranges
+from archway.cluster.reads import ClusterReader
+from archway.cluster.workloads import TEMPLATE_PATHS
 from archway.kubeapi import KubeApi
 from archway.kubeclient import api_client_factory, build_api_client
 from archway.lease import LeaderElector, lead_while_elected, lease_namespace, new_identity
+from archway.objects.imagerecords import ImageRecords, records_for
+from archway.objects.policystatus import PolicyStatus
+from archway.placement.policy import Policy
 from archway.registry.resolver import Resolver
-from archway.webhook.caches import ClusterCaches
-from archway.webhook.clusterranges import keep_cluster_ranges
-from archway.webhook.events import EventSink
-from archway.webhook.imagerecords import ImageRecords, records_for
-from archway.webhook.policy import Policy
-from archway.webhook.pullsecrets import PullSecrets
-from archway.workloads import TEMPLATE_PATHS
 
 from .controller import GateController
 from .coverage import WebhookCoverage
 from .daemonsets import DaemonSetNodes
-from .policystatus import PolicyStatus
 from .recordkeeper import RecordKeeper
 from .remediation import Remediation
 from .tagwatch import TagWatch
@@ -112,7 +114,7 @@ class ControllerParts:
             config, self.api_client_factory, nodes=True,
             workloads=learn or config.remediation.watch_tags).start()
         self.controller.workloads = caches.workloads if learn else None
-        # A gated pod is released under the policy it was admitted under (placementpolicies.py).
+        # A gated pod is released under the policy it was admitted under (placement/policies.py).
         policy = Policy.from_config(config)
         self.controller.policy_of = lambda pod: caches.policy_in_force(
             policy, pod, archway_scheduler=config.placement.archway_scheduler).policy

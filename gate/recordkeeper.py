@@ -1,4 +1,4 @@
-"""The leader's care of the cluster's image records (webhook/imagerecords.py), once per cluster
+"""The leader's care of the cluster's image records (objects/imagerecords.py), once per cluster
 instead of once per process:
 
     every round (a quarter of the tag TTL, at most a quarter of kubernetes.image_records.expire_seconds)
@@ -22,13 +22,13 @@ import time
 from collections.abc import Callable, Iterable
 
 from archway import metrics
+from archway.cluster.workloads import wanted_images
 from archway.errors import ArchwayError
 from archway.kubeapi import ApiError, KubeApi
+from archway.objects.imagerecords import ImageRecords
+from archway.objects.records import object_path
 from archway.registry.records import CLUSTER, ImageRecord
 from archway.registry.reference import parse_reference
-from archway.webhook.imagerecords import ImageRecords
-from archway.webhook.prewarm import wanted_images
-from archway.webhook.recordobjects import object_path
 
 log = logging.getLogger("archway.imagerecords")
 

@@ -1,7 +1,7 @@
 """Gating a pod archway could not place in time, and the one update that releases it. Pure.
 
 The webhook admits such a pod with archway's scheduling gate and a label the controller selects
-on (webhook/patches.py `gate_patch`). Once its images are known, or when admission.gate_max_seconds has passed, the
+on (placement/patches.py `gate_patch`). Once its images are known, or when admission.gate_max_seconds has passed, the
 controller sends ONE update (`plan_release`) that the apiserver accepts for a gated pod
 (KEP-3838, pkg/apis/core/validation ValidatePodUpdate): placement through `placement.decide`,
 the same decision as the webhook's, which only ever adds nodeSelector keys, sets required node
@@ -15,6 +15,10 @@ from dataclasses import dataclass, replace
 import jsonpatch
 
 from archway.errors import classify_error, never_resolves
+from archway.placement.decision import Decision, decide, display_image
+from archway.placement.learning import Learned
+from archway.placement.patches import require_no_node
+from archway.placement.policy import Policy
 from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import Platform
@@ -25,10 +29,6 @@ from archway.vocabulary import (
     share_no_architecture,
     told_architectures,
 )
-from archway.webhook.learning import Learned
-from archway.webhook.patches import require_no_node
-from archway.webhook.placement import Decision, decide, display_image
-from archway.webhook.policy import Policy
 
 
 def is_gated(pod: dict) -> bool:

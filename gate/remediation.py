@@ -30,17 +30,17 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from archway import metrics
-from archway.kubeapi import LIST_PAGE_SIZE, ApiError, KubeApi
-from archway.listwatch import ListWatch
-from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED
-from archway.webhook.events import EventSink
-from archway.webhook.learning import Evidence, merged_annotations
-from archway.webhook.workloadcache import (
+from archway.cluster.events import EventSink
+from archway.cluster.workloadcache import (
     WorkloadFacts,
     controlling_workload,
     workload_path,
     workload_reference,
 )
+from archway.kubeapi import LIST_PAGE_SIZE, ApiError, KubeApi
+from archway.listwatch import ListWatch
+from archway.placement.learning import Evidence, merged_annotations
+from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED
 
 from .eviction import Evictions
 from .failingpods import FailingPod, explained_failures, failing_pod

@@ -21,17 +21,17 @@ import time
 from collections.abc import Callable
 
 from archway import metrics
+from archway.cluster.events import EventSink
+from archway.cluster.workloadcache import WorkloadFacts, workload_facts, workload_path, workload_reference
 from archway.errors import ArchwayError
 from archway.kubeapi import LIST_PAGE_SIZE, KubeApi
+from archway.placement.learning import Learned, learned_from, reset_reason, short_digest
 from archway.podview import PodView
 from archway.registry.imageref import ImageReference
 from archway.registry.model import ImageInfo
 from archway.registry.pacing import image_host, paced
 from archway.registry.reference import KINDS, parse_reference
 from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED, join_architectures
-from archway.webhook.events import EventSink
-from archway.webhook.learning import Learned, learned_from, reset_reason, short_digest
-from archway.webhook.workloadcache import WorkloadFacts, workload_facts, workload_path, workload_reference
 
 from .leaderloop import KeptChanging, LeaderLoop
 from .podstatus import admitted_digests

@@ -26,9 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from archway import metrics
+from archway.cluster.events import EventSink
+from archway.cluster.workloadcache import WorkloadFacts, controlling_workload, workload_reference
 from archway.errors import never_resolves
 from archway.kubeapi import ApiError, KubeApi
 from archway.lease import parse_time
+from archway.placement.archset import ArchSet, pod_arch_constraint
+from archway.placement.policy import opt_out_reason
 from archway.podview import OwnerReference, PodShapeError, PodView
 from archway.vocabulary import (
     ANNOTATION_ARCHITECTURES,
@@ -37,10 +41,6 @@ from archway.vocabulary import (
     join_architectures,
     told_architectures,
 )
-from archway.webhook.admission import opt_out_reason
-from archway.webhook.archset import ArchSet, pod_arch_constraint
-from archway.webhook.events import EventSink
-from archway.webhook.workloadcache import WorkloadFacts, controlling_workload, workload_reference
 
 from .eviction import Evictions
 from .leaderloop import LeaderLoop

@@ -91,6 +91,18 @@ def cmdline(pid) -> str:
         return ""
 
 
+def children(pid: int) -> list[int]:
+    """The direct children of process `pid`, of every thread of it ([] once it is gone)."""
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    return sorted(set(found))
+
+
 def serve_extender(directory, *, workers: int, prometheus: dict) -> Server:
     """`archway serve --product extender` on a free port, plain HTTP, with no cluster and no node
     cache: its workers and its traffic poller process, `prometheus` that section of its
@@ -103,7 +115,7 @@ def serve_extender(directory, *, workers: int, prometheus: dict) -> Server:
                    "kubernetes": {"enabled": "off"}, "extender": {"node_cache": False},
                    "prometheus": prometheus}, f)
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    return Server([sys.executable, "-m", "archway.cli", "--config", config_path, "serve",
+    return Server([sys.executable, "-m", "archway.main.cli", "--config", config_path, "serve",
                    "--product", "extender", "--bind", f"127.0.0.1:{port}"], port=port,
                   log_path=os.path.join(directory, "serve.log"), env={**env, "PYTHONPATH": REPO},
                   cwd=REPO, ready_timeout=30)

@@ -3,7 +3,7 @@
 Also the helpers every command that resolves images shares (`explain`, `report`): the
 `--timeout` type and the normalised reference shown next to what the user wrote. The wall-clock
 bound itself is the resolver's: `resolve_many` returns at its timeout, lookups run on daemon
-threads, and archway.cli exits without waiting for them.
+threads, and archway.main.cli exits without waiting for them.
 """
 import argparse
 import dataclasses

@@ -1,7 +1,7 @@
 """What the cluster knows of an image, shared by every process that resolves images: a record
 store the resolver consults after its own cache and before a registry, and tells what it read.
 
-The store itself lives at the edge (webhook/imagerecords.py keeps it as Kubernetes objects,
+The store itself lives at the edge (objects/imagerecords.py keeps it as Kubernetes objects,
 listed and watched); this module only says what a record is and what a store does, so the
 resolver stays free of Kubernetes. A record has a *scope*: "" for an answer read without any of
 a pod's credentials (anyone may be told it), else the tenant whose credentials read it (the

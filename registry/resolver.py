@@ -20,7 +20,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -101,7 +102,7 @@ class Resolver:
         # Told (reference, old answer, new answer) when a revalidation finds a tag naming another
         # digest: archway.gate.remediation raises ArchitecturesDropped from it.
         self.tag_moved: Callable[[ImageReference, ImageInfo, ImageInfo], None] | None = None
-        # The cluster's records (webhook/imagerecords.py), read after this cache; None: none.
+        # The cluster's records (objects/imagerecords.py), read after this cache; None: none.
         self.records: RecordStore | None = None
 
     @property
@@ -129,15 +130,17 @@ class Resolver:
         return answer
 
     def resolve_many(self, images, *, keyring: Keyring | None = None, timeout: float | None,
-                     revalidate=frozenset(), limit: int | None = None, scope: str | None = None
-                     ) -> dict[str, ImageInfo | ArchwayError]:
+                     revalidate=frozenset(), limit: int | None = None, scope: str | None = None,
+                     wait: bool = True) -> dict[str, ImageInfo | ArchwayError]:
         """Resolve images concurrently under one overall timeout (None: wait). Never raises for
         one image: each failure is the ArchwayError in that image's slot. `revalidate`: images
         whose tag must be checked at the registry before their cached answer is used (pods that
         pull Always). `limit`: at most this many distinct images are looked up; the rest fail
         (Overloaded), so one pod cannot queue a thousand lookups. `scope`: the tenant (the
         namespace) `keyring`'s pull secrets belong to, for the records read with them; None:
-        records read with a pod's credentials are neither read nor written."""
+        records read with a pod's credentials are neither read nor written. `wait` False: no
+        waiting at all; an image whose answer is not in yet (a lookup or a revalidation under way,
+        started now or before) is left out of the result."""
         distinct = list(dict.fromkeys(images))
         answers: dict[str, object] = {}
         for n, image in enumerate(distinct):
@@ -151,8 +154,11 @@ class Resolver:
             except ArchwayError as e:
                 answers[image] = e
         pending = [a.future for a in answers.values() if isinstance(a, _Pending)]
+        if not wait:
+            return {image: _settled(answer, image, 0.0) for image, answer in answers.items()
+                    if not isinstance(answer, _Pending) or answer.future.done()}
         if pending:
-            wait(pending, timeout=None if timeout is None else max(0.0, timeout))
+            wait_for(pending, timeout=None if timeout is None else max(0.0, timeout))
         return {image: _settled(answer, image, timeout) for image, answer in answers.items()}
 
     # --- internals -------------------------------------------------------------------------

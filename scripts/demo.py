@@ -64,7 +64,7 @@ def main() -> int:
             yaml.safe_dump({"registry": {"insecure_hosts": [registry.host]},
                             "server": {"state_dir": os.path.join(work, "state"), "workers": 1}}, f)
         port = free_port()
-        server = subprocess.Popen([sys.executable, "-m", "archway.cli", "--config", config, "serve",
+        server = subprocess.Popen([sys.executable, "-m", "archway.main.cli", "--config", config, "serve",
                                    "--bind", f"127.0.0.1:{port}"], cwd=REPO,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_port(port, timeout=30, proc=server)

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from archway.placement.decision import Decision
 from archway.webhook.admission import (
     AdmissionError,
     BodyTooLarge,
@@ -15,7 +16,6 @@ from archway.webhook.admission import (
     review_response,
     skip_reason,
 )
-from archway.webhook.placement import Decision
 from lab.procs import REPO
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "admission")

@@ -31,6 +31,7 @@ from lab.servers.registry import RegistryServer
 from lab.tls import session_ca
 from tests.infra import sifbuild
 from tests.infra.fixtures import LOOPBACK_HOSTS
+from tests.infra.siteclient import SiteClient
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow
@@ -185,7 +186,7 @@ def world(control_plane, tmp_path_factory):
         port = free_port()
         # serve.py makes its per-run metrics directory inside this one: the test can look in.
         env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(workdir / "metrics"))
-        server = Server([sys.executable, "-m", "archway.cli", "--config", str(config_path),
+        server = Server([sys.executable, "-m", "archway.main.cli", "--config", str(config_path),
                          "serve", "--bind", f"127.0.0.1:{port}"], port=port,
                         log_path=str(workdir / "serve.log"), cwd=REPO, env=env, ready_timeout=30)
         stack.append(server)
@@ -793,7 +794,7 @@ def _serve(tmp_path_factory, *options: str):
     env = {k: v for k, v in os.environ.items()
            if k not in ("ARCHWAY_CONFIG", "PROMETHEUS_MULTIPROC_DIR", "KUBECONFIG")}
     env["HOME"] = str(home)
-    server = Server([sys.executable, "-m", "archway.cli", *options, "serve",
+    server = Server([sys.executable, "-m", "archway.main.cli", *options, "serve",
                      "--bind", f"127.0.0.1:{port}"],
                     port=port, log_path=str(home / "serve.log"), cwd=REPO, env=env,
                     ready_timeout=30)
@@ -884,15 +885,16 @@ def _single_image_review_from_file(image):
     return review
 
 
-# --- in-process: the app without gunicorn (fault injection into the resolver) ----------------
+# --- in-process: the worker's routes without a server (fault injection into the resolver) -------
 
 def _app(tmp_path, resolver, **server):
-    from archway.app import create_app
+    from archway.cluster.pullsecrets import PullSecrets
     from archway.config import config_from_dict
-    from archway.webhook.pullsecrets import PullSecrets
+    from archway.main.worker import build_worker
     config = config_from_dict({"server": {"state_dir": str(tmp_path / "state"), **server},
                                "kubernetes": {"enabled": "off"}})
-    return create_app(config, resolver=resolver, pull_secrets=PullSecrets(None, source="disabled"))
+    return SiteClient(build_worker(config, resolver=resolver,
+                                   pull_secrets=PullSecrets(None, source="disabled")))
 
 
 class _ExplodingResolver:
@@ -903,7 +905,7 @@ class _ExplodingResolver:
 
 
 def test_a_bug_during_admission_fails_open_and_is_never_a_500(tmp_path):
-    client = _app(tmp_path, _ExplodingResolver()).test_client()
+    client = _app(tmp_path, _ExplodingResolver())
     with open(os.path.join(FIXTURES, "v1-pod-multiarch.json")) as f:
         review = json.load(f)
     r = client.post("/mutate", json=review)
@@ -925,7 +927,7 @@ def test_readyz_fails_when_the_serving_certificate_expired(tmp_path):
     (tmp_path / "tls.crt").write_bytes(leaf.cert_pem)
     (tmp_path / "tls.key").write_bytes(leaf.key_pem)
     client = _app(tmp_path, _ExplodingResolver(), cert_file=str(tmp_path / "tls.crt"),
-                  key_file=str(tmp_path / "tls.key")).test_client()
+                  key_file=str(tmp_path / "tls.key"))
     r = client.get("/readyz")
     assert r.status_code == 503
     assert "expired" in r.get_json()["problems"]["serving_certificate"]
@@ -972,7 +974,7 @@ def test_by_default_only_admissions_that_need_a_look_are_logged(tmp_path, caplog
                                                None, "oci-manifest"),
                                down: TransportError("cannot reach down.example")})
     for every, expected in ((False, ["fail_open"]), (True, ["mutated", "fail_open"])):
-        client = _app(tmp_path, resolver, log_every_admission=every).test_client()
+        client = _app(tmp_path, resolver, log_every_admission=every)
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="archway.admission"):
             for image in (good, down):

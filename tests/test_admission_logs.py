@@ -12,9 +12,9 @@ import pytest
 from archway.config import ProxySettings, RegistrySettings
 from archway.errors import AuthError, ProxyFailed, classify_error
 from archway.logs import JsonFormatter
+from archway.placement.policy import Policy
 from archway.registry.credentials import Credential, Keyring
 from archway.registry.resolver import Resolver
-from archway.webhook.policy import Policy
 from lab.procs import free_port
 from lab.tls import session_ca
 from tests.infra.fixtures import LOOPBACK_HOSTS, plain_registry, test_ca, token_registry

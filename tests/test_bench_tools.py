@@ -192,6 +192,28 @@ def test_the_echo_app_answers_its_canned_patch_only_to_pods_labelled_for_it(tmp_
     assert answer({"bench": "noop"}) == {"uid": "u", "allowed": True}
 
 
+def test_the_echo_app_runs_archway_serves_gunicorn_options_under_gthread_and_its_tls(tmp_path):
+    """Figure 1's yardstick: archway's worker class serves archway's routes, not a WSGI app, so
+    the echo app swaps in gunicorn's gthread; every other setting and the TLS context are archway's."""
+    from archway.certs.tls import server_context
+    from archway.config import config_from_dict
+    from archway.server.master import gunicorn_options
+    from bench.apps.echo_app import echo_options
+    from lab.tls import CertificateAuthority
+    pair = CertificateAuthority(tmp_path / "ca").issue("echo", ["127.0.0.1"])
+    config = config_from_dict({"server": {"workers": 2, "threads": 8}})
+    tls = (pair.chain_path, pair.key_path, pair.chain_path)
+    ours = echo_options(config, "127.0.0.1:8443", tls)
+    archways = gunicorn_options(config, "127.0.0.1:8443", tls)
+    assert ours.pop("worker_class") == "gthread" and ours.pop("proc_name") == "archway-bench-echo"
+    hook = ours.pop("ssl_context")
+    for name in ("worker_class", "proc_name", "child_exit"):   # child_exit: a closure, made anew
+        archways.pop(name)
+    ours.pop("child_exit")
+    assert ours == archways and ours["certfile"] == pair.chain_path and ours["reuse_port"]
+    assert hook(None, None) is server_context(pair.chain_path, pair.key_path)
+
+
 APISERVER = """apiserver_request_duration_seconds_bucket{resource="pods",subresource="",verb="POST",le="0.025"} 3
 apiserver_request_duration_seconds_bucket{resource="pods",subresource="",verb="POST",le="0.1"} 9
 apiserver_request_duration_seconds_bucket{resource="pods",subresource="",verb="POST",le="+Inf"} 10

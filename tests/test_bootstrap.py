@@ -164,7 +164,7 @@ def openssl_verify(tmp_path, bundle: bytes, cert: bytes, at: dt.datetime | None 
 def test_first_run_through_the_cli_creates_secrets_and_patches_every_webhook(api, tmp_path):
     kubeconfig = api.kubeconfig(str(tmp_path))
     run = subprocess.run(
-        [sys.executable, "-m", "archway.cli", "certs", "bootstrap", "--kubeconfig", kubeconfig,
+        [sys.executable, "-m", "archway.main.cli", "certs", "bootstrap", "--kubeconfig", kubeconfig,
          "--namespace", NS, "--service", SERVICE, "--secret", SECRET, "--webhook-config", MWC],
         cwd=REPO, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
@@ -359,7 +359,7 @@ def test_a_refusal_of_the_api_is_one_clear_line(api, tmp_path):
     finally:
         refused.close()
     run = subprocess.run(
-        [sys.executable, "-m", "archway.cli", "certs", "bootstrap", "--kubeconfig", str(kubeconfig),
+        [sys.executable, "-m", "archway.main.cli", "certs", "bootstrap", "--kubeconfig", str(kubeconfig),
          "--namespace", NS, "--service", SERVICE, "--secret", SECRET], cwd=REPO,
         capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "403" in run.stderr and "Traceback" not in run.stderr

@@ -26,7 +26,7 @@ SVC_NAMES = ["archway", "archway.archway-system", "archway.archway-system.svc",
 
 
 def archway(*args, check=True):
-    return subprocess.run([sys.executable, "-m", "archway.cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "archway.main.cli", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=60, check=check)
 
 
@@ -300,7 +300,7 @@ def served(tmp_path_factory):
         "kubernetes:\n  enabled: \"off\"\n")
     port = free_port()
     env = {**os.environ, "PYTHONPATH": REPO}
-    server = Server([sys.executable, "-m", "archway.cli", "--config", str(config), "serve",
+    server = Server([sys.executable, "-m", "archway.main.cli", "--config", str(config), "serve",
                      "--bind", f"127.0.0.1:{port}"], port=port, log_path=str(base / "log"),
                     env=env, cwd=REPO, ready_timeout=30)
     try:
@@ -391,7 +391,7 @@ def test_serve_says_clearly_when_the_state_directory_is_not_writable(tmp_path):
     blocker.write_text("a file where the state directory should go")
     config = tmp_path / "archway.yaml"
     config.write_text(f"server:\n  state_dir: {blocker}/state\nkubernetes:\n  enabled: \"off\"\n")
-    result = subprocess.run([sys.executable, "-m", "archway.cli", "--config", str(config), "serve",
+    result = subprocess.run([sys.executable, "-m", "archway.main.cli", "--config", str(config), "serve",
                              "--bind", f"127.0.0.1:{free_port()}"], cwd=REPO, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr

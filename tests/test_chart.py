@@ -16,11 +16,11 @@ import pytest
 import yaml
 
 from archway.config import config_from_dict
+from archway.placement.archset import pod_arch_constraint
 from archway.podview import PodView
 from archway.server.master import GRACEFUL_TIMEOUT_SECONDS
-from archway.vocabulary import ARCH_KEYS
-from archway.webhook.admission import SKIP_ANNOTATION, parse_review, skip_reason
-from archway.webhook.archset import pod_arch_constraint
+from archway.vocabulary import ARCH_KEYS, SKIP_ANNOTATION
+from archway.webhook.admission import parse_review, skip_reason
 from lab.procs import REPO, require_binary
 from tests.test_operating import declared
 
@@ -537,8 +537,8 @@ def test_scheduler_config_matches_archway_scheduler_config(render, case, kwargs)
     assert container(scheduler, "extender")["args"] == ["--config", "/etc/archway/config/extender.yaml", "serve"]
     # Each deployment serves its own product only: the sidecar no /mutate, the webhook no
     # extender routes; both their health and metrics.
-    from archway.app import create_app
-    routes = {rule.rule for rule in create_app(sidecar).url_map.iter_rules()}
+    from archway.main.worker import build_worker
+    routes = {route.path for route in build_worker(sidecar).site.routes.routes()}
     assert routes == {f"/scheduler/{extender['filterVerb']}",
                       f"/scheduler/{extender.get('prioritizeVerb', 'prioritize')}",
                       "/healthz", "/readyz", "/metrics"}
@@ -546,7 +546,7 @@ def test_scheduler_config_matches_archway_scheduler_config(render, case, kwargs)
 
     # The profile's name is the one the webhook injects (when it injects one).
     webhook = config_from_dict(archway_configs(docs)["webhook.yaml"])
-    webhook_routes = {rule.rule for rule in create_app(webhook).url_map.iter_rules()}
+    webhook_routes = {route.path for route in build_worker(webhook).site.routes.routes()}
     assert webhook_routes == {"/mutate", "/healthz", "/readyz", "/metrics"}
     [profile] = rendered["profiles"]
     if case == "scheduler-name-on":
@@ -1540,7 +1540,7 @@ def test_the_extender_sidecar_is_ready_only_when_its_server_is(render, tmp_path,
         config["registry"] = {**(config.get("registry") or {}), **extra}
         path = tmp_path / "extender.yaml"
         path.write_text(yaml.safe_dump(config))
-        return Server([sys.executable, "-m", "archway.cli", "--config", str(path), "serve"],
+        return Server([sys.executable, "-m", "archway.main.cli", "--config", str(path), "serve"],
                       port=port, log_path=str(tmp_path / "serve.log"), cwd=str(tmp_path),
                       ready_timeout=60)
 

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from archway.cli import EXAMPLES, build_parser, subcommands
-from archway.completion import script
+from archway.cluster.workloads import workloads_in
 from archway.errors import ArchwayError
+from archway.main.cli import EXAMPLES, build_parser, subcommands
+from archway.main.completion import script
 from archway.registry.inspect import pinned
-from archway.tools.explain import load_manifests, manifest_files, read_sources
-from archway.workloads import workloads_in
+from archway.tools.manifests import load_manifests, manifest_files, read_sources
 from lab.procs import REPO, require_binary
 
 DIGEST = "sha256:" + "ab" * 32
@@ -39,7 +39,7 @@ def archway_argv(line: str) -> list[str]:
 
 
 def run_cli(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "archway.cli", *args], cwd=REPO, input=stdin,
+    return subprocess.run([sys.executable, "-m", "archway.main.cli", *args], cwd=REPO, input=stdin,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -83,7 +83,7 @@ def test_a_command_without_examples_breaks_no_other_command(monkeypatch):
     `archway` command failed; now only the tests above fail for it."""
     import types
 
-    import archway.cli as cli
+    import archway.main.cli as cli
     def register(subparsers):
         subparsers.add_parser("unlisted").set_defaults(func=lambda args: 0)
 
@@ -268,7 +268,7 @@ def test_explain_directory_errors_name_the_file(tmp_path, monkeypatch):
         read_sources(str(tmp_path))
     (tmp_path / "a.yaml").write_text("x" * 100)
     (tmp_path / "b.yaml").write_text("y" * 100)
-    monkeypatch.setattr("archway.tools.explain.MAX_MANIFEST_BYTES", 150)
+    monkeypatch.setattr("archway.tools.manifests.MAX_MANIFEST_BYTES", 150)
     with pytest.raises(ArchwayError, match=f"{tmp_path / 'b.yaml'} makes the manifests larger"):
         read_sources(str(tmp_path))
     (tmp_path / "b.yaml").write_text("kind: [unclosed")
@@ -344,7 +344,7 @@ def test_the_clis_one_handler_catches_every_archway_error(monkeypatch, capsys, f
     """ApiError, CertificateError, LookupTimeout and the extender's parse errors once escaped
     the handler as tracebacks: each is an ArchwayError now. The failure is injected as the
     command's own (the real function raising it for real)."""
-    import archway.cli
+    import archway.main.cli
     import archway.registry.inspect
 
     def command(args):
@@ -352,6 +352,6 @@ def test_the_clis_one_handler_catches_every_archway_error(monkeypatch, capsys, f
         return 0
 
     monkeypatch.setattr(archway.registry.inspect, "run", command)
-    assert archway.cli.main(["inspect", "nginx"]) == archway.cli.EXIT_ERROR
+    assert archway.main.cli.main(["inspect", "nginx"]) == archway.main.cli.EXIT_ERROR
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("archway: ") and words in lines[0], lines

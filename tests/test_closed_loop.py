@@ -18,6 +18,8 @@ import json
 import pytest
 from prometheus_client import REGISTRY
 
+from archway.cluster.nodes import NodeCache
+from archway.cluster.workloadcache import WorkloadCache
 from archway.config import config_from_dict
 from archway.gate.failingpods import failing_pod
 from archway.gate.logreads import LOG_LIMIT_BYTES, LOG_TAIL_LINES, ApiLogReader
@@ -25,9 +27,7 @@ from archway.gate.podstatus import LogRead
 from archway.gate.remediation import Remediation
 from archway.kubeapi import ApiError, KubeApi
 from archway.kubeclient import build_api_client
-from archway.nodes import NodeCache
-from archway.webhook.policy import Policy
-from archway.webhook.workloadcache import WorkloadCache
+from archway.placement.policy import Policy
 from lab.kube import pod_path
 
 pytestmark = pytest.mark.slow

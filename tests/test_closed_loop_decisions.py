@@ -7,12 +7,12 @@ import json
 
 import pytest
 
+from archway.cluster.workloadcache import controlling_workload, selector_matches, workload_facts
 from archway.gate.failingpods import explained_failures, failing_pod
 from archway.gate.logreads import LogReadBudget
 from archway.gate.podstatus import LogRead, log_reads, log_wording
+from archway.placement.learning import Evidence, Learned
 from archway.podview import OwnerReference
-from archway.webhook.learning import Evidence, Learned
-from archway.webhook.workloadcache import controlling_workload, selector_matches, workload_facts
 
 D1 = "sha256:" + "1" * 64
 STARTED, FINISHED = "2026-11-27T10:00:00Z", "2026-11-27T10:00:01Z"

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def archway(*args, env=None, timeout=60, config=None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "archway.cli"]
+    command = [sys.executable, "-m", "archway.main.cli"]
     if config is not None:
         command += ["--config", str(config)]
     return subprocess.run(command + list(args), capture_output=True, text=True, timeout=timeout,
@@ -45,7 +45,7 @@ def serve_config(tmp_path, name: str):
 
 def test_a_second_archway_on_a_served_address_exits_at_once_naming_it(tmp_path):
     port = free_port()
-    first = Server([sys.executable, "-m", "archway.cli", "--config",
+    first = Server([sys.executable, "-m", "archway.main.cli", "--config",
                     str(serve_config(tmp_path, "first")), "serve", "--bind", f"127.0.0.1:{port}"],
                    port=port, log_path=str(tmp_path / "first.log"), cwd=REPO, ready_timeout=30)
     try:
@@ -178,7 +178,7 @@ def test_inspect_into_a_closed_pipe_exits_141_quietly(tmp_path):
     os.close(read_end)
     images = [f"127.0.0.1:{free_port()}/app/{n}:1" for n in "abc"]
     try:
-        done = subprocess.run([sys.executable, "-m", "archway.cli", "inspect", "--timeout", "5",
+        done = subprocess.run([sys.executable, "-m", "archway.main.cli", "inspect", "--timeout", "5",
                                *images], stdout=write_end, stderr=subprocess.PIPE, text=True,
                               timeout=60, cwd=REPO, env=clean_env(tmp_path), check=False)
     finally:

@@ -98,7 +98,7 @@ def test_gate_without_a_kubernetes_api_is_refused_at_start_up(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("admission: {unresolved: gate}\nkubernetes: {enabled: \"off\"}\n"
                     f"server: {{state_dir: {tmp_path}}}\n")
-    done = subprocess.run([sys.executable, "-m", "archway.cli", "--config", str(path), "serve",
+    done = subprocess.run([sys.executable, "-m", "archway.main.cli", "--config", str(path), "serve",
                            "--bind", "127.0.0.1:1"], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "admission.unresolved is gate, but no Kubernetes API is configured" in done.stderr
@@ -110,7 +110,7 @@ def test_a_metrics_address_on_the_serving_port_is_refused_at_start_up(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(f"server: {{state_dir: {tmp_path}, metrics_bind: '0.0.0.0:9443'}}\n"
                     "kubernetes: {enabled: \"off\"}\n")
-    done = subprocess.run([sys.executable, "-m", "archway.cli", "--config", str(path), "serve",
+    done = subprocess.run([sys.executable, "-m", "archway.main.cli", "--config", str(path), "serve",
                            "--bind", "127.0.0.1:9443"], capture_output=True, text=True, timeout=60,
                           check=False)
     assert done.returncode == 2

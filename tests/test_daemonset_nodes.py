@@ -7,15 +7,15 @@ import threading
 
 import pytest
 
+from archway.cluster.events import EventSink
+from archway.cluster.nodes import NodeCache
+from archway.cluster.workloadcache import WorkloadCache
 from archway.config import config_from_dict
 from archway.gate import daemonsets
 from archway.gate.daemonsets import REASON_NODES, DaemonSetNodes, note, stranded_pod
 from archway.kubeapi import KubeApi
 from archway.kubeclient import api_client_factory
-from archway.nodes import NodeCache
-from archway.webhook.events import EventSink
-from archway.webhook.policy import Policy
-from archway.webhook.workloadcache import WorkloadCache
+from archway.placement.policy import Policy
 from lab.procs import wait_until
 from lab.servers.apiserver import FakeApiServer
 

@@ -1,21 +1,17 @@
 """Debug containers (`kubectl debug`, an UPDATE of pods/ephemeralcontainers): the pure decision
-(webhook/debugcontainers.py) and the service's answer (webhook/debugservice.py) over the
+(placement/debugcontainers.py) and the service's answer (webhook/debugservice.py) over the
 stand-ins of test_service.py. The HTTP and real-apiserver paths: test_debug_containers_http.py,
 tests/e2e/test_debug_containers.py."""
 import json
 
 import pytest
 
+from archway.cluster.nodes import NodeFacts, node_facts
 from archway.errors import DeadlineExceeded, NotFound
-from archway.nodes import NodeFacts, node_facts
+from archway.placement.debugcontainers import NodePlatform, decide_debug, read_debug_request
+from archway.placement.namespaces import NamespaceFacts
 from archway.podview import PodShapeError
 from archway.registry.model import ImageInfo
-from archway.webhook.debugcontainers import (
-    NodePlatform,
-    decide_debug,
-    read_debug_request,
-)
-from archway.webhook.namespaces import NamespaceFacts
 from tests.test_service import Cache, Events, Resolver, Secrets, info, response, service
 
 ARM = "reg/tools:arm64"

@@ -30,10 +30,11 @@ FIXTURE = os.path.join(REPO, "tests", "fixtures", "admission", "v1-pod-multiarch
 PLATFORMS = ["linux/amd64", "linux/arm64", "linux/arm/v7"]
 FAST_TIER_SECONDS = 1500   # ~3 minutes on a quiet 2-core machine; much more on a busy one
 # The fast tier starts no server: these reach what it cannot, in about a minute. gunicorn's
-# internals, which archway's worker overrides (a request's arrival, kept-alive connections,
-# hostile clients), and the Kubernetes client against a real apiserver (the typed API of certs
-# bootstrap; archway's own API client, reads and watches, under the pull secrets).
-REACHING = ["tests/test_worker.py", "tests/test_hostile_clients.py", "tests/test_bootstrap.py",
+# master and archway's worker on its seams (a request's arrival, kept-alive and pipelined
+# connections, a graceful stop, hostile clients, httptools' parser under them), and the
+# Kubernetes client against a real apiserver (the typed API of certs bootstrap; archway's own
+# API client, reads and watches, under the pull secrets).
+REACHING = ["tests/test_server.py", "tests/test_hostile_clients.py", "tests/test_bootstrap.py",
             "tests/test_pullsecrets.py"]
 
 

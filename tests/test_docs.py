@@ -39,7 +39,7 @@ def test_no_document_advises_the_key_the_chart_overrides():
     assert values["config"]["admission"]["unresolved"] == "gate"
 
 
-# Every value of archway_admissions_total{outcome}: Decision.outcome (webhook/placement.py), the
+# Every value of archway_admissions_total{outcome}: Decision.outcome (placement/decision.py), the
 # service's gated and error (webhook/service.py).
 ADMISSION_OUTCOMES = ("mutated", "unchanged", "denied", "fail_open", "gated", "audited", "error")
 
@@ -48,7 +48,7 @@ def test_metrics_reference_names_every_admission_outcome():
     row = next(line for line in read("docs", "metrics.md").splitlines()
                if line.startswith("| `archway_admissions_total` |"))
     assert [o for o in ADMISSION_OUTCOMES if f"`{o}`" not in row] == []
-    source = read("webhook", "placement.py") + read("webhook", "service.py")
+    source = read("placement", "decision.py") + read("webhook", "service.py")
     found = set(re.findall(r'outcome(?:=| = |, )"(\w+)"', source)) | set(
         re.findall(r'admission_finished\("(\w+)"', source)) | set(
         re.findall(r'outcome = "(\w+)" if', source)) | set(re.findall(r'else "(\w+)"\n', source))

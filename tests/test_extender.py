@@ -12,24 +12,24 @@ import time
 import kubernetes_validate
 import pytest
 import requests
-from flask import Flask
 
+from archway.cluster.nodes import NodeCache, node_arch
 from archway.config import RegistrySettings, config_from_dict
-from archway.deadline import ARRIVED
 from archway.extender.archfilter import (
     annotated_architectures,
     filter_by_arch,
     shared_architectures,
 )
-from archway.extender.routes import register_extender
+from archway.extender.routes import extender_routes
 from archway.extender.service import Extender
-from archway.nodes import NodeCache, node_arch
 from archway.podview import PodShapeError, PodView
 from archway.registry.resolver import Resolver
+from archway.server.routes import Routes, Site
 from lab.procs import REPO, Server, free_port, wait_for_port, wait_until
 from lab.servers.apiserver import FakeApiServer
 from lab.servers.faults import BlackHole
 from tests.infra.fixtures import LOOPBACK_HOSTS, plain_registry
+from tests.infra.siteclient import SiteClient
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow
@@ -48,17 +48,20 @@ def load(name: str) -> dict:
     return json.loads(raw(name))
 
 
-def make_app(resolver=None, **sections):
+def extender_client(extender: Extender) -> SiteClient:
+    """The extender's two routes, called as archway's server calls them."""
+    return SiteClient(Site(Routes(extender_routes(extender))))
+
+
+def make_client(resolver=None, **sections) -> SiteClient:
     sections.setdefault("extender", {"node_cache": False})
     sections.setdefault("kubernetes", {"enabled": "off"})
-    app = Flask("test-extender")
-    register_extender(app, config_from_dict(sections), resolver)
-    return app
+    return extender_client(Extender(config_from_dict(sections), resolver))
 
 
 @pytest.fixture(scope="module")
 def client():
-    return make_app().test_client()
+    return make_client()
 
 
 def post(client, verb, body, status=200):
@@ -170,15 +173,15 @@ def test_a_pod_of_unknown_architecture_passes_every_node():
     del args["Pod"]["metadata"]["annotations"]
     args["Pod"]["spec"]["containers"][0]["image"] = "127.0.0.1:9/nothing/here:1"
     resolver = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=("127.0.0.1:9",)))
-    app = make_app(resolver, extender={"node_cache": False, "deadline_seconds": 1.5})
+    client = make_client(resolver, extender={"node_cache": False, "deadline_seconds": 1.5})
     started = time.monotonic()
-    result = post(app.test_client(), "filter", args).get_json()
+    result = post(client, "filter", args).get_json()
     assert time.monotonic() - started < 3
     assert len(result["Nodes"]["items"]) == 4 and result["FailedAndUnresolvableNodes"] == {}
 
 
 def test_the_filters_deadline_counts_from_the_requests_arrival_not_from_a_thread_taking_it():
-    """A call that waited 2.8 s for a thread (archway.server.worker's ARRIVED) has 0.2 s of its 3 s
+    """A call that waited 2.8 s for a thread (its Request.arrived) has 0.2 s of its 3 s
     left: an image on a registry that never answers is given up after that, not after 3 s."""
     hole = BlackHole()
     try:
@@ -186,11 +189,10 @@ def test_the_filters_deadline_counts_from_the_requests_arrival_not_from_a_thread
         del args["Pod"]["metadata"]["annotations"]
         args["Pod"]["spec"]["containers"][0]["image"] = f"{hole.host}/never/answers:1"
         resolver = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=(hole.host,), timeout_seconds=10))
-        app = make_app(resolver, extender={"node_cache": False, "deadline_seconds": 3.0})
+        client = make_client(resolver, extender={"node_cache": False, "deadline_seconds": 3.0})
         started = time.monotonic()
-        reply = app.test_client().post("/scheduler/filter", data=json.dumps(args),
-                                       content_type="application/json",
-                                       environ_overrides={ARRIVED: started - 2.8})
+        reply = client.post("/scheduler/filter", data=json.dumps(args),
+                            content_type="application/json", arrived=started - 2.8)
         took = time.monotonic() - started
     finally:
         hole.stop()
@@ -203,9 +205,9 @@ def test_unannotated_pod_resolved_through_a_real_registry(plain_registry):
     plain_registry.push_index("archway-test/multi", "1.0", ["linux/amd64", "linux/arm64", "linux/s390x"])
     plain_registry.push_image("archway-test/amd64-only", "1.0", "linux/amd64")
     resolver = Resolver(RegistrySettings(allow_hosts=LOOPBACK_HOSTS, insecure_hosts=(plain_registry.host,)))
-    app = make_app(resolver)
+    client = make_client(resolver)
     body = raw("filter-unannotated-nodes.json").replace(b"REGISTRY", plain_registry.host.encode())
-    result = post(app.test_client(), "filter", body).get_json()
+    result = post(client, "filter", body).get_json()
     assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == [ARM64]
     assert set(result["FailedAndUnresolvableNodes"]) == {AMD64, PPC64LE, S390X}
     assert "architectures arm64" in result["FailedAndUnresolvableNodes"][AMD64]
@@ -213,7 +215,7 @@ def test_unannotated_pod_resolved_through_a_real_registry(plain_registry):
     # Images with no architecture in common: no node can run the pod, and the reason says why.
     args = json.loads(body)
     args["Pod"]["spec"]["containers"][1]["image"] = plain_registry.ref("archway-test/amd64-only", "1.0")
-    result = post(app.test_client(), "filter", args).get_json()
+    result = post(client, "filter", args).get_json()
     assert result["Nodes"]["items"] == []
     reason = result["FailedAndUnresolvableNodes"][ARM64]
     assert "no architecture in common" in reason and "amd64-only:1.0: amd64" in reason
@@ -270,50 +272,15 @@ def test_only_post_is_routed(client):
 
 
 @pytest.mark.parametrize("verb", ["filter", "prioritize"])
-def test_archway_serve_answers_the_extender_ahead_of_flask(verb):
-    """Like POST /mutate (figure 1): Flask's request and response objects are a third of a warm
-    call. Everything else on those paths still reaches Flask (GET's 405)."""
-    import io
-
-    from archway.app import create_app
-    app = create_app(config_from_dict({"kubernetes": {"enabled": "off"}, "server": {"tls": False},
-                                       "extender": {"node_cache": False}}), product="extender")
-    fast = app.wsgi_app
-    flask_calls = []
-    inner = fast.flask_app
-    fast.flask_app = lambda environ, start: (flask_calls.append(environ["REQUEST_METHOD"]),
-                                             inner(environ, start))[1]
-    body = raw("filter-nodenames.json")
-    answers = []
-    for method in ("POST", "GET"):
-        environ = {"REQUEST_METHOD": method, "PATH_INFO": f"/scheduler/{verb}",
-                   "SERVER_NAME": "localhost", "SERVER_PORT": "80", "wsgi.url_scheme": "http",
-                   "CONTENT_LENGTH": str(len(body)), "CONTENT_TYPE": "application/json",
-                   "wsgi.input": io.BytesIO(body), "wsgi.errors": io.StringIO()}
-        out = b"".join(fast(environ, lambda status, headers: answers.append(status)))
-    assert answers == ["200 OK", "405 METHOD NOT ALLOWED"] and flask_calls == ["GET"], answers
-    assert json.loads(out)["error"].startswith("Method Not Allowed: GET")
-
-
-def test_a_body_the_worker_read_already_is_taken_without_a_timer():
-    """read_body arms a timer (a thread of its own) against a client dripping its body. A body
-    archway.server.worker read whole before a thread took the request (environ[BODY_READ], every
-    NodeNames call) cannot drip: it is taken without touching the socket, so no thread is
-    started per call (in figure 7 that start cost tens of ms of the tail on a busy machine)."""
-    import io
-    import socket
-
-    from archway.requestbody import BODY_READ, read_body
-    closed = socket.socket()
-    closed.close()   # arming the socket's timeout or the timer's duplicate of it fails
-    body = raw("filter-nodenames.json")
-
-    def environ(body_read: bool) -> dict:
-        return {"gunicorn.socket": closed, "wsgi.input": io.BytesIO(body), BODY_READ: body_read}
-
-    assert read_body(environ(True), len(body) + 1, time.monotonic() + 10) == body
-    with pytest.raises(OSError):   # a body still on its way: the socket is armed
-        read_body(environ(False), len(body) + 1, time.monotonic() + 10)
+def test_a_call_that_waits_for_nothing_is_answered_on_the_servers_loop(verb):
+    """kube-scheduler waits for every call: an annotated pod's filter (and every prioritize) is
+    answered on the loop, without a thread hand-off; a pod whose images must be looked up is
+    not (its lookup would hold every connection of the worker)."""
+    client = make_client()
+    assert post(client, verb, raw("filter-nodenames.json")).on_loop
+    unannotated = make_client(Resolver(RegistrySettings(), sif=None))
+    if verb == "filter":
+        assert not post(unannotated, verb, raw("filter-unannotated-nodes.json")).on_loop
 
 
 # --- prioritize without Prometheus ----------------------------------------------------------------
@@ -357,10 +324,8 @@ def cached(apiserver):
     config = config_from_dict({"kubernetes": {"kubeconfig": apiserver.admin_kubeconfig}})
     cache = node_cache_of(apiserver.admin_kubeconfig, watch_timeout_seconds=1,
                           max_backoff_seconds=0.5)
-    app = Flask("test-extender-cache")
     extender = Extender(config, None, node_cache=cache)
-    register_extender(app, config, None, extender=extender)
-    yield app.test_client(), cache, mark
+    yield extender_client(extender), cache, mark
     extender.stop()
 
 
@@ -552,7 +517,7 @@ def served(apiserver, tmp_path_factory):
     log_path = os.path.join(str(directory), "serve.log")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "archway.cli", "--config", config_path, "serve",
+            [sys.executable, "-m", "archway.main.cli", "--config", config_path, "serve",
              "--product", "extender", "--bind", f"127.0.0.1:{port}"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": REPO}, start_new_session=True)
     try:
@@ -630,7 +595,7 @@ def test_served_filter_takes_a_body_far_above_the_admission_limit(served):
 
 
 def test_node_facts_keep_taints_and_a_cordon():
-    from archway.nodes import CORDON_TAINT, node_facts
+    from archway.cluster.nodes import CORDON_TAINT, node_facts
     node = {"metadata": {"name": "n1", "labels": {"kubernetes.io/arch": "arm64"}},
             "spec": {"unschedulable": True, "taints": [
                 {"key": "kubernetes.io/arch", "value": "arm64", "effect": "NoSchedule"},
@@ -665,7 +630,7 @@ def test_a_worker_stays_under_512_mb_with_bodies_at_the_cap_in_both_shapes(tmp_p
                                              "state_dir": str(tmp_path)},
                                   "kubernetes": {"enabled": "off"}}))
     with open(tmp_path / "serve.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "archway.cli", "--config", str(config),
+        proc = subprocess.Popen([sys.executable, "-m", "archway.main.cli", "--config", str(config),
                                  "serve", "--product", "extender", "--bind", f"127.0.0.1:{port}"],
                                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -725,7 +690,7 @@ def test_one_pods_slow_lookup_holds_up_no_other_pods_call(tmp_path):
     stuck["Pod"]["spec"]["containers"][0]["image"] = f"{hole.host}/never/answers:1"
     answers: dict = {}
     try:
-        with Server([sys.executable, "-m", "archway.cli", "--config", config_path, "serve",
+        with Server([sys.executable, "-m", "archway.main.cli", "--config", config_path, "serve",
                      "--product", "extender", "--bind", f"127.0.0.1:{port}"],
                     port=port, log_path=str(tmp_path / "serve.log"), cwd=REPO, ready_timeout=30):
             url = f"http://127.0.0.1:{port}/scheduler/filter"

@@ -1,4 +1,4 @@
-"""The extender's node cache is the one archway.app builds for the process (issue 23): it honours
+"""The extender's node cache is the one archway.main.app builds for the process (issue 23): it honours
 kubernetes.enabled and extender.node_cache, and the extender never builds one of its own."""
 import json
 import logging
@@ -7,9 +7,10 @@ import threading
 
 import pytest
 
-from archway.app import create_app
 from archway.config import config_from_dict
+from archway.main.worker import build_worker
 from lab.servers.apiserver import FakeApiServer
+from tests.infra.siteclient import SiteClient
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "extender")
 NAMES = ["amd64-1", "arm64-1", "s390x-1"]
@@ -33,15 +34,15 @@ def extender_app(api, tmp_path, **kubernetes):
     config = config_from_dict({
         "kubernetes": {"kubeconfig": api.kubeconfig(str(tmp_path)), **kubernetes},
         "extender": {"node_cache": True}, "server": {"tls": False}})
-    app = create_app(config, product="extender")
-    return app, app.extensions["archway.extender"]
+    worker = build_worker(config, product="extender")
+    return worker, worker.extender
 
 
 def test_with_kubernetes_off_the_extender_lists_no_nodes(api, tmp_path, caplog):
     caplog.set_level(logging.INFO)
-    app, extender = extender_app(api, tmp_path, enabled="off")
+    worker, extender = extender_app(api, tmp_path, enabled="off")
     try:
-        client = app.test_client()
+        client = SiteClient(worker)
         r = client.post("/scheduler/filter", data=nodenames_body())
         assert r.status_code == 200, r.data
         assert r.get_json()["NodeNames"] == NAMES   # no cache: every name passes
@@ -55,9 +56,9 @@ def test_with_kubernetes_off_the_extender_lists_no_nodes(api, tmp_path, caplog):
 
 
 def test_with_cluster_access_the_extender_reads_the_one_node_cache_of_the_process(api, tmp_path):
-    app, extender = extender_app(api, tmp_path)
+    worker, extender = extender_app(api, tmp_path)
     try:
         assert extender.node_cache is not None
-        assert extender.node_cache is app.extensions["archway"].node_cache
+        assert extender.node_cache is worker.node_cache
     finally:
         extender.stop()

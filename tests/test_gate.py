@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from archway.cluster.events import event
 from archway.config import KubernetesSettings, config_from_dict
 from archway.errors import (
     DeadlineExceeded,
@@ -26,14 +27,13 @@ from archway.gate.release import plan_release
 from archway.kubeapi import KubeApi
 from archway.kubeclient import build_api_client
 from archway.lease import LeaderElector, LeaseObserver, lease_path
+from archway.placement.decision import decide
+from archway.placement.patches import NO_ARCHITECTURE, gate_patch
+from archway.placement.policy import Policy
 from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
 from archway.vocabulary import ARCH_LABEL, GATE, GATED_LABEL
-from archway.webhook.events import event
-from archway.webhook.patches import NO_ARCHITECTURE, gate_patch
-from archway.webhook.placement import decide
-from archway.webhook.policy import Policy
 from lab.clock import ManualClock
 from lab.procs import wait_until
 from lab.servers.apiserver import FakeApiServer
@@ -462,8 +462,7 @@ def test_a_worker_not_ready_yet_reads_the_lease_again_for_a_miss_past_a_lease_du
     admitted ungated: it must read the Lease again for them as long as it is not ready."""
     import time
 
-    from archway.webhook.app import gate_readiness
-    from archway.webhook.wiring import startup_seconds
+    from archway.webhook.wiring import gate_readiness, startup_seconds
     _, kube = api
     config = config_from_dict({"admission": {"unresolved": "gate", "gate_lease_seconds": 6}})
     startup = startup_seconds(config)
@@ -483,7 +482,7 @@ def test_a_worker_not_ready_yet_reads_the_lease_again_for_a_miss_past_a_lease_du
 def test_a_worker_is_ready_once_its_observer_stops_waiting_for_a_leader(api):
     """Without a leader for the start-up allowance, a worker is ready (a webhook without
     endpoints would hold up the cluster's pods) and its observer no longer reads eagerly."""
-    from archway.webhook.app import gate_readiness
+    from archway.webhook.wiring import gate_readiness
     _, kube = api
     clock = ManualClock()
     observer = LeaseObserver(kube, "archway", duration_seconds=3, clock=clock, eager_seconds=10)
@@ -545,7 +544,7 @@ def decoded_patch(answer):
 
 def test_a_miss_is_gated_only_while_a_leader_is_fresh(api):
     server, kube = api
-    from archway.webhook.events import EventSink
+    from archway.cluster.events import EventSink
     sink = EventSink(kube, instance="webhook-0")
     gated = admission("gate", Leader(True), sink).review(owned_review("reg/down:1"))
     response = gated.body["response"]
@@ -573,7 +572,7 @@ def test_a_miss_is_gated_only_while_a_leader_is_fresh(api):
 class EnforcingShop:
     """A namespace cache in which the namespace shop is labelled archway.dev/mode=enforce."""
     def __init__(self):
-        from archway.webhook.namespaces import NamespaceFacts
+        from archway.placement.namespaces import NamespaceFacts
         self.items = {"shop": NamespaceFacts("shop", mode="enforce")}
 
     def wait_synced(self, timeout):
@@ -595,7 +594,7 @@ def test_a_gated_pod_gets_the_scheduler_its_namespaces_policy_asks_for():
 
 def test_admit_mode_tells_the_owner_and_deny_mode_denies(api):
     server, kube = api
-    from archway.webhook.events import EventSink
+    from archway.cluster.events import EventSink
     sink = EventSink(kube, instance="webhook-0")
     admitted = admission("admit", None, sink).review(owned_review("reg/down:1"))
     assert admitted.body["response"]["allowed"]
@@ -614,7 +613,7 @@ def test_an_event_about_a_pod_in_admission_names_the_uid_it_is_stored_with(api):
     path) and names its uid; a pod whose creation failed after admission gets its Event
     without one."""
     server, kube = api
-    from archway.webhook.events import EventSink
+    from archway.cluster.events import EventSink
     sink = EventSink(kube, instance="webhook-0", uid_wait_seconds=3.0)
     for name in ("stored", "never"):
         sink.record({"apiVersion": "v1", "kind": "Pod", "namespace": "shop", "name": name},
@@ -630,7 +629,7 @@ def test_an_event_about_a_pod_in_admission_names_the_uid_it_is_stored_with(api):
 
 
 def test_an_older_pod_of_the_same_name_is_not_the_one_an_event_is_about():
-    from archway.webhook.events import uid_of_stored
+    from archway.cluster.events import uid_of_stored
     pod_obj = {"metadata": {"uid": "u", "creationTimestamp": "2026-01-01T00:00:00Z"}}
     created = 1767225600.0     # 2026-01-01T00:00:00Z
     assert uid_of_stored(pod_obj, created + 1) == "u"
@@ -678,8 +677,8 @@ class FlakyResolver:
 
 class NoSecrets:
     def credentials_for(self, pod, deadline):
+        from archway.cluster.pullsecrets import PullCredentials
         from archway.registry.credentials import Keyring
-        from archway.webhook.pullsecrets import PullCredentials
         return PullCredentials(Keyring.empty())
 
 
@@ -687,8 +686,8 @@ def test_controller_lists_again_after_410_and_releases_what_it_finds(stand_in):
     import threading
     import time
 
+    from archway.cluster.events import EventSink
     from archway.gate.controller import GateController
-    from archway.webhook.events import EventSink
     server, kube = stand_in
     resolver = FlakyResolver()
     controller = GateController(api=kube, resolver=resolver, pull_secrets=NoSecrets(),
@@ -754,7 +753,7 @@ def test_the_release_all_command_as_the_uninstall_hook_runs_it(api, tmp_path):
     server.create_pod(pod("reg/amd:1"))
     config = tmp_path / "archway.yaml"
     config.write_text(f"kubernetes: {{kubeconfig: {server.plane.admin_kubeconfig}}}\n")
-    done = subprocess.run([sys.executable, "-m", "archway.cli", "--config", str(config), "gate",
+    done = subprocess.run([sys.executable, "-m", "archway.main.cli", "--config", str(config), "gate",
                            "release-all"], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert "released 1 gated pod(s)" in done.stdout
@@ -769,8 +768,8 @@ def test_an_apiserver_without_kep_3838_gets_the_gate_removed_and_a_warning(stand
     import threading
     import time
 
+    from archway.cluster.events import EventSink
     from archway.gate.controller import GateController
-    from archway.webhook.events import EventSink
     server, kube = stand_in
     server.mutable_scheduling_directives = False
     resolver = FlakyResolver()

@@ -20,11 +20,11 @@ import yaml
 
 from archway.config import config_from_dict
 from archway.lease import lease_path
-from archway.serve import GATE_CONTROLLER_MODULE
+from archway.main.serve import GATE_CONTROLLER_MODULE
 from archway.server import supervisor
 from lab.clock import ManualClock
 from lab.kube import KubeError
-from lab.procs import REPO, Server, free_port, wait_until
+from lab.procs import REPO, Server, children, cmdline, free_port, wait_until
 from lab.servers.apiserver import FakeApiServer
 
 pytestmark = pytest.mark.slow
@@ -59,7 +59,7 @@ class Archway:
         path.write_text(yaml.safe_dump(config))
         self.log_path = str(tmp_path / "archway.log")
         env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"), **(env or {}))
-        self.server = Server([sys.executable, "-m", "archway.cli", "--config", str(path), "serve",
+        self.server = Server([sys.executable, "-m", "archway.main.cli", "--config", str(path), "serve",
                               "--bind", f"127.0.0.1:{self.port}"], port=self.port,
                              log_path=self.log_path, cwd=cwd, env=env, ready_timeout=30)
         self.url = f"https://127.0.0.1:{self.port}"
@@ -88,11 +88,7 @@ class Archway:
         return 0.0
 
     def controller_pids(self) -> list[int]:
-        pids = []
-        for task in os.listdir(f"/proc/{self.server.proc.pid}/task"):
-            with open(f"/proc/{self.server.proc.pid}/task/{task}/children") as f:
-                pids += [int(p) for p in f.read().split()]
-        return [p for p in pids if b"archway.gate.process" in _cmdline(p)]
+        return [p for p in children(self.server.proc.pid) if "archway.gate.process" in cmdline(p)]
 
     def log(self) -> str:
         with open(self.log_path, encoding="utf-8", errors="replace") as f:
@@ -106,14 +102,6 @@ def ready_facts(archway: Archway) -> dict | None:
     """/readyz's facts once several answers in a row (any worker) are ready, else None."""
     answers = [archway.get("/readyz") for _ in range(6)]
     return answers[-1].json() if all(a.status_code == 200 for a in answers) else None
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
 
 
 @pytest.fixture
@@ -234,7 +222,7 @@ def test_a_killed_controller_is_started_again_counted_and_shown(api, tmp_path):
                    "gating again")
     finally:
         archway.stop()
-    assert not [p for p in (first, second) if _cmdline(p)], "a controller outlived the server"
+    assert not [p for p in (first, second) if cmdline(p)], "a controller outlived the server"
 
 
 def test_the_controller_starts_from_a_directory_holding_an_archway_folder(api, tmp_path,
@@ -300,13 +288,14 @@ def test_a_controller_dying_at_every_launch_fails_healthz_after_the_limit(tmp_pa
     """Issue 30, finding 6: the supervisor reset "down since" at every launch, so a crash loop
     (its back-off at most 30 s) never reached the 90 s limit: /healthz stayed 200 for ever. The
     limits shrunk (quick_supervisor)."""
-    from archway.app import create_app
-    from archway.webhook.pullsecrets import PullSecrets
+    from archway.cluster.pullsecrets import PullSecrets
+    from archway.main.worker import build_worker
+    from tests.infra.siteclient import SiteClient
     status = str(tmp_path / "status.json")
     config = config_from_dict({"server": {"state_dir": str(tmp_path / "state")},
                                "kubernetes": {"enabled": "off"}})
-    client = create_app(config, pull_secrets=PullSecrets(None, source="disabled"),
-                        controller_status=status).test_client()
+    client = SiteClient(build_worker(config, pull_secrets=PullSecrets(None, source="disabled"),
+                        controller_status=status))
     program = ["false"]                               # dies at once, every time
     started = time.monotonic()
     keeper = supervisor.Supervisor(lambda: subprocess.Popen(program), status,

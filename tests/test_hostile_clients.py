@@ -52,7 +52,7 @@ def server(tmp_path_factory):
         (workdir / "archway.yaml").write_text(yaml.safe_dump(config))
         port = free_port()
         env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-        proc = Server([sys.executable, "-m", "archway.cli", "--config", str(workdir / "archway.yaml"),
+        proc = Server([sys.executable, "-m", "archway.main.cli", "--config", str(workdir / "archway.yaml"),
                        "serve", "--bind", f"127.0.0.1:{port}"], port=port,
                       log_path=str(workdir / "serve.log"), cwd=REPO, env=env, ready_timeout=30)
         stack.append(proc)
@@ -291,7 +291,61 @@ def test_an_invalid_chunk_size_is_a_400(server):
     status, answer = _raw_exchange(server, (
         b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"))
-    assert status == 400 and "InvalidChunkSize" in answer["error"], answer
+    assert status == 400 and "chunk size" in answer["error"], answer
+
+
+MALFORMED = [
+    # (what the client sends, the status, words of the error)
+    (b"GARBAGE / HTTP/1.1\r\nHost: x\r\n\r\n", 400, "not an HTTP method"),
+    (b"GET /\x01 HTTP/1.1\r\nHost: x\r\n\r\n", 400, "malformed HTTP request"),
+    (b"GET /healthz HTTP/1.1\r\nHost x\r\n\r\n", 400, "malformed HTTP request"),
+    (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+     400, "Content-Length"),
+    (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\n{}", 400, "Content-Length"),
+    (b"POST /mutate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n",
+     400, "Transfer-Encoding"),
+    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "longer than 8 KiB"),
+    (b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP/2.0 is not served"),
+    (b"POST /mutate HTTP/1.1\r\nHost: x\r\nExpect: magic\r\nContent-Length: 2\r\n\r\n{}", 417, "magic"),
+    (b"DELETE /mutate HTTP/1.1\r\nHost: x\r\n\r\n", 405, "Method Not Allowed: DELETE /mutate"),
+    (b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n", 404, "archway serves POST /mutate"),
+    (b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (3 * 1024 * 1024 + 1)
+     + b" " * (3 * 1024 * 1024 + 1), 413, "exceeds server.max_body_bytes"),
+    (b"POST /mutate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n" % (4 << 20)
+     + b" " * (4 << 20) + b"\r\n0\r\n\r\n", 413, "exceeds server.max_body_bytes"),
+]
+
+
+@pytest.mark.parametrize("request_bytes, status, words", MALFORMED,
+                         ids=[f"{status}-{n}" for n, (_, status, _) in enumerate(MALFORMED)])
+def test_malformed_http_of_every_kind_is_a_json_4xx_with_its_reason(server, request_bytes, status,
+                                                                     words):
+    """gunicorn answered these with HTML pages (400, 431...) or not at all; every one is JSON
+    now, counted in archway_bad_requests_total, and the server goes on answering."""
+    before = _bad_requests(server.metrics()).get(str(status), 0)
+    got, answer = _raw_exchange(server, request_bytes)
+    assert got == status and words in answer["error"], (got, answer)
+    assert _bad_requests(server.metrics()).get(str(status), 0) == before + 1
+    assert _mutated(server.admit(server.review()))
+
+
+def _bad_requests(metrics_text: str) -> dict[str, float]:
+    return {m["code"]: float(m["n"]) for m in re.finditer(
+        r'archway_bad_requests_total\{code="(?P<code>\d+)"\} (?P<n>[0-9.e+]+)', metrics_text)}
+
+
+def test_plain_http_to_the_tls_port_is_a_400_that_says_so(server):
+    """A client that forgot https:// got a TCP reset with no word; it is told, in plain HTTP."""
+    with server.tcp() as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        s.settimeout(10)
+        answer = b""
+        while chunk := s.recv(4096):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 Bad Request") and b"Connection: close" in head, head
+    assert "use https://" in json.loads(body)["error"]
+    assert _cuts(server.metrics()).get("plain_http", 0) >= 1
 
 
 def test_an_extender_body_over_its_cap_is_a_413_unread(server):

@@ -158,7 +158,7 @@ def test_inspect_exits_at_its_timeout_against_a_dripping_registry(servers, tmp_p
     config.write_text(yaml.safe_dump({"registry": {"insecure_hosts": [drip.host]}}))
     timeout = 2.0
     start = time.monotonic()
-    process = subprocess.Popen([sys.executable, "-m", "archway.cli", "inspect", "--json",
+    process = subprocess.Popen([sys.executable, "-m", "archway.main.cli", "inspect", "--json",
                                 "--timeout", str(timeout), "--config", str(config),
                                 f"{drip.host}/team/app:v1"], cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
@@ -516,7 +516,7 @@ def test_inspect_shows_no_password(servers, tmp_path):
     config.write_text(yaml.safe_dump({"registry": {"insecure_hosts": [server.host]}}))
     url = f"http://alice:{SECRET}@{server.host}/images/app.sif"
     for output in ([], ["--json"]):
-        result = subprocess.run([sys.executable, "-m", "archway.cli", "inspect", *output,
+        result = subprocess.run([sys.executable, "-m", "archway.main.cli", "inspect", *output,
                                  "--config", str(config), url], cwd=REPO, capture_output=True,
                                 text=True, timeout=60, check=False)
         assert result.returncode == 1

@@ -86,7 +86,7 @@ def run_in_pod(image, argv, mounts, *, user="65532:65532", timeout=300):
 def test_one_index_with_both_architectures_as_archway_sees_it(pushed, plain_registry, tmp_path):
     config = tmp_path / "archway.yaml"
     config.write_text(yaml.safe_dump({"registry": {"insecure_hosts": [plain_registry.host]}}))
-    result = subprocess.run([sys.executable, "-m", "archway.cli", "inspect", "--json",
+    result = subprocess.run([sys.executable, "-m", "archway.main.cli", "inspect", "--json",
                              "--config", str(config), pushed],
                             cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr

@@ -10,13 +10,13 @@ from dataclasses import replace
 
 from archway.config import CacheSettings, RegistrySettings
 from archway.errors import AuthError
+from archway.objects.records import record_object, stored_record
+from archway.objects.recordwriter import merged, tells_more
 from archway.registry.credentials import Keyring
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
 from archway.registry.records import CLUSTER, ImageRecord, record_name
 from archway.registry.resolver import Resolver
-from archway.webhook.recordobjects import record_object, stored_record
-from archway.webhook.recordwriter import merged, tells_more
 from lab.clock import ManualClock
 from tests.infra.fixtures import LOOPBACK_HOSTS, basic_auth_registry, plain_registry
 

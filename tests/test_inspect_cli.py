@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def archway(*args, env=None, timeout=60):
-    return subprocess.run([sys.executable, "-m", "archway.cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "archway.main.cli", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
 

@@ -23,7 +23,7 @@ def test_the_wheel_installs_only_the_archway_namespace(tmp_path):
 def test_the_cli_imports_no_metrics_storage_before_serve_chooses_it():
     # prometheus_client fixes its value storage (in memory or multiprocess files) when first
     # imported: `archway serve` sets PROMETHEUS_MULTIPROC_DIR first, so the CLI must not import it.
-    code = ("import sys, archway.cli; archway.cli.build_parser(); "
+    code = ("import sys, archway.main.cli; archway.main.cli.build_parser(); "
             "print(sorted(m for m in ('prometheus_client', 'flask', 'kubernetes') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "[]"
@@ -63,7 +63,8 @@ def test_every_public_exception_is_an_archway_error():
 
 # --- what comments and documents name is in the tree ---------------------------------------------
 
-ROOMS = ("archway", "webhook", "extender", "registry", "certs", "gate", "tools")
+ROOMS = ("archway", "registry", "certs", "placement", "objects", "cluster", "webhook", "extender",
+         "gate", "tools", "main")
 TOP = ROOMS + ("tests", "bench", "charts", "docs", "scripts")
 # A path under one of this repository's folders, naming a file by its kind (an image name such as
 # archway/multi has no extension). bench/results/ is written by the benchmarks, never kept.

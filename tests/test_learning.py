@@ -10,6 +10,8 @@ import jsonpatch
 import pytest
 
 from archway import metrics
+from archway.cluster.workloadcache import WorkloadCache, top_workload, workload_facts, workload_path
+from archway.cluster.workloads import workloads_in
 from archway.config import config_from_dict
 from archway.errors import ConfigError, DeadlineExceeded
 from archway.extender.ceiling import utilisation_ceiling
@@ -18,12 +20,8 @@ from archway.gate.failingpods import failing_pod
 from archway.gate.podstatus import exec_format_failures, image_digest
 from archway.gate.release import plan_release
 from archway.gate.tagwatch import tag_key
-from archway.podview import PodView
-from archway.registry.model import ImageInfo
-from archway.registry.platforms import parse_platform
-from archway.tools.report import assess, running_architectures
-from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_EXCLUDED, ANNOTATION_FAILED
-from archway.webhook.learning import (
+from archway.placement.decision import decide
+from archway.placement.learning import (
     MAX_EVIDENCE,
     Evidence,
     Learned,
@@ -31,15 +29,12 @@ from archway.webhook.learning import (
     merged_annotations,
     reset_reason,
 )
-from archway.webhook.placement import decide
-from archway.webhook.policy import Policy
-from archway.webhook.workloadcache import (
-    WorkloadCache,
-    top_workload,
-    workload_facts,
-    workload_path,
-)
-from archway.workloads import workloads_in
+from archway.placement.policy import Policy
+from archway.podview import PodView
+from archway.registry.model import ImageInfo
+from archway.registry.platforms import parse_platform
+from archway.tools.report import assess, running_architectures
+from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_EXCLUDED, ANNOTATION_FAILED
 from tests.test_service import Resolver, response, review, service
 
 D1 = "sha256:" + "1" * 64

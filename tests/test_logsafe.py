@@ -57,9 +57,9 @@ def test_every_place_that_shows_a_url_hides_its_password_the_same_way():
     # so a password holding an @ leaks nowhere (the webhook's own regex once showed its tail).
     from archway.config import ProxySettings
     from archway.errors import ConfigError
+    from archway.placement.decision import display_image
     from archway.registry.proxy import ProxyRules
     from archway.registry.reference import parse_reference
-    from archway.webhook.placement import display_image
     for text, shown in REDACTED:
         assert display_image(text) == shown, text
     assert str(parse_reference("https://u:p@ss@files.example/x.sif")) == "https://***@files.example/x.sif"

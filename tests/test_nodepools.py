@@ -1,9 +1,9 @@
-"""Karpenter's NodePools as nodes that may join (webhook/nodepools.py): which architectures a
+"""Karpenter's NodePools as nodes that may join (cluster/nodepools.py): which architectures a
 NodePool allows, and the unschedulable check counting them (pure, no I/O)."""
 import pytest
 
-from archway.webhook.nodepools import ANY_ARCH, nodepool_facts, pool_architectures
-from archway.webhook.policy import Policy
+from archway.cluster.nodepools import ANY_ARCH, nodepool_facts, pool_architectures
+from archway.placement.policy import Policy
 from tests.test_placement import Node, info, make_pod
 from tests.test_placement import decide as decide_pod
 
@@ -71,7 +71,7 @@ def test_a_pod_whose_architecture_a_node_pool_may_launch_is_not_unschedulable():
     ([{"key": "kubernetes.io/os", "operator": "NotIn", "values": ["linux"]}], {"windows"}),
 ])
 def test_a_node_pool_launches_the_oses_its_requirements_leave(requirements, oses):
-    from archway.webhook.nodepools import pool_operating_systems
+    from archway.cluster.nodepools import pool_operating_systems
     assert pool_operating_systems(requirements) == oses
 
 

@@ -81,7 +81,7 @@ def json_serve(tmp_path_factory):
     env = {k: v for k, v in os.environ.items()
            if k not in ("ARCHWAY_CONFIG", "PROMETHEUS_MULTIPROC_DIR", "KUBECONFIG")}
     env["HOME"] = str(home)
-    server = Server([sys.executable, "-m", "archway.cli", "--config", str(home / "config.yaml"),
+    server = Server([sys.executable, "-m", "archway.main.cli", "--config", str(home / "config.yaml"),
                      "serve"], port=port, log_path=str(home / "serve.log"), cwd=REPO, env=env,
                     ready_timeout=30)
     session = requests.Session()

@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from archway.config import RegistrySettings
+from archway.placement.decision import decide
+from archway.placement.policy import Policy
 from archway.podview import PodView
 from archway.registry.platforms import Platform
 from archway.registry.resolver import Resolver
-from archway.webhook.placement import decide
-from archway.webhook.policy import Policy
 from lab.procs import REPO
 from lab.servers.registry import OCI_MANIFEST
 from tests.infra.fixtures import LOOPBACK_HOSTS, plain_registry
@@ -98,7 +98,7 @@ def test_image_volumes_resolved_as_images_place_the_pod_and_artifacts_do_not(con
 
 
 def archway(*args, stdin=None, config=None):
-    return subprocess.run([sys.executable, "-m", "archway.cli", *args], cwd=REPO, input=stdin,
+    return subprocess.run([sys.executable, "-m", "archway.main.cli", *args], cwd=REPO, input=stdin,
                           capture_output=True, text=True, timeout=60,
                           env={**os.environ, "ARCHWAY_CONFIG": config or ""})
 

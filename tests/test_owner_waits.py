@@ -14,10 +14,10 @@ import pytest
 import requests
 import yaml
 
+from archway.cluster.workloadcache import WorkloadCache
 from archway.config import config_from_dict
 from archway.kubeclient import api_client_factory
 from archway.podview import PodView
-from archway.webhook.workloadcache import WorkloadCache
 from lab.procs import REPO, Server, free_port
 from lab.servers.apiserver import FakeApiServer
 from lab.servers.registry import RegistryServer
@@ -52,7 +52,7 @@ def webhook(tmp_path_factory):
                   "kubernetes": {"kubeconfig": api.kubeconfig(str(work))}}
         (work / "archway.yaml").write_text(yaml.safe_dump(config))
         port = free_port()
-        server = Server([sys.executable, "-m", "archway.cli", "--config",
+        server = Server([sys.executable, "-m", "archway.main.cli", "--config",
                          str(work / "archway.yaml"), "serve", "--bind", f"127.0.0.1:{port}"],
                         port=port, log_path=str(work / "serve.log"), cwd=REPO,
                         env=dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(work / "metrics")),

@@ -1,4 +1,4 @@
-"""Hostile bodies against both parsers, through the real Flask app (archway.app.create_app):
+"""Hostile bodies against both parsers, through a worker's real routes (archway.main.worker):
 POST /mutate (AdmissionReview) and the extender's /scheduler/filter and /scheduler/prioritize
 (ExtenderArgs) must answer 4xx with a message, or 200, and never 5xx (issue 16 item 8).
 
@@ -16,8 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from archway.app import create_app
 from archway.config import config_from_dict
+from archway.main.worker import build_worker
+from tests.infra.siteclient import SiteClient
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
@@ -48,7 +49,7 @@ def client():
                                "admission": {"fail_closed": True}})
     logging.getLogger("archway").setLevel(logging.CRITICAL)   # thousands of 400 lines
     try:
-        yield create_app(config, resolver=_NoImages()).test_client()
+        yield SiteClient(build_worker(config, resolver=_NoImages()))
     finally:
         logging.getLogger("archway").setLevel(logging.NOTSET)
 

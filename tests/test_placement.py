@@ -9,14 +9,15 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from archway.errors import AuthError, DeadlineExceeded, HostRefused, NotFound, RegistryError, TransportError
+from archway.placement import archset, patches
+from archway.placement import decision as placement
+from archway.placement.patches import json_patch
+from archway.placement.policy import Policy
 from archway.podview import PodShapeError, PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import normalize, parse_platform
 from archway.vocabulary import ANNOTATION_ARCHITECTURES, ANNOTATION_IMAGES, ARCH_LABEL
-from archway.webhook import archset, patches, placement
 from archway.webhook.admission import MAX_WARNING_CHARS, MAX_WARNINGS, cap_warnings
-from archway.webhook.patches import json_patch
-from archway.webhook.policy import Policy
 
 SCHEMA_VERSIONS = ("1.30.0", "1.33.0")
 ALL_ARCHS = frozenset({"amd64", "arm64", "arm", "ppc64le", "s390x", "riscv64"})

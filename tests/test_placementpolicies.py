@@ -1,14 +1,14 @@
 """PlacementPolicy objects, pure: what archway reads of one, which one is in force for a pod (the
 precedence of docs/policies.md), the policy knobs in the decision, and the leader's status."""
 from archway.errors import TransportError as RegistryError
-from archway.gate.policystatus import status_body, up_to_date, wanted_conditions
+from archway.objects.policies import CLUSTER_KIND, NAMESPACED_KIND, policy_object
+from archway.objects.policystatus import status_body, up_to_date, wanted_conditions
+from archway.placement.decision import decide
+from archway.placement.namespaces import NamespaceFacts
+from archway.placement.policies import conflicts_of, may_select_together, policy_in_force
+from archway.placement.policy import Policy
 from archway.podview import PodView
 from archway.registry.model import ImageInfo, Platform
-from archway.webhook.namespaces import NamespaceFacts
-from archway.webhook.placement import decide
-from archway.webhook.placementpolicies import conflicts_of, may_select_together, policy_in_force
-from archway.webhook.policy import Policy
-from archway.webhook.policyobjects import CLUSTER_KIND, NAMESPACED_KIND, policy_object
 
 CONFIG = Policy(source="config")
 
@@ -139,9 +139,9 @@ def test_the_leader_writes_a_status_only_when_it_differs():
 def test_explain_judges_manifests_under_the_policies_and_namespaces_they_hold():
     import yaml
 
-    from archway.tools.explain import explain_workload, to_json, to_text
+    from archway.cluster.workloads import workloads_in
     from archway.tools.explainpolicy import KnownPolicies
-    from archway.workloads import workloads_in
+    from archway.tools.explanation import explain_workload, to_json, to_text
     docs = list(yaml.safe_load_all("""
 apiVersion: v1
 kind: Namespace
@@ -189,7 +189,7 @@ def test_a_gated_pod_is_released_on_its_policys_fallback():
 
 
 def test_the_cluster_policy_cache_remembers_namespaces_until_a_policy_changes():
-    from archway.webhook.policyobjects import PolicyCache
+    from archway.objects.policies import PolicyCache
     cache = PolicyCache(lambda: None, CLUSTER_KIND)
     cache._on_event("ADDED", {"metadata": {"name": "ml-only"},
                               "spec": {"namespaceSelector": {"matchLabels": {"team": "ml"}}}})

@@ -6,18 +6,18 @@ import json
 
 import pytest
 
+from archway.cluster.nodes import NodeFacts, node_facts
+from archway.cluster.workloadcache import workload_facts
+from archway.cluster.workloads import workloads_in
 from archway.extender.archfilter import filter_by_arch, shared_architectures
 from archway.gate.tagwatch import dropped_architectures
-from archway.nodes import NodeFacts, node_facts
+from archway.placement.decision import decide
+from archway.placement.policy import Policy
 from archway.podview import ImageVolume, PodShapeError, PodView
 from archway.registry.model import ARTIFACT_SOURCE, ImageInfo
 from archway.registry.platforms import parse_platform
-from archway.tools.explain import explain_workload, to_json, to_text
+from archway.tools.explanation import explain_workload, to_json, to_text
 from archway.vocabulary import ANNOTATION_ARCHITECTURES, ANNOTATION_IMAGES, ARCH_LABEL, OS_LABEL
-from archway.webhook.placement import decide
-from archway.webhook.policy import Policy
-from archway.webhook.workloadcache import workload_facts
-from archway.workloads import workloads_in
 
 DIGEST = "sha256:" + "1" * 64
 
@@ -281,7 +281,7 @@ def test_explain_says_a_linux_workload_with_a_windows_only_image_cannot_run():
 # --- pre-warming and the report ----------------------------------------------------------------
 
 def test_pre_warming_reads_image_volumes_too():
-    from archway.webhook.prewarm import wanted_images
+    from archway.cluster.workloads import wanted_images
     deployment = {"kind": "Deployment", "metadata": {"namespace": "a"},
                   "spec": {"template": pod("reg/app:1", volumes=[("models", "reg/model:1", {})])}}
     assert [w.image for w in wanted_images([deployment])] == ["reg/app:1", "reg/model:1"]

@@ -17,6 +17,7 @@ import yaml
 
 from lab.procs import REPO, wait_until
 from tests.infra.fixtures import plain_registry
+from tests.infra.siteclient import SiteClient
 
 # Starts real servers (registries, archway serve, helm...): outside the fast inner loop.
 pytestmark = pytest.mark.slow
@@ -85,8 +86,8 @@ def config_file(plain_registry, apiserver, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def webhook(config_file, apiserver):
-    from archway.app import create_app
     from archway.config import load_config
+    from archway.main.worker import build_worker
     for body in (namespace("audited", {"archway.dev/mode": "audit"}),
                  namespace("quiet", {"archway.dev/mode": "off"}),
                  namespace("amd-first", annotations={
@@ -94,12 +95,13 @@ def webhook(config_file, apiserver):
                  namespace("typo", {"archway.dev/mode": "enforced"}),
                  namespace("shop"), namespace("ops")):
         apiserver.kube.create("/api/v1/namespaces", body)
-    app = create_app(load_config(config_file))
-    state, service = app.extensions["archway"], app.extensions["archway.webhook"]
-    assert service.caches.namespaces.wait_synced(10) and state.node_cache.wait_synced(10)
-    yield app.test_client(), service
+    worker = build_worker(load_config(config_file))
+    worker.start()
+    service = worker.webhook.service
+    assert service.caches.namespaces.wait_synced(10) and worker.node_cache.wait_synced(10)
+    yield SiteClient(worker), service
     service.caches.namespaces.stop()
-    state.node_cache.stop()
+    worker.node_cache.stop()
 
 
 def admit(client, ns, *images, owner=None):
@@ -220,7 +222,7 @@ def test_pod_no_node_can_run_gets_a_warning_and_an_event_on_its_controller(webho
 # --- archway explain -f ---------------------------------------------------------------------------
 
 def archway(*args, stdin=None, timeout=60):
-    return subprocess.run([sys.executable, "-m", "archway.cli", *args], cwd=REPO, input=stdin,
+    return subprocess.run([sys.executable, "-m", "archway.main.cli", *args], cwd=REPO, input=stdin,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -459,8 +461,8 @@ def test_report_lists_each_workload_once_with_its_readiness_for_arm64(cluster, c
 
 
 def test_report_pages_through_long_lists(cluster, config_file, monkeypatch, capsys, apiserver):
-    from archway import cli
-    from archway import cluster as cluster_module
+    from archway.cluster import reads as cluster_module
+    from archway.main import cli
     monkeypatch.setattr(cluster_module, "LIST_PAGE_SIZE", 1)
     mark = apiserver.audit_mark()
     assert cli.main(["report", "--json", "--config", config_file]) == 0
@@ -473,11 +475,11 @@ def test_report_pages_through_long_lists(cluster, config_file, monkeypatch, caps
 
 
 def test_explain_and_report_never_show_the_password_of_a_sif_url():
+    from archway.cluster.workloads import workloads_in
     from archway.errors import NotFound
     from archway.podview import PodView
-    from archway.tools.explain import image_json
+    from archway.tools.explanation import image_json
     from archway.tools.report import assess, row_json
-    from archway.workloads import workloads_in
     image = "https://robot:s3cret@files.example/tools/x.sif"
     row = image_json(image, NotFound("gone"))
     assert "s3cret" not in json.dumps(row) and row["image"] == "https://***@files.example/tools/x.sif"

@@ -1,5 +1,5 @@
 """The extender's traffic poller process (extender/pollerprocess.py) in /healthz and /readyz, as
-the gate controller's process is (archway/app.py, archway.server.supervisor): a poller that keeps
+the gate controller's process is (main/probes.py, archway.server.supervisor): a poller that keeps
 dying, or that is alive and stopped producing, fails /healthz so the kubelet restarts the pod;
 one being brought back does not."""
 import json
@@ -11,20 +11,16 @@ import time
 
 import requests
 
-from archway.app import create_app
 from archway.config import config_from_dict
 from archway.extender import pollerprocess
+from archway.main.worker import build_worker
 from archway.server import supervisor
-from lab.procs import cmdline, free_port, serve_extender, wait_until
-
-
-def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(p) for p in f.read().split()]
+from lab.procs import children, cmdline, free_port, serve_extender, wait_until
+from tests.infra.siteclient import SiteClient
 
 
 def _poller_pid(serve: int) -> int | None:
-    found = [p for p in _children(serve) if "archway.extender.pollerprocess" in cmdline(p)]
+    found = [p for p in children(serve) if "archway.extender.pollerprocess" in cmdline(p)]
     return found[0] if len(found) == 1 else None
 
 
@@ -78,7 +74,7 @@ def test_a_poller_dying_at_every_launch_fails_healthz_after_the_limit(tmp_path, 
     config = config_from_dict({"server": {"state_dir": str(tmp_path / "state")},
                                "kubernetes": {"enabled": "off"}, "extender": {"node_cache": False},
                                "prometheus": {"url": f"http://127.0.0.1:{free_port()}"}})
-    client = create_app(config, product="extender", poller_status=status).test_client()
+    client = SiteClient(build_worker(config, product="extender", poller_status=status))
     program = ["false"]                               # dies at once, every time
     keeper = supervisor.Supervisor(lambda: subprocess.Popen(program), status, what="traffic poller")
 

@@ -6,15 +6,16 @@ import time
 
 import pytest
 
-from archway import cluster
-from archway.cluster import ClusterReader
+from archway.cluster import reads as cluster
+from archway.cluster.pullsecrets import PullSecrets
+from archway.cluster.reads import ClusterReader
+from archway.cluster.workloads import wanted_images
 from archway.config import CacheSettings, RegistrySettings
 from archway.kubeclient import build_api_client
 from archway.registry.model import ImageInfo
 from archway.registry.pacing import paced
 from archway.registry.resolver import Resolver
-from archway.webhook.prewarm import Prewarmer, wanted_images
-from archway.webhook.pullsecrets import PullSecrets
+from archway.webhook.prewarm import Prewarmer
 from lab.tls import session_ca
 from tests.infra.fixtures import LOOPBACK_HOSTS, basic_auth_registry, plain_registry
 

@@ -12,19 +12,21 @@ from contextlib import contextmanager
 
 import pytest
 import requests
-from flask import Flask
 from prometheus_client import REGISTRY
 
+from archway.cluster.nodes import NodeCache
 from archway.config import DEFAULT_PROMETHEUS_QUERY, config_from_dict
 from archway.extender.prometheus import TrafficPoller
-from archway.extender.routes import register_extender
+from archway.extender.routes import extender_routes
+from archway.extender.service import Extender
 from archway.extender.traffic import NEUTRAL_SCORE, node_traffic
 from archway.kubeclient import build_api_client
-from archway.nodes import NodeCache
+from archway.server.routes import Routes, Site
 from lab.cluster.controlplane import ControlPlane
 from lab.procs import REPO, cmdline, free_port, poll, serve_extender, wait_for_port
 from lab.servers.prometheus import FAKE_RATES, short_window
 from tests.infra.fixtures import prometheus_stack
+from tests.infra.siteclient import SiteClient
 from tests.test_traffic import node_scores
 
 pytestmark = pytest.mark.slow
@@ -46,11 +48,9 @@ def extender_client(prometheus_url, kubeconfig=None, **prometheus):
         "prometheus": {"url": prometheus_url, "refresh_seconds": 0.3, **prometheus},
         "extender": {"node_cache": kubeconfig is not None},
         "kubernetes": {"kubeconfig": kubeconfig} if kubeconfig else {"enabled": "off"}})
-    app = Flask("test-prometheus")
-    register_extender(app, config, None, node_cache=NodeCache.for_config(config))
-    extender = app.extensions["archway.extender"]
+    extender = Extender(config, None, node_cache=NodeCache.for_config(config))
     try:
-        yield app.test_client(), extender
+        yield SiteClient(Site(Routes(extender_routes(extender)))), extender
     finally:
         extender.stop()
 

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from archway.cluster.pullsecrets import PullSecrets
+from archway.cluster.serviceaccounts import ServiceAccountCache, account_facts
 from archway.errors import ConfigError
 from archway.kubeclient import build_api_client
 from archway.podview import PodView
-from archway.webhook.pullsecrets import PullSecrets
-from archway.webhook.serviceaccounts import ServiceAccountCache, account_facts
 from lab.cluster.controlplane import kubeconfig
 from lab.servers.apiserver import FakeApiServer
 
@@ -276,16 +276,15 @@ def test_a_worker_holds_one_api_client_for_every_reader(tmp_path):
 
     from kubernetes.client import ApiClient
 
-    from archway.app import create_app
     from archway.config import config_from_dict
+    from archway.main.worker import build_worker
     api = FakeApiServer()
     try:
         config = config_from_dict({"kubernetes": {"kubeconfig": api.kubeconfig(str(tmp_path))},
                                    "server": {"tls": False}})
-        app = create_app(config, product="all")
-        state = app.extensions["archway"]
-        state.node_cache.ensure_started()
-        extender = app.extensions["archway.extender"]
+        worker = build_worker(config, product="all")
+        worker.node_cache.ensure_started()
+        extender = worker.extender
         if extender.pod_watch is not None:
             extender.pod_watch.ensure_started()
         try:
@@ -301,6 +300,6 @@ def test_a_worker_holds_one_api_client_for_every_reader(tmp_path):
             assert os.waitpid(pid, 0)[1] == 0
         finally:
             extender.stop()
-            app.extensions["archway.webhook"].caches.namespaces.stop()
+            worker.webhook.service.caches.namespaces.stop()
     finally:
         api.stop()

@@ -121,7 +121,7 @@ class _Api:
 
 
 def test_the_cluster_ranges_are_read_from_the_api():
-    from archway.webhook.clusterranges import read_cluster_networks
+    from archway.cluster.ranges import read_cluster_networks
     networks, problems = read_cluster_networks(_Api(), (), {"KUBERNETES_SERVICE_HOST": "10.96.0.1"})
     assert not problems
     assert set(map(str, networks)) == {"10.96.0.0/12", "fd00:10:96::/112", "10.96.0.1/32",
@@ -165,8 +165,8 @@ def test_pull_secrets_are_read_only_where_archway_may_read_secrets():
     """kubernetes.pull_secret_namespaces (the chart's rbac.pullSecretNamespaces): elsewhere no
     Secret is asked for, so no 403 per pod, and the node's credentials are used; the pod's
     author is told why the secrets it names went unread."""
+    from archway.cluster.pullsecrets import PullSecrets
     from archway.podview import PodView
-    from archway.webhook.pullsecrets import PullSecrets
 
     class NoApi:
         def param_serialize(self, *args, **kwargs):

@@ -25,7 +25,7 @@ EXTENDER_FIELDS = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "archway.cli", "scheduler-config", *args],
+    return subprocess.run([sys.executable, "-m", "archway.main.cli", "scheduler-config", *args],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
 
 

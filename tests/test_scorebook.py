@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import archway.extender.traffic as traffic_module
+from archway.cluster.nodes import NodeFacts
 from archway.config import PrometheusSettings, config_from_dict
 from archway.extender.prometheus import SharedSnapshot, TrafficPoller, TrafficSnapshot, prepared_of
 from archway.extender.traffic import key_scores
 from archway.extender.trafficscore import MatchedNodes, ScoreBook, TrafficScore
-from archway.nodes import NodeFacts
 from lab.servers.prometheus import CannedPrometheusHttp
 
 NAMES = ["worker-a.cluster.internal", "worker-b", "WORKER-C.cluster.internal", "dup.one.internal",

@@ -10,15 +10,15 @@ import json
 import jsonpatch
 import pytest
 
+from archway.cluster.caches import ClusterCaches
+from archway.cluster.pullsecrets import PullCredentials
 from archway.errors import DeadlineExceeded, NotFound
+from archway.placement.policy import Policy
 from archway.podview import PodView
 from archway.registry.credentials import Keyring
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
 from archway.webhook.admission import MAX_WARNINGS
-from archway.webhook.caches import ClusterCaches
-from archway.webhook.policy import Policy
-from archway.webhook.pullsecrets import PullCredentials
 from archway.webhook.service import (
     ANSWER_MARGIN_SECONDS,
     PULL_SECRETS_SHARE,
@@ -36,7 +36,7 @@ class Resolver:
         self.calls = []
 
     def resolve_many(self, images, *, keyring=None, timeout, revalidate=frozenset(), limit=None,
-                     scope=None):
+                     scope=None, wait=True):
         self.calls.append((tuple(images), keyring, timeout))
         if self.clock is not None:
             self.clock.now += self.takes
@@ -46,13 +46,14 @@ class Resolver:
 
 
 class Secrets:
-    def __init__(self, warnings=(), keyring=None):
+    def __init__(self, warnings=(), keyring=None, complete=True):
         self.warnings, self.keyring = tuple(warnings), keyring or Keyring.empty()
+        self.complete = complete
         self.calls = []
 
     def credentials_for(self, pod, deadline):
         self.calls.append((pod, deadline))
-        return PullCredentials(self.keyring, self.warnings)
+        return PullCredentials(self.keyring, self.warnings, complete=self.complete)
 
 
 CACHES = {field.name for field in dataclasses.fields(ClusterCaches)}
@@ -267,7 +268,7 @@ class Node:
 
 
 def test_namespace_mode_off_reads_nothing_and_audit_patches_annotations_only():
-    from archway.webhook.namespaces import NamespaceFacts
+    from archway.placement.namespaces import NamespaceFacts
     resolver = Resolver({"reg/arm:1": info("reg/arm:1", "linux/arm64")})
     namespaces = Cache({"quiet": NamespaceFacts("quiet", mode="off"),
                         "audited": NamespaceFacts("audited", mode="audit")})
@@ -287,7 +288,7 @@ def test_namespace_mode_off_reads_nothing_and_audit_patches_annotations_only():
 
 
 def test_namespace_cache_not_synced_waits_at_most_the_api_share_then_uses_the_config():
-    from archway.webhook.namespaces import NamespaceFacts
+    from archway.placement.namespaces import NamespaceFacts
     clock = ManualClock(START)
     namespaces = Cache({"shop": NamespaceFacts("shop", mode="off")}, synced=False)
     svc = service(Resolver({"reg/arm:1": info("reg/arm:1", "linux/arm64")}), clock=clock,
@@ -331,3 +332,97 @@ def test_node_pools_count_as_nodes_that_may_join_once_listed():
     unlisted = NodePools({}, synced=False)
     assert response(service(resolver, nodes=nodes, policy=deny,
                             node_pools=unlisted).review(review("reg/z:1")))["allowed"]
+
+
+# --- answered at once: on the server's loop, or not at all ----------------------------------------
+
+class Listing:
+    """A cache whose first list is still on its way (`settled` False) or done."""
+
+    def __init__(self, settled: bool):
+        self.settled, self.items = settled, {}
+
+    def ensure_started(self):
+        pass
+
+    def wait_synced(self, seconds):
+        return self.settled
+
+
+def test_a_warm_admission_is_answered_at_once_as_it_would_be_with_time():
+    """What the server's loop asks first (archway.server.routes): every image, pull secret and
+    policy in memory, the same answer as a handler thread's, to the byte."""
+    arm = info("reg/arm:1", "linux/arm64")
+    at_once = service(Resolver({"reg/arm:1": arm})).review(review("reg/arm:1"), at_once=True)
+    waited = service(Resolver({"reg/arm:1": arm})).review(review("reg/arm:1"))
+    assert at_once is not None and at_once == waited
+    skipped = service().review(review("reg/arm:1", namespace="kube-system"), at_once=True)
+    assert skipped is not None and response(skipped)["allowed"]   # nothing to read
+
+
+@pytest.mark.parametrize("case", ["image not in memory", "pull secret not read", "policy cache listing",
+                                  "no image told its architectures", "debug container"])
+def test_what_is_not_in_memory_is_left_for_a_thread_and_nothing_is_counted(case, caplog):
+    arm = info("reg/arm:1", "linux/arm64")
+    kw: dict = {"resolver": Resolver({"reg/arm:1": arm})}
+    body = review("reg/arm:1")
+    if case == "image not in memory":
+        kw["resolver"] = Resolver({})
+    elif case == "pull secret not read":
+        kw["secrets"] = Secrets(complete=False)
+    elif case == "policy cache listing":
+        kw["policies"] = Listing(settled=False)
+    elif case == "no image told its architectures":
+        kw["resolver"] = Resolver({"reg/arm:1": NotFound("gone")})
+    else:
+        body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                           "request": {"uid": "u", "operation": "UPDATE", "namespace": "shop",
+                                       "subResource": "ephemeralcontainers",
+                                       "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                                       "resource": {"group": "", "version": "v1", "resource": "pods"},
+                                       "object": {"metadata": {"name": "p"}, "spec": {
+                                           "containers": [{"name": "c", "image": "reg/arm:1"}],
+                                           "ephemeralContainers": [{"name": "d", "image": "reg/x:1"}]}},
+                                       "oldObject": {"metadata": {"name": "p"}, "spec": {
+                                           "containers": [{"name": "c", "image": "reg/arm:1"}]}}}}).encode()
+    events = Events()
+    with caplog.at_level("DEBUG", logger="archway.admission"):
+        assert service(events=events, **kw).review(body, at_once=True) is None
+    assert caplog.records == [] and events.sent == []
+    assert service(events=Events(), **kw).review(body).status == 200   # with time: answered
+
+
+class Workloads:
+    """A workload cache whose pod's controller has not come (yet): `waits` says whether a
+    thread's top_of would wait for it (WorkloadCache.would_wait_for)."""
+
+    def __init__(self, waits: bool):
+        self.waits, self.settled = waits, True
+
+    def ensure_started(self):
+        pass
+
+    def wait_synced(self, seconds):
+        return True
+
+    def top_of(self, pod, timeout=0.0):
+        return None
+
+    def would_wait_for(self, pod):
+        return self.waits
+
+
+def test_a_missing_controller_sends_the_admission_to_a_thread_only_when_a_thread_would_wait():
+    """A ReplicaSet made a moment before its pods: a thread waits for the watch to bring it, so
+    the loop leaves the pod to one; one a whole wait missed before is not waited for again, and
+    the loop answers as the thread would (nothing learned)."""
+    review_body = json.loads(review("reg/arm:1"))
+    review_body["request"]["object"]["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5d8", "uid": "r",
+         "controller": True}]
+    body = json.dumps(review_body).encode()
+    resolver = Resolver({"reg/arm:1": info("reg/arm:1", "linux/arm64")})
+    assert service(resolver, workloads=Workloads(waits=True)).review(body, at_once=True) is None
+    at_once = service(resolver, workloads=Workloads(waits=False)).review(body, at_once=True)
+    assert at_once is not None
+    assert at_once == service(resolver, workloads=Workloads(waits=False)).review(body)

@@ -10,12 +10,12 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 
+from archway.cluster.pullsecrets import PullCredentials
+from archway.cluster.workloadcache import workload_facts
 from archway.config import CacheSettings, RegistrySettings, RemediationSettings
 from archway.gate.tagwatch import TagWatch
+from archway.placement.policy import Policy
 from archway.registry.resolver import Resolver
-from archway.webhook.policy import Policy
-from archway.webhook.pullsecrets import PullCredentials
-from archway.webhook.workloadcache import workload_facts
 from tests.infra.fixtures import plain_registry
 from tests.test_cache import settle
 

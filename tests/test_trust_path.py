@@ -271,12 +271,13 @@ def test_readyz_shows_the_trust_path_and_stays_ready(pod, tmp_path):
     """Every webhook pod unready would not restore trust (the apiserver's call fails either
     way) and would stall drains, rollouts and the `helm upgrade --wait` whose certificate Job
     patches the caBundle: /readyz says it, with 200."""
-    from archway.app import create_app
-    from archway.webhook.pullsecrets import PullSecrets
+    from archway.cluster.pullsecrets import PullSecrets
+    from archway.main.worker import build_worker
+    from tests.infra.siteclient import SiteClient
     config = config_from_dict({"server": {"state_dir": str(tmp_path / "state")},
                                "kubernetes": {"enabled": "off", "webhook_configuration": MWC}})
-    app = create_app(config, pull_secrets=PullSecrets(None, source="disabled"),
-                     controller_status=str(pod.run_dir / "gate-controller.json")).test_client()
+    app = SiteClient(build_worker(config, pull_secrets=PullSecrets(None, source="disabled"),
+                     controller_status=str(pod.run_dir / "gate-controller.json")))
     config_now = pod.api.get(MWC_PATH)
     config_now["webhooks"][0]["clientConfig"]["caBundle"] = other_ca_bundle()
     pod.api.put(MWC_PATH, config_now)
@@ -360,7 +361,7 @@ def test_the_gate_process_builds_the_check_from_the_config(tmp_path):
 
 def test_archway_serve_refuses_repair_arguments_the_command_would_refuse(tmp_path):
     from archway.errors import ConfigError
-    from archway.serve import serve
+    from archway.main.serve import serve
     config = config_from_dict({"server": {"state_dir": str(tmp_path / "state")},
                                "kubernetes": {"enabled": "off",
                                               "trust_repair": ["certs", "bootstrap", "--days=0"]}})

@@ -5,18 +5,18 @@ passes are driven one at a time (take_due, revisit_all), so "once" is counted, n
 import pytest
 from prometheus_client import REGISTRY
 
+from archway.cluster.caches import NamespaceCache
+from archway.cluster.nodes import NodeCache
+from archway.cluster.pullsecrets import PullSecrets
+from archway.cluster.workloadcache import WorkloadCache
 from archway.config import config_from_dict
 from archway.gate.coverage import WebhookCoverage
 from archway.gate.remediation import FailingPods, Remediation
 from archway.gate.unseen import REASON_EVICTED, REASON_UNSEEN, UnseenPods, unseen_pod
 from archway.kubeapi import KubeApi
 from archway.kubeclient import build_api_client
-from archway.nodes import NodeCache
+from archway.placement.policy import Policy
 from archway.registry.resolver import Resolver
-from archway.webhook.namespaces import NamespaceCache
-from archway.webhook.policy import Policy
-from archway.webhook.pullsecrets import PullSecrets
-from archway.webhook.workloadcache import WorkloadCache
 from lab.procs import wait_until
 from lab.servers.apiserver import FakeApiServer
 from tests.infra.fixtures import plain_registry

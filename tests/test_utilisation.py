@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 import pytest
 import requests
-from flask import Flask
 
+from archway.cluster.nodes import NodeCache
 from archway.config import (
     DEFAULT_CAPACITY_QUERY,
     DEFAULT_PROMETHEUS_QUERY,
@@ -21,15 +21,17 @@ from archway.config import (
 )
 from archway.extender.herd import ANNOTATION_BANDWIDTH
 from archway.extender.prometheus import combined_query
-from archway.extender.routes import register_extender
+from archway.extender.routes import extender_routes
+from archway.extender.service import Extender
 from archway.extender.traffic import TrafficScale, utilisation_score
 from archway.kubeclient import build_api_client
-from archway.nodes import NodeCache
+from archway.server.routes import Routes, Site
 from lab.cluster.controlplane import ControlPlane
 from lab.kube import KubeError
 from lab.procs import REPO, free_port, poll, wait_for_port
 from lab.servers.prometheus import LINK_RATES, LINK_SPEEDS, PrometheusServer, short_window
 from tests.infra.fixtures import prometheus_stack
+from tests.infra.siteclient import SiteClient
 from tests.test_traffic import node_scores
 
 pytestmark = pytest.mark.slow
@@ -65,11 +67,9 @@ def extender_client(prometheus_url, kubeconfig=None, extender=None, **prometheus
         "prometheus": {"url": prometheus_url, "refresh_seconds": 0.3, **LINKS, **prometheus},
         "extender": {"node_cache": kubeconfig is not None, **(extender or {})},
         "kubernetes": {"kubeconfig": kubeconfig} if kubeconfig else {"enabled": "off"}})
-    app = Flask("test-utilisation")
-    register_extender(app, config, None, node_cache=NodeCache.for_config(config))
-    ext = app.extensions["archway.extender"]
+    ext = Extender(config, None, node_cache=NodeCache.for_config(config))
     try:
-        yield app.test_client(), ext
+        yield SiteClient(Site(Routes(extender_routes(ext)))), ext
     finally:
         ext.stop()
 
@@ -250,7 +250,7 @@ def test_two_workers_make_one_query_per_refresh(prom, tmp_path):
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     with open(os.path.join(directory, "serve.log"), "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "archway.cli", "--config", config_path, "serve",
+            [sys.executable, "-m", "archway.main.cli", "--config", config_path, "serve",
              "--product", "extender", "--bind", f"127.0.0.1:{port}"], cwd=REPO, stdout=log,
             stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -1,15 +1,15 @@
 """Which policy `archway explain` applies, and why: the PlacementPolicies and
 ClusterPlacementPolicies given in the manifests (-f) and read from the cluster when one is
 reachable, and the Namespaces given or read, through the webhook's own precedence
-(webhook/placementpolicies.py)."""
+(placement/policies.py)."""
 import sys
 from dataclasses import dataclass, field
 
 from archway.errors import ArchwayError
-from archway.webhook.namespaces import NamespaceFacts, namespace_facts
-from archway.webhook.placementpolicies import InForce, policy_in_force
-from archway.webhook.policy import Policy
-from archway.webhook.policyobjects import CLUSTER_KIND, GROUP, NAMESPACED_KIND, PolicyObject, policy_object
+from archway.objects.policies import CLUSTER_KIND, GROUP, NAMESPACED_KIND, policy_object
+from archway.placement.namespaces import NamespaceFacts, namespace_facts
+from archway.placement.policies import InForce, PolicyObject, policy_in_force
+from archway.placement.policy import Policy
 
 POLICY_KINDS = (NAMESPACED_KIND, CLUSTER_KIND)
 
@@ -62,7 +62,7 @@ class KnownPolicies:
 def read_from_cluster(known: KnownPolicies, config) -> None:
     """Add the cluster's policies when a Kubernetes API is configured and answers; otherwise say
     on stderr that only the given ones apply."""
-    from archway.cluster import ClusterReader
+    from archway.cluster.reads import ClusterReader
     from archway.kubeclient import build_api_client
     try:
         api_client, _source = build_api_client(config.kubernetes)

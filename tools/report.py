@@ -13,12 +13,12 @@ import sys
 import time
 from dataclasses import dataclass
 
+from archway.cluster.workloads import Workload, controller_of, is_top_level, workloads_in
 from archway.errors import ArchwayError
+from archway.placement.archset import pod_arch_constraint
+from archway.placement.decision import display_image
 from archway.podview import PodView
 from archway.vocabulary import common_architectures, told_architectures
-from archway.webhook.archset import pod_arch_constraint
-from archway.webhook.placement import display_image
-from archway.workloads import Workload, controller_of, is_top_level, workloads_in
 
 # The order of the table: long-lived workloads first.
 REPORTED_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "CronJob", "Job", "ReplicaSet", "Pod")
@@ -195,7 +195,7 @@ class _Listing:
 
     def running(self, reader) -> dict[WorkloadKey, frozenset[str]] | None:
         """Workload -> the architectures its pods run on; None when the nodes cannot be read."""
-        from archway.nodes import node_facts
+        from archway.cluster.nodes import node_facts
         try:
             archs = {f.name: f.arch for f in map(node_facts, reader.nodes()) if f is not None}
         except ArchwayError as e:
@@ -208,9 +208,9 @@ def _resolve(pods: list[PodView], reader, config, timeout: float) -> dict[int, d
     """Pod index -> its images' answers, read with its pull secrets. One resolution per set of
     credentials (namespace, ServiceAccount, pull secrets): a namespace's workloads usually share
     them, and the resolver's cache shares the rest."""
+    from archway.cluster.pullsecrets import PullSecrets
+    from archway.objects.imagerecords import read_records
     from archway.registry.resolver import Resolver
-    from archway.webhook.imagerecords import read_records
-    from archway.webhook.pullsecrets import PullSecrets
     resolver = Resolver(config.registry, sif=config.sif)
     records = read_records(config, reader.api_client, resolver)   # what archway knows first
     try:
@@ -240,7 +240,7 @@ def _resolve_groups(pods: list[PodView], resolver, secrets, timeout: float) -> d
 
 
 def run(args) -> int:
-    from archway.cluster import ClusterReader
+    from archway.cluster.reads import ClusterReader
     from archway.config import load_config
     from archway.registry.platforms import normalize
 

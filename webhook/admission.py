@@ -9,14 +9,13 @@ from dataclasses import dataclass, field
 
 from archway.errors import ArchwayError
 from archway.logsafe import clip
+from archway.placement.debugcontainers import DebugRequest, read_debug_request
+from archway.placement.decision import Decision
+from archway.placement.policy import opt_out_reason
 from archway.podview import PodShapeError, PodView
-
-from .debugcontainers import DebugRequest, read_debug_request
-from .placement import Decision
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
-SKIP_ANNOTATION = "archway.dev/skip"
 
 MAX_WARNINGS = 5          # kubectl prints every warning; a wall of them helps nobody
 MAX_WARNING_CHARS = 120   # the Kubernetes API conventions ask for warnings under 120 characters
@@ -164,19 +163,6 @@ def skip_reason(request: AdmissionRequest, exclude_namespaces) -> str | None:
         return opted_out
     if pod.node_name:
         return "spec.nodeName is already set"  # bound by its creator: the scheduler never sees it
-    return None
-
-
-def opt_out_reason(pod: PodView, exclude_namespaces) -> str | None:
-    """Why archway leaves `pod` alone whenever it is created: its namespace is excluded, or the
-    pod opts out (annotation, or the chart's objectSelector label). The leader's revisit of pods
-    archway never saw (gate/unseen.py) applies the same rule."""
-    if pod.namespace in exclude_namespaces:
-        return f"namespace {pod.namespace} is excluded"
-    if pod.annotations.get(SKIP_ANNOTATION) == "true":
-        return f"annotation {SKIP_ANNOTATION}=true"
-    if pod.labels.get(SKIP_ANNOTATION) == "true":   # the chart's webhook.skipLabel by default
-        return f"label {SKIP_ANNOTATION}=true"
     return None
 
 

@@ -14,43 +14,18 @@ registries nothing for the images the cluster knows; only images without a recor
 """
 import logging
 import time
-from dataclasses import dataclass
 
 from archway import metrics
 from archway.background import ProcessThread
-from archway.errors import ArchwayError
+from archway.cluster.workloads import TEMPLATE_PATHS, Wanted, wanted_images
 from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.pacing import image_host, paced
-from archway.workloads import TEMPLATE_PATHS, pod_of
 
 log = logging.getLogger("archway.prewarm")
 
 # How long pre-warming waits for its last lookups before counting what it got.
 _SETTLE_SECONDS = 60.0
-
-
-@dataclass(frozen=True)
-class _Wanted:
-    image: str
-    pod: PodView       # a pod that runs it: its pull secrets open a private registry
-
-
-def wanted_images(objects, exclude_namespaces=()) -> list[_Wanted]:
-    """The distinct images (per namespace, ServiceAccount and pull secrets) that the listed
-    workloads and pods run, in the order found; malformed objects are skipped."""
-    found: dict[tuple, _Wanted] = {}
-    for obj in objects:
-        try:
-            pod = PodView.of(pod_of(obj))
-        except (ArchwayError, KeyError):
-            continue
-        if pod.namespace in exclude_namespaces:
-            continue
-        for image in pod.images:
-            key = (image, pod.namespace, pod.service_account, pod.pull_secret_names)
-            found.setdefault(key, _Wanted(image, pod))
-    return list(found.values())
 
 
 class Prewarmer:
@@ -101,7 +76,7 @@ class Prewarmer:
     def _keyring(self, pod: PodView):
         return self.pull_secrets.credentials_for(pod, self._clock() + 5.0).keyring
 
-    def _count(self, wanted: list[_Wanted]) -> dict[str, int]:
+    def _count(self, wanted: list[Wanted]) -> dict[str, int]:
         """What the lookups gave (a cache hit, or the lookup still running, joined)."""
         end = self._clock() + _SETTLE_SECONDS
         resolved = 0

@@ -8,10 +8,15 @@ nothing left is answered at once from what the cache knows (an image not in it: 
 admission.unresolved), never left for the apiserver to admit unplaced. Lookups it started go on
 in the background and fill the cache.
 
-The Flask view (app.py) only reads the body and writes the answer; everything admission means
+The server's loop asks first `at_once`: an answer that waits for nothing (every image, pull
+secret, policy and controller in memory) is given there, without a thread; anything else is
+None before anything is counted, logged or recorded, and a thread asks again with time to
+wait. The two answers are the same where both are given (tests/test_service.py).
+
+The route (routes.py) only hands over the body and writes the answer; everything admission means
 happens here, so it is tested without a server. The resolver and the pull-secret reader are
-small interfaces (`resolve_many`, `credentials_for`) handed in, with what it reads of the
-cluster (caches.py), all built once per worker by wiring.py; `decide` is the pure placement
+small interfaces (interfaces.py) handed in, with what it reads of the cluster
+(cluster/caches.py), all built once per worker by wiring.py; `decide` is the pure placement
 decision. The reply's warnings are put together and capped once, here: the pull-secret warnings
 (the ones a user can act on) first, then the decision's.
 """
@@ -20,13 +25,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import chain
-from typing import Any, Protocol
 
 from archway import metrics
+from archway.cluster.caches import ClusterCaches
+from archway.cluster.events import REASON_UNSCHEDULABLE, owner_reference, pod_or_owner
 from archway.deadline import answer_by, share_of
 from archway.errors import classify_error
+from archway.placement.decision import Decision, decide, display_image, gated_warnings
+from archway.placement.patches import gate_patch
+from archway.placement.policy import Policy
 from archway.podview import PodView
-from archway.registry.credentials import Keyring
 from archway.registry.model import ImageInfo
 from archway.registry.reference import scheme_of
 
@@ -39,12 +47,8 @@ from .admission import (
     review_response,
     skip_reason,
 )
-from .caches import ClusterCaches
-from .debugservice import review_debug
-from .events import REASON_UNSCHEDULABLE, owner_reference, pod_or_owner
-from .patches import gate_patch
-from .placement import Decision, decide, display_image, gated_warnings
-from .policy import Policy
+from .debugservice import DebugChecks
+from .interfaces import EventRecorder, Gating, ImageResolver, PullCredentialSource
 
 log = logging.getLogger("archway.admission")
 
@@ -59,27 +63,6 @@ _DETAIL_CHARS = 300
 _WORTH_A_LINE = frozenset({"denied", "fail_open", "gated", "error"})
 
 
-class ImageResolver(Protocol):
-    def resolve_many(self, images, *, keyring: Keyring | None = None, timeout: float | None,
-                     revalidate=frozenset(), limit: int | None = None,
-                     scope: str | None = None) -> dict[str, Any]: ...
-
-
-class PullCredentialSource(Protocol):
-    def credentials_for(self, pod: PodView, deadline: float) -> Any: ...  # -> PullCredentials
-
-
-class Gating(Protocol):
-    """admission.unresolved: gate -- is a gate controller alive to remove the gate? `deadline`:
-    the answer may wait until then for a fresh look (archway/lease.py)."""
-    def leader_fresh(self, deadline: float | None = None) -> bool: ...
-
-
-class EventRecorder(Protocol):
-    def record(self, regarding: dict, event_type: str, reason: str, action: str,
-               note: str, *, being_created: bool = False) -> None: ...
-
-
 @dataclass(frozen=True)
 class Answer:
     """What to send back: an HTTP status and a JSON body (an AdmissionReview when 200)."""
@@ -87,11 +70,16 @@ class Answer:
     body: dict
 
 
+class _WouldWait(Exception):
+    """`review(at_once=True)` met something that is not in memory yet."""
+
+
 @dataclass(frozen=True)
 class Resolution:
     """What was learnt about the pod's images before deciding."""
     results: dict                        # image -> ImageInfo | ArchwayError; missing: no answer
     warnings: tuple[str, ...] = ()       # about credentials that could not be used
+    complete: bool = True                # every image answered, every pull secret read
 
 
 @dataclass(frozen=True)
@@ -146,18 +134,29 @@ class AdmissionService:
         self.gating = gating
         self.events = events
         self.clock = clock
+        self.debug = DebugChecks(settings.debug_containers, settings.exclude_namespaces,
+                                 settings.log_every, self.caches.nodes, events, clock)
         # ((node cache version, NodePool cache version), their OSes): node_oses' memo
         self._node_oses: tuple[tuple[int, int], frozenset[str]] | None = None
 
     def review(self, body: bytes, *, started: float | None = None, timeout: float | None = None,
-               peer: str = "-") -> Answer:
+               peer: str = "-", at_once: bool = False) -> Answer | None:
         """Answer one AdmissionReview body. `started`: clock() when the request arrived (the
         deadline counts from there); `timeout`: the seconds the caller gives the call (the
-        apiserver's `?timeout=`), None: not said."""
+        apiserver's `?timeout=`), None: not said. `at_once`: answer only what waits for nothing
+        (the images, pull secrets and policies in memory, no gate to decide), else None, before
+        anything is counted or logged: the caller asks again with time to wait."""
         now = self.clock()
         start = now if started is None or started > now else started
-        due = answer_by(now, start, self.settings.deadline_seconds, timeout)
+        due = now if at_once else answer_by(now, start, self.settings.deadline_seconds, timeout)
         api_by = share_of(now, due, PULL_SECRETS_SHARE)   # the Kubernetes API reads, all told
+        try:
+            return self._review(body, start, due, api_by, peer, at_once)
+        except _WouldWait:
+            return None
+
+    def _review(self, body: bytes, start: float, due: float, api_by: float, peer: str,
+                at_once: bool) -> Answer:
         try:
             request = parse_review(body, self.settings.max_body_bytes)
         except AdmissionError as e:
@@ -165,7 +164,10 @@ class AdmissionService:
             log.info("rejected a malformed admission request from %s: %s", peer, e)
             return Answer(e.status, {"error": str(e)})
         if request.debug is not None:   # kubectl debug: debugservice.py
-            return Answer(200, review_debug(self, request, start=start, due=due, api_by=api_by))
+            if at_once:
+                raise _WouldWait
+            return Answer(200, self.debug.review(self, request, start=start, due=due,
+                                                 api_by=api_by))
 
         skipped = skip_reason(request, self.settings.exclude_namespaces)
         if skipped is not None:
@@ -175,6 +177,8 @@ class AdmissionService:
 
         pod = request.pod
         assert pod is not None  # every pod CREATE carries one; the rest was skipped
+        if at_once and not self.caches.settled():
+            raise _WouldWait
         policy, policy_warnings = self.policy_for(pod, api_by)
         if policy.mode == "off":
             log.info("admission %s uid=%s unchanged: mode off (%s)",
@@ -183,15 +187,21 @@ class AdmissionService:
             return Answer(200, allow_unchanged(request))
         resolution = Resolution({})
         try:
-            resolution = self.resolve(pod, due, api_by)
+            resolution = self.resolve(pod, due, api_by, wait=not at_once)
+            if at_once and not resolution.complete:
+                raise _WouldWait
             decision = decide(pod, resolution.results, policy, nodes=self.known_nodes(),
                               node_oses=self.node_oses() if policy.scheduler_only_when_needed
                               else None,
-                              learned=self.learned_for(pod, api_by))
+                              learned=self.learned_for(pod, api_by, at_once=at_once))
             outcome = decision.outcome
             if outcome == "fail_open":
+                if at_once:
+                    raise _WouldWait
                 decision = self._unresolved(request, decision, due, policy)
                 outcome = decision.outcome
+        except _WouldWait:
+            raise
         except Exception:  # a bug must not turn into a 500: the apiserver would apply failurePolicy
             log.exception("admission %s uid=%s failed", request.display_name, request.uid)
             decision, outcome = self._internal_error(), "error"
@@ -205,7 +215,7 @@ class AdmissionService:
                                                     audit_annotations=_audit(decision, outcome)))
 
     def policy_for(self, pod: PodView, api_by: float) -> tuple[Policy, tuple[str, ...]]:
-        """The policy in force for `pod` (placementpolicies.py: its PlacementPolicies, the
+        """The policy in force for `pod` (placement/policies.py: its PlacementPolicies, the
         ClusterPlacementPolicies, its Namespace's label and annotation, the config), and the
         warnings of what was passed over. Right after start-up the first lists may still be on
         their way: they may wait until `api_by` (the Kubernetes API's share of the time), never
@@ -215,7 +225,7 @@ class AdmissionService:
             seconds=lambda: api_by - self.clock())
         return in_force.policy, in_force.warnings
 
-    def learned_for(self, pod: PodView, api_by: float):
+    def learned_for(self, pod: PodView, api_by: float, *, at_once: bool = False):
         """What the pod's workload learned (learning.Learned), from the workload caches: no
         request per admission. Right after start-up their first lists, and a controller made a
         moment before the pod, may wait until `api_by`, never more (the latter only for a few
@@ -226,6 +236,8 @@ class AdmissionService:
         if not cache.wait_synced(api_by - self.clock()):
             return None
         top = cache.top_of(pod, timeout=max(0.0, api_by - self.clock()))
+        if top is None and at_once and cache.would_wait_for(pod):
+            raise _WouldWait   # its controller is not in the cache yet: a thread may wait
         return top.learned if top is not None else None
 
     def known_nodes(self):
@@ -271,12 +283,12 @@ class AdmissionService:
 
     def resolve(self, pod: PodView, due: float, api_by: float, *,
                 images: tuple[str, ...] | None = None,
-                always_pulled: frozenset[str] | None = None) -> Resolution:
+                always_pulled: frozenset[str] | None = None, wait: bool = True) -> Resolution:
         """The images' results and the credential warnings, by `due`; the API reads may go on
         until `api_by`, the registries get the rest. With no time left, the cache answers alone
         (the lookups it starts go on in the background). `images` (and of them
         `always_pulled`): others than the pod's own, read with its pull secrets (a debug
-        container's)."""
+        container's). `wait` False: nothing waited for; what is not in memory is incomplete."""
         images = pod.images if images is None else images
         if not images:
             return Resolution({})
@@ -287,8 +299,9 @@ class AdmissionService:
                                              revalidate=(pod.always_pulled if always_pulled is None
                                                          else always_pulled),
                                              limit=self.settings.max_images,
-                                             scope=pod.namespace)
-        return Resolution(results, tuple(credentials.warnings))
+                                             scope=pod.namespace, wait=wait)
+        complete = credentials.complete and all(image in results for image in images)
+        return Resolution(results, tuple(credentials.warnings), complete)
 
     def _unresolved(self, request: AdmissionRequest, decision: Decision, deadline: float,
                     policy: Policy) -> Decision:

@@ -1,14 +1,20 @@
-"""The server seam: archway's gunicorn adapter, which knows nothing of the products it serves.
+"""The server: HTTP for archway's products, which it knows nothing of.
 
-    master      gunicorn's settings (gunicorn_options), its arbiter that also keeps the child
-                processes running, and the application that loads the app the top hands it
-    worker      the gthread worker: handshakes and request heads read in the main loop under
-                deadlines, the request's arrival handed to the app in its WSGI environ
-    linger      closing a connection after its last answer without blocking the main loop
+    routes      the route table products declare their routes in: Request, Reply, Route,
+                Site; the JSON refusals; a route asked on the loop first, then on a thread
+    http1       HTTP/1.1 on one connection without I/O: httptools' llhttp under archway's
+                limits (target, head, version, Expect, body), the answer's bytes
+    loop        the connection loop of a worker: accept, TLS (and plain HTTP on the TLS port
+                told so), deadlines, connection and byte budgets, answers on the loop or from
+                handler threads, written as the client takes them
+    linger      closing a connection after its last answer without blocking the loop
     listeners   a listening socket of each worker's own (SO_REUSEPORT)
-    supervisor  a child process of the master (the gate controller, the traffic poller) kept
-                running, and its health as the workers read it
+    worker      gunicorn's worker class on its documented seam (gunicorn.workers.base.Worker)
+    master      gunicorn's settings and its Application (gunicorn.app.base.BaseApplication)
+    supervisor  the processes `archway serve` keeps running beside gunicorn's master (the gate
+                controller, the traffic poller), and their health as the workers read it
 
-It stands on the core (and certs/, for TLS); only the top (archway.serve, archway.app) imports
-it, and the top decides what runs in it: the app each worker loads, the child processes.
+It stands on the ground (and certs/, for TLS); products import its route table, only the top
+(archway.main) runs it, and the top decides what runs in it: the site each worker serves, the
+processes beside it.
 """

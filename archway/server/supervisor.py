@@ -1,8 +1,9 @@
-"""The processes `archway serve`'s master keeps running beside its workers (the gate
-controller, the extender's traffic poller), one Supervisor each.
+"""The processes `archway serve` keeps running beside gunicorn's master (the gate controller,
+the extender's traffic poller), one Supervisor each, looked after apart from gunicorn
+(`serve_beside`): `archway serve` forks gunicorn's master and watches it and them.
 
     start (a fresh interpreter, `-P`: no working directory can shadow the installed package)
-      -> the master looks at it every turn of its loop (at least once a second)
+      -> `archway serve` looks at it every turn of its loop (at least once a second)
       -> died: restarted after 1 s, 2 s, 4 s ... RESTART_MAX_SECONDS (back to 1 s once it has
          run STABLE_SECONDS), each restart counted (`on_restart`)
       -> the server stops: SIGTERM (the process winds down: a leader gives its Lease up),
@@ -10,19 +11,24 @@ controller, the extender's traffic poller), one Supervisor each.
 
 What it is doing goes into a small JSON file in the server's run directory, its mtime touched at
 every turn: the workers read it for /readyz (a fact) and /healthz (failing when nobody brings
-the process back: the master stopped turning, or none has stayed up (run STABLE_SECONDS) for
+the process back: `archway serve` stopped turning, or none has stayed up (run STABLE_SECONDS) for
 DOWN_LIMIT_SECONDS, across restarts: a crash loop counts as down, so the kubelet restarts the
 pod). `process_problem` and `process_fact` decide that, without I/O.
 """
+import ctypes
 import json
 import logging
 import os
 import pickle
+import select
 import signal
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable, Sequence
 
+from archway.background import SUPERVISOR_ENV
 from archway.statusfile import write_status
 
 log = logging.getLogger("archway.server")
@@ -31,7 +37,13 @@ RESTART_MIN_SECONDS = 1.0
 RESTART_MAX_SECONDS = 30.0
 STABLE_SECONDS = 60.0         # a process that ran this long starts the back-off afresh
 DOWN_LIMIT_SECONDS = 90.0     # none stayed up this long (restarts failed): /healthz fails
-HEARTBEAT_LIMIT_SECONDS = 15.0  # the master has not looked for this long: /healthz fails
+HEARTBEAT_LIMIT_SECONDS = 15.0  # `archway serve` has not looked for this long: /healthz fails
+# What `archway serve` passes on to gunicorn's master (its graceful stop, quick stop, reload,
+# more or fewer workers, reopened logs); the first three also stop the supervised processes.
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTTIN,
+                     signal.SIGTTOU, signal.SIGUSR1, signal.SIGWINCH)
+STOPPING_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
+_PR_SET_PDEATHSIG = 1
 
 
 def start_process(module: str, payload) -> subprocess.Popen:
@@ -40,8 +52,10 @@ def start_process(module: str, payload) -> subprocess.Popen:
     inherit. `-P`: the working directory is not put on sys.path, so a folder named `archway`
     there (a checkout) cannot replace the installed package; PYTHONPATH still counts (the image
     sets it). `payload` travels pickled on stdin (archway.background.supervised_child reads it:
-    the server's own config, already checked, and what else the process needs)."""
-    process = subprocess.Popen([sys.executable, "-P", "-m", module], stdin=subprocess.PIPE)
+    the server's own config, already checked, and what else the process needs), and who started
+    it in the environment (it stops when that process is gone, even before it looked)."""
+    process = subprocess.Popen([sys.executable, "-P", "-m", module], stdin=subprocess.PIPE,
+                               env={**os.environ, SUPERVISOR_ENV: str(os.getpid())})
     assert process.stdin is not None
     try:
         process.stdin.write(pickle.dumps(payload))
@@ -74,7 +88,7 @@ def describe_exit(code: int | None) -> str:
 
 
 class Supervisor:
-    """Keeps one process running; `tick()` is called by the master's loop. `what` names the
+    """Keeps one process running; `tick()` is called by `archway serve`'s loop. `what` names the
     process in the log and in /healthz's words."""
 
     def __init__(self, start, status_path: str | None, *, what: str, clock=time.monotonic,
@@ -120,11 +134,11 @@ class Supervisor:
         else:
             self._touch()
 
-    def reap(self) -> None:
-        """Collect the process's exit status before gunicorn's waitpid(-1) reaps every child
-        (it would be lost: Popen then reports 0)."""
-        if self.process is not None:
-            self.process.poll()
+    def stop_soon(self) -> None:
+        """Ask it to wind down now (SIGTERM), beside gunicorn's own graceful stop."""
+        self._stopping = True
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
 
     def stop(self) -> None:
         self._stopping = True
@@ -195,6 +209,102 @@ class Supervisor:
                 self._write("running" if self.process is not None else "restarting")
 
 
+# --- `archway serve`'s own loop ----------------------------------------------------------------
+
+def serve_beside(run_master: Callable[[], int], children: Sequence[Supervisor]) -> int:
+    """Run `run_master` (gunicorn's master: it returns the exit status) and keep `children`
+    running beside it; returns the master's status once it has stopped, and the children with
+    it. With no children the master is this very process. Otherwise it is a fork of it: this
+    process turns the children's loop, passes the operator's signals on to the master, and ends
+    them all when the master ends (a master that dies leaves nothing running)."""
+    if not children:
+        return run_master()
+    wake_r, wake_w = os.pipe()
+    for fd in (wake_r, wake_w):
+        os.set_blocking(fd, False)
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda sig, _frame: received.append(sig))
+                for sig in FORWARDED_SIGNALS}
+    previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)   # wakes the loop
+    signal.set_wakeup_fd(wake_w)
+    master = os.fork()
+    if master == 0:   # gunicorn's master: archway serve's own handlers are not its
+        signal.set_wakeup_fd(-1)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        os.close(wake_r)
+        os.close(wake_w)
+        _run_and_exit(run_master)
+    try:
+        return _look_after(master, children, wake_r, received)
+    finally:
+        signal.set_wakeup_fd(-1)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        os.close(wake_r)
+        os.close(wake_w)
+
+
+def _run_and_exit(run_master: Callable[[], int]) -> None:
+    code = 1
+    try:
+        _stop_with_parent()
+        code = run_master()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _stop_with_parent() -> None:
+    """gunicorn's master stops gracefully (SIGTERM) when `archway serve` is gone, even killed:
+    nothing runs unsupervised (Linux's PR_SET_PDEATHSIG)."""
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:   # gone already, before the wish was made
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _look_after(master: int, children: Sequence[Supervisor], wake_fd: int,
+                received: list[int]) -> int:
+    stopping = False
+    while True:
+        while received:
+            sig = received.pop(0)
+            try:
+                os.kill(master, sig)
+            except ProcessLookupError:
+                pass
+            if sig in STOPPING_SIGNALS and not stopping:
+                stopping = True
+                for child in children:
+                    child.stop_soon()
+        if not stopping:
+            for child in children:
+                child.tick()
+        pid, status = os.waitpid(master, os.WNOHANG)
+        if pid:
+            code = os.waitstatus_to_exitcode(status)
+            break
+        select.select([wake_fd], [], [], 1.0)
+        try:
+            while os.read(wake_fd, 4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+    if not stopping:
+        log.error("gunicorn's master (pid %d) %s; stopping %s", master, describe_exit(code),
+                  " and ".join(child.what for child in children))
+    for child in children:
+        child.stop()
+    return code if code >= 0 else 128 - code
+
+
 # --- what the workers read -----------------------------------------------------------------------
 
 def read_status(path: str | None) -> dict | None:
@@ -241,7 +351,7 @@ def process_problem(status: dict | None, now: float, what: str) -> str | None:
         return None
     silent = now - float(status.get("heartbeat") or now)
     if silent > HEARTBEAT_LIMIT_SECONDS:
-        return f"the server's master has not looked after the {what} for {silent:.0f} s"
+        return f"archway serve has not looked after the {what} for {silent:.0f} s"
     down_since = status.get("down_since")
     if down_since is not None:
         down = now - float(down_since)

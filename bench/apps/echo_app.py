@@ -1,11 +1,14 @@
-"""The baseline of figure 1: the least any Flask admission webhook does, served exactly as
-`archway serve` serves archway.
+"""The baseline of figure 1: the least any Flask admission webhook does, under stock gunicorn with
+`archway serve`'s settings.
 
 It parses the AdmissionReview and answers it (uid echoed, allowed) and nothing else: no image
-lookup, no patch, no metrics, no log line. Everything around it is archway's own serving code:
-`archway.serve.tls_files` and `archway.server.master.gunicorn_options` give the same gunicorn
-settings (gthread, workers, threads, keep-alive, timeouts) and the same TLS context on the same
-certificate, so the throughput ratio isolates what archway's request handling costs.
+lookup, no patch, no metrics, no log line. It is a WSGI app, which archway's own worker class
+(archway.server.worker) does not serve, so it runs under gunicorn's stock gthread worker; every
+other setting is archway's (`archway.server.master.gunicorn_options`: workers, threads,
+keep-alive, timeouts, reuse_port, the certificate `archway.main.serve.tls_files` finds), and
+gunicorn's `ssl_context` hook hands it the very TLS context archway serves with
+(`archway.certs.tls.server_context`). The throughput ratio is thus archway's request handling
+and serving loop against a bare Flask app under gthread, on the same TLS.
 
     python3 -m bench.apps.echo_app --config FILE serve --bind 127.0.0.1:PORT
 
@@ -18,12 +21,12 @@ import os
 import sys
 
 from flask import Flask, jsonify, request
-from gunicorn.app.base import BaseApplication
 
-from archway import serve
+from archway.certs.tls import server_context
 from archway.config import load_config
 from archway.hostport import split_bind
-from archway.server.master import gunicorn_options
+from archway.main import serve
+from archway.server.master import Application, gunicorn_options
 
 
 def _canned_patch() -> str | None:
@@ -55,17 +58,15 @@ def create_echo_app() -> Flask:
     return app
 
 
-class _EchoGunicorn(BaseApplication):
-    def __init__(self, options: dict):
-        self.options = options
-        super().__init__()
-
-    def load_config(self):
-        for key, value in self.options.items():
-            self.cfg.set(key, value)
-
-    def load(self):
-        return create_echo_app()
+def echo_options(config, bind: str, tls) -> dict:
+    """archway serve's gunicorn settings with gunicorn's gthread worker in place of archway's."""
+    options = gunicorn_options(config, bind, tls)
+    options.update(worker_class="gthread", proc_name="archway-bench-echo")
+    if tls:
+        cert, key = options["certfile"], options["keyfile"]
+        # gunicorn asks for a context per accepted connection; server_context caches it per pair.
+        options["ssl_context"] = lambda _conf, _default: server_context(cert, key)
+    return options
 
 
 def main(argv=None) -> int:
@@ -77,10 +78,8 @@ def main(argv=None) -> int:
     config = load_config(args.config)
     host, _ = split_bind(args.bind)
     tls = serve.tls_files(config, host)
-    options = gunicorn_options(config, args.bind, tls)
-    options["proc_name"] = "archway-bench-echo"
-    _EchoGunicorn(options).run()
-    return 0
+    # archway's gunicorn application, which loads in each worker what it is given: the Flask app.
+    return Application(echo_options(config, args.bind, tls), create_echo_app).serve()
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
     python3 -m bench.apps.memory_worker --config FILE serve --bind 127.0.0.1:PORT
 
-Everything is archway's own serving code (archway.cli -> archway.serve -> archway.app); the
-only difference is `POST /bench/fill`, added to the app each worker builds through
-archway.serve.serve's own `extend_app`. That route resolves many image names through the worker's own resolver
+Everything is archway's own serving code (archway.main.cli -> archway.main.serve -> archway.main.worker); the
+only difference is `POST /bench/fill`, added to the routes each worker builds through
+archway.main.serve.serve's own `extend`. That route resolves many image names through the worker's own resolver
 (`Resolver.resolve_many`: cache keys, digest aliases, TTLs, single-flight as for any pod) and its
 registry client's parsing (`RegistryClient.resolve`, the client its access layer calls), replacing
 only the network: the manifest of one real image is fetched from the registry once, and every
@@ -21,18 +21,19 @@ import json
 import sys
 import time
 
-from flask import jsonify, request
 from requests.structures import CaseInsensitiveDict
 
-from archway import cli
+from archway.main import cli
 from archway.registry import manifests, oci
 from archway.registry.http import Response
 from archway.registry.reference import parse_reference
+from archway.server.routes import Reply, Route
 
 
-def _add_fill_route(app) -> None:
-    resolver = app.extensions["archway"].resolver
-    app.add_url_rule("/bench/fill", "bench_fill", lambda: _fill(resolver), methods=["POST"])
+def _add_fill_route(worker) -> None:
+    resolver = worker.resolver
+    worker.site.routes.add(Route("POST", "/bench/fill", lambda request: _fill(resolver, request),
+                                 max_body=64 << 20))
 
 
 class _ReplayedRegistry:
@@ -54,14 +55,18 @@ class _ReplayedRegistry:
         return False
 
 
-def _fill(resolver):
-    spec = request.get_json()
+def _json(status: int, value: dict) -> Reply:
+    return Reply(status, json.dumps(value).encode())
+
+
+def _fill(resolver, request) -> Reply:
+    spec = json.loads(request.body)
     template = parse_reference(spec["template"])
     real = resolver.http.get(
         f"https://{template.api_host}/v2/{template.repository}/manifests/{template.tag}",
         headers={"Accept": manifests.ACCEPT}, deadline=time.monotonic() + 10, max_bytes=4 << 20)
     if real.status != 200:
-        return jsonify(error=f"template manifest: HTTP {real.status}"), 502
+        return _json(502, {"error": f"template manifest: HTTP {real.status}"})
     images, per_pod, failed = spec["images"], int(spec["per_pod"]), 0
     # The client the resolver's access layer calls (registry/access.py): replaced for the fill.
     network_client = resolver.access.client
@@ -72,11 +77,12 @@ def _fill(resolver):
             failed += sum(1 for r in results.values() if not hasattr(r, "architectures"))
     finally:
         resolver.access.client = network_client
-    return jsonify(filled=len(images) - failed, failed=failed, cache_entries=resolver.cache_size)
+    return _json(200, {"filled": len(images) - failed, "failed": failed,
+                       "cache_entries": resolver.cache_size})
 
 
 def main(argv=None) -> int:
-    return cli.main(argv, extend_app=_add_fill_route)
+    return cli.main(argv, extend=_add_fill_route)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The servers under measurement: `archway serve` and the bench's own gunicorn apps, each a child
 process started with Popen of the Python binary (lab.procs.Server) and stopped by PID.
 
-    server = GunicornServer.archway(directory, config_dict)      # python3 -m archway.cli serve
+    server = GunicornServer.archway(directory, config_dict)      # python3 -m archway.main.cli serve
     server = GunicornServer.module(directory, "bench.apps.echo_app", config_dict)
     server.post("/mutate", body); server.metrics(); server.worker_pids(); server.log_since(mark)
 """
@@ -13,7 +13,7 @@ import time
 
 import requests
 
-from lab.procs import REPO, Server, free_port
+from lab.procs import REPO, Server, children, free_port
 
 # `admission <ns/name> uid=... images=N ... warnings=W 0.4 ms` (webhook/service.py, one per admission)
 ADMISSION_LINE = re.compile(r"archway\.admission: admission .* (?P<ms>\d+(?:\.\d+)?) ms(?: dry-run)?$")
@@ -49,8 +49,8 @@ class GunicornServer:
 
     @classmethod
     def archway(cls, directory: str, config: dict, *, tls_ca: str | None, name: str = "archway"):
-        """`python3 -m archway.cli --config FILE serve --bind 127.0.0.1:PORT`, unchanged."""
-        return cls(directory, name, ["archway.cli"], config, tls_ca=tls_ca)
+        """`python3 -m archway.main.cli --config FILE serve --bind 127.0.0.1:PORT`, unchanged."""
+        return cls(directory, name, ["archway.main.cli"], config, tls_ca=tls_ca)
 
     @classmethod
     def module(cls, directory: str, module: str, config: dict, *, tls_ca: str | None, name: str):
@@ -87,16 +87,23 @@ class GunicornServer:
 
     # --- processes
     @property
-    def master_pid(self) -> int:
+    def serve_pid(self) -> int:
+        """`archway serve` itself: the root of every process the server runs."""
         return self.server.proc.pid
 
+    @property
+    def master_pid(self) -> int:
+        """gunicorn's master: the served process itself, or, when `archway serve` keeps other
+        processes running beside it (archway.server.supervisor), its fork of itself."""
+        return gunicorn_master(self.server.proc.pid)
+
     def worker_pids(self) -> list[int]:
-        """gunicorn's workers: the master's children but the gate controller's process."""
-        return [pid for pid in children(self.master_pid) if not is_gate_controller(pid)]
+        """gunicorn's workers."""
+        return children(self.master_pid)
 
     def controller_pids(self) -> list[int]:
         """The gate controller's process (archway serve with a Kubernetes API configured)."""
-        return [pid for pid in children(self.master_pid) if is_gate_controller(pid)]
+        return [pid for pid in children(self.server.proc.pid) if is_gate_controller(pid)]
 
     def wait_workers(self, count: int, timeout: float = 30.0) -> list[int]:
         end = time.monotonic() + timeout
@@ -130,25 +137,25 @@ class GunicornServer:
         self.server.stop()
 
 
-def children(pid: int) -> list[int]:
-    """Direct child PIDs of `pid` (Linux /proc)."""
-    pids = []
+def gunicorn_master(serve_pid: int) -> int:
+    """The gunicorn master of the `archway serve` at `serve_pid`: its child with its own command
+    line (a fork) that has children of its own (the workers; a worker has none), else itself."""
+    own = cmdline_of(serve_pid)
+    return next((pid for pid in children(serve_pid) if cmdline_of(pid) == own and children(pid)),
+                serve_pid)
+
+
+def cmdline_of(pid: int) -> bytes:
     try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                pids += [int(p) for p in f.read().split()]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
     except OSError:
-        pass
-    return sorted(set(pids))
+        return b""
 
 
 def runs(pid: int, module: bytes) -> bool:
     """Whether process `pid`'s command line names `module` (False once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return module in f.read()
-    except OSError:
-        return False
+    return module in cmdline_of(pid)
 
 
 def is_gate_controller(pid: int) -> bool:

@@ -151,7 +151,7 @@ def _baseline(lab: Lab, config: dict) -> GunicornServer:
     installed)."""
     repo = os.environ.get("BENCH_EXTENDER_BASELINE_REPO")
     if repo:
-        return GunicornServer(lab.path("extender-before"), "extender-before", ["archway.cli"],
+        return GunicornServer(lab.path("extender-before"), "extender-before", ["archway.main.cli"],
                               config, tls_ca=None, repo=repo)
     return GunicornServer.module(lab.path("extender-before"), "bench.apps.poller_in_worker", config,
                                  tls_ca=None, name="extender-before")
@@ -261,7 +261,7 @@ class _Nodes:
     """The node cache as prioritize reads it, already synced (bench only)."""
 
     def __init__(self, names):
-        from archway.nodes import NodeFacts
+        from archway.cluster.nodes import NodeFacts
         self.nodes = {n: NodeFacts(n, "amd64", ()) for n in names}
 
     def ensure_started(self):

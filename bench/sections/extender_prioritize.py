@@ -17,7 +17,7 @@ from bench.common.extender_cluster import NODES, Prometheus, node_name, running_
 from bench.common.pinning import CpuSplit, affinities, process_tree, tree_cpu_ns, unpinned_note
 from bench.common.report import Figure
 from bench.common.rounds import Steady, steady
-from bench.common.servers import GunicornServer, runs
+from bench.common.servers import GunicornServer
 from bench.common.stats import (
     bucket_difference,
     histogram_buckets,
@@ -36,8 +36,9 @@ HISTOGRAM = "archway_extender_duration_seconds"
 
 
 def answering_pids(server: GunicornServer) -> list[int]:
-    """The processes that answer calls: gunicorn's workers, not the traffic poller's."""
-    return [pid for pid in server.worker_pids() if not runs(pid, b"pollerprocess")]
+    """The processes that answer calls: gunicorn's workers (the traffic poller runs beside
+    gunicorn's master, under `archway serve`)."""
+    return server.worker_pids()
 
 
 def bodies_of(pod: dict) -> list[bytes]:
@@ -68,7 +69,7 @@ class Calls:
     def block(self, key: str, bodies: list[bytes]) -> None:
         server = self.servers[key]
         if self.split:
-            self.split.measure(server.master_pid, others=[s.master_pid for k, s in
+            self.split.measure(server.serve_pid, others=[s.serve_pid for k, s in
                                                           self.servers.items() if k != key])
         pids = answering_pids(server)
         if self.split and key == "now" and not self.checked:

@@ -231,15 +231,15 @@ def _pod_watch(plane: ControlPlane, namespaces: list[str], image: str,
 
 def _admission(plane: ControlPlane, namespaces: list[str], registry: RegistryServer,
                image: str, digest: str) -> Figure:
+    from archway.cluster.caches import ClusterCaches
+    from archway.cluster.pullsecrets import PullCredentials
+    from archway.cluster.workloadcache import WorkloadCache
     from archway.config import RegistrySettings
     from archway.kubeclient import build_api_client
+    from archway.placement.learning import Evidence, merged_annotations
+    from archway.placement.policy import Policy
     from archway.registry.resolver import Resolver
-    from archway.webhook.caches import ClusterCaches
-    from archway.webhook.learning import Evidence, merged_annotations
-    from archway.webhook.policy import Policy
-    from archway.webhook.pullsecrets import PullCredentials
     from archway.webhook.service import AdmissionService, AdmissionSettings
-    from archway.webhook.workloadcache import WorkloadCache
 
     kube = plane.kube
     learned = merged_annotations({}, "arm64", [Evidence(image, digest, "arm64")])

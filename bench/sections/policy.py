@@ -7,11 +7,11 @@ cluster check against a node cache of 5,000 nodes — once where the first nodes
 """
 import time
 
+from archway.placement.decision import decide
+from archway.placement.policy import Policy
 from archway.podview import PodView
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
-from archway.webhook.placement import decide
-from archway.webhook.policy import Policy
 from bench.common.lab import Lab
 from bench.common.report import Figure
 from bench.common.rounds import ratios, rounds

@@ -4,7 +4,7 @@ docker-registry counted in its access log.
 
 Each "replica" is what one archway serve process resolves with: a Resolver (its workers share
 lookups, so one per replica is what the registry sees), with or without the record store
-(webhook/imagerecords.py: one list + watch, the background writer) on its own API client.
+(objects/imagerecords.py: one list + watch, the background writer) on its own API client.
 """
 import gc
 import subprocess
@@ -17,12 +17,12 @@ import yaml
 from archway import metrics
 from archway.config import CacheSettings, KubernetesSettings, RegistrySettings
 from archway.kubeclient import build_api_client
+from archway.objects.imagerecords import ImageRecords
+from archway.objects.records import record_object
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
 from archway.registry.records import CLUSTER, ImageRecord
 from archway.registry.resolver import Resolver
-from archway.webhook.imagerecords import ImageRecords
-from archway.webhook.recordobjects import record_object
 from bench.common.lab import Lab, push_index_variants, resolve_ms
 from bench.common.report import Figure
 from bench.common.section import Started, measured

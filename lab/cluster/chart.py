@@ -64,7 +64,7 @@ def deep_merge(base: dict, extra: dict) -> dict:
 def archway_command() -> list[str]:
     """The `archway` of the Python running this (the project's virtualenv)."""
     script = os.path.join(os.path.dirname(sys.executable), "archway")
-    return [script] if os.path.exists(script) else [sys.executable, "-m", "archway.cli"]
+    return [script] if os.path.exists(script) else [sys.executable, "-m", "archway.main.cli"]
 
 
 @dataclass

@@ -17,12 +17,12 @@ import pytest
 
 from archway.kubeapi import KubeApi
 from archway.kubeclient import build_api_client
+from archway.objects.imagerecords import ImageRecords
+from archway.objects.records import record_object
 from archway.registry.model import ImageInfo
 from archway.registry.platforms import parse_platform
 from archway.registry.records import CLUSTER, ImageRecord
 from archway.registry.resolver import Resolver
-from archway.webhook.imagerecords import ImageRecords
-from archway.webhook.recordobjects import record_object
 from lab.servers.registry import RegistryServer
 
 from .workloads import create_pod, describe, pod
@@ -215,10 +215,10 @@ def _allow_secret_reads(kube, namespace, account, account_namespace):
 def test_the_leaders_round_deletes_records_no_pod_uses_once_expired(
         archway, kube, namespace, control_plane):
     """The round of archway.gate.recordkeeper, as the leader runs it, on the real API."""
-    from archway.cluster import ClusterReader
+    from archway.cluster.reads import ClusterReader
+    from archway.cluster.workloads import TEMPLATE_PATHS
     from archway.config import KubernetesSettings
     from archway.gate.recordkeeper import RecordKeeper
-    from archway.workloads import TEMPLATE_PATHS
     client, _ = build_api_client(KubernetesSettings(kubeconfig=control_plane.admin_kubeconfig))
     hour_ago = time.time() - 3600
     used_image = f"registry.example/{namespace}/used:v1"

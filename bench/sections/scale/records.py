@@ -2,10 +2,10 @@
 (how many there are after the run, archway's requests on them by verb, their share of figure
 25), and 25i, the same size run twice, records on and off (ARCHWAY_SCALE_RECORDS_OFF), for
 figures 25, 25a, 25b and 25c side by side."""
+from archway.objects.records import API_PATH
 from bench.common.report import Figure
 from lab.cluster.controlplane import ControlPlane
 from lab.kube import Kube
-from webhook.recordobjects import API_PATH
 
 from .load import ACCOUNTS, summary
 
