@@ -7,7 +7,7 @@
 Ratio figures are taken over interleaved rounds (bench/common/rounds.py) and told as median and
 spread; a figure whose rounds spread past the noise bound is NOISY, neither PASS nor MISS.
 
-Figures 7 and 8b measure the extender's own work: on 2 CPUs or more the server measured runs
+Figures 7, 8b and 1d measure a server's own work: on 2 CPUs or more the server measured runs
 alone on one, the bench and everything else it started on the others (bench/common/pinning.py);
 BENCH_PIN=0 leaves every process on every CPU.
 

@@ -6,7 +6,7 @@
 #   BENCH_SKIP_SETUP=1 bash bench/run.sh  skip the (idempotent) install step
 #   bash bench/run.sh --rounds 7 --noise-bound 0.1   interleaved rounds per ratio figure (BENCH_ROUNDS,
 #                                         default 5) and the spread past which it is NOISY (BENCH_NOISE_BOUND)
-#   BENCH_PIN=0 bash bench/run.sh --only extender   figures 7 and 8b without the measured server on a
+#   BENCH_PIN=0 bash bench/run.sh --only extender   figures 7, 8b (and 1d) without the measured server on a
 #                                         CPU of its own (bench/common/pinning.py; default: pinned on 2+ CPUs)
 # SVG plots go to bench/results/plots/ when matplotlib is installed (bench/requirements.txt).
 # Profiling a missed target needs py-spy: pip install -r bench/requirements.txt, then

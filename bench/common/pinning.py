@@ -1,4 +1,5 @@
-"""The extender's own work, apart from the bench's: CPU pinning and CPU time per call.
+"""A measured server's own work, apart from the bench's (figures 1d, 7, 8b): CPU pinning and CPU
+time per call.
 
 On a 2-core machine the bench's own processes (its client, the API stand-in and exporter
 threads, Prometheus) take about a core; a server measured on the same cores waits for a CPU at
@@ -52,11 +53,11 @@ def pin(pid: int, cpus: set[int]) -> None:
         for task in tasks(process):
             try:
                 os.sched_setaffinity(task, cpus)
-            except ProcessLookupError:   # a thread that ended meanwhile
+                pinned = os.sched_getaffinity(task)
+            except ProcessLookupError:   # a thread that ended meanwhile, even between the two
                 continue
-            if os.sched_getaffinity(task) != cpus:
-                raise RuntimeError(f"task {task} of {process}: affinity "
-                                   f"{os.sched_getaffinity(task)}, not {cpus}")
+            if pinned != cpus:
+                raise RuntimeError(f"task {task} of {process}: affinity {pinned}, not {cpus}")
 
 
 def affinity(pid: int) -> set[int]:

@@ -1,14 +1,18 @@
-"""Figures 1 and 2: warm-cache admission throughput against a bare Flask app, and latency.
+"""Figures 1 and 2: warm-cache admission throughput against a bare Flask app, and latency; 1d:
+the server CPU per warm admission against a Go webhook (bench/sections/admission_cpu.py).
 
-Both servers are gunicorn with the same options (archway.server.master.gunicorn_options:
-gthread, 2 workers x 8 threads, keep-alive) and the same TLS certificate; wrk POSTs the multi-arch fixture
-AdmissionReview over the same number of keep-alive connections for the same time, archway and
-baseline alternating, so a change in the machine's load hits both.
+Both servers of figure 1 run with archway serve's gunicorn options
+(archway.server.master.gunicorn_options: 2 workers x 8 threads, keep-alive, reuse_port) and the
+same TLS context on the same certificate, archway under its own worker, the Flask app under
+gunicorn's gthread (bench/apps/echo_app.py); wrk POSTs the multi-arch fixture AdmissionReview
+over the same number of keep-alive connections for the same time, archway and baseline
+alternating, so a change in the machine's load hits both.
 """
 from contextlib import contextmanager
 
 from bench.common.lab import PLATFORMS, Lab, fixture_text, mutated_archs
 from bench.common.loadgen import run_wrk
+from bench.common.pinning import CpuSplit
 from bench.common.plots import cumulative, plot
 from bench.common.report import Figure
 from bench.common.rounds import interleaved, ratios, rounds
@@ -21,6 +25,7 @@ from bench.common.stats import (
     parse_metrics,
     share_at_most,
 )
+from bench.sections import admission_cpu
 from lab.servers.apiserver import FakeApiServer
 from lab.servers.registry import RegistryServer
 
@@ -48,28 +53,44 @@ def run(lab: Lab) -> list[Figure]:
     def measure(started: Started) -> list[Figure]:
         archway, echo, body = started.enter_context(admission_servers(lab))
         return _measure(archway, echo, body, specs)
-    return measured(specs, measure)
+
+    def measure_cpu(started: Started) -> list[Figure]:
+        # Before anything starts: the servers and the registry inherit the bench's CPUs.
+        split = CpuSplit.of_machine()
+        if split:
+            split.pin_bench()
+            started.callback(split.restore)
+        config, body = admission_cluster(lab, started, "admission-cpu")
+        return [admission_cpu.cpu_per_admission(lab, started, config, body, split)]
+    # 1d with servers of its own, after 1 and 2: a failure of one is not the other's.
+    return measured(specs, measure) + measured([admission_cpu.SPEC], measure_cpu)
+
+
+def admission_cluster(lab: Lab, started: Started, name: str = "admission") -> tuple[dict, bytes]:
+    """(archway's config, the AdmissionReview to POST): a registry holding the fixture pod's
+    multi-arch image and an API stand-in with the pod's ServiceAccount, which the config reads."""
+    registry = started(RegistryServer(lab.path(f"registry-{name}"), ca=lab.ca))
+    registry.push_index("archway/multi", "1.0", list(PLATFORMS), attestations=True)
+    api = started(FakeApiServer())
+    # The pod's ServiceAccount, as in a cluster: archway reads it for pull secrets (cached).
+    api.put("/api/v1/namespaces/shop/serviceaccounts/default",
+            {"kind": "ServiceAccount", "apiVersion": "v1",
+             "metadata": {"name": "default", "namespace": "shop"}})
+    kubeconfig = api.kubeconfig(lab.path("kube", name))
+    config = lab.archway_config(name, kubernetes={"enabled": "auto", "kubeconfig": kubeconfig})
+    body = fixture_text("v1-pod-multiarch.json").replace("REGISTRY", registry.host).encode()
+    return config, body
 
 
 @contextmanager
 def admission_servers(lab: Lab):
     """(archway, echo, body): both servers up and warm, and the AdmissionReview to POST."""
     with Started() as started:
-        registry = started(RegistryServer(lab.path("registry-admission"), ca=lab.ca))
-        registry.push_index("archway/multi", "1.0", list(PLATFORMS), attestations=True)
-        api = started(FakeApiServer())
-        # The pod's ServiceAccount, as in a cluster: archway reads it for pull secrets (cached).
-        api.put("/api/v1/namespaces/shop/serviceaccounts/default",
-                {"kind": "ServiceAccount", "apiVersion": "v1",
-                 "metadata": {"name": "default", "namespace": "shop"}})
-        config = lab.archway_config("admission",
-                                    kubernetes={"enabled": "auto",
-                                                "kubeconfig": api.kubeconfig(lab.path("kube"))})
+        config, body = admission_cluster(lab, started)
         archway = started(GunicornServer.archway(lab.path("admission"), config,
                                                  tls_ca=lab.ca.cert_path))
         echo = started(GunicornServer.module(lab.path("admission"), "bench.apps.echo_app", config,
                                              tls_ca=lab.ca.cert_path, name="echo"))
-        body = fixture_text("v1-pod-multiarch.json").replace("REGISTRY", registry.host).encode()
         _warm(archway, echo, body)
         yield archway, echo, body
 
@@ -186,8 +207,9 @@ def _measure(archway, echo, body, specs) -> list[Figure]:
             f"real mutation (archway_admissions_total{{outcome=\"mutated\"}} grew by "
             f"{mutated:.0f} for {served_all} requests wrk counted)",
             "baseline: bench/apps/echo_app.py, Flask parses the AdmissionReview and answers "
-            "allowed with the uid; gunicorn options and TLS context as archway serve's "
-            "(archway.server.master.gunicorn_options)",
+            "allowed with the uid, under gunicorn's stock gthread worker with archway serve's "
+            "other gunicorn options (archway.server.master.gunicorn_options) and its TLS context "
+            "(archway.certs.tls.server_context, through gunicorn's ssl_context hook)",
             f"wrk closes one connection every {CLOSE_EVERY} requests so that reconnections even "
             f"out the kernel's spread of the {CONNECTIONS} connections over the workers (see "
             f"1c); only runs in which each worker did >= "

@@ -4,22 +4,20 @@ One filter call with 100 NodeNames (nodeCacheCapable, what the chart configures;
 listing 100 Nodes from the API stand-in), as kube-scheduler sends it for a small cluster, to
 `archway serve` as the chart's extender sidecar (plain HTTP on loopback, 1 worker) and to the
 bench's pass-all Go extender (lab/cluster/go/passall-extender), each over one keep-alive
-connection. Blocks of calls, the two servers taking turns (bench/common/rounds.py), each block
-with the server it measures alone on one CPU (bench/common/pinning.py); a block's figure is the
-server's CPU time over the block divided by its calls.
+connection. Blocks of calls, the two servers taking turns, each block with the server it
+measures alone on one CPU; a block's figure is the server's CPU time over the block divided by
+its calls (bench/common/cpucalls.py, as figure 1d).
 """
-import http.client
 import json
 import time
 
+from bench.common.cpucalls import Caller, client_latency, cpu_blocks, pinning_note, ticks_note
 from bench.common.extender_cluster import extender_pod, make_nodes
 from bench.common.lab import Lab
-from bench.common.pinning import CpuSplit, cpu_ns, unpinned_note
+from bench.common.pinning import CpuSplit
 from bench.common.report import Figure
-from bench.common.rounds import interleaved, rounds, steady
 from bench.common.section import Started
-from bench.common.servers import GunicornServer, cpu_seconds
-from bench.common.stats import percentile
+from bench.common.servers import GunicornServer
 from lab.cluster.nodeimages import go_binary
 from lab.procs import Server, free_port
 from lab.servers.apiserver import FakeApiServer
@@ -29,48 +27,9 @@ BLOCK_CALLS = 200       # per block: ~40-80 ms of server CPU, read to the nanose
 FILTER_BLOCKS = 10
 WARM_CALLS = 200
 FILTER_CPU_TARGET_MS = 0.5
+FILTER_PATH = "/scheduler/filter"
 SPEC = ("8b", f"extender filter, {FILTER_NAMES} NodeNames: server CPU per call, vs a Go "
         f"pass-all extender", f"<= {FILTER_CPU_TARGET_MS} ms")
-
-
-class Caller:
-    """One server under measurement: a keep-alive connection, the processes whose CPU counts,
-    and every call's client-side latency."""
-
-    def __init__(self, name: str, port: int, root: int, pids: list[int]):
-        self.name, self.root, self.pids = name, root, pids
-        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        self.latencies_ms: list[float] = []
-        self.calls = 0
-        self.cpu_ticks = 0.0   # the coarse cross-check, from the first block on
-
-    def call(self, body: bytes) -> bytes:
-        self.connection.request("POST", "/scheduler/filter", body,
-                                {"Content-Type": "application/json"})
-        answer = self.connection.getresponse()
-        data = answer.read()
-        if answer.status != 200:
-            raise RuntimeError(f"{self.name}: filter answered {answer.status}: {data[:200]!r}")
-        return data
-
-    def block(self, body: bytes, calls: int) -> float:
-        """Server CPU per call over `calls` calls, in ms."""
-        if not self.calls:
-            self.cpu_ticks = sum(cpu_seconds(pid) for pid in self.pids)
-        before = sum(cpu_ns(pid) for pid in self.pids)
-        for _ in range(calls):
-            started = time.perf_counter()
-            self.call(body)
-            self.latencies_ms.append((time.perf_counter() - started) * 1000)
-        self.calls += calls
-        return (sum(cpu_ns(pid) for pid in self.pids) - before) / calls / 1e6
-
-    def ticks_per_call_ms(self) -> float:
-        spent = sum(cpu_seconds(pid) for pid in self.pids) - self.cpu_ticks
-        return spent / self.calls * 1000
-
-    def stop(self) -> None:
-        self.connection.close()
 
 
 def filter_cpu(lab: Lab, started: Started, split: CpuSplit | None) -> Figure:
@@ -90,30 +49,19 @@ def filter_cpu(lab: Lab, started: Started, split: CpuSplit | None) -> Figure:
     go = started(Server([go_binary("passall-extender"), f"127.0.0.1:{port}"], port=port,
                         log_path=f"{lab.path('passall-extender')}/passall-extender.log"))
     callers = {"archway": started(Caller("archway", archway.port, archway.master_pid,
-                                         [archway.master_pid, *archway.worker_pids()])),
-               "go": started(Caller("go", port, go.proc.pid, [go.proc.pid]))}
+                                         [archway.master_pid, *archway.worker_pids()],
+                                         path=FILTER_PATH)),
+               "go": started(Caller("Go", port, go.proc.pid, [go.proc.pid], path=FILTER_PATH))}
     kept = _wait_for_node_cache(archway, callers["archway"], body)
     for caller in callers.values():
         for _ in range(WARM_CALLS):
             caller.call(body)
 
-    def side(name: str):
-        def block() -> float:
-            if split:
-                split.measure(callers[name].root,
-                              others=[c.root for c in callers.values() if c.name != name])
-            return callers[name].block(body, BLOCK_CALLS)
-        return block
-
-    per_call = {k: steady(v) for k, v in interleaved(
-        {name: side(name) for name in callers}, rounds(FILTER_BLOCKS)).items()}
+    per_call = cpu_blocks(callers, body, calls=BLOCK_CALLS, blocks=FILTER_BLOCKS, split=split)
     ours, theirs = per_call["archway"], per_call["go"]
-    client = {k: (percentile(c.latencies_ms, 50), percentile(c.latencies_ms, 99))
-              for k, c in callers.items()}
     return Figure(*SPEC[:2], f"archway {ours.describe('{:.3f}', ' ms')} vs Go "
-                  f"{theirs.median:.3f} ms ({ours.median / theirs.median:.1f}x); client p50 / p99 "
-                  f"archway {client['archway'][0]:.2f} / {client['archway'][1]:.2f} ms, Go "
-                  f"{client['go'][0]:.2f} / {client['go'][1]:.2f} ms", SPEC[2],
+                  f"{theirs.median:.3f} ms ({ours.median / theirs.median:.1f}x); "
+                  f"{client_latency(callers)}", SPEC[2],
                   ours.median <= FILTER_CPU_TARGET_MS, [
         f"one filter call with {FILTER_NAMES} NodeNames ({len(body) / 1e3:.1f} KB; nodeCacheCapable, "
         f"the node cache listing {FILTER_NAMES} Nodes from the API stand-in, pod annotated amd64: "
@@ -122,13 +70,8 @@ def filter_cpu(lab: Lab, started: Started, split: CpuSplit | None) -> Figure:
         f"connection each; {WARM_CALLS} calls each to warm up, then blocks of {BLOCK_CALLS} "
         f"calls, the two taking turns; a block's figure = the server's CPU over the block "
         f"(its processes' CPU clocks: every thread's sum_exec_runtime) / its calls",
-        (f"{split.describe()}; the Go extender started on the bench's CPU(s), so its runtime "
-         f"sized GOMAXPROCS to {len(split.others)} (one Python worker answers archway's calls)")
-        if split else unpinned_note(),
-        f"Go per block: {theirs.describe('{:.3f}', ' ms')}; cross-check over all blocks from "
-        f"/proc/PID/stat utime+stime (10 ms ticks): archway "
-        f"{callers['archway'].ticks_per_call_ms():.3f} ms, Go {callers['go'].ticks_per_call_ms():.3f} ms "
-        f"per call",
+        pinning_note(split, "the Go extender", "one Python worker answers archway's calls"),
+        f"Go per block: {theirs.describe('{:.3f}', ' ms')}; {ticks_note(callers)}",
     ], rounds=ours, data={"cpu_per_call_ms": {"archway": list(ours.values),
                                                "go": list(theirs.values)}})
 
