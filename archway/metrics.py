@@ -5,8 +5,8 @@ fresh per-run directory before any worker starts: each process then writes its s
 there, and /metrics aggregates them all (MultiProcessCollector), whichever worker answers the
 scrape. prometheus_client chooses that storage when it is first imported, so nothing the CLI
 imports at start-up may import this module (a test checks it): only the workers and the commands
-that serve do, after serve.py set the directory. Without the variable (tests, a plain Flask run)
-the default in-process registry is used.
+that serve do, after serve.py set the directory. Without the variable (tests, a worker built in
+a test's process) the default in-process registry is used.
 """
 import os
 

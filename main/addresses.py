@@ -4,7 +4,7 @@ gunicorn listens with SO_REUSEPORT (each worker has a socket of its own,
 archway/server/worker.py), and the kernel lets sockets of the same user that all set it share an
 address: a second `archway serve` on an address already served would silently take half its
 connections, with another certificate; a program of the same user listening the same way would let gunicorn start and
-then fail. So the master first binds the address itself WITHOUT SO_REUSEPORT, which fails with
+then fail. So `archway serve` first binds the address itself WITHOUT SO_REUSEPORT, which fails with
 EADDRINUSE whoever listens there, and says who that is: another archway (its GET /healthz
 answers as archway's does) or another program. Two servers started in the same instant can
 still both pass the probe: that race is left to whoever starts them. SO_REUSEADDR is set, as gunicorn sets it: the

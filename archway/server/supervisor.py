@@ -47,8 +47,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 def start_process(module: str, payload) -> subprocess.Popen:
-    """`python -P -m <module>` in a fresh process of its own: nothing inherited from gunicorn's
-    master (its threads, its signal handlers), and nothing the workers it forks later would
+    """`python -P -m <module>` in a fresh process of its own: nothing inherited from `archway
+    serve` (its signal handlers, what it imported), and nothing gunicorn's workers would
     inherit. `-P`: the working directory is not put on sys.path, so a folder named `archway`
     there (a checkout) cannot replace the installed package; PYTHONPATH still counts (the image
     sets it). `payload` travels pickled on stdin (archway.background.supervised_child reads it:
