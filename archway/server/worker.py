@@ -50,9 +50,14 @@ class ArchwayWorker(Worker):
                     max_requests=self.max_requests if self.cfg.max_requests else None)
         for client, address, listener in queued:
             loop.adopt(client, address, listener)
-        # A worker whose master is gone stops: nobody would replace it or stop it.
-        loop.run(lambda: self.alive and os.getppid() == self.ppid, self.notify,
-                 self.cfg.graceful_timeout)
+        loop.run(lambda: self.alive, self._heartbeat, self.cfg.graceful_timeout)
+
+    def _heartbeat(self) -> None:
+        """Once a second: the master's liveness file touched, and a worker whose master is gone
+        stops (nobody would replace it or stop it)."""
+        self.notify()
+        if os.getppid() != self.ppid:
+            self.alive = False
 
     def _listeners(self) -> tuple[list, tuple, list]:
         """The sockets this worker accepts on, which of them are its own, and the connections
