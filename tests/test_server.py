@@ -162,7 +162,7 @@ def test_nothing_after_an_upgrade_is_read_and_its_answer_is_the_last():
     reader = _reader()
     reader.feed(b"GET /healthz HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
                 b"GET /healthz HTTP/1.1\r\n\r\n")
-    assert reader.upgraded and len(reader.complete) == 1 and not reader.complete[0].keep_alive
+    assert reader.ended and len(reader.complete) == 1 and not reader.complete[0].keep_alive
 
 
 def test_an_answer_is_http_1_1_with_its_length_and_connection():

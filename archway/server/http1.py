@@ -89,7 +89,7 @@ class RequestReader:
         self.current: _Message | None = None
         self.first_arrival: float | None = None  # the connection's: its first request's start
         self.send_continue = False      # a client waits for "100 Continue" before its body
-        self.upgraded = False           # an Upgrade request: nothing after it is read
+        self.ended = False              # nothing more is read: an Upgrade came, or a refusal
         self._parser = httptools.HttpRequestParser(self)
 
     @property
@@ -105,7 +105,7 @@ class RequestReader:
     def feed(self, data: bytes | memoryview) -> None:
         """Parse what came; `data` is not kept (the caller may reuse its buffer)."""
         view, at = memoryview(data), 0
-        while at < len(view) and not self.upgraded:
+        while at < len(view) and not self.ended:
             current = self.current
             sliced = current is None or not current.head_done   # a head may be arriving
             chunk = view[at:at + HEAD_SLICE_BYTES] if sliced else view[at:]
@@ -126,7 +126,7 @@ class RequestReader:
             raise
         except httptools.HttpParserUpgrade:
             # The request before it is complete and answered; archway switches to nothing.
-            self.upgraded = True
+            self.ended = True
             if self.complete:
                 self.complete[-1].keep_alive = False
         except httptools.HttpParserInvalidMethodError:

@@ -308,7 +308,7 @@ class Loop:
             reader.feed(data)
         except HttpError as e:
             reader.complete.append(Parsed("", "", "", {}, b"", now, False, None, e.reply))
-            reader.upgraded = True   # read nothing more: answer what came, then the refusal
+            reader.ended = True   # read nothing more: answer what came, then the refusal
         if reader.send_continue:
             reader.send_continue = False
             try:
@@ -338,7 +338,7 @@ class Loop:
         conn.phase = "answer"
         self._count_held(conn)
         conn.close_after = (not parsed.keep_alive or self.stopping
-                            or (reader.upgraded and not reader.complete))
+                            or (reader.ended and not reader.complete))
         conn.head_only = parsed.method == "HEAD"
         route = parsed.route
         if parsed.refusal is not None or route is None:
