@@ -8,17 +8,10 @@ import signal
 import pytest
 import requests
 
+from lab.cluster.processes import pid_alive as alive
 from lab.procs import children, cmdline, free_port, serve_extender, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 class Served:

@@ -46,6 +46,10 @@ def refuse(status: int, message: str) -> HttpError:
     return HttpError(error_reply(status, message))
 
 
+def _head_too_large() -> HttpError:
+    return refuse(431, f"request head larger than {MAX_HEAD_BYTES // 1024} KiB")
+
+
 @dataclass(slots=True)
 class Parsed:
     """A whole request: for its route, or refused (`refusal`) after its body was dropped."""
@@ -64,6 +68,8 @@ class Parsed:
 class _Message:
     began: float
     target: bytearray = field(default_factory=bytearray)
+    path: str = ""
+    query: str = ""
     headers: dict[str, str] = field(default_factory=dict)
     head_bytes: int = 0
     method: str = ""
@@ -115,7 +121,7 @@ class RequestReader:
             if sliced and current is not None and not current.head_done:
                 current.head_fed += len(chunk)
                 if current.head_fed > MAX_HEAD_BYTES:
-                    raise refuse(431, f"request head larger than {MAX_HEAD_BYTES // 1024} KiB")
+                    raise _head_too_large()
 
     def _feed(self, data) -> None:
         try:
@@ -153,7 +159,7 @@ class RequestReader:
         assert message is not None
         message.head_bytes += len(name) + len(value) + 4
         if message.head_bytes > MAX_HEAD_BYTES:
-            raise refuse(431, f"request head larger than {MAX_HEAD_BYTES // 1024} KiB")
+            raise _head_too_large()
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         headers = message.headers
@@ -168,8 +174,9 @@ class RequestReader:
         message.method = self._parser.get_method().decode("latin-1")
         tokens = {t.strip().lower() for t in message.headers.get("connection", "").split(",")}
         message.keep_alive = "close" not in tokens if version == "1.1" else "keep-alive" in tokens
-        path = message.target.decode("latin-1").partition("?")[0].partition("#")[0]
-        found = self.routes.find(message.method, path)
+        path, _, query = message.target.decode("latin-1").partition("?")
+        message.path, message.query = path.partition("#")[0], query.partition("#")[0]
+        found = self.routes.find(message.method, message.path)
         expect = message.headers.get("expect")
         if expect is not None and expect.lower() != "100-continue":
             raise refuse(417, f"Expect: {expect} is not supported")
@@ -208,9 +215,8 @@ class RequestReader:
         message = self.current
         assert message is not None
         self.current = None
-        path, _, query = message.target.decode("latin-1").partition("?")
         self.complete.append(Parsed(
-            message.method, path.partition("#")[0], query.partition("#")[0], message.headers,
+            message.method, message.path, message.query, message.headers,
             bytes(message.body), message.began, message.keep_alive, message.route,
             message.refusal))
 

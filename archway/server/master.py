@@ -13,6 +13,7 @@ from archway import metrics
 from archway.errors import ConfigError
 
 from .loop import MAX_CONNECTIONS
+from .supervisor import exit_status
 
 GRACEFUL_TIMEOUT_SECONDS = 10
 # The apiserver's HTTP client drops idle connections after 90 s. Keeping ours open longer means
@@ -91,5 +92,5 @@ class Application(BaseApplication):
         except SystemExit as e:   # the arbiter ends through sys.exit
             if os.getpid() != master:
                 raise
-            return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            return exit_status(e)
         return 0

@@ -245,13 +245,18 @@ def serve_beside(run_master: Callable[[], int], children: Sequence[Supervisor]) 
         os.close(wake_w)
 
 
+def exit_status(e: SystemExit) -> int:
+    """The status a process ending by `e` exits with."""
+    return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+
+
 def _run_and_exit(run_master: Callable[[], int]) -> None:
     code = 1
     try:
         _stop_with_parent()
         code = run_master()
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        code = exit_status(e)
     except BaseException:
         traceback.print_exc()
     finally:

@@ -76,14 +76,18 @@ class Steady:
     def noisy(self, bound: float | None = None) -> bool:
         return len(self.values) > 1 and self.spread > (noise_bound() if bound is None else bound)
 
+    @property
+    def spread_text(self) -> str:
+        """'6%', or 'inf' when the median is 0."""
+        return "inf" if self.spread == float("inf") else f"{self.spread:.0%}"
+
     def describe(self, fmt: str = "{:.2f}", unit: str = "") -> str:
         """'0.88x ±6% (5 rounds: 0.85x-0.90x)': the median, the spread, the range."""
         def value(v: float) -> str:
             return fmt.format(v) + unit
         if len(self.values) == 1:
             return f"{value(self.values[0])} (1 round)"
-        spread = "inf" if self.spread == float("inf") else f"{self.spread:.0%}"
-        return (f"{value(self.median)} ±{spread} ({len(self.values)} rounds: "
+        return (f"{value(self.median)} ±{self.spread_text} ({len(self.values)} rounds: "
                 f"{value(min(self.values))} to {value(max(self.values))})")
 
     def rounds_note(self, fmt: str = "{:.2f}") -> str:

@@ -30,7 +30,7 @@ from bench.common.cpucalls import (
 from bench.common.lab import Lab, mutated_archs
 from bench.common.pinning import CpuSplit, cpu_ns, process_tree
 from bench.common.report import Figure
-from bench.common.rounds import Steady, ratios
+from bench.common.rounds import ratios
 from bench.common.section import Started
 from bench.common.servers import GunicornServer
 from bench.common.stats import parse_metrics
@@ -84,8 +84,9 @@ def cpu_per_admission(lab: Lab, started: Started, config: dict, body: bytes,
     calls = callers["archway"].calls
     warm = counts.get("mutated") == calls and counts.get("fresh") == calls and not counts.get("other")
     once = all(c.connects == 1 for c in callers.values())
-    return Figure(*SPEC[:2], f"archway {ours.median:.3f} ms ±{_spread(ours)} vs Go "
-                  f"{theirs.median:.3f} ms ±{_spread(theirs)} ({ratio.median:.1f}x ±{_spread(ratio)})",
+    return Figure(*SPEC[:2], f"archway {ours.median:.3f} ms ±{ours.spread_text} vs Go "
+                  f"{theirs.median:.3f} ms ±{theirs.spread_text} ({ratio.median:.1f}x "
+                  f"±{ratio.spread_text})",
                   SPEC[2], ratio.median <= RATIO_TARGET and warm and once, [
         f"the multi-arch fixture AdmissionReview ({len(body) / 1e3:.1f} KB, one container, its "
         f"image a 3-platform index in a real docker-registry) POSTed over one keep-alive TLS "
@@ -153,10 +154,6 @@ def _roles(archway: GunicornServer, counted: list[int]) -> str:
             return "gunicorn's master" + (", the serve process itself" if pid == root else "")
         return "the serve process" if pid == root else f"process {pid}"
     return ", ".join(map(role, counted))
-
-
-def _spread(steady: Steady) -> str:
-    return "inf" if steady.spread == float("inf") else f"{steady.spread:.0%}"
 
 
 def _extra(answer: dict) -> str:

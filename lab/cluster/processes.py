@@ -74,8 +74,11 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat", "rb") as f:     # a zombie of another parent is gone too
-        return f.read().split(b") ", 1)[1][:1] != b"Z"
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:     # a zombie of another parent is gone too
+            return f.read().split(b") ", 1)[1][:1] != b"Z"
+    except FileNotFoundError:                          # gone since the signal
+        return False
 
 
 def healthz(port: int) -> bool:
