@@ -2,7 +2,7 @@
 the arithmetic of architecture sets. Pure; the webhook, the gate controller, the extender and the
 operator tools all say these things the same way because they say them from here.
 """
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from archway import __version__
 from archway.logsafe import redact_url
@@ -84,19 +84,19 @@ def join_architectures(archs: Iterable[str]) -> str:
 
 
 def share_no_architecture(told: Mapping[str, frozenset[str]], results: Mapping | None = None,
-                          os: str = "linux") -> str:
-    """Why a pod can run nowhere: its images (a password in a SIF URL redacted) and what each
-    runs on; or, when an image has no platform for the pod's OS at all, that (`results` give
-    its platforms)."""
+                          os: str = "linux", name: Callable[[str], str] = redact_url) -> str:
+    """Why a pod can run nowhere: its images (as `name` shows one: a password in a SIF URL
+    redacted, the image volume it is pulled for) and what each runs on; or, when an image has no
+    platform for the pod's OS at all, that (`results` give its platforms)."""
     lacking = [image for image, archs in told.items() if not archs]
     if lacking:
-        return "; ".join(no_platform_for(image, (results or {}).get(image), os)
+        return "; ".join(no_platform_for(name(image), (results or {}).get(image), os)
                          for image in lacking)
     return "the pod's images share no CPU architecture: " + "; ".join(
-        f"{redact_url(image)} ({join_architectures(archs)})" for image, archs in told.items())
+        f"{name(image)} ({join_architectures(archs)})" for image, archs in told.items())
 
 
 def no_platform_for(image: str, result, os: str) -> str:
-    """`reg/app:1 has no linux platform: windows/amd64 only`."""
+    """`reg/app:1 has no linux platform: windows/amd64 only` (`image` as shown, redacted)."""
     platforms = ", ".join(sorted(str(p) for p in getattr(result, "platforms", ()) or ()))
     return f"{redact_url(image)} has no {os} platform: {platforms or 'none'} only"

@@ -62,16 +62,22 @@ class ClusterCaches:
         """The policy in force for `pod` (a PodView) over `base` (placement/policies.py), from
         what the caches hold. A cache not listed yet may be waited for `seconds()` (the time
         left to wait, asked afresh for each); one not listed by then counts as empty."""
+        return self.policy_for_labels(base, pod.namespace, dict(pod.labels),
+                                      archway_scheduler=archway_scheduler, seconds=seconds)
+
+    def policy_for_labels(self, base, namespace: str, labels: dict, *,
+                          archway_scheduler: str | None = None,
+                          seconds: Callable[[], float] = lambda: 0.0) -> InForce:
+        """policy_in_force for a pod of `namespace` with `labels` (a workload's template's)."""
         def listed(cache) -> bool:
             return cache is not None and cache.wait_synced(seconds())
-        namespace = pod.namespace
         facts = self.namespaces.items.get(namespace) \
             if self.namespaces is not None and listed(self.namespaces) else None
         namespaced = self.policies.in_namespace(namespace) \
             if self.policies is not None and listed(self.policies) else ()
         cluster = self.cluster_policies.selecting_namespace(namespace_labels(namespace, facts)) \
             if self.cluster_policies is not None and listed(self.cluster_policies) else ()
-        return policy_in_force(base, dict(pod.labels), namespace, facts, namespaced, cluster,
+        return policy_in_force(base, labels, namespace, facts, namespaced, cluster,
                                archway_scheduler=archway_scheduler)
 
     def settled(self) -> bool:

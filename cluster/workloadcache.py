@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from archway import metrics
+from archway.labelselector import Selector, compiled
 from archway.placement.learning import Learned, learned_from
 from archway.podview import OwnerReference, PodView
 from archway.watchcache import WatchCache
@@ -42,7 +43,6 @@ MISSED_OWNERS_KEPT = 1024
 # a CronJob (theirs are a ReplicaSet's, a Job's).
 POD_CONTROLLERS = ("ReplicaSet", "Job", "StatefulSet", "DaemonSet")
 # A label selector as requirements (key, operator, values); matchLabels are In requirements.
-Selector = tuple[tuple[str, str, tuple[str, ...]], ...]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ class WorkloadFacts:
     pull_secrets: tuple[str, ...] = ()
     owner_uid: str = ""                    # its controller's uid
     selector: Selector | None = None       # spec.selector; None: it has none
+    labels: tuple[tuple[str, str], ...] = ()   # its pods' (the template's): their policy
 
     @property
     def display_name(self) -> str:
@@ -83,7 +84,7 @@ def workload_facts(kind: str) -> Callable[[dict], WorkloadFacts | None]:
         meta = obj.get("metadata") if isinstance(obj, dict) else None
         if not isinstance(meta, dict) or not meta.get("name") or not meta.get("namespace"):
             return None
-        spec = _template_spec(kind, obj)
+        spec = _mapping(_template(kind, obj).get("spec"))
         return WorkloadFacts(
             name=f"{meta['namespace']}/{meta['name']}", kind=kind, namespace=meta["namespace"],
             object_name=meta["name"], uid=str(meta.get("uid") or ""), owner=_controller(meta),
@@ -93,7 +94,8 @@ def workload_facts(kind: str) -> Callable[[dict], WorkloadFacts | None]:
             pull_secrets=tuple(s["name"] for s in _list(spec.get("imagePullSecrets"))
                                if isinstance(s, dict) and isinstance(s.get("name"), str)),
             owner_uid=_controller_uid(meta),
-            selector=_selector(_mapping(obj.get("spec")).get("selector")))
+            selector=_selector(_mapping(obj.get("spec")).get("selector")),
+            labels=_template_labels(kind, obj))
     return facts
 
 
@@ -104,34 +106,13 @@ def _controller_uid(meta: dict) -> str:
 
 
 def _selector(selector: object) -> Selector | None:
-    if not isinstance(selector, dict):
-        return None
-    labels = _mapping(selector.get("matchLabels"))
-    return tuple([(str(k), "In", (str(v),)) for k, v in sorted(labels.items())] + [
-        (str(e.get("key")), str(e.get("operator")),
-         tuple(str(v) for v in _list(e.get("values"))))
-        for e in _list(selector.get("matchExpressions")) if isinstance(e, dict)])
+    return compiled(selector) if isinstance(selector, dict) else None
 
 
 def selector_matches(selector: Selector | None, labels: Mapping[str, str]) -> bool:
-    """Whether a label selector selects these labels (metav1.LabelSelector's rules); no
-    selector selects nothing."""
-    if selector is None:
-        return False
-    for key, operator, values in selector:
-        if operator == "In":
-            ok = key in labels and labels[key] in values
-        elif operator == "NotIn":
-            ok = key not in labels or labels[key] not in values
-        elif operator == "Exists":
-            ok = key in labels
-        elif operator == "DoesNotExist":
-            ok = key not in labels
-        else:
-            ok = False
-        if not ok:
-            return False
-    return True
+    """Whether a workload's spec.selector selects these labels; no selector selects nothing
+    (unlike a policy's)."""
+    return selector is not None and selector.matches(labels)
 
 
 def _controller(meta: dict) -> tuple[str, str] | None:
@@ -146,11 +127,16 @@ def _archway_annotations(annotations: dict) -> tuple[tuple[str, str], ...]:
                         and isinstance(v, str)))
 
 
-def _template_spec(kind: str, obj: dict) -> dict:
+def _template(kind: str, obj: dict) -> dict:
     template: object = obj
     for key in TEMPLATE_PATHS[kind]:
         template = template.get(key) if isinstance(template, dict) else None
-    return _mapping(template.get("spec") if isinstance(template, dict) else None)
+    return _mapping(template)
+
+
+def _template_labels(kind: str, obj: dict) -> tuple[tuple[str, str], ...]:
+    labels = _mapping(_mapping(_template(kind, obj).get("metadata")).get("labels"))
+    return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
 
 
 def _images(spec: dict) -> tuple[str, ...]:
@@ -310,14 +296,19 @@ class WorkloadCache:
         return cache.items.get(f"{namespace}/{name}") if cache is not None else None
 
     def would_wait_for(self, pod: PodView) -> bool:
-        """Whether top_of(pod, timeout) would wait for a link of the pod's chain: one is missing
-        of a kind these caches hold, every watch follows the API, and no whole wait missed it
-        before (see top_of)."""
+        """Whether top_of(pod, timeout) would wait for a link of the pod's chain (a few pods at
+        once aside: OwnerWaits' slots are taken only by a wait itself)."""
         owner = pod_owner(pod)
-        if owner is None or owner[0] not in self.caches or not self.current:
-            return False
         return (top_workload(pod.namespace, owner, self.lookup) is None
-                and not self.owner_waits.missed_before(_owner_key(pod)))
+                and self._why_not_wait(pod, owner) is None)
+
+    def _why_not_wait(self, pod: PodView, owner: tuple[str, str] | None) -> str | None:
+        """Why a missing link of the pod's chain is not waited for; None: it may be."""
+        if owner is None or owner[0] not in self.caches:
+            return "untracked"
+        if not self.current:
+            return "not_watching"
+        return "missed_before" if self.owner_waits.missed_before(_owner_key(pod)) else None
 
     def top_of(self, pod: PodView, timeout: float = 0.0) -> WorkloadFacts | None:
         """The top of the pod's owner chain. A controller is created a moment before its pods (a
@@ -331,9 +322,7 @@ class WorkloadCache:
         if top is not None or owner is None or owner[0] not in self.caches or timeout <= 0:
             return top
         key = _owner_key(pod)
-        skip = ("not_watching" if not self.current else
-                "missed_before" if self.owner_waits.missed_before(key) else
-                "busy" if not self.owner_waits.begin() else None)
+        skip = self._why_not_wait(pod, owner) or ("busy" if not self.owner_waits.begin() else None)
         if skip is not None:
             metrics.OWNER_WAITS.labels(skip).inc()
             return None

@@ -146,11 +146,11 @@ class DaemonSetNodes(LeaderLoop):
     """Tells each DaemonSet the nodes its images cannot run on (see the module's words)."""
 
     def __init__(self, *, api, settings, policy, events, nodes, workloads=None,
-                 namespaces=None, exclude_namespaces=(), watch_seconds: int = 240,
+                 namespaces=None, exclude_namespaces=(), in_force=None, watch_seconds: int = 240,
                  clock: Callable[[], float] = time.monotonic):
         super().__init__(api=api, settings=settings, policy=policy, events=events,
                          workloads=workloads, namespaces=namespaces,
-                         exclude_namespaces=exclude_namespaces)
+                         exclude_namespaces=exclude_namespaces, in_force=in_force)
         self.nodes = nodes                 # name -> NodeFacts (.items)
         self.watch_seconds = watch_seconds
         self._clock = clock
@@ -211,7 +211,7 @@ class DaemonSetNodes(LeaderLoop):
         for pod in pods:
             arch = getattr(self.nodes.items.get(pod.node), "arch", None)
             # Only enforce mode keeps a pod off a node (audit's are scheduled as they are).
-            if arch is None or arch in pod.runs_on or self.mode_of(pod.namespace) != "enforce" \
+            if arch is None or arch in pod.runs_on or self.mode_of(pod.namespace, dict(pod.labels)) != "enforce" \
                     or not self._made_by_its_owner(pod):
                 continue
             key = (pod.namespace, pod.owner.uid, pod.runs_on)

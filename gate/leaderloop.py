@@ -1,9 +1,10 @@
-"""What the leader's two loops of the closed loop share (remediation.py: exec format errors;
-tagwatch.py: re-pushed tags): who they answer to (the namespace's mode), the Events they write,
+"""What the leader's loops of the closed loop share (remediation.py: exec format errors;
+tagwatch.py: re-pushed tags; unseen.py, daemonsets.py): who they answer to (the mode of the
+policy in force for the pods, as admission reads it), the Events they write,
 and how they change a workload's annotations: read, merge, PATCH at the resourceVersion read,
 read again when it changed meanwhile (409).
 """
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from archway.cluster.events import EventSink
 from archway.kubeapi import ApiError, KubeApi
@@ -18,7 +19,7 @@ class KeptChanging(Exception):
 
 class LeaderLoop:
     def __init__(self, *, api: KubeApi, settings, policy, events: EventSink | None, workloads,
-                 namespaces=None, exclude_namespaces=()):
+                 namespaces=None, exclude_namespaces=(), in_force=None):
         self.api = api
         self.settings = settings           # config.RemediationSettings
         self.policy = policy               # placement.Policy: its mode, per namespace below
@@ -26,9 +27,22 @@ class LeaderLoop:
         self.workloads = workloads         # workloadcache.WorkloadCache
         self.namespaces = namespaces       # NamespaceCache or None
         self.exclude_namespaces = frozenset(exclude_namespaces)
+        # (namespace, labels) -> the placement.Policy in force (ClusterCaches.policy_for_labels);
+        # None: the Namespace's and the config's alone.
+        self.in_force = in_force
 
-    def mode_of(self, namespace: str) -> str:
-        return namespace_mode(namespace, self.policy, self.namespaces, self.exclude_namespaces)
+    def mode_of(self, namespace: str, labels: Mapping[str, str] | None = None) -> str:
+        """enforce | audit | off for a pod of `namespace` with `labels` (a workload's: its
+        template's), exactly as admission decides it, PlacementPolicies included; off in an
+        excluded or terminating namespace whatever a policy says."""
+        mode = namespace_mode(namespace, self.policy, self.namespaces, self.exclude_namespaces)
+        if self.in_force is None or namespace in self.exclude_namespaces or self._terminating(namespace):
+            return mode
+        return self.in_force(namespace, dict(labels or {})).mode
+
+    def _terminating(self, namespace: str) -> bool:
+        facts = self.namespaces.items.get(namespace) if self.namespaces is not None else None
+        return facts is not None and facts.terminating
 
     def event(self, regarding: dict, event_type: str, reason: str, action: str,
               note: str) -> None:

@@ -118,10 +118,13 @@ class ControllerParts:
         policy = Policy.from_config(config)
         self.controller.policy_of = lambda pod: caches.policy_in_force(
             policy, pod, archway_scheduler=config.placement.archway_scheduler).policy
-        common = dict(api=self.api, settings=config.remediation,
-                      policy=Policy.from_config(config), events=self.events,
+        # The leader's loops act on a pod as admission would: under the policy in force for it.
+        common = dict(api=self.api, settings=config.remediation, policy=policy, events=self.events,
                       workloads=caches.workloads, namespaces=caches.namespaces,
-                      exclude_namespaces=config.admission.exclude_namespaces)
+                      exclude_namespaces=config.admission.exclude_namespaces,
+                      in_force=lambda namespace, labels: caches.policy_for_labels(
+                          policy, namespace, labels,
+                          archway_scheduler=config.placement.archway_scheduler).policy)
         # Pods archway never saw, revisited beside the closed loop and fed by its pod watch.
         unseen = UnseenPods(nodes=caches.nodes, resolver=self.resolver,
                             pull_secrets=self.pull_secrets, coverage=self.coverage(),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import jsonpatch
 
 from archway.errors import classify_error, never_resolves
-from archway.placement.decision import Decision, decide, display_image
+from archway.placement.decision import Decision, decide, display_image, named
 from archway.placement.learning import Learned
 from archway.placement.patches import require_no_node
 from archway.placement.policy import Policy
@@ -106,7 +106,7 @@ def gate_only_release(obj: dict) -> dict:
 def _hold(obj: dict, pod: PodView, results: dict, decision: Decision) -> Release:
     known = told_architectures({image: results.get(image) for image in pod.images}, pod.os)
     if decision.architectures == frozenset():
-        note = share_no_architecture(known, results, pod.os)
+        note = share_no_architecture(known, results, pod.os, name=lambda image: named(pod, image))
     else:
         note = decision.message
     updated = _released(obj, Decision(allowed=True))

@@ -137,12 +137,12 @@ class FailingPods(ListWatch):
 
 class Remediation(LeaderLoop):
     def __init__(self, *, api: KubeApi, settings, policy, events: EventSink | None,
-                 nodes, workloads, namespaces=None, exclude_namespaces=(),
+                 nodes, workloads, namespaces=None, exclude_namespaces=(), in_force=None,
                  watch_seconds: int = 240, log_reader: LogReader | None = None,
                  clock: Callable[[], float] = time.monotonic):
         super().__init__(api=api, settings=settings, policy=policy, events=events,
                          workloads=workloads,   # None: GETs only
-                         namespaces=namespaces, exclude_namespaces=exclude_namespaces)
+                         namespaces=namespaces, exclude_namespaces=exclude_namespaces, in_force=in_force)
         self.nodes = nodes                 # name -> NodeFacts (.items)
         self.watch_seconds = watch_seconds
         # Logs are read only while learning is on (the chart grants pods/log get only then).
@@ -271,7 +271,7 @@ class Remediation(LeaderLoop):
         tracked.handled |= {(f.container, f.image) for f in new}
         if new:
             tracked.learned = False
-        mode = self.mode_of(pod.namespace)
+        mode = self.mode_of(pod.namespace, dict(pod.labels))
         learn = self.settings.learn_failed_architectures and mode == "enforce"
         for failure in new:
             self._report(pod, failure, arch, top, _consequence(arch, mode, learn))
@@ -291,7 +291,7 @@ class Remediation(LeaderLoop):
         if arch is None and tracked.failures:
             log.warning("pod %s/%s fails on node %s, whose architecture archway does not know: "
                         "nothing learned", pod.namespace, pod.name, pod.node)
-        return arch if self.mode_of(pod.namespace) != "off" else None
+        return arch if self.mode_of(pod.namespace, dict(pod.labels)) != "off" else None
 
     def _add_lesson(self, lessons: dict[str, _Lesson], tracked: _Tracked, arch: str,
                     top: WorkloadFacts) -> None:

@@ -45,12 +45,12 @@ REASON_RESET = "FailedArchitecturesReset"
 
 class TagWatch(LeaderLoop):
     def __init__(self, *, api: KubeApi, settings, policy, events: EventSink | None,
-                 workloads, resolver, pull_secrets, namespaces=None, exclude_namespaces=(),
+                 workloads, resolver, pull_secrets, namespaces=None, exclude_namespaces=(), in_force=None,
                  round_seconds: float = 300.0, resolve_timeout: float = 10.0,
                  per_second: float = 5.0, clock: Callable[[], float] = time.monotonic):
         super().__init__(api=api, settings=settings, policy=policy, events=events,
                          workloads=workloads, namespaces=namespaces,
-                         exclude_namespaces=exclude_namespaces)
+                         exclude_namespaces=exclude_namespaces, in_force=in_force)
         self.resolver = resolver
         self.pull_secrets = pull_secrets
         self.round_seconds = max(MIN_ROUND_SECONDS, round_seconds)
@@ -85,7 +85,7 @@ class TagWatch(LeaderLoop):
         """One round: the tags of every workload checked at their registry, then the learned
         exclusions whose evidence no longer holds removed."""
         self.workloads.wait_synced(30.0)
-        tops = [t for t in self.workloads.tops() if self.mode_of(t.namespace) != "off"]
+        tops = [t for t in self.workloads.tops() if self.mode_of(t.namespace, dict(t.labels)) != "off"]
         results: dict[str, object] = {}
         self._keyrings = {}     # credentials are read again each round
         if self.settings.watch_tags:
@@ -96,7 +96,7 @@ class TagWatch(LeaderLoop):
         if self.settings.learn_failed_architectures:
             for top in tops:
                 learned = top.learned
-                if learned is None or self.mode_of(top.namespace) != "enforce":
+                if learned is None or self.mode_of(top.namespace, dict(top.labels)) != "enforce":
                     continue
                 why = reset_reason(learned, top.images, results)
                 if why:
@@ -144,7 +144,7 @@ class TagWatch(LeaderLoop):
             confirmed = self.resolver.confirmed_at(image, self._keyring(pod), pod.namespace)
         except ArchwayError:   # a reference the resolver cannot read: checked as before
             return False
-        return confirmed is not None and time.time() - confirmed < self.round_seconds / 2
+        return confirmed is not None and 0 <= time.time() - confirmed < self.round_seconds / 2
 
     def _keyring(self, pod: PodView):
         group = (pod.namespace, pod.service_account, pod.pull_secret_names)
@@ -216,7 +216,7 @@ class TagWatch(LeaderLoop):
                     short_digest(new.digest or "?"), join_architectures(offered(new)), join_architectures(lost),
                     len(concerned))
         for top, image in concerned:
-            if self.mode_of(top.namespace) == "off":
+            if self.mode_of(top.namespace, dict(top.labels)) == "off":
                 continue
             self.event(workload_reference(top), "Warning", REASON_DROPPED, "Revalidate",
                        f"tag {image} now names {short_digest(new.digest or '?')} "

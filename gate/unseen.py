@@ -17,20 +17,22 @@ its watch of every pod (remediation.FailingPods: no watch of its own, no request
          rules: PodDisruptionBudgets hold, retries that end)
 
 A replacement that again arrives without archway's decision (created bound, or archway still
-bypassed) is not evicted again: evicting would only repeat.
+bypassed) is not evicted again: evicting would only repeat. A replacement is a pod first seen
+after archway evicted one of its workload's, one per eviction: the rest of a burst that was
+already there is evicted too (creation times have whole seconds, and a burst shares them).
 """
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from archway import metrics
 from archway.cluster.events import EventSink
 from archway.cluster.workloadcache import WorkloadFacts, controlling_workload, workload_reference
 from archway.errors import never_resolves
 from archway.kubeapi import ApiError, KubeApi
-from archway.lease import parse_time
 from archway.placement.archset import ArchSet, pod_arch_constraint
 from archway.placement.policy import opt_out_reason
 from archway.podview import OwnerReference, PodShapeError, PodView
@@ -57,7 +59,6 @@ MAX_TRACKED = 10_000          # unseen pods remembered at once (a few facts each
 RETRY_SECONDS = 30.0          # images that did not resolve, caches not synced: looked at again
 OWNER_WAIT_SECONDS = 5.0      # a controller not in the workload cache yet: looked at again once
 MAX_RESOLVE_TRIES = 3         # then it is recorded without knowing where its images run
-REPLACEMENT_SKEW_SECONDS = 2.0   # creationTimestamp has whole seconds
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,6 @@ class UnseenPod:
     """A bound pod without archway's decision: the few facts its revisit needs."""
     view: PodView                                # its images, pull secrets, service account
     owner: OwnerReference | None
-    created: float | None                        # creationTimestamp, wall clock
     architectures: frozenset[str] | None = None  # what its images run on, once resolved
 
     @property
@@ -111,8 +111,7 @@ def unseen_pod(obj: dict) -> UnseenPod | None:
     if pod.being_deleted or not pod.uid or opt_out_reason(pod, ()) is not None:
         return None
     return UnseenPod(view=pod, owner=next((o for o in pod.owner_references if o.controller),
-                                          None),
-                     created=parse_time((meta or {}).get("creationTimestamp")))
+                                          None))
 
 
 def _decided_or_mirror(annotations: object) -> bool:
@@ -122,10 +121,14 @@ def _decided_or_mirror(annotations: object) -> bool:
         or ANNOTATION_ARCHITECTURES in annotations or MIRROR_ANNOTATION in annotations
 
 
+_SEEN = itertools.count(1)     # the order in which the watch first brought pods
+
+
 @dataclass
 class _Revisit:
     """One unseen pod's revisit; the fields Evictions reads are the closed loop's."""
     pod: UnseenPod
+    seen: int = field(default_factory=lambda: next(_SEEN))
     covered: bool | None = None       # None: not judged yet; False: archway leaves it alone
     recorded: bool = False            # its Events sent and counted
     done: bool = False                # nothing left to do: never revisited
@@ -139,11 +142,11 @@ class _Revisit:
 class UnseenPods(LeaderLoop):
     def __init__(self, *, api: KubeApi, settings, policy, events: EventSink | None, nodes,
                  workloads, resolver, pull_secrets, namespaces=None, exclude_namespaces=(),
-                 coverage=None, resolve_timeout: float = 5.0, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time):
+                 in_force=None, coverage=None, resolve_timeout: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic):
         super().__init__(api=api, settings=settings, policy=policy, events=events,
                          workloads=workloads, namespaces=namespaces,
-                         exclude_namespaces=exclude_namespaces)
+                         exclude_namespaces=exclude_namespaces, in_force=in_force)
         self.nodes = nodes
         self.resolver = resolver
         self.pull_secrets = pull_secrets
@@ -151,11 +154,11 @@ class UnseenPods(LeaderLoop):
         self.resolve_timeout = resolve_timeout
         self.evictions = Evictions(api, self.event, clock)
         self._clock = clock
-        self._wall = wall
         self._lock = threading.Lock()
         self._pods: dict[str, _Revisit] = {}
         self._listing: dict[str, UnseenPod] = {}
-        self._evicted_at: dict[str, float] = {}   # workload uid -> when archway evicted its pod
+        # workload uid -> the evictions no replacement has answered yet (the _SEEN count then)
+        self._unanswered: dict[str, list[int]] = {}
         self._told: set[str] = set()              # workload uids given their Event
         self._full_logged = False
 
@@ -252,7 +255,7 @@ class UnseenPods(LeaderLoop):
             return
         if self.namespaces is not None:
             self.namespaces.wait_synced(10.0)   # their mode; without it the config's
-        mode = self.mode_of(pod.namespace)
+        mode = self.mode_of(pod.namespace, dict(pod.view.labels))
         sent = self._sent_to_webhook(pod)
         if sent is None:
             revisit.next_look = self._clock() + RETRY_SECONDS
@@ -276,11 +279,12 @@ class UnseenPods(LeaderLoop):
             revisit.done = True
             return
         assert top is not None and arch is not None
-        if self.evictions.maybe_evict(
-                revisit, arch, top, reason=REASON_EVICTED,
-                because=f"admitted without archway's decision, it is bound to node {pod.node} "
-                        f"({arch}), which its images cannot run on"):
-            self._evicted_at[top.uid] = self._wall()
+        evicted = self.evictions.maybe_evict(
+            revisit, arch, top, reason=REASON_EVICTED,
+            because=f"admitted without archway's decision, it is bound to node {pod.node} "
+                    f"({arch}), which its images cannot run on")
+        if evicted and (top.uid in self._unanswered or len(self._unanswered) < MAX_TRACKED):
+            self._unanswered.setdefault(top.uid, []).append(next(_SEEN))
         # Evicted or given up; or nothing to ask again (no architecture would be left to it).
         revisit.done = revisit.evict_done or revisit.next_look is None
 
@@ -350,9 +354,9 @@ class UnseenPods(LeaderLoop):
             return False
         if top is None or top.kind == "DaemonSet":
             return False    # nobody recreates it, or only on the same node
-        evicted = self._evicted_at.get(top.uid)
-        if evicted is not None and pod.created is not None \
-                and pod.created >= evicted - REPLACEMENT_SKEW_SECONDS:
+        unanswered = self._unanswered.get(top.uid)
+        if unanswered and revisit.seen > unanswered[0]:
+            unanswered.pop(0)
             log.warning("pod %s/%s, made after archway evicted a pod of %s, came without "
                         "archway's decision too: not evicted", pod.namespace, pod.name,
                         top.display_name)

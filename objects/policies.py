@@ -8,7 +8,9 @@ apiserver; this reading does not trust them (an older CRD, a policy written befo
 whatever it cannot apply makes the policy invalid, and an invalid policy is skipped, never an
 admission's failure.
 """
-from archway.labelselector import selector_matches
+import re
+
+from archway.labelselector import Selector, compiled, selector_matches
 from archway.placement.policies import PolicyObject, PolicySettings
 from archway.placement.policy import MODES, UNRESOLVED
 from archway.vocabulary import normal_architecture
@@ -27,6 +29,16 @@ KNOWN_ARCHITECTURES = frozenset({
 _OPERATORS = {"In": True, "NotIn": True, "Exists": False, "DoesNotExist": False}  # values?
 _TOLERATION_KEYS = ("key", "operator", "value", "effect", "tolerationSeconds")
 _MEMO_ENTRIES = 4096   # label sets of Namespaces remembered per version of the cache
+# What one selector may hold, as the CRDs' schema says (docs/policies.md, "Limits"): a tenant's
+# largest legal policy costs every replica a few KB, not megabytes.
+MAX_MATCH_LABELS = MAX_EXPRESSIONS = MAX_VALUES = 16
+# The apiserver's own rules for a label's key (an optional DNS-subdomain prefix, a name of at
+# most 63 characters) and value: a selector outside them can never match a label.
+_LABEL_NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
+_LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_LABEL_NAME}$")
+_LABEL_VALUE = re.compile(rf"^{_LABEL_NAME}?$")
+NOTHING = Selector(requirements=compiled({"matchExpressions": [
+    {"key": "archway.dev/invalid", "operator": "In"}]}).requirements)   # matches no pod
 
 
 def policy_object(obj: dict, kind: str) -> PolicyObject | None:
@@ -163,14 +175,17 @@ def _toleration_ok(raw: object) -> bool:
         isinstance(raw.get(k, ""), str) for k in ("key", "operator", "value", "effect"))
 
 
-def _selector(spec: dict, key: str, problems: list[str]) -> dict | None:
+def _selector(spec: dict, key: str, problems: list[str]) -> Selector | None:
+    """The compiled selector (None: absent, selects all); one that cannot be read selects
+    nothing and says why in `problems`."""
     selector = spec.get(key)
     if selector is None:
         return None
     problem = selector_problem(selector)
     if problem:
         problems.append(f"{key}: {problem}")
-    return selector
+        return NOTHING
+    return compiled(selector)
 
 
 def selector_problem(selector: object) -> str:
@@ -184,15 +199,45 @@ def selector_problem(selector: object) -> str:
     expressions = selector.get("matchExpressions") or []
     if not isinstance(expressions, list):
         return "matchExpressions is not a list"
+    if len(labels) > MAX_MATCH_LABELS or len(expressions) > MAX_EXPRESSIONS:
+        return (f"more than {MAX_MATCH_LABELS} matchLabels or {MAX_EXPRESSIONS} "
+                f"matchExpressions ({len(labels)}, {len(expressions)})")
+    for key, value in labels.items():
+        problem = _label_problem(key, value)
+        if problem:
+            return f"matchLabels: {problem}"
     for expression in expressions:
-        if not isinstance(expression, dict) or not isinstance(expression.get("key"), str):
-            return "a matchExpressions entry has no key"
-        operator, values = expression.get("operator"), expression.get("values") or []
-        if operator not in _OPERATORS:
-            return f"operator {operator!r} is not In, NotIn, Exists or DoesNotExist"
-        if not isinstance(values, list) or bool(values) != _OPERATORS[operator]:
-            return f"{operator} on {expression['key']!r} " + (
-                "needs values" if _OPERATORS[operator] else "takes no values")
+        problem = _expression_problem(expression)
+        if problem:
+            return problem
+    return ""
+
+
+def _expression_problem(expression: object) -> str:
+    if not isinstance(expression, dict) or not isinstance(expression.get("key"), str):
+        return "a matchExpressions entry has no key"
+    key, operator, values = expression["key"], expression.get("operator"), expression.get("values") or []
+    if operator not in _OPERATORS:
+        return f"operator {operator!r} is not In, NotIn, Exists or DoesNotExist"
+    if not isinstance(values, list) or bool(values) != _OPERATORS[operator]:
+        return f"{operator} on {key[:63]!r} " + (
+            "needs values" if _OPERATORS[operator] else "takes no values")
+    if len(values) > MAX_VALUES:
+        return f"{operator} on {key[:63]!r} has {len(values)} values (at most {MAX_VALUES})"
+    for value in values or [""]:
+        problem = _label_problem(key, value)
+        if problem:
+            return f"matchExpressions: {problem}"
+    return ""
+
+
+def _label_problem(key: str, value: object) -> str:
+    """Why no label of the apiserver's could be `key`=`value` ("": one could)."""
+    if len(key) > 317 or not _LABEL_KEY.match(key) or len(key.rpartition("/")[0]) > 253:
+        return f"{key[:63]!r} is not a label key (an optional DNS prefix and '/', then a name of 1-63 characters)"
+    if not isinstance(value, str) or not _LABEL_VALUE.match(value):
+        return (f"{str(value)[:63]!r} is not a label value of {key[:63]!r} "
+                "(at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends)")
     return ""
 
 

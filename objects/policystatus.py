@@ -88,6 +88,7 @@ class PolicyStatus:
         self.archway_scheduler = archway_scheduler
         self._seen: tuple = ()
         self._told: set[tuple[str, int, str]] = set()   # (uid, generation, reason): one Event
+        self._overlaps: dict = {}    # conflicts_of's memory: a change costs only its own pairs
 
     def lead(self, stop: threading.Event) -> None:
         for cache in self.caches:
@@ -107,7 +108,7 @@ class PolicyStatus:
         if seen == self._seen:
             return 0
         policies = [p for cache in self.caches for p in cache.items.values()]
-        conflicts = conflicts_of(policies, self.archway_scheduler)
+        conflicts = conflicts_of(policies, self.archway_scheduler, self._overlaps)
         written = 0
         all_written = True
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

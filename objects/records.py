@@ -17,6 +17,10 @@ API_PATH = f"/apis/{GROUP}/{VERSION}"
 CLUSTER_KIND, NAMESPACED_KIND = "ClusterImageRecord", "ImageRecord"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "archway"}
 MAX_PLATFORMS = 64          # as the CRD's schema allows
+# How far ahead of this clock a record's time may lie and still be believed: replicas' clocks
+# differ by this much at most where NTP runs. Beyond it the time is nobody's (a fast clock, a
+# hand-written record) and counts as never: the record is stale, revalidated and may expire.
+CLOCK_SKEW_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +72,17 @@ def record_object(record: ImageRecord, resource_version: str | None = None) -> d
                      "lastError": record.last_error}}
 
 
-def stored_record(obj: dict) -> StoredRecord | None:
+def _believed(seconds: float, now: float) -> float:
+    """A record's time as this process trusts it: no later than now; 0 (never) when it lies
+    further ahead than CLOCK_SKEW_SECONDS."""
+    return 0.0 if seconds > now + CLOCK_SKEW_SECONDS else min(seconds, now)
+
+
+def stored_record(obj: dict, now: float | None = None) -> StoredRecord | None:
     """What a process keeps of a record object; None for one it cannot use (hand-made, or of a
-    later schema): the registry is asked instead."""
+    later schema): the registry is asked instead. Its times are clamped to `now` (wall clock):
+    a record dated in the future is not fresh on its own word."""
+    now = time.time() if now is None else now
     try:
         metadata, spec = obj["metadata"], obj["spec"]
         reference = str(spec["reference"])
@@ -81,7 +93,8 @@ def stored_record(obj: dict) -> StoredRecord | None:
         info = ImageInfo(reference, platforms, str(spec.get("digest") or "") or None,
                          str(spec.get("source") or "record"), str(spec.get("note") or ""))
         record = ImageRecord(str(metadata.get("namespace") or CLUSTER), reference, info,
-                             _seconds(spec["readAt"]), _seconds(spec["lastRevalidated"]),
+                             _believed(_seconds(spec["readAt"]), now),
+                             _believed(_seconds(spec["lastRevalidated"]), now),
                              str(spec.get("lastError") or ""))
         return StoredRecord(record.name, record, str(metadata.get("resourceVersion") or ""))
     except (KeyError, TypeError, ValueError, AttributeError):

@@ -17,7 +17,7 @@ archway/'s ground floor and registry/'s model):
 Its face, what other rooms may use (tests/test_rooms.py holds them to it):
 
   debugcontainers  DebugDecision, DebugRequest, NodePlatform, decide_debug, read_debug_request
-  decision         Decision, decide, display_image, gated_warnings
+  decision         Decision, decide, display_image, gated_warnings, named
   policies         InForce, PolicyObject, PolicySettings, conflicts_of, namespace_labels, policy_in_force, unsupported
   namespaces       NamespaceFacts, namespace_facts, namespace_mode
   archset          ArchSet, pod_arch_constraint

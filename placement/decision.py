@@ -106,8 +106,10 @@ def _enforce(pod: PodView, results: dict, policy: Policy, nodes: Iterable[NodeLi
         placed = _Placed("no image told its architectures" if pod.images else "pod has no images")
     elif not archs:
         if policy.deny_on_empty:
-            return _deny(share_no_architecture(known, results, pod.os), warnings, archs)
-        warnings.insert(0, _nothing_shared(known, results, pod.os))
+            return _deny(share_no_architecture(known, results, pod.os,
+                                               name=lambda image: named(pod, image)),
+                         warnings, archs)
+        warnings.insert(0, _nothing_shared(pod, known, results, pod.os))
         annotate(mutated, pod, results, archs)
         placed = _Placed("no common architecture")
     elif not policy.within(archs):
@@ -165,10 +167,10 @@ def _told(pod: PodView, results: dict, failed: list[str], policy: Policy,
     return known
 
 
-def _nothing_shared(known: dict, results: dict, os: str) -> str:
+def _nothing_shared(pod: PodView, known: dict, results: dict, os: str) -> str:
     """The warning of a pod admitted although its images share no architecture."""
     lacking = [image for image, told in known.items() if not told]
-    return (no_platform_for(_short(lacking[0]), results.get(lacking[0]), os)
+    return (no_platform_for(_named(pod, lacking[0]), results.get(lacking[0]), os)
             if lacking else "the images share no CPU architecture") \
         + "; admitted without an arch constraint"
 
@@ -192,9 +194,16 @@ def _read(pod: PodView, results: dict) -> tuple[list[str], list[str]]:
 
 
 def _named(pod: PodView, image: str) -> str:
-    """The image as a warning names it, and the image volume it is pulled for."""
+    """The image as a warning names it (clipped), and the image volume it is pulled for."""
+    return named(pod, image, _short(image))
+
+
+def named(pod: PodView, image: str, shown: str | None = None) -> str:
+    """`shown` (the image, redacted) and, for an image volume's image, the volume it is for:
+    a message names what the user wrote."""
     volume = pod.volume_name(image)
-    return _short(image) + (f" (image volume '{clip(volume, 63)}')" if volume else "")
+    shown = display_image(image) if shown is None else shown
+    return shown + (f" (image volume '{clip(volume, 63)}')" if volume else "")
 
 
 @dataclass(frozen=True)
@@ -333,8 +342,6 @@ def _deny(message: str, warnings: list[str], archs, *, unschedulable: str = "",
     return Decision(allowed=False, message=message, warnings=tuple(warnings),
                     architectures=archs, outcome="denied", reason="denied",
                     unschedulable=unschedulable, conflict=conflict)
-
-
 
 
 def display_image(image: str) -> str:

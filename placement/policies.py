@@ -13,10 +13,11 @@ unset comes from levels 4 and 5. Two policies of the top priority of a level tha
 and say different things conflict: neither applies, the next level does, and a warning says so.
 An invalid policy is skipped (the gate controller's leader sets its status and an Event).
 """
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from archway.labelselector import selector_matches
+from archway.labelselector import Selector, selector_matches
 
 from .namespaces import NamespaceFacts, namespace_policy
 from .policy import SOURCE_NAMESPACE, Policy
@@ -45,8 +46,8 @@ class PolicyObject:
     generation: int = 0
     uid: str = ""
     priority: int = 0
-    pod_selector: dict | None = None         # None: every pod
-    namespace_selector: dict | None = None   # None: every namespace (cluster kind only)
+    pod_selector: Selector | None = None         # None: every pod
+    namespace_selector: Selector | None = None   # None: every namespace (cluster kind only)
     settings: PolicySettings = field(default_factory=PolicySettings)
     problems: tuple[str, ...] = ()           # why archway cannot apply it; (): valid
     resource_version: str = ""               # for the leader's status update
@@ -147,7 +148,17 @@ def choose(selecting: list[PolicyObject]
 
 
 def _said(settings: PolicySettings) -> str:
-    return repr(settings)   # tolerations hold dicts: compared by their repr, in a set
+    """What `settings` say, canonical: equal settings give the same text in every process.
+    (A frozenset's repr follows the string hash seed; tolerations hold dicts.) The order of
+    fallback architectures is kept: the first is tried first."""
+    def sets(value):
+        return None if value is None else sorted(value)
+    tolerations = None if settings.tolerations is None else sorted(
+        (arch, sorted(json.dumps(t, sort_keys=True) for t in items))
+        for arch, items in settings.tolerations)
+    return json.dumps([settings.mode, sets(settings.preferred), sets(settings.allowed),
+                       sets(settings.excluded), settings.fallback, tolerations,
+                       settings.archway_scheduler, settings.unresolved])
 
 
 def conflict_words(tied: tuple[PolicyObject, ...]) -> str:
@@ -174,22 +185,33 @@ def apply_settings(below: Policy, policy: PolicyObject, archway_scheduler: str |
 
 # --- conflicts between policies, for their status ----------------------------------------------
 
-def may_select_together(a: dict | None, b: dict | None) -> bool:
-    """Whether some set of labels satisfies both selectors (valid ones: selector_problem)."""
+def may_select_together(a: Selector | None, b: Selector | None) -> bool:
+    """Whether some set of labels satisfies both selectors."""
+    if _apart(a, b):
+        return _satisfiable(a) and _satisfiable(b)
+    return _satisfiable(a, b)
+
+
+def _apart(a: Selector | None, b: Selector | None) -> bool:
+    """No key in common: each selects what it would alone (the cheap case of 250,000 pairs)."""
+    return a is None or b is None or not a.keys & b.keys
+
+
+def _satisfiable(*selectors: Selector | None) -> bool:
+    """Whether some set of labels satisfies all `selectors`."""
     wanted: dict[str, set | None] = {}     # key -> the values it may have (None: any)
     unwanted: dict[str, set] = {}
     exists: set[str] = set()
     absent: set[str] = set()
-    for selector in (a or {}, b or {}):
-        for key, value in (selector.get("matchLabels") or {}).items():
+    for selector in selectors:
+        for key, value in (selector or Selector()).labels:
             wanted[key] = _narrow(wanted.get(key), {value})
-        for expression in selector.get("matchExpressions") or []:
-            key, operator = expression["key"], expression["operator"]
-            values = set(expression.get("values") or [])
+        for requirement in (selector or Selector()).requirements:
+            key, operator = requirement.key, requirement.operator
             if operator == "In":
-                wanted[key] = _narrow(wanted.get(key), values)
+                wanted[key] = _narrow(wanted.get(key), requirement.values)
             elif operator == "NotIn":
-                unwanted.setdefault(key, set()).update(values)
+                unwanted.setdefault(key, set()).update(requirement.values)
             elif operator == "Exists":
                 exists.add(key)
             else:
@@ -200,23 +222,42 @@ def may_select_together(a: dict | None, b: dict | None) -> bool:
                for key, values in wanted.items())
 
 
-def _narrow(values: set | None, allowed: set) -> set:
+def _narrow(values: set | None, allowed: set | frozenset) -> set:
     return set(allowed) if values is None else values & allowed
 
 
-def conflicts_of(policies: Iterable[PolicyObject], archway_scheduler: str | None = None
-                 ) -> dict[str, tuple[PolicyObject, ...]]:
+def conflicts_of(policies: Iterable[PolicyObject], archway_scheduler: str | None = None,
+                 overlaps: dict | None = None) -> dict[str, tuple[PolicyObject, ...]]:
     """name -> the policies each valid one conflicts with: of its own level and scope (its
     namespace, or the cluster), the same priority, different settings, and selectors that
-    can select the same pod (and, cluster policies, the same namespace)."""
-    usable = [p for p in policies if applicable(p, archway_scheduler)]
-    found: dict[str, tuple[PolicyObject, ...]] = {}
-    for policy in usable:
-        others = tuple(o for o in usable if o.name != policy.name and o.kind == policy.kind
-                       and o.namespace == policy.namespace and o.priority == policy.priority
-                       and _said(o.settings) != _said(policy.settings)
-                       and may_select_together(o.pod_selector, policy.pod_selector)
-                       and may_select_together(o.namespace_selector, policy.namespace_selector))
-        if others:
-            found[policy.name] = others
-    return found
+    can select the same pod (and, cluster policies, the same namespace). Only policies of one
+    scope and priority are compared; `overlaps` (kept by the caller between calls) remembers
+    each compared pair's selectors by uid and generation, so a change costs its own pairs."""
+    groups: dict[tuple, list[tuple[PolicyObject, str]]] = {}
+    for p in policies:
+        # One that selects nothing alone (Exists and DoesNotExist of a key) conflicts with none.
+        if applicable(p, archway_scheduler) and _satisfiable(p.pod_selector) \
+                and _satisfiable(p.namespace_selector):
+            groups.setdefault((p.kind, p.namespace, p.priority), []).append((p, _said(p.settings)))
+    remembered = overlaps if overlaps is not None else {}
+    used: set = set()
+    found: dict[str, list[PolicyObject]] = {}
+    for group in groups.values():
+        group.sort(key=lambda entry: entry[0].name)
+        for i, (one, said) in enumerate(group):
+            for other, other_said in group[i + 1:]:
+                if said == other_said:
+                    continue
+                pair = ((one.uid, one.generation, one.name), (other.uid, other.generation, other.name))
+                used.add(pair)
+                if pair not in remembered:
+                    remembered[pair] = all(
+                        _apart(x, y) or _satisfiable(x, y)
+                        for x, y in ((one.pod_selector, other.pod_selector),
+                                     (one.namespace_selector, other.namespace_selector)))
+                if remembered[pair]:
+                    found.setdefault(one.name, []).append(other)
+                    found.setdefault(other.name, []).append(one)
+    for pair in set(remembered) - used:
+        del remembered[pair]
+    return {name: tuple(sorted(others, key=lambda p: p.name)) for name, others in found.items()}

@@ -131,7 +131,7 @@ class Resolver:
 
     def resolve_many(self, images, *, keyring: Keyring | None = None, timeout: float | None,
                      revalidate=frozenset(), limit: int | None = None, scope: str | None = None,
-                     wait: bool = True) -> dict[str, ImageInfo | ArchwayError]:
+                     wait: bool = True, record: bool = True) -> dict[str, ImageInfo | ArchwayError]:
         """Resolve images concurrently under one overall timeout (None: wait). Never raises for
         one image: each failure is the ArchwayError in that image's slot. `revalidate`: images
         whose tag must be checked at the registry before their cached answer is used (pods that
@@ -140,7 +140,9 @@ class Resolver:
         namespace) `keyring`'s pull secrets belong to, for the records read with them; None:
         records read with a pod's credentials are neither read nor written. `wait` False: no
         waiting at all; an image whose answer is not in yet (a lookup or a revalidation under way,
-        started now or before) is left out of the result."""
+        started now or before) is left out of the result. `record` False (a dry-run admission,
+        which declares no side effects): the records are read, and the lookups it starts write
+        none."""
         distinct = list(dict.fromkeys(images))
         answers: dict[str, object] = {}
         for n, image in enumerate(distinct):
@@ -150,7 +152,7 @@ class Resolver:
                     f"archway reads at most {limit}")
                 continue
             try:
-                answers[image] = self._start(image, keyring, image in revalidate, scope)
+                answers[image] = self._start(image, keyring, image in revalidate, scope, record)
             except ArchwayError as e:
                 answers[image] = e
         pending = [a.future for a in answers.values() if isinstance(a, _Pending)]
@@ -162,7 +164,8 @@ class Resolver:
         return {image: _settled(answer, image, timeout) for image, answer in answers.items()}
 
     # --- internals -------------------------------------------------------------------------
-    def _start(self, image: str, keyring: Keyring | None, revalidate: bool, scope: str | None):
+    def _start(self, image: str, keyring: Keyring | None, revalidate: bool, scope: str | None,
+               record: bool = True):
         """The answer to hand out now (ImageInfo or ArchwayError), or a _Pending to wait for."""
         ref = parse_reference(image, self._library_host)
         keys = keyring or Keyring.empty()   # the pod's; the node's are added per host looked up
@@ -171,6 +174,7 @@ class Resolver:
         scope = self._record_scope(ref, keys, scope)
         if scope is not None and (entry is None or entry.state(self._clock()) == STALE):
             entry = self._recorded(key, ref, scope, entry)
+        written = scope if record else None     # the scope the lookups started here offer to
         if entry is not None:
             if isinstance(entry.answer, Failure):
                 _count_lookup("fresh")
@@ -178,7 +182,7 @@ class Resolver:
             info = _named(entry.answer, image)
             state = entry.state(self._clock())
             if state == STALE or revalidate:
-                flight = self._revalidation(key, ref, keys, entry, scope)
+                flight = self._revalidation(key, ref, keys, entry, written)
                 if revalidate and flight is not None:
                     _count_lookup("revalidate")
                     return _Pending(flight, fallback=info)
@@ -186,7 +190,7 @@ class Resolver:
             return info
         _count_lookup("miss")
         self._backoff.check(ref.host)
-        return _Pending(self._fly(key, ref.host, lambda: self._miss(ref, keys, key, scope, revalidate),
+        return _Pending(self._fly(key, ref.host, lambda: self._miss(ref, keys, key, written, revalidate),
                                   miss=True))
 
     def _key(self, ref: ImageReference, keyring: Keyring) -> tuple:

@@ -4,6 +4,7 @@ whose credentials read them, and dropped from the cache when a record says a tag
 against the real registry, counted at the server. The store here is the interface's simplest
 implementation (a dict); the Kubernetes one is tested on the real control plane
 (tests/e2e/test_image_records.py). Also the objects and the writer's decisions, pure."""
+import json
 import re
 import time
 from dataclasses import replace
@@ -155,6 +156,44 @@ def _record(digest="sha256:" + "a" * 64, **changes) -> ImageRecord:
                      digest, "oci-index")
     return replace(ImageRecord(CLUSTER, "registry.example/team/app:v1", info, 1000.0, 2000.0),
                    **changes)
+
+
+def test_a_dry_run_admission_is_placed_from_the_registry_and_writes_no_record(plain_registry):
+    """The webhook declares sideEffects: None: `kubectl create --dry-run=server` writes nothing."""
+    from tests.test_service import review, service
+    plain_registry.push_image("rec/dry", "v1", "linux/arm64")
+    image = plain_registry.ref("rec/dry", "v1")
+    records = DictRecords()
+    admission = service(resolver_for(plain_registry.host, records), deadline_seconds=10)
+    body = json.loads(review(image))
+    body["request"]["dryRun"] = True
+    answer = admission.review(json.dumps(body).encode()).body["response"]
+    assert answer["auditAnnotations"]["architectures"] == "arm64"
+    assert records.offers == []
+    plain_registry.push_image("rec/dry", "v2", "linux/arm64")
+    admission.review(review(plain_registry.ref("rec/dry", "v2")))
+    assert [r.reference for r in records.offers] == [plain_registry.ref("rec/dry", "v2")]
+
+
+def test_a_record_dated_in_the_future_is_not_fresh_on_its_own_word(plain_registry):
+    """A replica whose clock runs fast (or an admin's hand) wrote lastRevalidated an hour ahead,
+    then the tag was re-pushed arm64-only: the record counts as stale, the registry is asked."""
+    plain_registry.push_image("rec/ahead", "v1", "linux/amd64")
+    image = plain_registry.ref("rec/ahead", "v1")
+    records = DictRecords()
+    resolver_for(plain_registry.host, records).resolve(image, deadline=time.monotonic() + 10)
+    (offered,) = records.offers
+    ahead = time.time() + 3600
+    stored = stored_record(record_object(replace(offered, read_at=ahead, revalidated_at=ahead)))
+    assert stored is not None and stored.record.revalidated_at == stored.record.read_at == 0
+    near = time.time() + 2                  # within replicas' clock skew: believed, up to now
+    kept = stored_record(record_object(replace(offered, revalidated_at=near)), now=near - 2)
+    assert kept is not None and kept.record.revalidated_at == near - 2
+    plain_registry.push_image("rec/ahead", "v1", "linux/arm64")
+    records.by_key[(CLUSTER, offered.reference)] = stored.record
+    second = resolver_for(plain_registry.host, records, tag_ttl_seconds=3600)
+    assert second.confirmed_at(image) == 0          # the leader's tag watch checks it
+    assert second.resolve(image, deadline=time.monotonic() + 10).architectures == {"arm64"}
 
 
 def test_record_names_are_dns_subdomains_and_unique_per_reference():

@@ -1,6 +1,13 @@
 """PlacementPolicy objects, pure: what archway reads of one, which one is in force for a pod (the
 precedence of docs/policies.md), the policy knobs in the decision, and the leader's status."""
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+
 from archway.errors import TransportError as RegistryError
+from archway.labelselector import compiled, selector_matches
 from archway.objects.policies import CLUSTER_KIND, NAMESPACED_KIND, policy_object
 from archway.objects.policystatus import status_body, up_to_date, wanted_conditions
 from archway.placement.decision import decide
@@ -110,17 +117,97 @@ def test_fallback_architectures_place_a_pod_admitted_with_an_unread_image():
 
 
 def test_selectors_that_cannot_select_the_same_pod_do_not_conflict():
-    assert may_select_together({"matchLabels": {"a": "1"}}, {"matchLabels": {"b": "2"}})
-    assert not may_select_together({"matchLabels": {"a": "1"}}, {"matchLabels": {"a": "2"}})
-    assert not may_select_together({"matchExpressions": [{"key": "a", "operator": "Exists"}]},
-                                   {"matchExpressions": [{"key": "a", "operator": "DoesNotExist"}]})
-    assert not may_select_together(
-        {"matchExpressions": [{"key": "a", "operator": "In", "values": ["1"]}]},
-        {"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]})
+    def together(a, b):
+        return may_select_together(compiled(a), compiled(b))
+    assert together({"matchLabels": {"a": "1"}}, {"matchLabels": {"b": "2"}})
+    assert not together({"matchLabels": {"a": "1"}}, {"matchLabels": {"a": "2"}})
+    assert not together({"matchExpressions": [{"key": "a", "operator": "Exists"}]},
+                        {"matchExpressions": [{"key": "a", "operator": "DoesNotExist"}]})
+    assert not together({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1"]}]},
+                        {"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]})
+    assert together({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1", "2"]}]},
+                    {"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]})
     one = placement("one", priority=3, mode="audit", podSelector={"matchLabels": {"a": "1"}})
     two = placement("two", priority=3, mode="off", podSelector={"matchLabels": {"b": "1"}})
     apart = placement("apart", priority=3, mode="off", podSelector={"matchLabels": {"a": "2"}})
     assert conflicts_of([one, two, apart]) == {"ml/one": (two,), "ml/two": (one,)}
+
+
+def test_the_leaders_conflict_check_compares_a_changed_policy_only_with_its_own_scope():
+    same = [placement(f"p{i}", priority=1, mode="audit" if i % 2 else "off") for i in range(6)]
+    elsewhere = [placement(f"q{i}", namespace="other", priority=1, mode="off") for i in range(50)]
+    overlaps: dict = {}
+    found = conflicts_of(same + elsewhere, None, overlaps)
+    assert set(found) == {p.name for p in same}      # "other"'s policies all say the same
+    assert len(overlaps) == 9                        # 3 audit x 3 off, nothing of "other"
+    changed = placement("p0", priority=1, mode="enforce")
+    changed = replace(changed, generation=3)
+    conflicts_of([changed, *same[1:], *elsewhere], None, overlaps)
+    assert len(overlaps) == 5 + 6     # p0 against all five; audit x off of the rest: 2 x 3
+    never = placement("never", priority=1, mode="enforce", podSelector={"matchExpressions": [
+        {"key": "a", "operator": "Exists"}, {"key": "a", "operator": "DoesNotExist"}]})
+    assert "ml/never" not in conflicts_of([never, *same])    # it selects no pod at all
+
+
+def test_whether_two_equal_policies_conflict_does_not_depend_on_the_hash_seed():
+    """Two policies saying the same in another order agree in every process."""
+    program = textwrap.dedent("""
+        from archway.objects.policies import NAMESPACED_KIND, policy_object
+        from archway.placement.policies import conflicts_of
+        def p(name, archs, tolerations):
+            return policy_object({"metadata": {"name": name, "namespace": "ml", "uid": name},
+                                  "spec": {"priority": 5, "allowedArchitectures": archs,
+                                           "excludedArchitectures": ["s390x", "ppc64le"],
+                                           "tolerations": tolerations}}, NAMESPACED_KIND)
+        t1 = {"architecture": "arm64", "tolerations": [{"key": "a", "operator": "Exists"},
+                                                       {"key": "b", "operator": "Exists"}]}
+        t2 = {"architecture": "amd64", "tolerations": [{"key": "c", "operator": "Exists"}]}
+        print(conflicts_of([p("one", ["amd64", "arm64", "riscv64"], [t1, t2]),
+                            p("two", ["riscv64", "arm64", "amd64"], [t2, dict(t1, tolerations=t1["tolerations"][::-1])])]))
+    """)
+    for seed in ("0", "1", "7", "42", "12345", "random"):
+        done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}, timeout=60, check=True)
+        assert done.stdout.strip() == "{}", (seed, done.stdout, done.stderr)
+
+
+def test_a_selector_the_apiserver_would_refuse_or_over_the_limits_makes_the_policy_invalid():
+    cases = {
+        "matchLabels: 'bad key!' is not a label key": {"matchLabels": {"bad key!": "x"}},
+        "is not a label value": {"matchLabels": {"team": "-starts-with-dash"}},
+        "matchExpressions: 'Upper.Case/x' is not a label key": {"matchExpressions": [
+            {"key": "Upper.Case/x", "operator": "Exists"}]},
+        "has 17 values (at most 16)": {"matchExpressions": [
+            {"key": "a", "operator": "In", "values": [f"v{i}" for i in range(17)]}]},
+        "more than 16 matchLabels": {"matchLabels": {f"k{i}": "v" for i in range(17)}},
+    }
+    for words, selector in cases.items():
+        policy = placement("bad", podSelector=selector)
+        assert not policy.valid and words in policy.problems[0], (words, policy.problems)
+        assert not selector_matches(policy.pod_selector, {"team": "x", "a": "v1"})
+    fine = placement("fine", podSelector={"matchLabels": {"example.com/team": "a.b_c-9"},
+                                          "matchExpressions": [{"key": "tier", "operator": "NotIn",
+                                                                "values": ["", "db"]}]})
+    assert fine.valid
+    assert selector_matches(fine.pod_selector, {"example.com/team": "a.b_c-9", "tier": "web"})
+    assert not selector_matches(fine.pod_selector, {"example.com/team": "a.b_c-9", "tier": "db"})
+
+
+def test_a_compiled_selector_matches_as_its_document_does():
+    documents = [
+        {}, {"matchLabels": {"a": "1"}},
+        {"matchExpressions": [{"key": "a", "operator": "In", "values": ["1", "2"]}]},
+        {"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]},
+        {"matchExpressions": [{"key": "a", "operator": "Exists"}]},
+        {"matchExpressions": [{"key": "b", "operator": "DoesNotExist"}],
+         "matchLabels": {"a": "2"}},
+        {"matchExpressions": [{"key": "a", "operator": "Sometimes", "values": ["1"]}]},
+    ]
+    label_sets = [{}, {"a": "1"}, {"a": "2"}, {"a": "3", "b": ""}, {"b": "1"}, {"a": "1\x002"}]
+    for document in documents:
+        for labels in label_sets:
+            assert selector_matches(compiled(document), labels) == selector_matches(document, labels), \
+                (document, labels)
 
 
 def test_the_leader_writes_a_status_only_when_it_differs():

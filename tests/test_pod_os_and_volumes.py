@@ -191,6 +191,18 @@ def test_an_image_volume_with_platforms_places_the_pod():
     assert entries[1]["architectures"] == ["amd64"]
 
 
+def test_an_image_volume_sharing_no_architecture_is_denied_and_the_message_names_the_volume():
+    arm_only = info("reg/arm:1", "linux/arm64")
+    d = decide(view(pod("reg/arm:1", volumes=[("models", "reg/amd-model:1", {})])),
+               {**RESULTS, arm_only.image: arm_only}, Policy())
+    assert not d.allowed and d.outcome == "denied"
+    assert d.message == ("the pod's images share no CPU architecture: reg/arm:1 (arm64); "
+                         "reg/amd-model:1 (image volume 'models') (amd64)")
+    windows = decide(view(pod("reg/app:1", volumes=[("tools", "reg/win:1", {})])), RESULTS, Policy())
+    assert windows.message == ("reg/win:1 (image volume 'tools') has no linux platform: "
+                               "windows/amd64 only")
+
+
 def test_an_artifact_volume_constrains_nothing_and_says_why():
     d = decide(view(pod("reg/app:1", volumes=[("models", "reg/model:1", {})])), RESULTS,
                Policy(fail_closed=True))

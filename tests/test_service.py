@@ -36,7 +36,7 @@ class Resolver:
         self.calls = []
 
     def resolve_many(self, images, *, keyring=None, timeout, revalidate=frozenset(), limit=None,
-                     scope=None, wait=True):
+                     scope=None, wait=True, record=True):
         self.calls.append((tuple(images), keyring, timeout))
         if self.clock is not None:
             self.clock.now += self.takes

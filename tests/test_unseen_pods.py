@@ -5,7 +5,7 @@ passes are driven one at a time (take_due, revisit_all), so "once" is counted, n
 import pytest
 from prometheus_client import REGISTRY
 
-from archway.cluster.caches import NamespaceCache
+from archway.cluster.caches import ClusterCaches, NamespaceCache
 from archway.cluster.nodes import NodeCache
 from archway.cluster.pullsecrets import PullSecrets
 from archway.cluster.workloadcache import WorkloadCache
@@ -15,6 +15,7 @@ from archway.gate.remediation import FailingPods, Remediation
 from archway.gate.unseen import REASON_EVICTED, REASON_UNSEEN, UnseenPods, unseen_pod
 from archway.kubeapi import KubeApi
 from archway.kubeclient import build_api_client
+from archway.objects.policies import NAMESPACED_KIND, PolicyCache
 from archway.placement.policy import Policy
 from archway.registry.resolver import Resolver
 from lab.procs import wait_until
@@ -87,13 +88,17 @@ def leader(request, tmp_path, plain_registry):
 
     def factory():
         return build_api_client(config.kubernetes)[0]
-    caches = [NodeCache(factory), WorkloadCache(factory), NamespaceCache(factory)]
-    nodes, workloads, namespaces = caches
+    caches = [NodeCache(factory), WorkloadCache(factory), NamespaceCache(factory),
+              PolicyCache(factory, NAMESPACED_KIND)]
+    nodes, workloads, namespaces, policies = caches
     api = KubeApi(factory())
     events = Events()
-    common = dict(api=api, settings=config.remediation, policy=Policy.from_config(config),
+    policy = Policy.from_config(config)
+    cluster = ClusterCaches(namespaces=namespaces, policies=policies)
+    common = dict(api=api, settings=config.remediation, policy=policy,
                   events=events, workloads=workloads, namespaces=namespaces,
-                  exclude_namespaces=config.admission.exclude_namespaces)
+                  exclude_namespaces=config.admission.exclude_namespaces,
+                  in_force=lambda ns, labels: cluster.policy_for_labels(policy, ns, labels).policy)
     unseen = UnseenPods(nodes=nodes, resolver=Resolver(config.registry),
                         pull_secrets=PullSecrets(factory(), source="test", cache_seconds=60),
                         **common)
@@ -172,6 +177,34 @@ def test_an_unseen_pod_on_a_wrong_arch_node_is_evicted_once_the_others_are_only_
     assert len(events.sent) == sent
 
 
+def test_placement_policy_modes_govern_the_revisit_as_they_govern_admission(leader):
+    """mode off: no Event and no eviction; audit: recorded, never evicted; a policy's enforce
+    in a namespace labelled off acts (the policy comes first, as at admission)."""
+    server, unseen, events, image, start = leader
+    policies = "/apis/archway.dev/v1alpha1/namespaces/{}/placementpolicies/{}"
+    for namespace, name, mode, tier in (("shop", "hands-off", "off", "batch"),
+                                        ("shop", "watch-only", "audit", "report"),
+                                        ("quiet", "this-one", "enforce", "front")):
+        server.put(policies.format(namespace, name), {
+            "apiVersion": "archway.dev/v1alpha1", "kind": "PlacementPolicy",
+            "metadata": {"name": name, "generation": 1},
+            "spec": {"mode": mode, "podSelector": {"matchLabels": {"tier": tier}}}})
+    replicaset, quiet = workload(server, "shop"), workload(server, "quiet")
+    pods = "/api/v1/namespaces/{}/pods/{}"
+    for namespace, name, tier in (("shop", "batch-1", "batch"), ("shop", "report-1", "report"),
+                                  ("quiet", "web-1", "front")):
+        server.put(pods.format(namespace, name), pod(
+            name, "arm-node", image, owner=replicaset if namespace == "shop" else quiet,
+            labels={"app": "web", "tier": tier}))
+    start()
+    unseen.revisit_all(unseen.take_due())
+    assert events.about("batch-1") == []
+    assert [e[2] for e in events.about("report-1")] == [REASON_UNSEEN]
+    assert [e[2] for e in events.about("web-1")] == [REASON_UNSEEN, REASON_EVICTED]
+    evictions = [p for m, p in server.requests if m == "POST" and p.endswith("/eviction")]
+    assert evictions == ["/api/v1/namespaces/quiet/pods/web-1/eviction"]
+
+
 def test_a_bare_pod_is_recorded_not_evicted_and_a_replacement_without_a_decision_is_left(leader):
     server, unseen, events, image, start = leader
     replicaset = workload(server, "shop")
@@ -193,6 +226,31 @@ def test_a_bare_pod_is_recorded_not_evicted_and_a_replacement_without_a_decision
     unseen.revisit_all(unseen.take_due())
     assert server.get(pods.format("again")) is not None
     assert [e[2] for e in events.about("again")] == [REASON_UNSEEN]
+
+
+def test_every_bare_pod_of_a_burst_on_a_wrong_architecture_is_evicted_once(leader):
+    """A Deployment scaled to 12 while the webhook was bypassed: its 10 pods bound to arm64
+    are all evicted in one pass (not one, with the rest taken for replacements), and the
+    replacements that come bare again are left."""
+    server, unseen, events, image, start = leader
+    replicaset = workload(server, "shop")
+    pods = "/api/v1/namespaces/shop/pods/{}"
+    for i in range(12):
+        server.put(pods.format(f"web-{i}"), pod(f"web-{i}", "arm-node" if i < 10 else "amd-node",
+                                                image, owner=replicaset))
+    start()
+    unseen.revisit_all(unseen.take_due())
+    evicted = {p.rsplit("/", 2)[1] for m, p in server.requests if m == "POST" and p.endswith("/eviction")}
+    assert evicted == {f"web-{i}" for i in range(10)}
+    for i in range(10, 12):
+        assert server.get(pods.format(f"web-{i}")) is not None
+    for i in range(3):
+        server.put(pods.format(f"again-{i}"), pod(f"again-{i}", "arm-node", image, owner=replicaset))
+    wait_until(lambda: len(unseen.take_due()) == 3, timeout=10, what="the replacements in the watch")
+    unseen.revisit_all(unseen.take_due())
+    for i in range(3):
+        assert server.get(pods.format(f"again-{i}")) is not None
+        assert [e[2] for e in events.about(f"again-{i}")] == [REASON_UNSEEN]
 
 
 def test_an_unseen_pods_image_volume_counts_and_a_windows_node_reads_windows_platforms(

@@ -43,7 +43,7 @@ class PodReading(Protocol):
     def policy_for(self, pod: PodView, api_by: float) -> tuple[Policy, tuple[str, ...]]: ...
 
     def resolve(self, pod: PodView, due: float, api_by: float, *, images: tuple[str, ...],
-                always_pulled: frozenset[str]) -> Resolved: ...
+                always_pulled: frozenset[str], dry_run: bool = False) -> Resolved: ...
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,8 @@ class DebugChecks:
                 results: dict = {}
                 if node is not None and node.arch:
                     resolved = reading.resolve(debug.pod, due, api_by, images=debug.images,
-                                               always_pulled=debug.always_pulled)
+                                               always_pulled=debug.always_pulled,
+                                               dry_run=request.dry_run)
                     results, credential_warnings = resolved.results, resolved.warnings
                 decision = decide_debug(debug.images, results, node, self.mode,
                                         audit=policy is not None and policy.mode == "audit")

@@ -12,7 +12,8 @@ from archway.registry.credentials import Keyring
 class ImageResolver(Protocol):
     def resolve_many(self, images, *, keyring: Keyring | None = None, timeout: float | None,
                      revalidate=frozenset(), limit: int | None = None,
-                     scope: str | None = None, wait: bool = True) -> dict[str, Any]: ...
+                     scope: str | None = None, wait: bool = True,
+                     record: bool = True) -> dict[str, Any]: ...
 
 
 class PullCredentialSource(Protocol):

@@ -187,7 +187,7 @@ class AdmissionService:
             return Answer(200, allow_unchanged(request))
         resolution = Resolution({})
         try:
-            resolution = self.resolve(pod, due, api_by, wait=not at_once)
+            resolution = self.resolve(pod, due, api_by, wait=not at_once, dry_run=request.dry_run)
             if at_once and not resolution.complete:
                 raise _WouldWait
             decision = decide(pod, resolution.results, policy, nodes=self.known_nodes(),
@@ -283,12 +283,14 @@ class AdmissionService:
 
     def resolve(self, pod: PodView, due: float, api_by: float, *,
                 images: tuple[str, ...] | None = None,
-                always_pulled: frozenset[str] | None = None, wait: bool = True) -> Resolution:
+                always_pulled: frozenset[str] | None = None, wait: bool = True,
+                dry_run: bool = False) -> Resolution:
         """The images' results and the credential warnings, by `due`; the API reads may go on
         until `api_by`, the registries get the rest. With no time left, the cache answers alone
         (the lookups it starts go on in the background). `images` (and of them
         `always_pulled`): others than the pod's own, read with its pull secrets (a debug
-        container's). `wait` False: nothing waited for; what is not in memory is incomplete."""
+        container's). `wait` False: nothing waited for; what is not in memory is incomplete.
+        `dry_run`: the lookups started write no image record."""
         images = pod.images if images is None else images
         if not images:
             return Resolution({})
@@ -299,7 +301,8 @@ class AdmissionService:
                                              revalidate=(pod.always_pulled if always_pulled is None
                                                          else always_pulled),
                                              limit=self.settings.max_images,
-                                             scope=pod.namespace, wait=wait)
+                                             scope=pod.namespace, wait=wait,
+                                             record=not dry_run)
         complete = credentials.complete and all(image in results for image in images)
         return Resolution(results, tuple(credentials.warnings), complete)
 

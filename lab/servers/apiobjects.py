@@ -98,6 +98,9 @@ LISTS = {
     "mutatingwebhookconfigurations": ("MutatingWebhookConfigurationList",
                                       "admissionregistration.k8s.io/v1"),
     "leases": ("LeaseList", "coordination.k8s.io/v1"),
+    # archway's own kinds: as with its CRDs installed
+    "placementpolicies": ("PlacementPolicyList", "archway.dev/v1alpha1"),
+    "clusterplacementpolicies": ("ClusterPlacementPolicyList", "archway.dev/v1alpha1"),
 }
 # Field selectors the real server accepts (every resource: metadata.name/namespace).
 EVENT_FIELDS = {"involvedObject.kind", "involvedObject.namespace", "involvedObject.name",

@@ -70,6 +70,27 @@ def test_the_apiserver_refuses_a_policy_its_cel_rules_reject_with_their_message(
     assert "Unsupported value" in mode.value.message and "enforce" in mode.value.message
 
 
+def test_a_namespace_editors_selector_is_bounded_by_the_schema_and_the_largest_legal_one_applies(
+        archway, kube, namespace):
+    """The attack of hardening round 6: 20,000 expressions in one policy. Now the apiserver
+    refuses what is over the limits, saying which; the largest legal policy is accepted."""
+    expression = {"key": "team", "operator": "In", "values": ["a"]}
+    too_many = {"matchExpressions": [expression] * 17}
+    too_wide = {"matchExpressions": [dict(expression, values=[f"v{i}" for i in range(17)])]}
+    bad_value = {"matchLabels": {"team": "not a label value"}}
+    for name, selector, words in (("many", too_many, "must have at most 16 items"),
+                                  ("wide", too_wide, "must have at most 16 items"),
+                                  ("value", bad_value, "should match")):
+        with pytest.raises(KubeError) as refused:
+            kube.create(policies_path(namespace), placement_policy(name, podSelector=selector))
+        assert refused.value.status == 422 and words in refused.value.message, refused.value.message
+    largest = {"matchLabels": {f"example.com/k{i}": "v" * 63 for i in range(16)},
+               "matchExpressions": [{"key": f"example.com/e{i}", "operator": "NotIn",
+                                     "values": [f"{i}-{j}".ljust(63, "x") for j in range(16)]}
+                                    for i in range(16)]}
+    kube.create(policies_path(namespace), placement_policy("largest", podSelector=largest))
+
+
 def test_kubectl_get_placementpolicies_shows_mode_priority_and_selector(
         archway, control_plane, kube, namespace):
     kube.create(policies_path(namespace), placement_policy(

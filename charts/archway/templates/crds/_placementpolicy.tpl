@@ -10,29 +10,41 @@ items:
   maxLength: 16
   pattern: '^[a-z0-9_]+$'
 {{- end -}}
+{{- define "archway.crd.labelValue" -}}
+type: string
+maxLength: 63
+pattern: '^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$'
+{{- end -}}
 {{- define "archway.crd.selector" -}}
+{{- /* Bounded (docs/policies.md, "Limits"): a namespace editor's largest policy costs every
+       replica a few KB. archway's reading checks the same, and what a label key may be. */ -}}
 type: object
 description: {{ . }} (a metav1.LabelSelector; absent selects all).
 properties:
   matchLabels:
     type: object
+    maxProperties: 16
     additionalProperties:
-      type: string
+      {{- include "archway.crd.labelValue" . | nindent 6 }}
   matchExpressions:
     type: array
+    maxItems: 16
     items:
       type: object
       required: [key, operator]
       properties:
         key:
           type: string
+          maxLength: 317
+          pattern: '^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$'
         operator:
           type: string
           enum: [In, NotIn, Exists, DoesNotExist]
         values:
           type: array
+          maxItems: 16
           items:
-            type: string
+            {{- include "archway.crd.labelValue" . | nindent 12 }}
       x-kubernetes-validations:
         - rule: "self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0) : (!has(self.values) || size(self.values) == 0)"
           message: "In and NotIn need values; Exists and DoesNotExist take none"
