@@ -124,7 +124,9 @@ class PodView:
     being_deleted: bool = False                # metadata.deletionTimestamp is set
     image_volumes: tuple[ImageVolume, ...] = ()   # spec.volumes[] with an image source
     os: str = "linux"   # the OS it runs on (`kubernetes.io/os`), see `pinned_os`
-    os_pinned: bool = False   # ... and the pod's own constraints say it (no default)
+    # ... and a scheduler keeps it there: its nodeSelector or required affinity says that OS
+    # (spec.os alone does not: the kubelet of another OS refuses the pod once it is bound).
+    os_pinned: bool = False
 
     @classmethod
     def of(cls, obj: Any, *, namespace: str = "", name: str = "") -> "PodView":
@@ -167,7 +169,8 @@ class PodView:
             uid=_text(metadata, "uid", "metadata"),
             being_deleted=bool(metadata.get("deletionTimestamp")),
             image_volumes=_image_volumes(spec.get("volumes")),
-            os=os or "linux", os_pinned=os is not None,
+            os=os or "linux",
+            os_pinned=os is not None and pinned_os("", node_selector, required_terms) == os,
         )
 
     @cached_property

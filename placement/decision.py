@@ -13,6 +13,7 @@ from archway.logsafe import clip, redact_url
 from archway.podview import PodView, Toleration
 from archway.registry.model import ImageInfo
 from archway.vocabulary import (
+    OS_LABEL,
     common_architectures,
     join_architectures,
     no_platform_for,
@@ -246,6 +247,9 @@ def _place(mutated: dict, pod: PodView, results: dict, archs: frozenset[str], po
                                f"images lack; they support only {join_architectures(placed)}")
     if allowed:
         spec = mutated.setdefault("spec", {})
+        if pod.os != "linux" and not pod.os_pinned:
+            # Its architectures are those of its OS: only nodes of that OS can run it.
+            spec.setdefault("nodeSelector", {})[OS_LABEL] = pod.os
         prefer(spec, pod, allowed, policy.preferred)
         added = tolerate(spec, pod, allowed, policy.tolerations)
         if nodes is not None:
@@ -319,9 +323,13 @@ def unschedulable_reason(archs: frozenset[str], allowed: frozenset[str],
     one can, or when no node is known: an empty cache says nothing about the cluster). Stops at
     the first node that can: in a healthy cluster that is one of the first few."""
     available: set[str] = set()
-    known = False
+    known = any_node = of_os = False
     for node in nodes:
-        if node.arch is None or node.os != os:
+        any_node = True
+        if node.os != os:
+            continue
+        of_os = True
+        if node.arch is None:
             continue
         known = True
         if node.arch in available or not _may_schedule(node, tolerations):
@@ -330,7 +338,8 @@ def unschedulable_reason(archs: frozenset[str], allowed: frozenset[str],
             return ""
         available.add(node.arch)
     if not known:
-        return ""
+        return f"no {os} node is in the cluster (the pod runs on {os})" \
+            if any_node and not of_os else ""
     where = "nodes" if os == "linux" else f"{os} nodes"
     return (f"images are {'/'.join(sorted(archs))}-only; {where}: "
             f"{join_architectures(available) or 'none the pod tolerates'}")

@@ -153,6 +153,25 @@ def test_a_windows_pod_with_a_mixed_os_index_gets_the_windows_architecture():
     assert linux.architectures == {"arm64"} and placed_archs(linux) == "arm64"
 
 
+def test_a_windows_pod_pinned_only_by_spec_os_is_kept_on_windows_nodes_and_warned_without_one():
+    """spec.os does not steer the scheduler: a Windows pod bound to a Linux node fails there
+    (PodOSNotSupported). archway pins the OS with the architecture, and says when no node of
+    the pod's OS is in the cluster."""
+    d = decide(view(pod("reg/mixed:1", os="windows")), RESULTS, Policy())
+    patched = {op["path"]: op["value"] for op in d.patch}
+    assert patched["/spec/nodeSelector"] == {OS_LABEL: "windows", ARCH_LABEL: "amd64"}
+    pinned = decide(view(pod("reg/mixed:1", os="windows", node_selector={OS_LABEL: "windows"})),
+                    RESULTS, Policy())
+    assert placed_archs(pinned) == "amd64"
+    linux_only = [NodeFacts("lin-amd", "amd64", (), (), "linux")]
+    for how in ({"os": "windows"}, {"node_selector": {OS_LABEL: "windows"}}):
+        d = decide(view(pod("reg/mixed:1", **how)), RESULTS, Policy(), nodes=linux_only)
+        assert d.unschedulable == "no windows node is in the cluster (the pod runs on windows)", how
+        assert d.warnings[0].startswith("no windows node is in the cluster")
+    linux = decide(view(pod("reg/mixed:1")), RESULTS, Policy(), nodes=linux_only)
+    assert {op["path"]: op["value"] for op in linux.patch}["/spec/nodeSelector"] == {ARCH_LABEL: "arm64"}
+
+
 def test_a_linux_pod_with_a_windows_only_image_is_denied_and_told_why():
     d = decide(view(pod("reg/app:1", "reg/win:1")), RESULTS, Policy(deny_on_empty=True))
     assert not d.allowed and d.outcome == "denied" and d.architectures == frozenset()
