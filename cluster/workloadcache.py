@@ -226,21 +226,31 @@ def _owner_key(pod: PodView) -> tuple[str, str, str, str]:
 class OwnerWaits:
     """Which admissions may wait for a controller the watch has not brought: at most
     `at_once` at a time (taken without blocking), never for a controller a whole wait already
-    missed. archway_admission_owner_waits_total counts each wait and each skip by its result."""
+    missed. archway_admission_owner_waits_total counts each wait and each skip by its result.
+    As many slots again are kept for controllers whose own parent is known (a Deployment's new
+    ReplicaSet, a CronJob's Job: a rollout): pods naming owners that never come (a flood of
+    ghosts) cannot take them."""
 
     def __init__(self, at_once: int = OWNER_WAITS_AT_ONCE, kept: int = MISSED_OWNERS_KEPT):
         self._slots = threading.BoundedSemaphore(max(1, at_once))
+        self._rollout_slots = threading.BoundedSemaphore(max(1, at_once))
         self._missed: OrderedDict[tuple, None] = OrderedDict()
         self._lock = threading.Lock()
         self._kept = kept
+        self._held = threading.local()
 
-    def begin(self) -> bool:
-        return self._slots.acquire(blocking=False)
+    def begin(self, rollout: bool = False) -> bool:
+        """Take a slot (`rollout`: a controller whose parent is known may take a kept one)."""
+        for slots in ((self._rollout_slots, self._slots) if rollout else (self._slots,)):
+            if slots.acquire(blocking=False):
+                self._held.slots = slots
+                return True
+        return False
 
     def end(self, key: tuple, *, found: bool, trusted: bool) -> None:
         """A wait is over. A miss is remembered only when the watches follow the API at its end
         (`trusted`): a list or a retry in progress may yet bring the controller."""
-        self._slots.release()
+        self._held.slots.release()
         metrics.OWNER_WAITS.labels("found" if found else "missed").inc()
         if not found and trusted:
             with self._lock:
@@ -310,6 +320,13 @@ class WorkloadCache:
             return "not_watching"
         return "missed_before" if self.owner_waits.missed_before(_owner_key(pod)) else None
 
+    def _parent_known(self, namespace: str, owner: tuple[str, str]) -> bool:
+        """Whether the owner's name is its parent's and a hash (`web-7d9f8c` of Deployment
+        `web`, `nightly-29040` of CronJob `nightly`) and that parent is in the cache."""
+        parent_kind = {"ReplicaSet": "Deployment", "Job": "CronJob"}.get(owner[0])
+        stem, dash, _ = owner[1].rpartition("-")
+        return bool(parent_kind and dash and self.lookup(parent_kind, namespace, stem))
+
     def top_of(self, pod: PodView, timeout: float = 0.0) -> WorkloadFacts | None:
         """The top of the pod's owner chain. A controller is created a moment before its pods (a
         Deployment's new ReplicaSet, a CronJob's Job) and its first pods may be admitted before
@@ -322,7 +339,8 @@ class WorkloadCache:
         if top is not None or owner is None or owner[0] not in self.caches or timeout <= 0:
             return top
         key = _owner_key(pod)
-        skip = self._why_not_wait(pod, owner) or ("busy" if not self.owner_waits.begin() else None)
+        skip = self._why_not_wait(pod, owner) or (
+            "busy" if not self.owner_waits.begin(self._parent_known(pod.namespace, owner)) else None)
         if skip is not None:
             metrics.OWNER_WAITS.labels(skip).inc()
             return None

@@ -18,7 +18,7 @@ from archway.cluster.workloadcache import WorkloadCache
 from archway.config import config_from_dict
 from archway.kubeclient import api_client_factory
 from archway.podview import PodView
-from lab.procs import REPO, Server, free_port
+from lab.procs import REPO, Server, free_port, wait_until
 from lab.servers.apiserver import FakeApiServer
 from lab.servers.registry import RegistryServer
 
@@ -193,3 +193,50 @@ def test_no_admission_waits_for_a_controller_while_the_workload_watch_is_not_fol
     finally:
         workloads.stop()
         api.stop()
+
+
+def test_ghost_owners_cannot_take_the_waits_kept_for_a_rollouts_new_replicaset(tmp_path):
+    """Finding 7 of hardening round 6: while pods naming ghost ReplicaSets hold every wait, a
+    rollout's pods (their ReplicaSet named after a Deployment the cache holds) still wait for
+    it, and find it when the watch brings it."""
+    api = FakeApiServer()
+    try:
+        apps = "/apis/apps/v1/namespaces/shop"
+        deployment = api.put(f"{apps}/deployments/web", {
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}}})
+        config = config_from_dict({"kubernetes": {"kubeconfig": api.kubeconfig(str(tmp_path))}})
+        cache = WorkloadCache(api_client_factory(config.kubernetes), waits_at_once=1)
+        cache.ensure_started()
+        assert cache.wait_synced(30)
+
+        def pod(owner: str, uid: str) -> PodView:
+            return PodView.of({"metadata": {"name": "p", "namespace": "shop", "labels": {"app": "web"},
+                                            "ownerReferences": [{"apiVersion": "apps/v1",
+                                                                 "kind": "ReplicaSet", "name": owner,
+                                                                 "uid": uid, "controller": True}]},
+                               "spec": {"containers": [{"name": "c", "image": "x"}]}})
+        busy_before = _owner_waits("busy")
+        with ThreadPoolExecutor(4) as pool:
+            ghosts = [pool.submit(cache.top_of, pod(f"ghost-{i}", f"g{i}"), 8.0) for i in range(3)]
+            # One ghost holds the one wait, the other two were refused it.
+            wait_until(lambda: _owner_waits("busy") - busy_before >= 2, timeout=10,
+                       what="the ghosts' waits taken")
+            rollout = pool.submit(cache.top_of, pod("web-7d9f8c", "rs-uid"), 5.0)
+            api.put(f"{apps}/replicasets/web-7d9f8c", {
+                "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {
+                    "name": "web-7d9f8c", "uid": "rs-uid", "ownerReferences": [{
+                        "apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                        "uid": deployment["metadata"]["uid"], "controller": True}]},
+                "spec": {"selector": {"matchLabels": {"app": "web"}}}})
+            top = rollout.result(timeout=10)
+            assert top is not None and top.name == "shop/web"
+            assert [g.result(timeout=10) for g in ghosts] == [None, None, None]
+        cache.stop()
+    finally:
+        api.stop()
+
+
+def _owner_waits(result: str) -> float:
+    from prometheus_client import REGISTRY
+    return REGISTRY.get_sample_value("archway_admission_owner_waits_total", {"result": result}) or 0.0
