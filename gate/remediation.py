@@ -40,7 +40,7 @@ from archway.cluster.workloadcache import (
 from archway.kubeapi import LIST_PAGE_SIZE, ApiError, KubeApi
 from archway.listwatch import ListWatch
 from archway.placement.learning import Evidence, merged_annotations
-from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED
+from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED, join_architectures
 
 from .eviction import Evictions
 from .failingpods import FailingPod, explained_failures, failing_pod
@@ -55,6 +55,7 @@ RETRY_SECONDS = 30.0              # a workload that could not be read or written
 MAX_TRACKED = 10_000              # failing pods remembered at once (one of each is a few facts)
 MAX_EPISODES = 16                 # failed instances remembered per pod as read
 REASON_EXEC_FORMAT = "ExecFormatError"
+REASON_NOWHERE = "NoArchitectureLeft"
 # A pod is evicted once the leader's own workload cache shows what was just learned of its
 # workload: the webhook's caches are watches of the same objects, so its replacement is admitted
 # with the exclusion, not sent to the same architecture again. Waited for at most this long.
@@ -157,6 +158,7 @@ class Remediation(LeaderLoop):
         # restart after its back-off): their next failure is not reported a second time.
         self._reported: OrderedDict[str, frozenset[tuple[str, str]]] = OrderedDict()
         self._full_logged = False
+        self._nowhere: set[tuple[str, str]] = set()   # (workload or pod uid, arch) told so
 
     # --- leading ---------------------------------------------------------------------------
     def lead(self, stop: threading.Event, api_client_factory,
@@ -275,6 +277,8 @@ class Remediation(LeaderLoop):
         learn = self.settings.learn_failed_architectures and mode == "enforce"
         for failure in new:
             self._report(pod, failure, arch, top, _consequence(arch, mode, learn))
+        if new:
+            self._tell_if_nowhere(pod, arch, top)
         if learn and top is not None and tracked.failures:
             self._add_lesson(lessons, tracked, arch, top)
 
@@ -343,6 +347,29 @@ class Remediation(LeaderLoop):
             self.event(workload_reference(top), "Warning", REASON_EXEC_FORMAT, "Detect",
                        f"pods of image {failure.image} fail on {arch} with exec format "
                        f"error (read in their {failure.source}): {consequence}")
+
+    def _tell_if_nowhere(self, pod: FailingPod, arch: str, top: WorkloadFacts | None) -> None:
+        """When `arch` was the last architecture its images claim that its workload has not
+        failed on, no node can run it: learning and evicting would change nothing. One Warning
+        Event on the workload (or the bare pod) says so, and what would help."""
+        if pod.architectures is None:
+            return   # admitted without archway's decision: what its images claim is not known
+        failed = top.learned.architectures if top is not None and top.learned is not None else frozenset()
+        if pod.architectures - failed - {arch}:
+            return
+        regarding = workload_reference(top) if top is not None else pod.reference
+        key = (regarding["uid"] or regarding["name"], arch)
+        if key in self._nowhere or len(self._nowhere) >= MAX_TRACKED:
+            return
+        self._nowhere.add(key)
+        claimed = join_architectures(pod.architectures)
+        log.warning("%s/%s: its images claim only %s and fail on %s with exec format error: it "
+                    "can run nowhere", pod.namespace, regarding["name"], claimed, arch)
+        self.event(regarding, "Warning", REASON_NOWHERE, "Detect",
+                   f"its images claim {claimed} only and fail on {arch} with exec format error: "
+                   f"no architecture is left where its pods could run, so evicting them would only "
+                   f"repeat the failure and the restarts go on; rebuild the image for the "
+                   f"architectures it claims, or use an image that has another")
 
     def _apply(self, lesson: _Lesson) -> None:
         top = lesson.top

@@ -163,3 +163,27 @@ def test_an_arm64_only_daemonset_is_told_which_nodes_cannot_run_it(in_cluster, n
         "matchFields"][0]["values"][0] for p in pending) == cannot
     time.sleep(20)
     assert len(events(kube, namespace, REASON_NODES, "DaemonSet", "agent")) == 1
+
+
+@pytest.mark.timeout(900)
+def test_a_crash_loop_with_no_architecture_left_tells_its_workload_it_can_run_nowhere(
+        in_cluster, node_registry):
+    """The image's only architecture is the one it fails on (a real exec format error from the
+    real node's kubelet): learning and evicting cannot help, and the Deployment is told so,
+    once (hardening round 6, finding 7)."""
+    install, plane = in_cluster, in_cluster.plane
+    kube = plane.kube
+    arch = machine_arch()
+    default_remediation(install)
+    namespace = fresh_namespace(plane, "nowhere")
+    refused_multiarch_image(node_registry, f"node/nowhere-{namespace}")
+    image = f"{node_registry.host}/node/nowhere-{namespace}:only-{arch}"   # that one alone
+    create_deployment(kube, namespace, deployment("app", [image], replicas=1,
+                                                  terminationGracePeriodSeconds=0))
+    (told,) = kube.wait_for(lambda: events(kube, namespace, "NoArchitectureLeft", "Deployment"),
+                            timeout=240, what="the Deployment told it can run nowhere")
+    print(f"the Deployment's Event: {told['note']}")
+    assert told["type"] == "Warning" and f"claim {arch} only" in told["note"]
+    assert "no architecture is left" in told["note"]
+    (pod,) = app_pods(kube, namespace, "app")
+    assert pod["spec"]["nodeName"] == install.node.name    # still where its image claims to run
