@@ -28,10 +28,10 @@ TARGET_RATIO = 2.0
 
 
 class _Node:
-    __slots__ = ("arch", "taints")
+    __slots__ = ("arch", "taints", "os")
 
     def __init__(self, arch, taints=()):
-        self.arch, self.taints = arch, taints
+        self.arch, self.taints, self.os = arch, taints, "linux"
 
 
 def _per_call(**fns) -> dict[str, list[float]]:
