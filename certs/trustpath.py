@@ -17,6 +17,12 @@ Ignore, every pod is admitted without archway: nothing on archway's side sees a 
 
 Without a repair (cert-manager, a Secret of the user's) the check only reports: cert-manager's
 cainjector owns the caBundle there, and archway never writes against it.
+
+The same check compares what selects archway's calls (each webhook's rules, selectors, match
+conditions, failurePolicy and timeout) with what the chart installed (the configuration's
+annotation archway.dev/installed-selection): a configuration edited to send no pods looks
+healthy otherwise. That is reported, never written back: an admin may mean it (`helm upgrade`
+restores the chart's; docs/runbooks/ArchwayTrustPathBroken.md).
 """
 import base64
 import datetime as dt
@@ -40,6 +46,9 @@ CHECK_SECONDS = 5.0
 STATUS_FILE = "trust-path.json"     # in the server's run directory, beside the gate controller's
 MAX_PEM_BYTES = 1024 * 1024
 WEBHOOK_CONFIGURATIONS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+INSTALLED_SELECTION = "archway.dev/installed-selection"
+SELECTION_FIELDS = ("rules", "namespaceSelector", "objectSelector", "matchConditions",
+                    "failurePolicy", "timeoutSeconds")
 
 
 # --- the check (pure) -------------------------------------------------------------------------
@@ -71,6 +80,35 @@ def distrust(ca_bundle: str | None, leaf, host: str | None, now: dt.datetime) ->
     if host and host.lower() not in hosts_of(leaf):
         return f"would find not naming {host} in"
     return None
+
+
+def installed_selection(configuration: dict) -> dict[str, dict]:
+    """webhook name -> what selects its calls as the chart installed it ({}: no such record, a
+    configuration not made by the chart)."""
+    text = ((configuration.get("metadata") or {}).get("annotations") or {}).get(INSTALLED_SELECTION)
+    try:
+        installed = json.loads(text) if isinstance(text, str) else {}
+    except ValueError:
+        return {}
+    return {name: fields for name, fields in installed.items()
+            if isinstance(fields, dict)} if isinstance(installed, dict) else {}
+
+
+def selection_problems(configuration: dict) -> list[str]:
+    """How the live configuration selects archway's calls otherwise than the chart installed."""
+    live = {w.get("name"): w for w in configuration.get("webhooks") or [] if isinstance(w, dict)}
+    problems = []
+    for name, fields in sorted(installed_selection(configuration).items()):
+        webhook = live.get(name)
+        if webhook is None:
+            problems.append(f"webhook {name} was removed from the configuration")
+            continue
+        changed = [f for f in SELECTION_FIELDS if f in fields and webhook.get(f) != fields[f]]
+        if changed:
+            problems.append(f"webhook {name}: {', '.join(changed)} not as the chart installed "
+                            f"it, so the apiserver may not send archway the pods it should "
+                            f"(helm upgrade restores it)")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -152,7 +190,8 @@ class TrustWatch:
                            secret)
 
     def turn(self, leading: bool) -> list[str]:
-        """One check, and a repair when it failed and this replica leads; its problems after."""
+        """One check, and a repair when the certificates failed it and this replica leads; its
+        problems after (the selection's too, which are only reported)."""
         try:
             seen = self.observe()
         except (ApiError, OSError) as e:
@@ -161,9 +200,12 @@ class TrustWatch:
         problems = problems_of(seen)
         if problems and leading and self._repairable(seen) and self._repair(seen, problems):
             try:
-                problems = problems_of(self.observe())
+                seen = self.observe()
+                problems = problems_of(seen)
             except (ApiError, OSError) as e:
                 log.info("trust path repaired; not checked again yet: %s", e)
+        if seen.configuration is not None:
+            problems = problems + selection_problems(seen.configuration)
         self._record(problems)
         return problems
 
@@ -255,5 +297,6 @@ def trust_fact(status_path: str, now: float, interval: float = CHECK_SECONDS) ->
         return str(status.get("unknown") or "not checked")
     repaired = f" (repaired {status['repairs']} time(s))" if status.get("repairs") else ""
     if status["problems"]:
-        return "the apiserver cannot verify archway: " + "; ".join(status["problems"]) + repaired
-    return "ok: every webhook's caBundle verifies the served certificate" + repaired
+        return "the apiserver cannot reach archway as installed: " + "; ".join(status["problems"]) + repaired
+    return ("ok: every webhook's caBundle verifies the served certificate and selects what "
+            "the chart installed" + repaired)

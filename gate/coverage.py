@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from archway.certs.trustpath import WEBHOOK_CONFIGURATIONS
+from archway.certs.trustpath import WEBHOOK_CONFIGURATIONS, installed_selection
 from archway.kubeapi import ApiError, KubeApi
 from archway.labelselector import selector_matches
 
@@ -24,9 +24,14 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"   # every namespace has it 
 
 
 def pod_webhooks(configuration: dict) -> list[dict]:
-    """The configuration's webhooks whose rules take the CREATE of pods."""
+    """The configuration's webhooks whose rules take the CREATE of pods, each as the chart
+    installed it where the configuration says (trustpath.installed_selection): an edit that
+    stops sending pods is reported there, and archway's revisit still covers them."""
+    installed = installed_selection(configuration)
     found = []
     for webhook in configuration.get("webhooks") or []:
+        if isinstance(webhook, dict) and str(webhook.get("name")) in installed:
+            webhook = {**webhook, **installed[str(webhook.get("name"))]}
         rules = webhook.get("rules") if isinstance(webhook, dict) else None
         if any(isinstance(rule, dict) and _takes(rule, "resources", "pods")
                and _takes(rule, "operations", "CREATE") for rule in rules or []):

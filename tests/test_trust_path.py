@@ -19,11 +19,14 @@ from archway.certs import x509 as cx
 from archway.certs.bootstrap import BootstrapSpec, run_bootstrap
 from archway.certs.cli import bootstrap_spec
 from archway.certs.trustpath import (
+    INSTALLED_SELECTION,
+    SELECTION_FIELDS,
     STATUS_FILE,
     Observation,
     TrustWatch,
     distrust,
     problems_of,
+    selection_problems,
     trust_fact,
 )
 from archway.config import KubernetesSettings, config_from_dict
@@ -142,7 +145,7 @@ def test_a_corrupted_ca_bundle_is_reported_everywhere_and_patched_back_by_the_le
                         f"that signed Secret {NS}/{SECRET}'s certificate"]
     assert pod.writes() == [] and gauge() == 0
     fact = trust_fact(str(pod.run_dir / STATUS_FILE), cx.utcnow().timestamp())
-    assert fact.startswith("the apiserver cannot verify archway: webhook pods-v2.archway.dev")
+    assert fact.startswith("the apiserver cannot reach archway as installed: webhook pods-v2.archway.dev")
 
     before = repairs("repaired")
     assert pod.watch().turn(leading=True) == []
@@ -285,7 +288,7 @@ def test_readyz_shows_the_trust_path_and_stays_ready(pod, tmp_path):
     answer = app.get("/readyz")
     assert answer.status_code == 200
     assert answer.get_json()["trust_path"].startswith(
-        "the apiserver cannot verify archway: webhook pods.archway.dev has a caBundle")
+        "the apiserver cannot reach archway as installed: webhook pods.archway.dev has a caBundle")
 
 
 def chart_objects(*values: str) -> list[dict]:
@@ -298,6 +301,49 @@ def chart_objects(*values: str) -> list[dict]:
 def webhook_file_config(objects: list[dict]) -> dict:
     (cm,) = [d for d in objects if d["kind"] == "ConfigMap" and "webhook.yaml" in d["data"]]
     return yaml.safe_load(cm["data"]["webhook.yaml"])
+
+
+def test_a_configuration_edited_to_send_no_pods_is_reported_and_never_written_back(pod):
+    """Finding 6 of hardening round 6: the namespaceSelector edited to match nothing looked
+    healthy. The chart's record of what it installed (the configuration's annotation, as
+    rendered: the next test) tells the edit; nothing is written (an admin may mean it)."""
+    (installed,) = [d for d in chart_objects() if d["kind"] == "MutatingWebhookConfiguration"]
+    configuration = pod.api.get(MWC_PATH)
+    configuration["metadata"]["annotations"] = {
+        INSTALLED_SELECTION: installed["metadata"]["annotations"][INSTALLED_SELECTION]}
+    configuration["webhooks"] = [{**mine, **{f: w[f] for f in SELECTION_FIELDS if f in w}}
+                                 for mine, w in zip(configuration["webhooks"], installed["webhooks"])]
+    for mine, w in zip(configuration["webhooks"], installed["webhooks"]):
+        mine["name"] = w["name"]
+    configuration = pod.api.put(MWC_PATH, configuration)
+    watch = pod.watch()
+    assert watch.turn(leading=True) == [] and gauge() == 1
+    edited = dict(configuration, webhooks=[dict(configuration["webhooks"][0], namespaceSelector={
+        "matchLabels": {"no-such-label": "x"}}), *configuration["webhooks"][1:]])
+    pod.api.put(MWC_PATH, edited)
+    pod.api.requests.clear()
+    (problem,) = watch.turn(leading=True)
+    assert problem.startswith("webhook pods.archway.dev: namespaceSelector not as the chart "
+                              "installed it"), problem
+    assert pod.writes() == [] and gauge() == 0
+    fact = trust_fact(str(pod.run_dir / STATUS_FILE), cx.utcnow().timestamp())
+    assert fact.startswith("the apiserver cannot reach archway as installed: webhook pods.archway.dev: namespaceSelector")
+    # The revisit keeps to what was installed: a pod of namespace "shop" is still covered.
+    from archway.gate.coverage import pod_webhooks, webhook_covers
+    labels = {"kubernetes.io/metadata.name": "shop"}
+    assert webhook_covers(pod_webhooks(pod.api.get(MWC_PATH)), labels, {})
+    assert not webhook_covers(pod_webhooks(edited | {"metadata": {}}), labels, {})
+
+
+def test_the_charts_record_of_its_selection_is_what_it_renders():
+    for extra in ((), ("--set", "config.admission.debug_containers=off"),
+                  ("--set", "webhook.failurePolicy=Fail", "--set", "webhook.skipArchPinnedPods=true")):
+        (mwc,) = [d for d in chart_objects(*extra) if d["kind"] == "MutatingWebhookConfiguration"]
+        recorded = json.loads(mwc["metadata"]["annotations"][INSTALLED_SELECTION])
+        assert set(recorded) == {w["name"] for w in mwc["webhooks"]}, extra
+        for w in mwc["webhooks"]:
+            assert recorded[w["name"]] == {f: w[f] for f in SELECTION_FIELDS}, (extra, w["name"])
+        assert selection_problems(mwc) == []
 
 
 def test_the_chart_repairs_with_the_certificate_jobs_own_arguments_in_bootstrap_mode_only():

@@ -57,3 +57,20 @@ def test_with_archway_stopped_pods_are_still_created(archway, kube, namespace, i
         wait_bound(kube, namespace, "unplaced", 1)
     finally:
         archway.restart_webhook()
+
+
+def test_the_apiserver_stores_the_selection_the_chart_recorded(archway, kube):
+    """The trust path compares the live configuration with the chart's record of it
+    (certs/trustpath.py): as the real apiserver stores (and defaults) it, nothing differs."""
+    from archway.certs.trustpath import INSTALLED_SELECTION, selection_problems
+    configurations = [c for c in kube.items(
+        "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations")
+        if INSTALLED_SELECTION in (c["metadata"].get("annotations") or {})]
+    assert configurations, "no configuration carries the chart's record"
+    for configuration in configurations:
+        assert selection_problems(configuration) == [], configuration["metadata"]["name"]
+        first = dict(configuration["webhooks"][0], failurePolicy="Fail")
+        edited = dict(configuration, webhooks=[first, *configuration["webhooks"][1:]])
+        assert selection_problems(edited) == [
+            f"webhook {first['name']}: failurePolicy not as the chart installed it, so the "
+            f"apiserver may not send archway the pods it should (helm upgrade restores it)"]
