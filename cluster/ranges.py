@@ -1,8 +1,10 @@
 """The cluster's own addresses, which a pod's image reference must not make archway contact
 (registry.hostpolicy refuses them unless registry.allow_hosts lists the host): the Service ranges
 (networking.k8s.io/v1 ServiceCIDR objects, or registry.service_cidrs when set), the `kubernetes`
-Service's address (KUBERNETES_SERVICE_HOST, the client's own API server) and the API server's
-real addresses (the `kubernetes` EndpointSlice in `default`). Read once as a worker or a
+Service's address (KUBERNETES_SERVICE_HOST, the client's own API server), the API server's
+real addresses (the `kubernetes` EndpointSlice in `default`), and every Node's addresses and
+pod ranges (a node's other addresses reach the API server and the node's agents too: its
+bridge's gateway, its IPv6 address; a pod IP is a pod's, not a registry's unless named). Read once as a worker or a
 leadership starts, before it answers, then every REFRESH_SECONDS in a daemon thread: a cluster
 gains Service ranges rarely, and one failed read keeps the last answer.
 """
@@ -12,13 +14,15 @@ import os
 import threading
 from urllib.parse import urlsplit
 
-from archway.kubeapi import ApiError, KubeApi
+from archway.kubeapi import LIST_PAGE_SIZE, ApiError, KubeApi
 from archway.registry.hostpolicy import ClusterAddresses, Network, canonical_address, parse_networks
 
 log = logging.getLogger(__name__)
 REFRESH_SECONDS = 300.0
 SERVICE_CIDRS = "/apis/networking.k8s.io/v1/servicecidrs"
 API_ENDPOINTS = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes"
+NODES = "/api/v1/nodes"
+_NAME_TYPES = ("Hostname", "InternalDNS", "ExternalDNS")   # names, not addresses
 
 
 def _host_network(host: str | None) -> list[Network]:
@@ -48,7 +52,27 @@ def read_cluster_networks(api: KubeApi, configured: tuple[str, ...], environ=Non
                 networks += _host_network(address)
     except (ApiError, AttributeError) as e:
         problems.append(f"the API server's addresses: {e}")
+    try:
+        for page in api.pages(NODES, LIST_PAGE_SIZE):
+            for node in page.get("items") or []:
+                networks += node_networks(node)
+    except (ApiError, AttributeError) as e:
+        problems.append(f"the Nodes' addresses: {e}")
     return list(dict.fromkeys(networks)), problems
+
+
+def node_networks(node: dict) -> list[Network]:
+    """A Node's addresses (status.addresses but names) and pod ranges (spec.podCIDRs)."""
+    status, spec = node.get("status") or {}, node.get("spec") or {}
+    networks = [network for entry in status.get("addresses") or []
+                if isinstance(entry, dict) and entry.get("type") not in _NAME_TYPES
+                for network in _host_network(str(entry.get("address") or ""))]
+    cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
+    try:
+        networks += parse_networks([str(c) for c in cidrs], "a Node's spec.podCIDRs")
+    except ValueError:
+        pass     # the apiserver validates them; one that does not parse is no range
+    return networks
 
 
 class ClusterRanges:

@@ -34,6 +34,7 @@ _METADATA_ADDRESSES = {
 _METADATA_NAMES = {"metadata.google.internal", "metadata", "instance-data", "metadata.azure.com"}
 # The kubelet's authenticated API and its read-only port, on every node.
 KUBELET_PORTS = frozenset({10250, 10255})
+KUBE_PROXY_PORTS = frozenset({10249, 10256})   # its metrics and health, on every node
 
 
 def _host_port(netloc: str) -> tuple[str, int | None]:
@@ -155,18 +156,25 @@ def parse_networks(entries, key: str) -> tuple[Network, ...]:
 
 
 class ClusterAddresses:
-    """The cluster's Service ranges and API server addresses, as last discovered or configured:
-    replaced whole (`update`), read without a lock."""
+    """The cluster's Service ranges, API server and Node addresses and pod ranges, as last
+    discovered or configured: replaced whole (`update`), read without a lock. Single addresses
+    (two per Node: thousands) are looked up in a set, ranges walked."""
 
     def __init__(self, networks: tuple[Network, ...] = ()):
-        self.networks = tuple(networks)
+        self.update(networks)
 
     def update(self, networks) -> None:
-        self.networks = tuple(networks)
+        networks = tuple(networks)
+        single = frozenset(n.network_address for n in networks
+                           if n.prefixlen == n.max_prefixlen)
+        ranges = tuple(n for n in networks if n.prefixlen != n.max_prefixlen)
+        self._lookup = (single, ranges)
+        self.networks = networks
 
     def covers(self, address: IPAddress) -> bool:
-        return any(address in network for network in self.networks
-                   if address.version == network.version)
+        single, ranges = self._lookup
+        return address in single or any(address in network for network in ranges
+                                        if address.version == network.version)
 
 
 def internal_reason(address: IPAddress, port: int | None, cluster: ClusterAddresses) -> str | None:
@@ -175,6 +183,8 @@ def internal_reason(address: IPAddress, port: int | None, cluster: ClusterAddres
         return "a loopback address"
     if port in KUBELET_PORTS:
         return "a kubelet port"
+    if port in KUBE_PROXY_PORTS:
+        return "a kube-proxy port"
     if cluster.covers(address):
         return "in the cluster's Service range or the API server's"
     return None

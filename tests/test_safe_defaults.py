@@ -52,6 +52,8 @@ def test_loopback_is_refused_in_every_spelling_unless_listed(host):
     ("192.0.2.10:5000", "API server"),          # any port of it
     ("198.51.100.7:10250", "kubelet port"),     # any node's kubelet
     ("198.51.100.7:10255", "kubelet port"),     # its read-only port
+    ("198.51.100.7:10256", "kube-proxy port"),  # kube-proxy's health
+    ("198.51.100.7:10249", "kube-proxy port"),  # and metrics
     ("[::ffff:10.96.0.10]:53", "Service range"),
 ])
 def test_the_clusters_own_addresses_are_refused_unless_listed(netloc, why):
@@ -119,13 +121,28 @@ class _Api:
             return {"items": [{"spec": {"cidrs": ["10.96.0.0/12", "fd00:10:96::/112"]}}]}
         return {"endpoints": [{"addresses": ["192.0.2.11"]}]}
 
+    def pages(self, path, page_size, **kw):
+        assert path == "/api/v1/nodes"
+        yield {"items": [{"metadata": {"name": "n1"},
+                          "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24", "fd00:244:1::/64"]},
+                          "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.21"},
+                                                   {"type": "InternalIP", "address": "2001:db8::21"},
+                                                   {"type": "Hostname", "address": "n1"}]}}]}
+
 
 def test_the_cluster_ranges_are_read_from_the_api():
     from archway.cluster.ranges import read_cluster_networks
+    from archway.registry.hostpolicy import ClusterAddresses
     networks, problems = read_cluster_networks(_Api(), (), {"KUBERNETES_SERVICE_HOST": "10.96.0.1"})
     assert not problems
     assert set(map(str, networks)) == {"10.96.0.0/12", "fd00:10:96::/112", "10.96.0.1/32",
-                                       "192.0.2.10/32", "192.0.2.11/32"}
+                                       "192.0.2.10/32", "192.0.2.11/32",
+                                       "192.0.2.21/32", "2001:db8::21/128",    # a Node's addresses
+                                       "10.244.1.0/24", "fd00:244:1::/64"}     # and pod ranges
+    cluster = ClusterAddresses(networks)
+    for refused in ("10.244.1.1", "10.244.1.7", "2001:db8::21", "192.0.2.21"):   # gateway, pod
+        assert cluster.covers(ipaddress.ip_address(refused)), refused
+    assert not cluster.covers(ipaddress.ip_address("192.0.2.99"))
     configured, _ = read_cluster_networks(_Api(), ("10.0.0.0/16",), {})
     assert ipaddress.ip_network("10.0.0.0/16") in configured
     assert ipaddress.ip_network("10.96.0.0/12") not in configured   # the override replaces them
