@@ -4,9 +4,9 @@
 Service's address (KUBERNETES_SERVICE_HOST, the client's own API server), the API server's
 real addresses (the `kubernetes` EndpointSlice in `default`), and every Node's addresses and
 pod ranges (a node's other addresses reach the API server and the node's agents too: its
-bridge's gateway, its IPv6 address; a pod IP is a pod's, not a registry's unless named). Read once as a worker or a
-leadership starts, before it answers, then every REFRESH_SECONDS in a daemon thread: a cluster
-gains Service ranges rarely, and one failed read keeps the last answer.
+bridge's gateway, its IPv6 address; a pod IP is a pod's, not a registry's unless named). Read
+once as a worker or a leadership starts, before it answers, then every REFRESH_SECONDS in a
+daemon thread: a cluster gains Service ranges rarely, and one failed read keeps the last answer.
 """
 import ipaddress
 import logging
