@@ -24,7 +24,7 @@ from archway import metrics
 from archway.cluster.events import EventSink
 from archway.cluster.workloadcache import WorkloadFacts, workload_facts, workload_path, workload_reference
 from archway.errors import ArchwayError
-from archway.kubeapi import LIST_PAGE_SIZE, KubeApi
+from archway.kubeapi import LIST_PAGE_SIZE, ApiError, KubeApi
 from archway.placement.learning import Learned, learned_from, reset_reason, short_digest
 from archway.podview import PodView
 from archway.registry.imageref import ImageReference
@@ -208,22 +208,41 @@ class TagWatch(LeaderLoop):
             if move in self._alarmed:
                 return
             self._alarmed.add(move)
-        concerned = self._by_reference.get(ref, [])
+        concerned = [(top, image) for top, image in self._by_reference.get(ref, [])
+                     if self.mode_of(top.namespace, dict(top.labels)) != "off"]
+        untold = [(top, image) for top, image in concerned if not self._told_before(top, new)]
+        if concerned and not untold:
+            log.info("tag %s moved to %s: its workloads were told by a leader before", ref,
+                     short_digest(new.digest or "?"))
+            return     # one alarm per re-push, whichever replica leads now
         for arch in sorted(lost):
             metrics.ARCHITECTURES_DROPPED.labels(arch).inc()
         log.warning("tag %s moved from %s (%s) to %s (%s): %s dropped; %d workload(s) use it",
                     ref, short_digest(old.digest or "?"), join_architectures(offered(old)),
                     short_digest(new.digest or "?"), join_architectures(offered(new)), join_architectures(lost),
                     len(concerned))
-        for top, image in concerned:
-            if self.mode_of(top.namespace, dict(top.labels)) == "off":
-                continue
+        for top, image in untold:
             self.event(workload_reference(top), "Warning", REASON_DROPPED, "Revalidate",
                        f"tag {image} now names {short_digest(new.digest or '?')} "
                        f"({join_architectures(offered(new))}), which lacks {join_architectures(lost)} that "
                        f"{short_digest(old.digest or '?')} had: its pods rescheduled onto "
                        f"{join_architectures(lost)} nodes will not start there (archway report lists the "
                        f"workloads running on an architecture their tag no longer offers)")
+
+    def _told_before(self, top: WorkloadFacts, new: ImageInfo) -> bool:
+        """Whether an ArchitecturesDropped Event about `top` names `new`'s digest already: a
+        leader before this one raised it (Events are the memory every leader shares; the
+        apiserver keeps them an hour by default)."""
+        if self.api is None or not top.uid or not new.digest:
+            return False
+        try:
+            listed = self.api.request("GET", f"/api/v1/namespaces/{top.namespace}/events", query={
+                "fieldSelector": f"involvedObject.uid={top.uid},reason={REASON_DROPPED}"})
+        except ApiError as e:
+            log.info("the Events of %s could not be read (%s): the alarm is raised", top.display_name, e)
+            return False
+        digest = f"now names {short_digest(new.digest)} "
+        return any(digest in str(e.get("message") or "") for e in listed.get("items") or [])
 
     def reset(self, top: WorkloadFacts, why: str, results: dict) -> bool:
         """Remove a learned exclusion whose evidence no longer holds (read again first: it may

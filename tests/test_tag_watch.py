@@ -241,3 +241,30 @@ def test_a_new_leader_catches_a_repush_its_predecessor_never_saw(plain_registry,
     calm = Events()
     leader(control_plane, plain_registry, namespace, image, calm).review()
     assert alarms(calm) == []
+
+
+def test_a_repush_raises_one_alarm_whichever_leader_sees_it(plain_registry, control_plane):
+    """Hardening round 6: every new leader raised ArchitecturesDropped again for the same
+    re-push (13 Events for one). The Events in the API are the memory every leader shares."""
+    from archway.cluster.events import EventSink
+    first = plain_registry.push_index("tw/once", "v1", ["linux/amd64", "linux/arm64"]).digest
+    image = plain_registry.ref("tw/once", "v1")
+    namespace = control_plane.new_namespace("tw-once")
+    admitted_pod(control_plane, namespace, image, first)
+    moved = plain_registry.push_image("tw/once", "v1", "linux/amd64")
+
+    def told() -> list[dict]:
+        return [e for e in control_plane.kube.items(f"/api/v1/namespaces/{namespace}/events")
+                if e.get("reason") == "ArchitecturesDropped"]
+    for n in range(3):     # three leaders in turn, each a new process's own
+        sink = EventSink(admin_api(control_plane), instance=f"leader-{n}")
+        before = dropped("arm64")
+        leader(control_plane, plain_registry, namespace, image, sink).review()
+        sink.flush(10)
+        if n == 0:
+            assert dropped("arm64") == before + 1
+            control_plane.kube.wait_for(told, timeout=10, what="the first leader's alarm listed")
+        else:
+            assert dropped("arm64") == before, n      # no second alarm, no second count
+    (alarm,) = told()
+    assert moved[:19] in alarm["message"] and "lacks arm64" in alarm["message"]
