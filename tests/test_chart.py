@@ -1253,6 +1253,8 @@ def test_the_chart_gates_with_least_privilege_and_releases_on_uninstall(render):
     assert controller["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "update"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        # config.remediation.watch_tags: a new leader reads the ArchitecturesDropped raised
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
         # config.remediation.learn_failed_architectures: a failing pod's workloads read, and
         # what was learned merged into their annotations; no update
         {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets", "daemonsets",
