@@ -297,3 +297,30 @@ def test_archway_explain_says_which_policy_applied_to_a_file_and_a_live_pod(
     manifests.write_text(yaml.safe_dump_all([workload, given]))
     done = run_archway(control_plane, tmp_path, images, "explain", "-f", str(manifests))
     assert f"  policy: PlacementPolicy {namespace}/urgent (priority 9, selects it)" in done.stdout
+
+
+def test_a_namespace_editors_largest_legal_policies_leave_other_namespaces_placed_as_before(
+        archway, kube, namespace, images, control_plane):
+    """Hardening round 6, finding 1: a tenant's worst legal policies (each at every limit of the
+    schema) are read, judged by the leader and leave a pod of another namespace admitted exactly
+    as before."""
+    other = control_plane.new_namespace(f"{namespace[:40]}-other")
+    before = create_pod(kube, other, labelled("before", images))
+    value = lambda *parts: "-".join(map(str, parts)).ljust(63, "x")   # noqa: E731
+    count = 40
+    for n in range(count):
+        kube.create(policies_path(namespace), placement_policy(
+            f"big-{n}", priority=1, mode="audit" if n % 2 else "enforce", podSelector={
+                "matchLabels": {f"example.com/l{i}": value(n, i) for i in range(16)},
+                "matchExpressions": [{"key": f"example.com/e{i}", "operator": "NotIn",
+                                      "values": [value(n, i, j) for j in range(16)]}
+                                     for i in range(16)]}))
+    # The leader judged them all: Applied (their matchLabels differ: no pod could have two).
+    kube.wait_for(lambda: all((condition(kube, policies_path(namespace, f"big-{n}"), "Ready")
+                               or {}).get("status") == "True" for n in range(count)),
+                  timeout=90, what="every policy's status written by the leader")
+    after = create_pod(kube, other, labelled("after", images))
+    assert shaped_by(after) == shaped_by(before)
+    assert after["spec"].get("affinity") == before["spec"].get("affinity")
+    assert after["spec"].get("nodeSelector") == before["spec"].get("nodeSelector")
+    kube.delete(f"/api/v1/namespaces/{other}")
