@@ -6,6 +6,7 @@ edit applying to the next pod within a second (list + watch in every webhook wor
 import os
 import subprocess
 import time
+import zlib
 
 import pytest
 
@@ -40,9 +41,11 @@ def first_shaped_by(kube, namespace: str, images, source: str, **labels) -> dict
     """The first pod archway admits under `source`: right after the chart's install the CRDs
     may have come after archway's first list, whose retry backs off."""
     made = []
+    tag = f"{zlib.crc32(f'{source} {sorted(labels.items())}'.encode()):08x}"   # one per call
 
     def attempt():
-        made.append(create_pod(kube, namespace, labelled(f"probe-{len(made)}", images, **labels)))
+        made.append(create_pod(kube, namespace, labelled(f"probe-{tag}-{len(made)}", images,
+                                                         **labels)))
         return made[-1] if shaped_by(made[-1]) == source else None
     return kube.wait_for(attempt, timeout=60, what=f"a pod admitted under {source}")
 
@@ -129,9 +132,8 @@ def test_selectors_and_priorities_choose_the_policy_and_the_pod_names_it(
         assert web["spec"]["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
         # Namespaced policies come before cluster ones: only where none selects does it apply.
         kube.delete(policies_path(namespace, "everything"))
-        time.sleep(1.0)
-        edge = create_pod(kube, namespace, labelled("edge", images, tier="edge"))
-        assert shaped_by(edge) == f"ClusterPlacementPolicy {namespace}-edge"
+        edge = first_shaped_by(kube, namespace, images, f"ClusterPlacementPolicy {namespace}-edge",
+                               tier="edge")
         assert "nodeSelector" not in edge["spec"]   # audit: annotated only
         plain = create_pod(kube, namespace, labelled("plain", images))
         assert shaped_by(plain) == "config"
@@ -147,9 +149,12 @@ def test_a_conflict_and_an_invalid_policy_fail_no_admission_and_get_a_condition_
                                                            allowedArchitectures=["arm64"]))
     kube.create(policies_path(namespace), placement_policy(
         "sparc", priority=50, allowedArchitectures=["sparc9"]))
-    first_shaped_by(kube, namespace, images, "config")   # the images read, the policies listed
-    time.sleep(1.0)
-    created = create_pod(kube, namespace, labelled("either", images))
+    made = []
+
+    def skipped() -> dict | None:   # once the policies are listed, both are skipped
+        made.append(create_pod(kube, namespace, labelled(f"either-{len(made)}", images)))
+        return made[-1] if "conflicting policies skipped" in kube.last_warnings else None
+    created = kube.wait_for(skipped, timeout=60, what="the conflicting policies skipped")
     assert shaped_by(created) == "config"   # both skipped: the next rule applies
     assert set(created["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
@@ -181,7 +186,11 @@ def test_a_conflict_and_an_invalid_policy_fail_no_admission_and_get_a_condition_
 def test_an_edit_applies_to_the_next_pod_within_a_second(archway, kube, namespace, images):
     kube.create(policies_path(namespace), placement_policy("pin", allowedArchitectures=["amd64"]))
     first_shaped_by(kube, namespace, images, f"PlacementPolicy {namespace}/pin")
-    time.sleep(1.0)   # every worker's watch has it
+    probes = iter(range(1000))
+    # Every worker's watch has it: eight pods in a row (spread over the workers) placed by it.
+    kube.wait_for(lambda: all(shaped_by(create_pod(kube, namespace, labelled(
+        f"probe-pin-{next(probes)}", images))) == f"PlacementPolicy {namespace}/pin"
+        for _ in range(8)), timeout=30, what="every worker placing by the policy")
     before = create_pod(kube, namespace, labelled("before", images))
     assert before["spec"]["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
     kube.patch(policies_path(namespace, "pin"), {"spec": {"allowedArchitectures": ["arm64"]}})
