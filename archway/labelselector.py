@@ -43,7 +43,7 @@ def requirement_holds(expression: object, labels: dict) -> bool:
 
 
 # What a selector held for the lifetime of a process keeps: a tenant's largest legal policy
-# costs a few KB (docs/policies.md, "Limits"), where the parsed JSON cost ~7 KB per KB.
+# costs a few KB (docs/policies.md, "Limits"); parsed JSON costs ~7 bytes per byte of it.
 _SEP = "\0"     # never in a label key or value
 
 

@@ -35,9 +35,10 @@ class LeaderLoop:
         """enforce | audit | off for a pod of `namespace` with `labels` (a workload's: its
         template's), exactly as admission decides it, PlacementPolicies included; off in an
         excluded or terminating namespace whatever a policy says."""
-        mode = namespace_mode(namespace, self.policy, self.namespaces, self.exclude_namespaces)
-        if self.in_force is None or namespace in self.exclude_namespaces or self._terminating(namespace):
-            return mode
+        if self.in_force is None:
+            return namespace_mode(namespace, self.policy, self.namespaces, self.exclude_namespaces)
+        if namespace in self.exclude_namespaces or self._terminating(namespace):
+            return "off"
         return self.in_force(namespace, dict(labels or {})).mode
 
     def _terminating(self, namespace: str) -> bool:

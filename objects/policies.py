@@ -37,8 +37,7 @@ MAX_MATCH_LABELS = MAX_EXPRESSIONS = MAX_VALUES = 16
 _LABEL_NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
 _LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_LABEL_NAME}$")
 _LABEL_VALUE = re.compile(rf"^{_LABEL_NAME}?$")
-NOTHING = Selector(requirements=compiled({"matchExpressions": [
-    {"key": "archway.dev/invalid", "operator": "In"}]}).requirements)   # matches no pod
+NOTHING = compiled({"matchExpressions": [{"key": "archway.dev/invalid", "operator": "In"}]})  # no pod
 
 
 def policy_object(obj: dict, kind: str) -> PolicyObject | None:
