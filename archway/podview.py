@@ -139,8 +139,8 @@ class PodView:
         node_affinity = _mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
         node_selector = _string_map(spec.get("nodeSelector"), "spec.nodeSelector")
         required_terms = _required_terms(node_affinity)
-        os = pinned_os(_text(_mapping(spec.get("os"), "spec.os"), "name", "spec.os"),
-                       node_selector, required_terms)
+        scheduled_os = pinned_os("", node_selector, required_terms)   # what a scheduler keeps
+        os = _text(_mapping(spec.get("os"), "spec.os"), "name", "spec.os") or scheduled_os
         return cls(
             namespace=_text(metadata, "namespace", "metadata") or namespace,
             name=_text(metadata, "name", "metadata") or name,
@@ -170,7 +170,7 @@ class PodView:
             being_deleted=bool(metadata.get("deletionTimestamp")),
             image_volumes=_image_volumes(spec.get("volumes")),
             os=os or "linux",
-            os_pinned=os is not None and pinned_os("", node_selector, required_terms) == os,
+            os_pinned=os is not None and scheduled_os == os,
         )
 
     @cached_property

@@ -97,6 +97,7 @@ def share_no_architecture(told: Mapping[str, frozenset[str]], results: Mapping |
 
 
 def no_platform_for(image: str, result, os: str) -> str:
-    """`reg/app:1 has no linux platform: windows/amd64 only` (`image` as shown, redacted)."""
+    """`reg/app:1 has no linux platform: windows/amd64 only` (`image` as its caller shows it:
+    redacted already)."""
     platforms = ", ".join(sorted(str(p) for p in getattr(result, "platforms", ()) or ()))
-    return f"{redact_url(image)} has no {os} platform: {platforms or 'none'} only"
+    return f"{image} has no {os} platform: {platforms or 'none'} only"

@@ -84,7 +84,8 @@ def workload_facts(kind: str) -> Callable[[dict], WorkloadFacts | None]:
         meta = obj.get("metadata") if isinstance(obj, dict) else None
         if not isinstance(meta, dict) or not meta.get("name") or not meta.get("namespace"):
             return None
-        spec = _mapping(_template(kind, obj).get("spec"))
+        template = _template(kind, obj)
+        spec = _mapping(template.get("spec"))
         return WorkloadFacts(
             name=f"{meta['namespace']}/{meta['name']}", kind=kind, namespace=meta["namespace"],
             object_name=meta["name"], uid=str(meta.get("uid") or ""), owner=_controller(meta),
@@ -95,7 +96,7 @@ def workload_facts(kind: str) -> Callable[[dict], WorkloadFacts | None]:
                                if isinstance(s, dict) and isinstance(s.get("name"), str)),
             owner_uid=_controller_uid(meta),
             selector=_selector(_mapping(obj.get("spec")).get("selector")),
-            labels=_template_labels(kind, obj))
+            labels=_labels(template))
     return facts
 
 
@@ -134,8 +135,8 @@ def _template(kind: str, obj: dict) -> dict:
     return _mapping(template)
 
 
-def _template_labels(kind: str, obj: dict) -> tuple[tuple[str, str], ...]:
-    labels = _mapping(_mapping(_template(kind, obj).get("metadata")).get("labels"))
+def _labels(template: dict) -> tuple[tuple[str, str], ...]:
+    labels = _mapping(_mapping(template.get("metadata")).get("labels"))
     return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
 
 
@@ -237,20 +238,20 @@ class OwnerWaits:
         self._missed: OrderedDict[tuple, None] = OrderedDict()
         self._lock = threading.Lock()
         self._kept = kept
-        self._held = threading.local()
 
-    def begin(self, rollout: bool = False) -> bool:
-        """Take a slot (`rollout`: a controller whose parent is known may take a kept one)."""
+    def begin(self, rollout: bool = False) -> threading.BoundedSemaphore | None:
+        """The slot taken, for `end`; None: none free (`rollout`: a controller whose parent is
+        known may take a kept one)."""
         for slots in ((self._rollout_slots, self._slots) if rollout else (self._slots,)):
             if slots.acquire(blocking=False):
-                self._held.slots = slots
-                return True
-        return False
+                return slots
+        return None
 
-    def end(self, key: tuple, *, found: bool, trusted: bool) -> None:
+    def end(self, slot: threading.BoundedSemaphore, key: tuple, *, found: bool,
+            trusted: bool) -> None:
         """A wait is over. A miss is remembered only when the watches follow the API at its end
         (`trusted`): a list or a retry in progress may yet bring the controller."""
-        self._held.slots.release()
+        slot.release()
         metrics.OWNER_WAITS.labels("found" if found else "missed").inc()
         if not found and trusted:
             with self._lock:
@@ -339,15 +340,15 @@ class WorkloadCache:
         if top is not None or owner is None or owner[0] not in self.caches or timeout <= 0:
             return top
         key = _owner_key(pod)
-        skip = self._why_not_wait(pod, owner) or (
-            "busy" if not self.owner_waits.begin(self._parent_known(pod.namespace, owner)) else None)
-        if skip is not None:
-            metrics.OWNER_WAITS.labels(skip).inc()
+        skip = self._why_not_wait(pod, owner)
+        slot = self.owner_waits.begin(self._parent_known(pod.namespace, owner)) if skip is None else None
+        if slot is None:
+            metrics.OWNER_WAITS.labels(skip or "busy").inc()
             return None
         try:
             top = self._poll(pod.namespace, owner, time.monotonic() + timeout)
         finally:
-            self.owner_waits.end(key, found=top is not None, trusted=self.current)
+            self.owner_waits.end(slot, key, found=top is not None, trusted=self.current)
         return top
 
     def _poll(self, namespace: str, owner: tuple[str, str],
