@@ -389,6 +389,10 @@ def test_what_is_not_in_memory_is_left_for_a_thread_and_nothing_is_counted(case,
     with caplog.at_level("DEBUG", logger="archway.admission"):
         assert service(events=events, **kw).review(body, at_once=True) is None
     assert caplog.records == [] and events.sent == []
+    if case == "pull secret not read":
+        # No lookup is started without the pod's secrets: a private registry would be asked
+        # anonymously and refuse (a request the thread's answer, from the record, never needed).
+        assert kw["resolver"].calls == []
     assert service(events=Events(), **kw).review(body).status == 200   # with time: answered
 
 

@@ -295,6 +295,10 @@ class AdmissionService:
         if not images:
             return Resolution({})
         credentials = self.pull_secrets.credentials_for(pod, api_by)
+        if not wait and not credentials.complete:
+            # A lookup started now would ask the registry without the secrets still unread
+            # (a needless refusal from a private one): the thread that waits reads them first.
+            return Resolution({}, tuple(credentials.warnings), complete=False)
         timeout = max(0.0, due - ANSWER_MARGIN_SECONDS - self.clock())
         results = self.resolver.resolve_many(images, keyring=credentials.keyring,
                                              timeout=timeout,
