@@ -28,6 +28,7 @@ install_what_the_tests_start() {
   apt_install openssl wrk zsh                          # certificates, load, shell completion
   apt_install buildah mmdebstrap qemu-user-static binfmt-support arch-test   # the image
   apt_install containerd runc containernetworking-plugins iptables   # a real node (kubelet)
+  apt_install qemu-system-arm                          # a VM node of another architecture
   $sudo bash scripts/install-helm.sh "$ARCHWAY_VENV/bin/python"             # helm v3
   bash scripts/k8s-build.sh >/dev/null     # etcd, kube-apiserver, ..., kubelet from source (cached)
   bash scripts/kwok-build.sh >/dev/null    # KWOK: simulated Nodes at scale (cached)
