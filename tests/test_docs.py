@@ -176,3 +176,25 @@ def test_the_one_machine_quickstart_takes_away_what_it_made():
     assert "rm -rf /tmp/try-registry" in removed and "try.yaml" in removed
     assert all(image in removed.split("buildah rmi", 1)[1] for image in images), images
     assert "$(cat /tmp/try-registry/pid)" in removed     # a new shell finds the registry too
+
+
+def test_serving_md_says_what_a_second_server_on_an_address_gets(monkeypatch):
+    """Issue 47: docs/serving.md said a second `archway serve` on the same port "joins the
+    first"; it is refused (main/addresses.py). The page quotes the refusal; this is that line."""
+    import socket
+
+    from archway.main import addresses
+    page = read("docs", "serving.md")
+    assert "joins the first" not in page
+    (quoted,) = re.findall(r"^\$ archway serve --bind (\S+)\narchway: (.*)$", page, re.M)
+    bind, message = quoted
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    monkeypatch.setattr(addresses, "answers_as_archway", lambda host, p: p == port)
+    try:
+        with pytest.raises(addresses.AddressInUse) as refused:
+            addresses.ensure_free(bind.replace(bind.rsplit(":", 1)[1], str(port)), "127.0.0.1", port)
+    finally:
+        taken.close()
+    assert str(refused.value) == message.replace(bind, f"127.0.0.1:{port}")
