@@ -1,5 +1,5 @@
 """The one-machine lab: a real Kubernetes control plane built from source with archway installed
-by its Helm chart (`scripts/cluster.sh`, README's "Try it on one machine"), Nodes simulated by
+by its Helm chart (`scripts/cluster.sh`, docs/real-control-plane.md's "Try it on one machine"), Nodes simulated by
 KWOK or launched by Karpenter, one real node, and the real and stand-in servers archway is tried
 against (a registry, Prometheus, an API server, hostile peers). tests/, bench/ and scripts/
 import it; it imports none of them, nor pytest, and it is not in archway's wheel.

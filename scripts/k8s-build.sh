@@ -7,6 +7,7 @@
 #   ARCHWAY_K8S_VERSION=v1.36.3 ARCHWAY_ETCD_VERSION=v3.6.16 scripts/k8s-build.sh
 #   scripts/k8s-build.sh --node-arch arm64   a node's kubelet and kube-proxy for another
 #                                            architecture (cross-compiled), in <version>/linux-arm64/
+#   scripts/k8s-build.sh --cached   builds nothing: exit 0 (and the folder) when all are built, 1 if not
 # `go install k8s.io/kubernetes/cmd/...@v` refuses the module (its go.mod replaces every staging
 # module by a folder), so a wrapper module requires it and replaces each staging module by its
 # published v0.<minor>.<patch> instead; etcd's server gets the same treatment. Notes and measured
@@ -34,6 +35,7 @@ find_missing() {
   ((${#missing_kube[@]} + ${#missing_etcd[@]} > 0))
 }
 find_missing || { echo "$out"; exit 0; }
+[ "${1:-}" != --cached ] || exit 1
 # One build at a time: a second caller (another `up`, a test starting a control plane) waits
 # for the first and then finds the binaries built instead of building them again beside it.
 mkdir -p "$CACHE"
