@@ -240,3 +240,18 @@ def test_an_amd64_only_daemonset_is_told_the_arm64_node_cannot_run_it_and_runs_o
     # Nothing runs, so nothing crash-loops, on the arm64 node: its pod waits unbound.
     assert not [p for p in pods if p["spec"].get("nodeName") == two_arch.vm.name]
     assert all(s.get("restartCount", 0) == 0 for p in pods for s in p["status"].get("containerStatuses") or [])
+
+
+def test_an_arm64_sif_pulled_over_oras_is_placed_on_the_arm64_node(two_arch, tmp_path):
+    """Placement only: containerd does not run SIF (an Apptainer-aware runtime would)."""
+    from tests.infra import sifbuild
+    kube, registry = two_arch.kube, two_arch.registry
+    namespace = two_arch.plane.new_namespace(f"two-arch-sif-{int(time.time()) % 10**6}")
+    with open(sifbuild.siftool_image(str(tmp_path), "tool.sif", FOREIGN), "rb") as f:
+        registry.push_sif("sif/tool", "v1", f.read())
+    image = f"oras://{registry.ref('sif/tool', 'v1')}"
+    created = create_pod(kube, namespace, pod("sif", [image]))
+    assert created["metadata"]["annotations"][ARCHES] == FOREIGN, describe(kube, namespace, "sif")
+    bound = kube.wait_for(lambda: (obj := kube.get(pod_path(namespace, "sif")))["spec"].get("nodeName")
+                          and obj, timeout=60, what="the SIF pod bound")
+    assert bound["spec"]["nodeName"] == two_arch.vm.name
