@@ -5,6 +5,7 @@
                                                        (last line: export KUBECONFIG=...)
     python -m lab status
     python -m lab down
+    python -m lab vm-image ARCH    the VM node's image and binaries, built now (cached)
 
 State and logs live in $ARCHWAY_CLUSTER_DIR (default ~/.local/state/archway/cluster). `up`
 records where (~/.local/state/archway/cluster-dir): `status` and `down` in a new shell, without
@@ -232,6 +233,16 @@ def down(args) -> int:
     return 0
 
 
+def vm_image(args) -> int:
+    """Build (or find cached) what a VM node of `args.arch` boots: scripts/setup.sh --test
+    makes them before the tests, where no test's timeout counts the minutes."""
+    machine = vmnode.MACHINES[args.arch]
+    image = vmnode.vm_image(machine, log=lambda line: print(f"cluster.sh: {line}", file=sys.stderr))
+    print(os.path.dirname(image.rootfs))
+    print(vmnode.node_binaries(args.arch))
+    return 0
+
+
 def status(args) -> int:
     if not os.path.exists(os.path.join(args.state_dir, "processes.json")):
         print(f"no cluster in {args.state_dir}")
@@ -287,6 +298,10 @@ def command_line() -> argparse.ArgumentParser:
     sub.add_parser("down", help="stop every process it started and remove its state"
                    ).set_defaults(func=down)
     sub.add_parser("status", help="which of its processes run").set_defaults(func=status)
+    image = sub.add_parser("vm-image", help="build what a VM node boots (cached): its image, "
+                                            "kernel and cross-compiled kubelet")
+    image.add_argument("arch", choices=sorted(vmnode.MACHINES))
+    image.set_defaults(func=vm_image)
     return parser
 
 

@@ -35,6 +35,7 @@ install_what_the_tests_start() {
   bash scripts/k8s-build.sh >/dev/null     # etcd, kube-apiserver, ..., kubelet from source (cached)
   bash scripts/kwok-build.sh >/dev/null    # KWOK: simulated Nodes at scale (cached)
   bash scripts/karpenter-build.sh >/dev/null   # Karpenter's KWOK provider: autoscaling (cached)
+  "$ARCHWAY_VENV/bin/python" -m lab vm-image arm64 >/dev/null   # the arm64 VM node's disk and kubelet (cached)
 }
 # ===============================================================================================
 

@@ -31,7 +31,8 @@ ARCHES = "archway.dev/architectures"
 START_TIMEOUT = 240.0      # an emulated node pulls and starts a container in seconds; a busy CI
                            # machine's TCG may take minutes
 
-pytestmark = [pytest.mark.slow, pytest.mark.realnode, pytest.mark.vmnode]
+# The first test boots both nodes and installs archway (scripts/setup.sh --test built the VM image).
+pytestmark = [pytest.mark.slow, pytest.mark.realnode, pytest.mark.vmnode, pytest.mark.timeout(900)]
 
 
 class TwoArchitectures:
