@@ -58,6 +58,9 @@ MAX_PER_PASS = 20             # pods revisited per pass: a cluster full of them 
 MAX_TRACKED = 10_000          # unseen pods remembered at once (a few facts each)
 RETRY_SECONDS = 30.0          # images that did not resolve, caches not synced: looked at again
 OWNER_WAIT_SECONDS = 5.0      # a controller not in the workload cache yet: looked at again once
+# Pods left alone because archway was off for them are judged again this often (in memory: their
+# namespace's mode and the webhook's selectors): a namespace that turns archway on has them found.
+LEFT_RECHECK_SECONDS = 10.0
 MAX_RESOLVE_TRIES = 3         # then it is recorded without knowing where its images run
 
 
@@ -130,6 +133,7 @@ class _Revisit:
     pod: UnseenPod
     seen: int = field(default_factory=lambda: next(_SEEN))
     covered: bool | None = None       # None: not judged yet; False: archway leaves it alone
+                                      # (off for it, or not sent to it: judged again, LEFT_RECHECK_SECONDS)
     recorded: bool = False            # its Events sent and counted
     done: bool = False                # nothing left to do: never revisited
     resolve_tries: int = 0
@@ -161,6 +165,7 @@ class UnseenPods(LeaderLoop):
         self._unanswered: dict[str, list[int]] = {}
         self._told: set[str] = set()              # workload uids given their Event
         self._full_logged = False
+        self._left_checked = clock()
 
     # --- fed by the closed loop's pod watch ------------------------------------------------
     def _unseen(self, obj: dict) -> UnseenPod | None:
@@ -210,6 +215,8 @@ class UnseenPods(LeaderLoop):
     def lead(self, stop: threading.Event) -> None:
         """A pass every PASS_SECONDS until `stop`: at most MAX_PER_PASS pods each."""
         while not stop.is_set():
+            if self._clock() - self._left_checked >= LEFT_RECHECK_SECONDS:
+                self.reopen_left()
             due = self.take_due()
             if due:
                 self.revisit_all(due)
@@ -229,6 +236,20 @@ class UnseenPods(LeaderLoop):
                 if len(due) >= MAX_PER_PASS:
                     break
         return due
+
+    def reopen_left(self) -> int:
+        """The pods left alone because archway was off for them, judged again: those it now
+        covers (their namespace's label removed, a policy changed) are revisited. How many."""
+        self._left_checked = self._clock()
+        with self._lock:
+            left = [r for r in self._pods.values() if r.covered is False]
+        reopened = 0
+        for revisit in left:
+            pod = revisit.pod
+            if self.mode_of(pod.namespace, dict(pod.view.labels)) != "off" and self._sent_to_webhook(pod):
+                revisit.covered, revisit.done = None, False
+                reopened += 1
+        return reopened
 
     def revisit_all(self, due: list[_Revisit]) -> None:
         for revisit in due:

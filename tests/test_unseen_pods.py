@@ -205,6 +205,22 @@ def test_placement_policy_modes_govern_the_revisit_as_they_govern_admission(lead
     assert evictions == ["/api/v1/namespaces/quiet/pods/web-1/eviction"]
 
 
+def test_a_namespace_that_turns_archway_on_has_the_pods_it_was_off_for_revisited(leader):
+    """Found on the two-architecture tier: pods created while their namespace said mode off,
+    judged then and left, were never looked at again once the label went; the amd64 pod bound
+    to the arm64 node crash-looped there for good."""
+    server, unseen, events, image, start = leader
+    replicaset = workload(server, "quiet")
+    server.put("/api/v1/namespaces/quiet/pods/web-1", pod("web-1", "arm-node", image, owner=replicaset))
+    start()
+    unseen.revisit_all(unseen.take_due())
+    assert events.about("web-1") == [] and unseen.reopen_left() == 0     # off: left alone
+    server.put("/api/v1/namespaces/quiet", {"metadata": {"name": "quiet", "labels": {}}})
+    wait_until(lambda: unseen.reopen_left() == 1, timeout=10, what="the pod judged again")
+    unseen.revisit_all(unseen.take_due())
+    assert [e[2] for e in events.about("web-1")] == [REASON_UNSEEN, REASON_EVICTED]
+
+
 def test_a_bare_pod_is_recorded_not_evicted_and_a_replacement_without_a_decision_is_left(leader):
     server, unseen, events, image, start = leader
     replicaset = workload(server, "shop")
