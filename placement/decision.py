@@ -243,8 +243,13 @@ def _place(mutated: dict, pod: PodView, results: dict, archs: frozenset[str], po
             warnings.insert(0, f"the pod's arch constraint ({existing.describe()}) "
                                f"excludes its images' architectures ({join_architectures(placed)})")
         elif existing.exceeds(placed):
-            warnings.insert(0, f"the pod's arch constraint also allows archs its "
-                               f"images lack; they support only {join_architectures(placed)}")
+            # Narrowed, never widened: the pod's own terms stay, archway's requirement is ANDed
+            # in, so it runs only where it allowed AND its images run (left as it was, an amd64
+            # image allowed onto arm64 crash-looped there, learned exclusion or not).
+            reason = ("the pod's own kubernetes.io/arch constraint narrowed: "
+                      + constrain(mutated.setdefault("spec", {}), pod.required_terms, placed))
+            warnings.insert(0, f"the pod's arch constraint also allows archs its images lack; "
+                               f"archway keeps it to {join_architectures(allowed)}")
     if allowed:
         spec = mutated.setdefault("spec", {})
         if pod.os != "linux" and not pod.os_pinned:
@@ -262,7 +267,7 @@ def _place(mutated: dict, pod: PodView, results: dict, archs: frozenset[str], po
             warnings.insert(0, unschedulable + "; the pod would stay Pending")
     warnings[:0] = learned_on.warnings
     annotate(mutated, pod, results, archs, learned_on.excluded)
-    pinned = bool(allowed) and (existing is None or not existing.exceeds(placed))
+    pinned = bool(allowed)
     return _Placed(reason, unschedulable, conflict, learned_on, pinned)
 
 

@@ -252,11 +252,18 @@ def test_conflicting_own_constraint_warns_or_denies():
     assert decide(fine, RESULTS, Policy()).conflict == ""
 
 
-def test_own_constraint_wider_than_s_warns():
-    pod = make_pod("reg/amd:1", affinity=required(term(expr(ARCH_LABEL, "NotIn", "s390x"))))
+def test_own_constraint_wider_than_s_is_narrowed_to_s_and_says_so():
+    """The two-architecture tier's find: an amd64-only image in a pod allowing amd64 and arm64
+    was left so, landed on the arm64 node and crash-looped there, its replacements too (the
+    workload's learned exclusion could not apply). archway ANDs its requirement into the pod's
+    own terms: never wider than the pod said, never where its images cannot run."""
+    pod = make_pod("reg/amd:1", affinity=required(term(expr(ARCH_LABEL, "In", "amd64", "arm64"))))
     d = decide(pod, RESULTS, Policy(deny_on_conflict=True))
     assert d.allowed and d.warnings == (
-        "the pod's arch constraint also allows archs its images lack; they support only amd64",)
+        "the pod's arch constraint also allows archs its images lack; archway keeps it to amd64",)
+    patched = applied(pod, d)
+    assert pod_arch_constraint(patched).within(frozenset({"amd64", "arm64", "s390x"})) == {"amd64"}
+    assert terms_of(patched)[0]["matchExpressions"][0] == expr(ARCH_LABEL, "In", "amd64", "arm64")
 
 
 # --- table: what the images say -----------------------------------------------------------------
@@ -381,10 +388,11 @@ NEEDED = Policy(scheduler_name="archway", scheduler_for_pinned=False)   # placem
     (make_pod("reg/arm:1"), frozenset({"linux", "windows"}), True),
     # a pod that pins its OS itself needs no knowledge of the nodes
     (make_pod("reg/arm:1", node_selector={"kubernetes.io/os": "linux"}), None, False),
-    # its own arch pin within its images' architectures is a pin too; one beyond them is not
+    # its own arch pin within its images' architectures is a pin too; one beyond them archway
+    # narrows to them, a pin as well
     (make_pod("reg/amdarm:1", node_selector={ARCH_LABEL: "arm64"}), frozenset({"linux"}), False),
     (make_pod("reg/arm:1", affinity=required(term(expr(ARCH_LABEL, "In", "arm64", "amd64")))),
-     frozenset({"linux"}), True),
+     frozenset({"linux"}), False),
     # an image not read: nothing is pinned, the extender reads it at scheduling time
     (make_pod("reg/x:1"), frozenset({"linux"}), True),
     (make_pod("reg/arm:1", "reg/x:1"), frozenset({"linux"}), True),

@@ -95,10 +95,13 @@ def wait_running(kube, namespace: str, name: str) -> dict:
 
 
 def log_of(kube, namespace: str, name: str) -> str:
-    """The container's log, read through the apiserver from the kubelet that runs it."""
-    response = kube.session.get(f"{kube.server}{pod_path(namespace, name)}/log", timeout=30)
-    assert response.status_code == 200, response.text
-    return response.text
+    """The container's first line, read through the apiserver from the kubelet that runs it
+    (polled: a container Ready a moment ago may not have its line in the log file yet)."""
+    def logged():
+        response = kube.session.get(f"{kube.server}{pod_path(namespace, name)}/log", timeout=30)
+        assert response.status_code == 200, response.text
+        return response.text.strip()
+    return kube.wait_for(logged, timeout=60, what=f"pod {name}'s log")
 
 
 def test_the_arm64_node_is_an_arm64_kubelet_and_its_packets_stay_here(two_arch):
