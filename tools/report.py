@@ -20,6 +20,8 @@ from archway.placement.decision import display_image
 from archway.podview import PodView
 from archway.vocabulary import common_architectures, told_architectures
 
+from .kubeargs import add_cluster_options, with_cluster
+
 # The order of the table: long-lived workloads first.
 REPORTED_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "CronJob", "Job", "ReplicaSet", "Pod")
 
@@ -146,6 +148,7 @@ def register(subparsers) -> None:
     parser.add_argument("--target-arch", metavar="ARCH",
                         help="say for each workload whether its images run on ARCH (arm64...)")
     parser.add_argument("-n", "--namespace", help="only this namespace (default: all)")
+    add_cluster_options(parser)
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="SECONDS",
                         help="wall-clock limit for reading the images of one namespace's "
@@ -267,7 +270,7 @@ def run(args) -> int:
     from archway.config import load_config
     from archway.registry.platforms import normalize
 
-    config = load_config(args.config)
+    config = with_cluster(load_config(args.config), args)
     target = normalize("linux", args.target_arch).architecture if args.target_arch else None
     reader = ClusterReader.from_config(config)
     listing = _Listing().read(reader, args.namespace)
