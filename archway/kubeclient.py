@@ -41,12 +41,13 @@ def build_api_client(settings) -> tuple[object | None, str]:
         raise ConfigError(f"kubernetes.enabled must be auto or off, got {settings.enabled!r}")
     # Everything the choice depends on: a forked worker, or a test changing $KUBECONFIG or
     # $HOME, gets a client of its own.
-    key = (os.getpid(), settings.kubeconfig, settings.context, os.environ.get("KUBECONFIG"),
+    context = getattr(settings, "context", None)   # settings of any shape that names a kubeconfig
+    key = (os.getpid(), settings.kubeconfig, context, os.environ.get("KUBECONFIG"),
            os.path.expanduser("~/.kube/config"), os.environ.get("KUBERNETES_SERVICE_HOST"),
            os.environ.get("KUBERNETES_SERVICE_PORT"))
     with _lock:
         if key not in _built:
-            _built[key] = _build(settings.kubeconfig, settings.context)
+            _built[key] = _build(settings.kubeconfig, context)
         return _built[key]
 
 
@@ -135,7 +136,7 @@ def current_namespace(settings) -> str:
         for entry in data.get("contexts") or ():
             if isinstance(entry, dict) and entry.get("name") not in contexts:
                 contexts[entry.get("name")] = entry.get("context") or {}
-    context = contexts.get(settings.context or current)
+    context = contexts.get(getattr(settings, "context", None) or current)
     namespace = context.get("namespace") if isinstance(context, dict) else None
     return namespace if isinstance(namespace, str) and namespace else "default"
 
