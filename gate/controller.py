@@ -10,7 +10,7 @@ whenever a Kubernetes API is configured; among the replicas only the holder of t
 
 Never stuck: a pod is released at admission.gate_max_seconds after its creation whatever the
 registries do; an update the apiserver refuses is followed by the update that only removes the
-gate, which is always valid; the chart's pre-delete hook and the README's kubectl line cover a
+gate, which is always valid; the chart's pre-delete hook and docs/gate.md's kubectl line cover a
 controller that is gone.
 """
 import logging

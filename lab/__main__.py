@@ -1,9 +1,11 @@
 """The one-machine lab's command line, behind `scripts/cluster.sh`:
 
     python -m lab up [--archway-config FILE] [--values FILE] [--kwok-nodes N | --real-node |
-                      --in-cluster | --karpenter]      (last line: export KUBECONFIG=...)
+                      --in-cluster | --karpenter] [--vm-node ARCH ...]
+                                                       (last line: export KUBECONFIG=...)
     python -m lab status
     python -m lab down
+    python -m lab vm-image ARCH    the VM node's image and binaries, built now (cached)
 
 State and logs live in $ARCHWAY_CLUSTER_DIR (default ~/.local/state/archway/cluster). `up`
 records where (~/.local/state/archway/cluster-dir): `status` and `down` in a new shell, without
@@ -16,7 +18,7 @@ import sys
 
 import yaml
 
-from lab.cluster import incluster, karpenter, kwok, realnode
+from lab.cluster import incluster, karpenter, kwok, realnode, vmnode
 from lab.cluster.chart import ChartInstall, deep_merge
 from lab.cluster.controlplane import ControlPlane
 
@@ -109,9 +111,14 @@ def prepare(args) -> tuple[dict, dict]:
     for path in args.values or []:
         with open(path) as f:
             values = deep_merge(values, yaml.safe_load(f) or {})
-    if args.karpenter and (args.real_node or args.kwok_nodes):
+    if args.karpenter and (args.real_node or args.kwok_nodes or args.vm_node):
         raise Refused("--karpenter makes its own Nodes: it goes with neither --real-node, "
-                      "--in-cluster nor --kwok-nodes", 2)
+                      "--in-cluster, --vm-node nor --kwok-nodes", 2)
+    unknown = sorted(set(args.vm_node) - set(vmnode.MACHINES))
+    if unknown or realnode.machine_arch() in args.vm_node:
+        raise Refused(f"--vm-node {', '.join(unknown or [realnode.machine_arch()])}: a VM node is of "
+                      f"a foreign architecture, one of "
+                      f"{', '.join(a for a in vmnode.MACHINES if a != realnode.machine_arch())}", 2)
     record_state_dir(args.state_dir)      # before anything starts: `down` finds even a half `up`
     return fragment, values
 
@@ -122,8 +129,8 @@ def plane_options(args) -> dict:
     which kube-scheduler would fill and nothing would run. With the real node alone, the
     API-only Nodes of the other architectures stay, for archway to choose among; they run
     nothing (docs/real-control-plane.md). A later mapping's `nodes` wins."""
-    return {**realnode.plane_options(args.real_node), **karpenter.plane_options(args.karpenter),
-            **kwok.plane_options(args.kwok_nodes)}
+    return {**realnode.plane_options(args.real_node, args.vm_node),
+            **karpenter.plane_options(args.karpenter), **kwok.plane_options(args.kwok_nodes)}
 
 
 def start(plane: ControlPlane, args, fragment: dict, values: dict, steps: list[str]) -> list[str]:
@@ -135,6 +142,11 @@ def start(plane: ControlPlane, args, fragment: dict, values: dict, steps: list[s
     if args.real_node:
         steps.append("real node (containerd, kubelet, kube-proxy)")
         node = realnode.start_for(plane, fragment)
+    for arch in args.vm_node:
+        steps.append(f"VM node {arch} (qemu, its kubelet, containerd, kube-proxy)")
+        print(f"cluster.sh: {steps[-1]}: booting (a few minutes the first time: its image "
+              f"and binaries are built and cached) ...", file=sys.stderr)
+        vmnode.start_for(plane, arch, fragment)
     if args.kwok_nodes:
         steps.append(f"{args.kwok_nodes} KWOK Nodes")
         print(f"cluster.sh: control plane up; {steps[-1]} ...", file=sys.stderr)
@@ -162,6 +174,7 @@ def clean_up_after(plane: ControlPlane, state_dir: str, step: str, error: Except
     """A failed `up`: say where, stop what it started, keep the logs, remove the rest."""
     print(f"cluster.sh: up failed at: {step}: {type(error).__name__}: {error}", file=sys.stderr)
     print(f"cluster.sh: logs are in {plane.path('logs')}; cleaning up", file=sys.stderr)
+    vmnode.teardown_vms(plane)
     realnode.teardown(plane)
     plane.stop()
     keep = os.path.join(os.path.dirname(state_dir), "cluster-failed-logs")
@@ -175,7 +188,8 @@ def clean_up_after(plane: ControlPlane, state_dir: str, step: str, error: Except
 
 def report(plane: ControlPlane, args, about_archway: list[str]) -> int:
     nodes = [f"{n} ({a})" for n, a in plane.nodes] + [
-        f"{n} ({a}, real)" for n, a in realnode.real_nodes(plane)] + (
+        f"{n} ({a}, real)" for n, a in realnode.real_nodes(plane)] + [
+        f"{n} ({a}, real, VM)" for n, a in vmnode.vm_nodes(plane)] + (
         [f"{args.kwok_nodes} KWOK Nodes"] if args.kwok_nodes else [])
     print(f"cluster.sh: nodes: {', '.join(nodes) or 'none yet'}", file=sys.stderr)
     for line in about_archway:
@@ -208,7 +222,7 @@ def down(args) -> int:
         forget_state_dir(args.state_dir)
         return 0
     plane = ControlPlane.load(args.state_dir)
-    left = realnode.teardown(plane)
+    left = vmnode.teardown_vms(plane) + realnode.teardown(plane)
     plane.stop()
     shutil.rmtree(args.state_dir, ignore_errors=True)
     forget_state_dir(args.state_dir)
@@ -216,6 +230,16 @@ def down(args) -> int:
         print("cluster.sh: could not remove: " + "; ".join(left), file=sys.stderr)
         return 1
     print(f"cluster.sh: stopped and removed {args.state_dir}", file=sys.stderr)
+    return 0
+
+
+def vm_image(args) -> int:
+    """Build (or find cached) what a VM node of `args.arch` boots: scripts/setup.sh --test
+    makes them before the tests, where no test's timeout counts the minutes."""
+    machine = vmnode.MACHINES[args.arch]
+    image = vmnode.vm_image(machine, log=lambda line: print(f"cluster.sh: {line}", file=sys.stderr))
+    print(os.path.dirname(image.rootfs))
+    print(vmnode.node_binaries(args.arch))
     return 0
 
 
@@ -265,10 +289,19 @@ def command_line() -> argparse.ArgumentParser:
     starting.add_argument("--in-cluster", action="store_true",
                           help="archway's image built from this checkout and installed by helm "
                                "on the real node, hooks and all (implies --real-node)")
+    starting.add_argument("--vm-node", metavar="ARCH", action="append", default=[],
+                          help="a real node of a foreign architecture (arm64, ppc64le, s390x): "
+                               "a Debian VM under qemu-system whose own kubelet, containerd and "
+                               "kube-proxy join, in place of the API-only Nodes of that "
+                               "architecture (repeatable; root only)")
     starting.set_defaults(func=up)
     sub.add_parser("down", help="stop every process it started and remove its state"
                    ).set_defaults(func=down)
     sub.add_parser("status", help="which of its processes run").set_defaults(func=status)
+    image = sub.add_parser("vm-image", help="build what a VM node boots (cached): its image, "
+                                            "kernel and cross-compiled kubelet")
+    image.add_argument("arch", choices=sorted(vmnode.MACHINES))
+    image.set_defaults(func=vm_image)
     return parser
 
 

@@ -11,7 +11,7 @@ import threading
 from archway import __version__, logs
 from archway.errors import ArchwayError
 
-# Exit statuses every command shares (README): 0 done, 1 done but something failed (an image
+# Exit statuses every command shares (docs/commands.md): 0 done, 1 done but something failed (an image
 # not resolved, a workload not listed), and these.
 EXIT_ERROR = 2           # one line on stderr, "archway: <cause>": config, API, address...
 EXIT_INTERRUPTED = 130   # Ctrl-C

@@ -4,7 +4,7 @@ kubectl-NAME on its PATH as `kubectl NAME`, as it runs krew's plugins, passing e
 It is `archway` with kubectl's way of finding the cluster: --kubeconfig, else every file
 $KUBECONFIG lists (merged), else ~/.kube/config, before the in-cluster service account (archway's
 servers look in the pod first); --context, else the current-context; and for `explain pod/NAME`
-the context's namespace unless -n names one (tools/kubeargs.py, archway.kubeclient). docs/cli.md.
+the context's namespace unless -n names one (tools/kubeargs.py, archway.kubeclient). docs/commands.md.
 """
 import os
 import sys

@@ -33,6 +33,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/venv.sh
 if [ "${1:-}" = up ] && [ "${ARCHWAY_SKIP_SETUP:-}" != 1 ]; then
+  # What it costs, said before anything is built (measured: docs/real-control-plane.md).
+  if bash scripts/k8s-build.sh --cached >/dev/null; then
+    echo "cluster.sh: Kubernetes is built already (~/.cache/archway/k8s); up takes about 20 s," \
+         "--in-cluster 1-2.5 min" >&2
+  else
+    cat >&2 <<'TEXT'
+cluster.sh: a first `up` installs what the tests use (scripts/setup.sh --test: containerd,
+cluster.sh: buildah, qemu, Prometheus, helm; ~0.7 GB of Debian packages) and builds Kubernetes,
+cluster.sh: KWOK and Karpenter from source with Go: about 15 min on 2 cores, and about 9 GB of
+cluster.sh: disk (Go's build cache up to 7 GB in ~/.cache/go-build, its modules 1 GB in ~/go,
+cluster.sh: the binaries 0.8 GB in ~/.cache/archway). --in-cluster also builds archway's image
+cluster.sh: (~6 min cold, 1 GB more). Later runs reuse all of it: up takes about 20 s.
+TEXT
+  fi
   bash scripts/setup.sh --test >&2     # the virtualenv, helm, the control plane (cached)
 fi
 exec "$ARCHWAY_VENV/bin/python" -m lab "$@"

@@ -5,6 +5,9 @@
 # cache missing some of them builds only those).
 #   scripts/k8s-build.sh            the pinned version below
 #   ARCHWAY_K8S_VERSION=v1.36.3 ARCHWAY_ETCD_VERSION=v3.6.16 scripts/k8s-build.sh
+#   scripts/k8s-build.sh --node-arch arm64   a node's kubelet and kube-proxy for another
+#                                            architecture (cross-compiled), in <version>/linux-arm64/
+#   scripts/k8s-build.sh --cached   builds nothing: exit 0 (and the folder) when all are built, 1 if not
 # `go install k8s.io/kubernetes/cmd/...@v` refuses the module (its go.mod replaces every staging
 # module by a folder), so a wrapper module requires it and replaces each staging module by its
 # published v0.<minor>.<patch> instead; etcd's server gets the same treatment. Notes and measured
@@ -15,15 +18,24 @@ ETCD=${ARCHWAY_ETCD_VERSION:-v3.7.3}
 CACHE=${ARCHWAY_K8S_CACHE:-$HOME/.cache/archway/k8s}
 out="$CACHE/$K8S"
 kube_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
-binaries=(etcd "${kube_binaries[@]}")
+etcd_binaries=(etcd)
+cross=()
+if [ "${1:-}" = "--node-arch" ]; then
+  # Go cross-compiles these without a C toolchain (CGO_ENABLED=0 below).
+  cross=(GOARCH="${2:?--node-arch needs an architecture (arm64, ppc64le, s390x)}")
+  out="$CACHE/$K8S/linux-$2"
+  kube_binaries=(kubelet kube-proxy)
+  etcd_binaries=()
+fi
 
 missing() { for b in "$@"; do [ -x "$out/$b" ] || echo "$b"; done; }
 find_missing() {
   mapfile -t missing_kube < <(missing "${kube_binaries[@]}")
-  mapfile -t missing_etcd < <(missing etcd)
+  mapfile -t missing_etcd < <(missing "${etcd_binaries[@]}")
   ((${#missing_kube[@]} + ${#missing_etcd[@]} > 0))
 }
 find_missing || { echo "$out"; exit 0; }
+[ "${1:-}" != --cached ] || exit 1
 # One build at a time: a second caller (another `up`, a test starting a control plane) waits
 # for the first and then finds the binaries built instead of building them again beside it.
 mkdir -p "$CACHE"
@@ -89,7 +101,7 @@ done
 if ((${#missing_kube[@]})); then
   step "resolving k8s.io/kubernetes $K8S and its staging modules ($staging_version)" go mod tidy -e
   step "building ${missing_kube[*]}" \
-    go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$ldflags" -o "$work/bin/" \
+    env "${cross[@]}" go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$ldflags" -o "$work/bin/" \
     "${missing_kube[@]/#/k8s.io/kubernetes/cmd/}"
 fi
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what archway needs on a Debian 12 machine (as root, or with sudo):
 #   scripts/setup.sh          archway itself, in a virtual environment
+#   scripts/setup.sh --demo   also Debian's docker-registry, all that scripts/demo.py starts
 #   scripts/setup.sh --test   also what the tests start (below) and the test-only Python packages
 # Debian's python3 is externally managed (PEP 668): archway goes into the virtual environment
 # $ARCHWAY_VENV (default: .venv in the checkout), made with Debian's /usr/bin/python3 when it is
@@ -11,11 +12,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/venv.sh
 sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-for_tests=false
+for_tests=false; for_demo=false
 case "${1:-}" in
   --test) for_tests=true ;;
+  --demo) for_demo=true ;;
   "") ;;
-  *) echo "usage: scripts/setup.sh [--test]" >&2; exit 2 ;;
+  *) echo "usage: scripts/setup.sh [--demo|--test]" >&2; exit 2 ;;
 esac
 
 # === What the tests start ======================================================================
@@ -28,10 +30,12 @@ install_what_the_tests_start() {
   apt_install openssl wrk zsh                          # certificates, load, shell completion
   apt_install buildah mmdebstrap qemu-user-static binfmt-support arch-test   # the image
   apt_install containerd runc containernetworking-plugins iptables   # a real node (kubelet)
+  apt_install qemu-system-arm                          # a VM node of another architecture
   $sudo bash scripts/install-helm.sh "$ARCHWAY_VENV/bin/python"             # helm v3
   bash scripts/k8s-build.sh >/dev/null     # etcd, kube-apiserver, ..., kubelet from source (cached)
   bash scripts/kwok-build.sh >/dev/null    # KWOK: simulated Nodes at scale (cached)
   bash scripts/karpenter-build.sh >/dev/null   # Karpenter's KWOK provider: autoscaling (cached)
+  "$ARCHWAY_VENV/bin/python" -m lab vm-image arm64 >/dev/null   # the arm64 VM node's disk and kubelet (cached)
 }
 # ===============================================================================================
 
@@ -85,6 +89,8 @@ fi
 
 if $for_tests; then
   install_what_the_tests_start
+elif $for_demo; then
+  apt_install docker-registry      # the demo's local registry (scripts/demo.py)
 fi
 
 # Debian starts the servers it installs where an init system runs; the tests start their own

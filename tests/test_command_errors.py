@@ -1,5 +1,5 @@
 """The `archway` command fails with one line naming the cause and a documented exit status
-(README: 2 for an error, 141 when the reader of its output went away), never a traceback or a
+(docs/commands.md: 2 for an error, 141 when the reader of its output went away), never a traceback or a
 server that half-starts (issue 21, items 4 and 8). Real processes: `archway serve`, the CLI, a
 stand-in API server on a closed port."""
 import os

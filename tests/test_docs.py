@@ -3,6 +3,7 @@ every admission outcome and alert listed where an operator looks for it, every c
 in the chart's values, and what an https:// SIF server must support."""
 import os
 import re
+import sys
 
 import pytest
 import yaml
@@ -115,7 +116,7 @@ def test_https_sif_servers_must_support_range_says_so_before_the_error_does():
     assert "must support HTTP Range requests" in sif_section
     assert "ignored the Range request" in sif_section       # the error an operator would see
     assert "Range" in config_section_text(read("charts", "archway", "values.yaml"))["registry"]
-    assert "so its server must support\nRange" in read("README.md")
+    assert "so its server must support\nRange" in read("docs", "commands.md")
 
 
 def test_the_chart_defaults_are_the_sizing_pages_row():
@@ -150,9 +151,9 @@ def test_the_egress_guard_is_documented_in_the_table_it_lives_in():
 
 
 def _quickstart_commands() -> list[str]:
-    """The shell lines of the README's "Try it on one machine", in order."""
-    with open(os.path.join(REPO, "README.md")) as f:
-        section = f.read().split("## Try it on one machine", 1)[1].split("\n## ", 1)[0]
+    """The shell lines of "Try it on one machine" (docs/real-control-plane.md), in order."""
+    with open(os.path.join(REPO, "docs", "real-control-plane.md")) as f:
+        section = f.read().split("\n## Try it on one machine", 1)[1].split("\n## ", 1)[0]
     return [line for block in re.findall(r"```sh\n(.*?)```", section, re.S)
             for line in block.splitlines()]
 
@@ -176,3 +177,181 @@ def test_the_one_machine_quickstart_takes_away_what_it_made():
     assert "rm -rf /tmp/try-registry" in removed and "try.yaml" in removed
     assert all(image in removed.split("buildah rmi", 1)[1] for image in images), images
     assert "$(cat /tmp/try-registry/pid)" in removed     # a new shell finds the registry too
+
+
+def test_serving_md_says_what_a_second_server_on_an_address_gets(monkeypatch):
+    """Issue 47: docs/serving.md said a second `archway serve` on the same port "joins the
+    first"; it is refused (main/addresses.py). The page quotes the refusal; this is that line."""
+    import socket
+
+    from archway.main import addresses
+    page = read("docs", "serving.md")
+    assert "joins the first" not in page
+    (quoted,) = re.findall(r"^\$ archway serve --bind (\S+)\narchway: (.*)$", page, re.M)
+    bind, message = quoted
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    monkeypatch.setattr(addresses, "answers_as_archway", lambda host, p: p == port)
+    try:
+        with pytest.raises(addresses.AddressInUse) as refused:
+            addresses.ensure_free(bind.replace(bind.rsplit(":", 1)[1], str(port)), "127.0.0.1", port)
+    finally:
+        taken.close()
+    assert str(refused.value) == message.replace(bind, f"127.0.0.1:{port}")
+
+
+# --- the README's first screen, the docs' index, and every link landing (issue 47) --------------
+
+README_FIRST_BLOCK = (
+    "bash scripts/serve.sh     # install archway and run the webhook + extender on "
+    "https://127.0.0.1:8443 (self-signed TLS, no cluster needed)\n"
+    "bash scripts/test.sh      # install everything the tests use (apt packages, helm, Python "
+    "packages) and run them\n")
+
+
+def test_the_readme_opens_with_the_two_commands_and_ci_runs_the_second():
+    readme = read("README.md")
+    assert readme.startswith("```sh\n" + README_FIRST_BLOCK + "```\n")
+    test_command = README_FIRST_BLOCK.splitlines()[1].split("#", 1)[0].strip()
+    ci = [line for line in read(".ci", "run").splitlines() if line and not line.startswith("#")]
+    assert test_command in ci
+
+
+def test_the_readme_is_two_screens_before_the_install():
+    """What it is, a picture, a try, then "Install in a cluster" within ~150 lines."""
+    readme = read("README.md")
+    above = readme.split("\n## Install in a cluster\n", 1)[0]
+    assert len(above.splitlines()) <= 150
+    picture = re.search(r"!\[[^\]]+\]\((docs/images/[\w-]+\.svg)\)", above)
+    assert picture and os.path.exists(os.path.join(REPO, picture.group(1)))
+    source = picture.group(1)[:-len(".svg")] + ".py"
+    assert os.path.exists(os.path.join(REPO, source))
+
+
+def test_the_architecture_picture_is_what_its_source_draws():
+    """docs/images/architecture.svg is written by the script beside it; an edit of one alone
+    shows here."""
+    import importlib.util
+    path = os.path.join(REPO, "docs", "images", "architecture.py")
+    spec = importlib.util.spec_from_file_location("architecture_picture", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    drawn = module.draw()
+    assert drawn == read("docs", "images", "architecture.svg")
+    # an opaque background first, so it reads on GitHub's dark theme too
+    assert re.search(r'<rect x="0" y="0" width="\d+" height="\d+" rx="\d+" fill="#ffffff"', drawn)
+
+
+def docs_pages() -> list[str]:
+    """Every page under docs/ and docs/runbooks/, relative to docs/."""
+    pages = [f for f in os.listdir(os.path.join(REPO, "docs")) if f.endswith(".md")]
+    pages += ["runbooks/" + f for f in os.listdir(RUNBOOKS) if f.endswith(".md")]
+    return sorted(p for p in pages if p != "README.md")
+
+
+INDEX_ROW = re.compile(r"^\| \[[^\]]+\]\(([\w/.-]+\.md)\) \| (.+) \|$", re.M)
+
+
+def unlisted(index: str) -> list[str]:
+    """The pages of docs/ and docs/runbooks/ that have no row `| [name](page) | when |` in the
+    index, or whose row says too little of when to read it."""
+    rows = dict(INDEX_ROW.findall(index))
+    return [p for p in docs_pages() if p != "runbooks/README.md"
+            and (p not in rows or len(rows[p].split()) < 4)]
+
+
+def test_the_docs_index_lists_every_page_with_when_to_read_it():
+    index = read("docs", "README.md")
+    assert unlisted(index) == []
+    assert "(runbooks/README.md)" in index
+
+
+def test_the_docs_index_check_sees_a_page_left_out():
+    index = read("docs", "README.md")
+    assert unlisted(index.replace("| [gate.md](gate.md) |", "| gate.md |")) == ["gate.md"]
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation but - and _ dropped,
+    spaces as -."""
+    text = re.sub(r"[`*]", "", heading.strip()).lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors_of(path: str) -> set[str]:
+    with open(path, encoding="utf-8") as f:
+        text = re.sub(r"```.*?```", "", f.read(), flags=re.S)
+    seen: dict[str, int] = {}
+    anchors = set()
+    for heading in re.findall(r"^#{1,6} (.+?)\s*$", text, re.M):
+        anchor = github_anchor(heading)
+        n = seen.get(anchor, 0)
+        seen[anchor] = n + 1
+        anchors.add(anchor if n == 0 else f"{anchor}-{n}")
+    return anchors
+
+
+MD_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+README_ANCHOR = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*README\.md)#([\w-]+)")
+
+
+def broken_links(files: list[str]) -> list[str]:
+    """Every Markdown link of a .md file to a file of the repository (and its #anchor), and every
+    `README.md#anchor` written anywhere (code, comments, tests, charts), that does not land."""
+    broken = []
+    for path in files:
+        full = os.path.join(REPO, path)
+        with open(full, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        targets = []
+        if path.endswith(".md"):
+            targets += [t for t in MD_LINK.findall(re.sub(r"```.*?```", "", text, flags=re.S))
+                        if not re.match(r"^[a-z]+:", t)]
+        targets += [f"{p}#{a}" for p, a in README_ANCHOR.findall(text) if not path.endswith(".md")]
+        for target in targets:
+            file_part, _, anchor = target.partition("#")
+            landing = (os.path.normpath(os.path.join(os.path.dirname(full), file_part)) if file_part
+                       else full)
+            if not path.endswith(".md") and file_part and not os.path.exists(landing):
+                landing = os.path.join(REPO, file_part)       # code names paths from the root
+            if not os.path.exists(landing):
+                broken.append(f"{path}: {target} (no such file)")
+            elif anchor and landing.endswith(".md") and anchor not in anchors_of(landing):
+                broken.append(f"{path}: {target} (no such heading)")
+    return broken
+
+
+def linked_files() -> list[str]:
+    found = []
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in (
+            "__pycache__", "build", "results") and not d.endswith(".egg-info")]
+        found += [os.path.relpath(os.path.join(root, f), REPO) for f in files
+                  if f.endswith((".md", ".py", ".yaml", ".yml", ".tpl", ".sh", ".txt"))]
+    return [f for f in found if f != os.path.join("tests", "test_docs.py")]   # its own examples
+
+
+def test_every_link_and_readme_anchor_lands():
+    """Issue 47 moved most of the README into docs/: whatever pointed at it still lands."""
+    files = linked_files()
+    assert len([f for f in files if f.endswith(".md")]) > 30
+    assert broken_links(files) == []
+
+
+def test_the_link_check_sees_a_heading_that_moved(tmp_path, monkeypatch):
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n\n## Kept\n\n[here](#kept) [gone](#moved-away) "
+                    "[no file](missing.md)\n")
+    code = tmp_path / "code.py"
+    code.write_text("# see page.md (README.md#gate-on-a-miss)\n")
+    (tmp_path / "README.md").write_text("# archway\n\n## Install in a cluster\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", str(tmp_path))
+    assert broken_links(["page.md", "code.py"]) == [
+        "page.md: #moved-away (no such heading)", "page.md: missing.md (no such file)",
+        "code.py: README.md#gate-on-a-miss (no such heading)"]
+    assert github_anchor("What would archway do? Why is my pod where it is?") == \
+        "what-would-archway-do-why-is-my-pod-where-it-is"
+    assert github_anchor("The image: build, push, release") == "the-image-build-push-release"

@@ -1,4 +1,4 @@
-"""The exit-status table of docs/cli.md and what the commands return, held together (issue 47):
+"""The exit-status table of docs/commands.md and what the commands return, held together (issue 47):
 every status the table lists is produced here by a case of its own, and every status the CLI
 names (archway.main.cli's EXIT_*) is in the table. `archway serve`'s own (130 on SIGINT, 0 on
 SIGTERM) are tests/test_serve_messages.py's.
@@ -20,8 +20,8 @@ from lab.servers.faults import BlackHole
 
 
 def documented() -> dict[int, str]:
-    """status -> its row's meaning, from the table under "## Exit status" in docs/cli.md."""
-    with open(os.path.join(REPO, "docs", "cli.md"), encoding="utf-8") as f:
+    """status -> its row's meaning, from the table under "## Exit status" in docs/commands.md."""
+    with open(os.path.join(REPO, "docs", "commands.md"), encoding="utf-8") as f:
         text = f.read()
     section = text.split("## Exit status", 1)[1].split("\n## ", 1)[0]
     rows = {}

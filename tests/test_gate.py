@@ -725,14 +725,14 @@ def test_controller_lists_again_after_410_and_releases_what_it_finds(stand_in):
     assert server.rejections == []
 
 
-def test_the_readmes_kubectl_line_releases_gated_pods_and_keeps_other_gates(api):
-    """The README's one-liner, run as an operator runs it: bash, the real kubectl, the real
-    apiserver's strategic merge patch."""
+def test_the_gate_pages_kubectl_line_releases_gated_pods_and_keeps_other_gates(api):
+    """docs/gate.md's one-liner (the README's until issue 47), run as an operator runs it: bash,
+    the real kubectl, the real apiserver's strategic merge patch."""
     import os
     import subprocess
 
     from lab.procs import REPO
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "docs", "gate.md"), encoding="utf-8") as f:
         line = next(line for line in f if line.startswith("kubectl get pods -A -l " + GATED_LABEL))
     assert "--type strategic" in line
     server, _ = api

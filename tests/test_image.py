@@ -29,7 +29,7 @@ CHART = os.path.join(REPO, "charts", "archway")
 # Native code from the base and from the cross-installed wheels: built for the image's arch.
 NATIVE_PROBES = ("/usr/bin/python3", "/opt/archway/lib/yaml/_yaml.cpython-311-{m}-linux-gnu.so",
                  "/opt/archway/lib/cryptography/hazmat/bindings/_rust.abi3.so")
-# Compressed layers per platform; 77 MB when this was written (docs/ and README say so).
+# Compressed layers per platform; 77 MB when this was written (docs/image.md says so).
 MAX_PUSHED_BYTES = 120_000_000
 
 

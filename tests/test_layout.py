@@ -120,8 +120,20 @@ def test_stale_names_sees_a_moved_module():
                for s in stale_names(present))
 
 
-def test_the_readme_layout_lists_every_room():
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+def test_the_layout_lists_every_room():
+    """CONTRIBUTING.md's "Layout" (the README's until issue 47)."""
+    with open(os.path.join(REPO, "CONTRIBUTING.md"), encoding="utf-8") as f:
         layout = f.read().split("## Layout", 1)[1].split("\n## ", 1)[0]
     listed = set(re.findall(r"^\| `([\w/]+)/` \|", layout, re.M))
     assert set(ROOMS) <= listed, set(ROOMS) - listed
+
+
+def test_the_in_cluster_image_is_rebuilt_when_any_folder_of_the_wheel_changes():
+    """The real-node tier's image is cached by a digest of what the Dockerfile copies: every
+    folder the wheel installs must be in it, or a change there would be tested on a stale image."""
+    import tomllib
+
+    from lab.cluster.incluster import image_inputs
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        folders = tomllib.load(f)["tool"]["setuptools"]["package-dir"].values()
+    assert {folder.split("/")[0] for folder in folders} <= set(image_inputs())

@@ -79,7 +79,7 @@ def test_a_server_without_a_cluster_says_so_once(no_cluster):
 @pytest.mark.parametrize("log_format, poller", [("text", False), ("json", False), ("text", True)])
 def test_ctrl_c_exits_130_and_sigterm_0(tmp_path, log_format, poller):
     """SIGINT, as a terminal's Ctrl-C sends it to the whole process group, ends the server with
-    130 (the shell's 128 + SIGINT), as the exit-status table in docs/cli.md says; SIGTERM, the
+    130 (the shell's 128 + SIGINT), as the exit-status table in docs/commands.md says; SIGTERM, the
     kubelet's graceful stop, with 0. `poller`: a traffic poller to keep, so `archway serve`
     forks gunicorn's master and passes the signal on (archway.server.supervisor)."""
     for sig, status in ((signal.SIGINT, 130), (signal.SIGTERM, 0)):

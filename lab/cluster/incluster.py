@@ -26,9 +26,18 @@ from lab.cluster.processes import ControlPlaneError
 from lab.cluster.realnode import RealNode
 from lab.procs import REPO
 
-# What the Dockerfile copies: the image changes only when one of these does.
-IMAGE_INPUTS = ("Dockerfile", "pyproject.toml", "README.md", "registry", "archway", "webhook",
-                "extender", "certs", "gate", "tools")
+
+def image_inputs(root: str = REPO) -> tuple[str, ...]:
+    """The Dockerfile and what it copies from the tree (its COPY lines without --from): the
+    image changes only when one of these does. Read from the Dockerfile, so a folder it starts
+    copying counts at once (a hand-kept list missed the rooms the house moved)."""
+    inputs = ["Dockerfile"]
+    with open(os.path.join(root, "Dockerfile")) as f:
+        for line in f:
+            words = line.split()
+            if words[:1] == ["COPY"] and not any(w.startswith("--from") for w in words):
+                inputs += [w.rstrip("/") for w in words[1:-1] if not w.startswith("--")]
+    return tuple(dict.fromkeys(inputs))
 IMAGE_CACHE = os.path.expanduser("~/.cache/archway/image")
 ARCHWAY_IMAGE = "localhost/archway"
 SCHEDULER_IMAGE = "localhost/kube-scheduler"
@@ -38,7 +47,7 @@ HELM_TIMEOUT = "6m"
 def tree_digest(root: str = REPO) -> str:
     """sha256 over the paths and contents of what goes into the image (no byte code)."""
     digest = hashlib.sha256()
-    for top in IMAGE_INPUTS:
+    for top in image_inputs(root):
         path = os.path.join(root, top)
         files = [path] if os.path.isfile(path) else sorted(
             os.path.join(folder, name) for folder, dirs, names in os.walk(path)

@@ -314,11 +314,14 @@ def guard_rules(chain: str, bridge: str, cidrs: list[str]) -> list[list[str]]:
 
 
 def guard_in_place(chain: str, bridge: str, cidrs: list[str]) -> bool:
-    """Does FORWARD (mangle, the first table a forwarded packet meets) jump first to `chain`,
-    which drops each CIDR's packets not for `bridge`?"""
+    """Does FORWARD (mangle, the first table a forwarded packet meets) jump to `chain`, which
+    drops each CIDR's packets not for `bridge`, before any rule but another node's guard (the
+    real node's and the VM nodes' guards only drop, so their order does not matter)?"""
     forward = rules("iptables", GUARD_TABLE)
     forward_rules = [r for r in forward if r.split()[1] == "FORWARD"]
-    if not forward_rules or forward_rules[0] != f"-A FORWARD -j {chain}":
+    ahead = forward_rules[:forward_rules.index(f"-A FORWARD -j {chain}")] if (
+        f"-A FORWARD -j {chain}" in forward_rules) else None
+    if ahead is None or not all(re.fullmatch(r"-A FORWARD -j ARCHWAY-[A-Z-]+-EGRESS", r) for r in ahead):
         return False
     ours = [r for r in forward if r.split()[1] == chain]
     wanted = {re.sub(r"/32\b", "", f"-A {chain} -s {c} ! -o {bridge} -j DROP") for c in cidrs}

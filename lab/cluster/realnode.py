@@ -54,10 +54,17 @@ def owned_dirs(node_dir: str) -> tuple[str, str]:
     return f"/run/archway-node-{tag}", f"/var/lib/archway-node-{tag}"
 
 
-def api_only_nodes(arch: str | None = None) -> tuple:
-    """The control plane's API-only Nodes of every architecture but the real node's."""
-    arch = arch or machine_arch()
-    return tuple((name, a) for name, a in DEFAULT_NODES if a != arch)
+def hosts_toml(host: str) -> str:
+    """containerd's certs.d/HOST/hosts.toml for a plain-HTTP registry."""
+    return (f'server = "http://{host}"\n[host."http://{host}"]\n'
+            f'  capabilities = ["pull", "resolve"]\n  skip_verify = true\n')
+
+
+def api_only_nodes(*real: str) -> tuple:
+    """The control plane's API-only Nodes of every architecture but the real nodes' (this
+    machine's when none is named)."""
+    archs = set(real or (machine_arch(),))
+    return tuple((name, a) for name, a in DEFAULT_NODES if a not in archs)
 
 
 def node_name(arch: str | None = None) -> str:
@@ -153,8 +160,7 @@ class RealNode:
             folder = self.path("containerd", "certs.d", host)
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, "hosts.toml"), "w") as f:
-                f.write(f'server = "http://{host}"\n[host."http://{host}"]\n'
-                        f'  capabilities = ["pull", "resolve"]\n  skip_verify = true\n')
+                f.write(hosts_toml(host))
 
     def start_containerd(self) -> None:
         os.makedirs(self.path("containerd"), exist_ok=True)
@@ -319,9 +325,13 @@ def teardown(plane: ControlPlane) -> list[str]:
 
 # --- scripts/cluster.sh's hooks --------------------------------------------------------------
 
-def plane_options(real_node: bool) -> dict:
-    """ControlPlane arguments for a cluster with (or without) the real node."""
-    return {"node_ip": node_address(), "nodes": api_only_nodes()} if real_node else {}
+def plane_options(real_node: bool, vm_archs=()) -> dict:
+    """ControlPlane arguments for a cluster with (or without) the real node and VM nodes of
+    `vm_archs` (vmnode.py): no API-only Node remains of an architecture a real node runs."""
+    if not (real_node or vm_archs):
+        return {}
+    archs = ([machine_arch()] if real_node else []) + list(vm_archs)
+    return {"node_ip": node_address(), "nodes": api_only_nodes(*archs)}
 
 
 def start_for(plane: ControlPlane, archway_config: dict) -> RealNode:

@@ -72,11 +72,12 @@ class AccessEntry:
     status: int
     size: int       # response body bytes the registry sent
     agent: str = ""  # the client's User-Agent: archway/<version> or a mirror (Go)
+    remote: str = ""  # the client's address: which node's containerd asked
 
 
 # 127.0.0.1 - - [02/Jan/2025:10:00:00 +0000] "GET /v2/ HTTP/1.1" 200 2 "" "archway/0.1.0"
 _ACCESS_LINE = re.compile(
-    r'^\S+ \S+ \S+ \[[^\]]+\] "(?P<method>[A-Z]+) (?P<target>\S+) HTTP/[0-9.]+" '
+    r'^(?P<remote>\S+) \S+ \S+ \[[^\]]+\] "(?P<method>[A-Z]+) (?P<target>\S+) HTTP/[0-9.]+" '
     r'(?P<status>\d{3}) (?P<size>\d+|-)(?: "[^"]*" "(?P<agent>[^"]*)")?')
 
 
@@ -88,7 +89,7 @@ def parse_access_log(text: str) -> list[AccessEntry]:
             path, _, query = m["target"].partition("?")
             size = 0 if m["size"] == "-" else int(m["size"])
             entries.append(AccessEntry(m["method"], path, query, int(m["status"]), size,
-                                       m["agent"] or ""))
+                                       m["agent"] or "", m["remote"]))
     return entries
 
 
