@@ -24,7 +24,11 @@ USAGE = ("usage: kubectl archway {inspect,explain,report} ...\n"
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE, file=sys.stdout if argv else sys.stderr)
+        try:
+            print(USAGE, file=sys.stdout if argv else sys.stderr, flush=True)
+        except BrokenPipeError:   # `kubectl archway --help | head -1`, as archway's commands
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return cli.EXIT_BROKEN_PIPE
         return 0 if argv else cli.EXIT_ERROR
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:

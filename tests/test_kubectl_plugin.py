@@ -150,3 +150,4 @@ def test_the_package_installs_the_plugin_beside_archway():
     assert scripts["kubectl-archway"] == "archway.main.kubectl:main"
     module, _, function = scripts["kubectl-archway"].partition(":")
     assert callable(getattr(__import__(module, fromlist=[function]), function))
+
