@@ -198,6 +198,7 @@ class ImageRecordSettings:
 class KubernetesSettings:
     enabled: str = choice("auto", "off")  # auto: kubeconfig, in-cluster, ~/.kube/config, or none
     kubeconfig: str | None = None
+    context: str | None = None            # the kubeconfig's context to use; none: its current one
     secret_cache_seconds: float = 60.0
     pull_secret_namespaces: tuple[str, ...] = ("*",)  # where pull secrets are read; "*": everywhere
     namespace_cache: bool = True          # list+watch Namespaces for per-namespace mode/preferences

@@ -11,7 +11,21 @@ class InvalidReference(ArchwayError):
 
 
 class HostRefused(ArchwayError):
-    """Configuration or policy forbids contacting this host (deny list, allow list, link-local)."""
+    """Configuration or policy forbids contacting this host (deny list, allow list, link-local).
+
+    `rule` names which rule refused it (a key of POLICY_RULES: loopback, link-local, metadata,
+    cluster, kubelet, deny_hosts, allow_hosts...), so a warning can say so in fixed words."""
+
+    def __init__(self, message, *, rule: str = ""):
+        super().__init__(message)
+        self.rule = rule
+
+
+class PeerRefused(HostRefused):
+    """A connection landed on an address the host policy refuses (a name that resolved to a
+    harmless address when checked and to a refused one when connected). Its warning reads as
+    any failure to reach a host: the refusal comes only after the port answered, so naming it
+    would tell the pod's author an open port from a closed one."""
 
 
 class RegistryError(ArchwayError):
@@ -108,13 +122,43 @@ def never_resolves(error: BaseException | None) -> bool:
 class ErrorClass:
     label: str   # for the image_resolutions metric: a small fixed set
     words: str   # for a warning: a few words, never the error's message (it can hold URLs)
+    hint: str = ""   # a line of its own beside the warning: what would change the outcome
 
 
-# The words of every failure to reach a host: a timeout, a refused connection, a TLS error, a
-# proxy's failure and archway's host policy read alike to the pod's author, who could otherwise
-# use archway to tell open ports from closed ones (a port scanner). The label and the log keep
-# the difference for the operator.
+# The words of every failure to reach a host: a timeout, a refused connection, a TLS error and a
+# proxy's failure read alike to the pod's author, who could otherwise use archway to tell open
+# ports from closed ones (a port scanner). The label and the log keep the difference for the
+# operator.
 UNREACHABLE = "registry unreachable"
+
+# A host the policy refuses before any connection is named as refused, with the rule, and a
+# hint says which key would allow it: that answer follows from the image's name, its port, its
+# DNS answer and the config alone, never from whether anything listens, so it tells no port's
+# state. Fixed words only: the error's message holds the host and the address it resolved to.
+# The words fit a warning under 120 characters with the image; the hint is a line of its own.
+_ALLOWED = "only when registry.allow_hosts lists its host"
+POLICY_RULES: dict[str, tuple[str, str]] = {   # rule: (its words, the hint: what would allow it)
+    "loopback": ("loopback", f"archway contacts a loopback address {_ALLOWED}"),
+    "cluster": ("cluster address", f"archway contacts a Service or API server address {_ALLOWED}"),
+    "kubelet": ("kubelet port", f"archway contacts a kubelet port (10250, 10255) {_ALLOWED}"),
+    "kube-proxy": ("kube-proxy port", f"archway contacts a kube-proxy port (10249, 10256) {_ALLOWED}"),
+    "allow_hosts": ("unlisted host", "archway contacts only the hosts registry.allow_hosts lists"),
+    "deny_hosts": ("denied host", "archway never contacts a host registry.deny_hosts lists"),
+    "plain_http": ("plain http", "archway speaks plain http only to the hosts registry.insecure_hosts "
+                                 "lists"),
+    "metadata": ("metadata service", "archway never contacts a cloud metadata service"),
+    "link-local": ("link-local", "archway never contacts a link-local address"),
+    "reserved": ("reserved address", "archway never contacts a multicast, unspecified or reserved "
+                                     "address"),
+    "malformed": ("malformed host", ""),
+}
+REFUSED = "refused by policy"   # the hint says whose
+
+
+def _refused(error: HostRefused) -> "ErrorClass":
+    words, hint = POLICY_RULES.get(getattr(error, "rule", ""), ("", ""))
+    return ErrorClass("host_refused", f"{REFUSED}: {words}" if words else REFUSED, hint)
+
 
 _ERROR_CLASSES = (  # most specific first: the classes form a hierarchy
     (DeadlineExceeded, ErrorClass("deadline_exceeded", UNREACHABLE)),
@@ -128,7 +172,7 @@ _ERROR_CLASSES = (  # most specific first: the classes form a hierarchy
     (UnsupportedImage, ErrorClass("unsupported_image", "unsupported image format")),
     (ProxyFailed, ErrorClass("proxy_error", UNREACHABLE)),
     (TransportError, ErrorClass("transport_error", UNREACHABLE)),
-    (HostRefused, ErrorClass("host_refused", UNREACHABLE)),
+    (PeerRefused, ErrorClass("host_refused", UNREACHABLE)),
     (InvalidReference, ErrorClass("invalid_reference", "invalid image reference")),
     (SIFError, ErrorClass("sif_error", "unreadable SIF image")),
 )
@@ -142,6 +186,8 @@ def classify_error(error: BaseException | None) -> ErrorClass:
     for cls, found in _ERROR_CLASSES:
         if isinstance(error, cls):
             return found
+    if isinstance(error, HostRefused):
+        return _refused(error)
     if isinstance(error, RegistryError):
         return ErrorClass("registry_error", f"registry answered HTTP {error.status}"
                           if error.status else "registry error")

@@ -41,12 +41,13 @@ def build_api_client(settings) -> tuple[object | None, str]:
         raise ConfigError(f"kubernetes.enabled must be auto or off, got {settings.enabled!r}")
     # Everything the choice depends on: a forked worker, or a test changing $KUBECONFIG or
     # $HOME, gets a client of its own.
-    key = (os.getpid(), settings.kubeconfig, os.environ.get("KUBECONFIG"),
+    context = getattr(settings, "context", None)   # settings of any shape that names a kubeconfig
+    key = (os.getpid(), settings.kubeconfig, context, os.environ.get("KUBECONFIG"),
            os.path.expanduser("~/.kube/config"), os.environ.get("KUBERNETES_SERVICE_HOST"),
            os.environ.get("KUBERNETES_SERVICE_PORT"))
     with _lock:
         if key not in _built:
-            _built[key] = _build(settings.kubeconfig)
+            _built[key] = _build(settings.kubeconfig, context)
         return _built[key]
 
 
@@ -94,12 +95,58 @@ def in_cluster_namespace() -> str | None:
         return None
 
 
-def _build(kubeconfig: str | None) -> tuple[object | None, str]:
+def _expand(paths: str) -> str:
+    return os.pathsep.join(os.path.expanduser(p) for p in paths.split(os.pathsep))
+
+
+def kubeconfig_files(settings) -> list[str] | None:
+    """The kubeconfig files build_api_client reads for `settings`, in kubectl's merge order;
+    None when it reads none (the in-cluster service account, or no API)."""
+    if settings.enabled == "off":
+        return None
+    if settings.kubeconfig:
+        return _expand(settings.kubeconfig).split(os.pathsep)
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and in_cluster_namespace() is not None:
+        return None
+    named = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+    default = os.path.expanduser(named or "~/.kube/config")
+    return [default] if os.path.exists(default) else None
+
+
+def current_namespace(settings) -> str:
+    """The namespace a command means when none is named, as kubectl finds it: the context's
+    (`settings.context`, else the kubeconfig's current-context) namespace, merged over the
+    files as kubectl merges them (the first file to set a value wins); in a pod, its own;
+    else "default". Read without the kubernetes client (plain YAML)."""
+    files = kubeconfig_files(settings)
+    if files is None:
+        return (in_cluster_namespace() if os.environ.get("KUBERNETES_SERVICE_HOST") else None) \
+            or "default"
+    import yaml
+    current, contexts = None, {}
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f.read(1 << 20))
+        except (OSError, yaml.YAMLError):
+            continue   # the client says what is wrong with it, when it reads it
+        if not isinstance(data, dict):
+            continue
+        current = current or data.get("current-context")
+        for entry in data.get("contexts") or ():
+            if isinstance(entry, dict) and entry.get("name") not in contexts:
+                contexts[entry.get("name")] = entry.get("context") or {}
+    context = contexts.get(getattr(settings, "context", None) or current)
+    namespace = context.get("namespace") if isinstance(context, dict) else None
+    return namespace if isinstance(namespace, str) and namespace else "default"
+
+
+def _build(kubeconfig: str | None, context: str | None = None) -> tuple[object | None, str]:
     from kubernetes import client as k8s
     from kubernetes import config as k8s_config
     from kubernetes.config.config_exception import ConfigException
     if kubeconfig:
-        return _from_kubeconfig(os.path.expanduser(kubeconfig), required=True)
+        return _from_kubeconfig(_expand(kubeconfig), required=True, context=context)
     configuration = k8s.Configuration()
     try:
         k8s_config.load_incluster_config(client_configuration=configuration)
@@ -110,20 +157,23 @@ def _build(kubeconfig: str | None) -> tuple[object | None, str]:
     named = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
     default = os.path.expanduser(named or "~/.kube/config")
     if os.path.exists(default):
-        return _from_kubeconfig(default, required=False)
+        return _from_kubeconfig(default, required=False, context=context)
     if named:
         return None, f"KUBECONFIG names {default}, which does not exist"
     return None, "none"
 
 
-def _from_kubeconfig(path: str, *, required: bool) -> tuple[object | None, str]:
+def _from_kubeconfig(path: str, *, required: bool, context: str | None = None
+                     ) -> tuple[object | None, str]:
     import yaml
     from kubernetes import client as k8s
     from kubernetes import config as k8s_config
     from kubernetes.config.config_exception import ConfigException
     configuration = k8s.Configuration()
     try:
-        k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
+        # A path list (a:b) is merged by the client as kubectl merges $KUBECONFIG.
+        k8s_config.load_kube_config(config_file=path, context=context,
+                                    client_configuration=configuration)
     except (ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError,
             yaml.YAMLError) as e:
         why = f"kubeconfig {path} is not usable: {' '.join(str(e).split())[:300]}"

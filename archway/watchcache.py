@@ -35,7 +35,9 @@ class WatchCache(ListWatch, Generic[F]):
         self.version = 0
 
     def _on_no_cluster(self) -> None:
-        log.info("no Kubernetes cluster configured: the %s stays empty", self.what)
+        # Debug: `archway serve` says it once for the server (main/serve.py), not per cache
+        # and worker.
+        log.debug("no Kubernetes cluster configured: the %s stays empty", self.what)
 
     def _slim(self, obj: dict):
         return self._facts(obj)

@@ -78,8 +78,8 @@ class ClusterReader:
         try:
             for page in self.api.pages(path, LIST_PAGE_SIZE):
                 yield from page.get("items") or ()
-        except ApiError as e:
-            raise ArchwayError(f"Kubernetes API: {what}: {e}") from None
+        except ApiError as e:   # the cause kept: its status tells an API down from a refusal
+            raise ArchwayError(f"Kubernetes API: {what}: {e}") from e
 
     def _get(self, what: str, path: str) -> dict:
         try:

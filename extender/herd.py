@@ -152,8 +152,8 @@ class PodWatch(ListWatch):
         self._nodes: dict[str, str] = {}    # pod key -> node, for pods that run (or will)
 
     def _on_no_cluster(self) -> None:
-        log.info("no Kubernetes cluster configured: herd control estimates placements from "
-                 "archway's own prioritize answers")
+        log.debug("no Kubernetes cluster configured: herd control estimates placements from "
+                  "archway's own prioritize answers")   # said once by `archway serve`
 
     def _slim(self, obj: dict) -> dict:
         meta, spec, status = (_part(obj, k) for k in ("metadata", "spec", "status"))

@@ -77,8 +77,7 @@ def plan_release(obj: dict, results: dict, policy: Policy, *, expired: bool,
         where = f"on {join_architectures(archs)}" if archs else "without an arch constraint (no image told one)"
         return Release(_released(obj, decision), "placed", "Normal", "Placed",
                        f"placed {where} after waiting {waited:.1f} s for its images", archs)
-    why = "; ".join(f"{display_image(image)}: {classify_error(results.get(image)).words}"
-                    for image in failed)
+    why = _unresolved_why(failed, results)
     when = (f"released after {waited:.0f} s (admission.gate_max_seconds)" if expired else
             "released at once (an image can never be read)")
     if fallback:
@@ -95,6 +94,13 @@ def plan_release(obj: dict, results: dict, policy: Policy, *, expired: bool,
                    f"{when} "
                    f"{'placed on ' + join_architectures(decision.architectures) + ' by the images it read' if decision.architectures else 'without placement'}"
                    f"; unresolved: {why}", decision.architectures)
+
+
+def _unresolved_why(failed, results: dict) -> str:
+    """Each unread image in a few words, then each host-policy rule's hint once."""
+    named_as = {image: classify_error(results.get(image)) for image in failed}
+    return "; ".join([f"{display_image(image)}: {named_as[image].words}" for image in failed]
+                     + list(dict.fromkeys(c.hint for c in named_as.values() if c.hint)))
 
 
 def gate_only_release(obj: dict) -> dict:

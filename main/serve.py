@@ -213,6 +213,8 @@ def _preflight(config, tls) -> bool:
     api_client, source = build_api_client(config.kubernetes)  # ConfigError on a bad kubeconfig
     if api_client is None and source not in ("none", "disabled"):
         logging.getLogger("archway.server").warning("serving without a Kubernetes API: %s", source)
+    elif api_client is None:
+        logging.getLogger("archway.server").info("%s", no_cluster_line(config, source))
     if config.admission.unresolved == "gate" and api_client is None \
             and config.server.product in ("all", "webhook"):
         raise ConfigError("admission.unresolved is gate, but no Kubernetes API is configured "
@@ -221,6 +223,20 @@ def _preflight(config, tls) -> bool:
     for warning in deprecations(config):
         logging.getLogger("archway.server").warning(warning)   # text or JSON, as every line
     return api_client is not None
+
+
+def no_cluster_line(config, source: str) -> str:
+    """The one line of a server without a Kubernetes API (each cache and worker says it only at
+    debug level): why, and what archway then goes without."""
+    why = ("kubernetes.enabled is off" if source == "disabled" else
+           "no Kubernetes cluster configured (KUBECONFIG, kubernetes.kubeconfig, in-cluster)")
+    product = config.server.product
+    missing = ["namespaces, workloads and PlacementPolicies are not read"] \
+        if product in ("all", "webhook") else []
+    if product in ("all", "extender"):
+        missing.append("the extender lists no nodes and estimates placements from its own "
+                       "prioritize answers")
+    return f"{why}: " + "; ".join(missing)
 
 
 def _fresh_metrics_dir() -> str:

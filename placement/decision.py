@@ -179,6 +179,7 @@ def _nothing_shared(pod: PodView, known: dict, results: dict, os: str) -> str:
 def _read(pod: PodView, results: dict) -> tuple[list[str], list[str]]:
     """(warnings, the images that could not be read) of the pod's images' results."""
     warnings: list[str] = []
+    hints: list[str] = []
     failed: list[str] = []
     for image in pod.images:
         result = results.get(image)
@@ -189,9 +190,12 @@ def _read(pod: PodView, results: dict) -> tuple[list[str], list[str]]:
                 warnings.append(f"{_named(pod, image)} {what}; it does not restrict placement")
         else:
             failed.append(image)
+            named_as = classify_error(result)
             warnings.append(f"could not inspect {_named(pod, image)} "
-                            f"({classify_error(result).words}); " + UNREAD_ADMITTED)
-    return warnings, failed
+                            f"({named_as.words}); " + UNREAD_ADMITTED)
+            if named_as.hint:
+                hints.append(named_as.hint)
+    return warnings + list(dict.fromkeys(hints)), failed   # a rule's hint once, after the images
 
 
 def _named(pod: PodView, image: str) -> str:

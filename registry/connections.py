@@ -9,7 +9,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
 from urllib3.util.connection import allowed_gai_family
 
-from archway.errors import HostRefused
+from archway.errors import HostRefused, PeerRefused
 from archway.hostport import join_host_port
 
 from .deadlines import current_deadline, watch_current
@@ -82,7 +82,8 @@ def _checked_pool(pool_class, policy: HostPolicy):
             sock = self._connect_by(current_deadline())
             try:
                 peer = sock.getpeername()
-                policy.check_peer(peer[0], join_host_port(self.host, self.port), peer[1])
+                policy.check_peer(peer[0], join_host_port(self.host, self.port), peer[1],
+                                  refused=PeerRefused)
             except HostRefused:
                 sock.close()
                 raise

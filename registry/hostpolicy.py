@@ -31,6 +31,7 @@ _METADATA_ADDRESSES = {
     ipaddress.ip_address("100.100.100.200"),   # Alibaba Cloud
     ipaddress.ip_address("fd00:ec2::254"),     # AWS IMDS over IPv6
 }
+_CLOUD_METADATA = ipaddress.ip_address("169.254.169.254")   # AWS, GCP, Azure...: link-local
 _METADATA_NAMES = {"metadata.google.internal", "metadata", "instance-data", "metadata.azure.com"}
 # The kubelet's authenticated API and its read-only port, on every node.
 KUBELET_PORTS = frozenset({10250, 10255})
@@ -41,7 +42,7 @@ def _host_port(netloc: str) -> tuple[str, int | None]:
     try:
         host, port = split_host_port(netloc)
     except ValueError:
-        raise HostRefused(f"malformed host {netloc!r}") from None
+        raise HostRefused(f"malformed host {netloc!r}", rule="malformed") from None
     return host or netloc.lower(), port
 
 
@@ -177,17 +178,33 @@ class ClusterAddresses:
                                         if address.version == network.version)
 
 
-def internal_reason(address: IPAddress, port: int | None, cluster: ClusterAddresses) -> str | None:
-    """Why `address:port` is one of the cluster's own places, or None when it is not."""
+_INTERNAL = {"loopback": "a loopback address", "kubelet": "a kubelet port",
+             "kube-proxy": "a kube-proxy port",
+             "cluster": "in the cluster's Service range or the API server's"}
+
+
+def internal_rule(address: IPAddress, port: int | None, cluster: ClusterAddresses) -> str | None:
+    """Which rule (archway.errors.POLICY_RULES) makes `address:port` one of the cluster's own
+    places, or None when it is not."""
     if address.is_loopback:
-        return "a loopback address"
+        return "loopback"
     if port in KUBELET_PORTS:
-        return "a kubelet port"
+        return "kubelet"
     if port in KUBE_PROXY_PORTS:
-        return "a kube-proxy port"
+        return "kube-proxy"
     if cluster.covers(address):
-        return "in the cluster's Service range or the API server's"
+        return "cluster"
     return None
+
+
+def forbidden_rule(address: str) -> str:
+    """Which rule an address `forbidden_address` refuses falls under."""
+    ip = canonical_address(address)
+    if ip is not None and (ip in _METADATA_ADDRESSES or ip == _CLOUD_METADATA):
+        return "metadata"
+    if ip is not None and ip.is_link_local:
+        return "link-local"
+    return "reserved"
 
 
 class HostPolicy:
@@ -218,11 +235,12 @@ class HostPolicy:
         lookup still unanswered at `deadline` raises DeadlineExceeded."""
         host, port = _host_port(netloc)
         if host in _METADATA_NAMES:
-            raise HostRefused(f"{host} is a cloud metadata service: archway never contacts it")
+            raise HostRefused(f"{host} is a cloud metadata service: archway never contacts it",
+                              rule="metadata")
         if self._deny.matches(host, port):
-            raise HostRefused(f"{netloc} is in registry.deny_hosts")
+            raise HostRefused(f"{netloc} is in registry.deny_hosts", rule="deny_hosts")
         if self._allow and not self._allow.matches(host, port):
-            raise HostRefused(f"{netloc} is not in registry.allow_hosts")
+            raise HostRefused(f"{netloc} is not in registry.allow_hosts", rule="allow_hosts")
         try:
             addresses = self._addresses(host, port, deadline)
         except LookupTimeout as e:
@@ -230,27 +248,29 @@ class HostPolicy:
         for address in addresses:
             self.check_peer(address, netloc, port)
 
-    def check_peer(self, address: str, netloc: str, port: int | None = None) -> None:
+    def check_peer(self, address: str, netloc: str, port: int | None = None,
+                   refused: type[HostRefused] = HostRefused) -> None:
         """Raise HostRefused if `address` (at `port`, else the port of `netloc`), where a
         connection to `netloc` landed, is forbidden.
 
         Checked again on the connected socket: a name may resolve to a harmless address when
         checked and to a metadata or cluster address a moment later, when the connection
-        resolves it.
+        resolves it. `refused`: the error to raise (PeerRefused where the socket is connected).
         """
         if self._forbidden(address):
-            raise HostRefused(
-                f"{netloc} resolves to {address}, a link-local or metadata address: refused")
+            raise refused(f"{netloc} resolves to {address}, a link-local or metadata address: "
+                          f"refused", rule=forbidden_rule(address))
         ip = canonical_address(address)
         port = port if port is not None else _port_of(netloc)
         if ip is not None and self._deny.covers(ip, port):
-            raise HostRefused(f"{netloc} resolves to {address}, which registry.deny_hosts refuses")
+            raise refused(f"{netloc} resolves to {address}, which registry.deny_hosts refuses",
+                          rule="deny_hosts")
         if ip is None or self.cluster is None or self._is_named(netloc):
             return
-        reason = internal_reason(ip, port, self.cluster)
-        if reason is not None:
-            raise HostRefused(f"{netloc} resolves to {address}, {reason}: archway contacts it "
-                              f"only when registry.allow_hosts lists it")
+        rule = internal_rule(ip, port, self.cluster)
+        if rule is not None:
+            raise refused(f"{netloc} resolves to {address}, {_INTERNAL[rule]}: archway contacts "
+                          f"it only when registry.allow_hosts lists it", rule=rule)
 
     def _is_named(self, netloc: str) -> bool:
         if netloc.lower() in self._named:

@@ -25,6 +25,12 @@ _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _DIGEST = re.compile(r"sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128}|"
                      r"(?!sha256:|sha512:)[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]{32,}")
 _HOST = re.compile(r"(?:\[[0-9a-fA-F:.]+\]|[a-zA-Z0-9.-]+)(?::[0-9]+)?")
+# Each dot-separated label of a host name (RFC 1123): `.`, `..`, `a..b` or `-x.io` are none.
+_LABEL = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?")
+# A reference written as a file path: a local SIF file is read only by `archway inspect`
+# (registry.inspect.looks_like_path); anywhere else it names no image, and must not be read as
+# the host "." or "..".
+PATH_PREFIXES = ("/", "./", "../", "~/")
 
 
 @dataclass(frozen=True)
@@ -88,19 +94,30 @@ def _split_tag_digest(remainder: str, original: str):
     return name, tag, digest or None
 
 
+def _valid_labels(host: str) -> bool:
+    """Whether a host[:port] names a host: an [IPv6] literal, or labels each valid."""
+    if host.startswith("["):
+        return True
+    name = host.rsplit(":", 1)[0] if ":" in host else host
+    return all(_LABEL.fullmatch(label) for label in name.split("."))
+
+
 # The syntaxes: (scheme, what follows "scheme://", the whole text, the default library host) ->
 # the reference, or InvalidReference saying what is wrong.
 
 def docker_syntax(scheme: str, remainder: str, original: str, default_library_host: str
                   ) -> ImageReference:
     """[host[:port]/]repository[:tag][@digest], Docker Hub's defaults filled in."""
+    if remainder.startswith(PATH_PREFIXES) or remainder in (".", ".."):
+        raise InvalidReference(f"invalid image reference {original!r}: a file path names no "
+                               f"image (only `archway inspect` reads a local SIF file)")
     name, tag, digest = _split_tag_digest(remainder, original)
     first, slash, path = name.partition("/")
     if slash and ("." in first or ":" in first or first == "localhost" or first.startswith("[")):
         host = first
     else:
         host, path = DOCKER_HUB, name
-    if not _HOST.fullmatch(host):
+    if not _HOST.fullmatch(host) or not _valid_labels(host):
         raise InvalidReference(f"{original!r}: malformed registry host {host!r}")
     host = host.lower()   # names are case-insensitive: one host for back-off, cache, credentials
     if host in _HUB_ALIASES:

@@ -16,6 +16,7 @@ from archway.logsafe import redact_url
 
 from . import sif
 from .http import HttpClient
+from .imageref import PATH_PREFIXES
 from .model import ImageInfo
 from .reference import KINDS, parse_reference
 from .resolver import Resolver
@@ -58,8 +59,7 @@ def pinned(image: str, digest: str | None) -> str | None:
 
 def looks_like_path(image: str) -> bool:
     """A local SIF file rather than a reference: an explicit path, or a *.sif name."""
-    return "://" not in image and (image.startswith(("/", "./", "../", "~/"))
-                                   or image.endswith(".sif"))
+    return "://" not in image and (image.startswith(PATH_PREFIXES) or image.endswith(".sif"))
 
 
 def register(subparsers) -> None:
@@ -81,7 +81,9 @@ def run(args) -> int:
     from archway.config import load_config  # the config file format is shared with the server
 
     config = load_config(args.config)
-    local = {image for image in args.images if os.path.isfile(image) or looks_like_path(image)}
+    # Written as a path, never found as one: `archway inspect nginx` asks the registry even
+    # where a file named nginx is in the current directory.
+    local = {image for image in args.images if looks_like_path(image)}
     remote = [image for image in args.images if image not in local]
     # The images the operator typed: loopback and the cluster's addresses are theirs to ask
     # about (registry.hostpolicy refuses them for references a pod's author wrote).

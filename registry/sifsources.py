@@ -47,7 +47,7 @@ def resolve_https(ref: ImageReference, http: HttpClient, deadline: float | None)
     url = ref.url or f"{ref.scheme}://{ref.host}/{ref.repository}"
     if urlsplit(url).scheme == "http" and not http.is_insecure(ref.host):
         raise HostRefused(f"{ref}: plain http is allowed only for hosts listed in "
-                          f"registry.insecure_hosts")
+                          f"registry.insecure_hosts", rule="plain_http")
     reader = BlockReader(lambda offset, length: fetch_range(http, url, offset, length, deadline),
                          FIRST_BLOCK)
     try:

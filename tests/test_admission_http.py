@@ -821,8 +821,10 @@ def test_embedded_default_serves_a_fixture_as_is(default_serve):
     check_apiserver_accepts(review, r.json())
     response = r.json()["response"]
     assert response["allowed"] and "patch" not in response
-    assert response["warnings"] == ["could not inspect 127.0.0.1:9/team/app:1.0 (registry "
-                                    "unreachable); it does not restrict placement"]
+    assert response["warnings"] == [
+        "could not inspect 127.0.0.1:9/team/app:1.0 (refused by policy: loopback); it does not "
+        "restrict placement",
+        "archway contacts a loopback address only when registry.allow_hosts lists its host"]
 
 
 def test_the_line_serve_prints_to_try_it_works_outside_the_checkout(default_serve, tmp_path):
@@ -842,9 +844,11 @@ def test_the_line_serve_prints_to_try_it_works_outside_the_checkout(default_serv
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     assert answer["kind"] == "AdmissionReview" and answer["response"]["allowed"], answer
+    # Loopback is refused by the host policy, not unreachable: the warning says so (issue 47).
     assert answer["response"]["warnings"] == [
-        "could not inspect 127.0.0.1:9/team/app:1.0 (registry unreachable); it does not "
-        "restrict placement"]
+        "could not inspect 127.0.0.1:9/team/app:1.0 (refused by policy: loopback); it does not "
+        "restrict placement",
+        "archway contacts a loopback address only when registry.allow_hosts lists its host"]
 
 
 def test_sigterm_lets_an_admission_in_flight_finish(loopback_serve, tmp_path):

@@ -207,9 +207,10 @@ def test_the_echo_app_runs_archway_serves_gunicorn_options_under_gthread_and_its
     archways = gunicorn_options(config, "127.0.0.1:8443", tls)
     assert ours.pop("worker_class") == "gthread" and ours.pop("proc_name") == "archway-bench-echo"
     hook = ours.pop("ssl_context")
-    for name in ("worker_class", "proc_name", "child_exit"):   # child_exit: a closure, made anew
-        archways.pop(name)
+    for name in ("worker_class", "proc_name", "child_exit", "on_starting"):   # hooks: closures,
+        archways.pop(name)                                                  # made anew each call
     ours.pop("child_exit")
+    ours.pop("on_starting")
     assert ours == archways and ours["certfile"] == pair.chain_path and ours["reuse_port"]
     assert hook(None, None) is server_context(pair.chain_path, pair.key_path)
 

@@ -221,14 +221,16 @@ def test_an_image_that_can_never_be_read_is_not_waited_for():
     gated for the whole admission.gate_max_seconds; such a pod is released at once, saying why.
     A registry that may answer later keeps the gate as before."""
     old = pod("reg/multi:1", "169.254.169.254/app:1", "Reg/Bad:1")
-    results = {"reg/multi:1": MULTI, "169.254.169.254/app:1": HostRefused("link-local: refused"),
+    results = {"reg/multi:1": MULTI, "169.254.169.254/app:1": HostRefused("link-local: refused", rule="metadata"),
                "Reg/Bad:1": InvalidReference("malformed")}
     released = plan_release(old, results, Policy(), expired=False, waited=0.4)
     check_release(old, released)
     assert (released.outcome, released.reason) == ("unplaced", "ReleasedUnplaced")
     assert released.note.startswith("released at once (an image can never be read) placed on "
                                      "amd64, arm64 by the images it read; unresolved: ")
-    assert "169.254.169.254/app:1: registry unreachable" in released.note
+    assert ("169.254.169.254/app:1: refused by policy: metadata service"
+            in released.note)
+    assert released.note.endswith("; archway never contacts a cloud metadata service")
     assert "Reg/Bad:1: invalid image reference" in released.note
     assert "gate_max_seconds" not in released.note
     fallback = plan_release(old, results, Policy(), expired=False, fallback=("arm64",))

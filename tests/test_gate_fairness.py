@@ -308,8 +308,8 @@ def test_a_pod_whose_images_can_never_be_read_is_released_at_once_with_the_reaso
             assert event["note"].startswith("released at once (an image can never be read)")
             assert "\r" not in event["note"] and "\n" not in event["note"]
         notes = {name: archway_events(plane, "tenant-a", name)[0]["note"] for name in pods}
-        assert "169.254.169.254/app:1: registry unreachable" in notes[
-            "metadata-address"]
+        assert ("169.254.169.254/app:1: refused by policy: metadata service"
+                in notes["metadata-address"])
         assert (f"{registry.host}/b/app\\r\\nNormal Placed placed on amd64:1: invalid image "
                 "reference") in notes["forged"]
     finally:

@@ -24,11 +24,13 @@ from archway.errors import (
     DeadlineExceeded,
     HostRefused,
     NotFound,
+    PeerRefused,
     RegistryError,
     ResponseTooLarge,
     SIFError,
     TransportError,
     UnsupportedImage,
+    classify_error,
 )
 from archway.registry.auth import (
     RegistryAuth,
@@ -768,9 +770,13 @@ def test_a_name_that_rebinds_between_check_and_connect_is_refused_on_the_socket(
     client = make_client(policy=HostPolicy(resolve=resolver, forbidden=forbidden),
                          insecure_hosts=(netloc,))
     mark = plain_registry.mark()
-    with pytest.raises(HostRefused, match="link-local or metadata"):
+    with pytest.raises(HostRefused, match="link-local or metadata") as refused:
         resolve(client, f"{netloc}/team/rebind:v1")
     assert plain_registry.requests_since(mark) == []
+    # Refused only once the port answered: the pod's author reads it as any unreachable host,
+    # or a closed port (unreachable) and an open one (refused) would read apart (issue 47).
+    assert isinstance(refused.value, PeerRefused)
+    assert classify_error(refused.value).words == "registry unreachable"
     # The same client with the real rules reaches the registry: the refusal was the peer check.
     allowed = make_client(policy=HostPolicy(resolve=resolver), insecure_hosts=(netloc,))
     assert resolve(allowed, f"{netloc}/team/rebind:v1").platforms == linux("amd64")

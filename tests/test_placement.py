@@ -8,7 +8,15 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from archway.errors import AuthError, DeadlineExceeded, HostRefused, NotFound, RegistryError, TransportError
+from archway.errors import (
+    AuthError,
+    DeadlineExceeded,
+    HostRefused,
+    NotFound,
+    PeerRefused,
+    RegistryError,
+    TransportError,
+)
 from archway.placement import archset, patches
 from archway.placement import decision as placement
 from archway.placement.patches import json_patch
@@ -328,7 +336,12 @@ def test_image_with_unknown_architecture_does_not_shrink_s():
 
 
 @pytest.mark.parametrize("error, words", [
-    (HostRefused("x"), "registry unreachable"),   # as a network error: no port scanner
+    # Refused before any connection: the rule and the key that lifts it, never the message.
+    (HostRefused("127.0.0.1:9 resolves to 127.0.0.1, secret", rule="loopback"),
+     "refused by policy: loopback"),
+    (HostRefused("x", rule="metadata"), "refused by policy: metadata service"),
+    # Refused where the connection landed: as a network error, or it would scan ports.
+    (PeerRefused("x", rule="cluster"), "registry unreachable"),
     (RegistryError("boom", host="r", status=500), "registry answered HTTP 500"),
     (RegistryError("boom", host="r"), "registry error"),
 ])
@@ -796,3 +809,29 @@ def test_json_patch_escapes_keys_and_adds_missing_maps_whole():
         {"op": "add", "path": "/metadata/annotations",
          "value": {"archway.dev/architectures": "amd64"}},
         {"op": "add", "path": "/spec/nodeSelector/kubernetes.io~1arch", "value": "amd64"})
+
+
+def test_a_host_refused_by_policy_says_the_rule_and_the_key_once():
+    """Issue 47: a host archway chose not to contact is not "unreachable": each image's warning
+    names the rule, one line per rule names the key that allows it; both fit the API's 120
+    characters, and neither carries the error's own message (the address it resolved to)."""
+    from archway.errors import POLICY_RULES
+    from archway.webhook.admission import MAX_WARNING_CHARS
+    pod = make_pod("127.0.0.1:9/team/app:1.0", "127.0.0.1:9/team/sidecar:1.0", "reg/down:1")
+    results = {"127.0.0.1:9/team/app:1.0": HostRefused("at 127.0.0.1 secret", rule="loopback"),
+               "127.0.0.1:9/team/sidecar:1.0": HostRefused("at 127.0.0.1", rule="loopback"),
+               "reg/down:1": TransportError("refused", host="reg")}
+    d = decide(pod, results, Policy())
+    assert d.warnings == (
+        "could not inspect 127.0.0.1:9/team/app:1.0 (refused by policy: loopback); it "
+        "does not restrict placement",
+        "could not inspect 127.0.0.1:9/team/sidecar:1.0 (refused by policy: loopback); "
+        "it does not restrict placement",
+        "could not inspect reg/down:1 (registry unreachable); it does not restrict placement",
+        "archway contacts a loopback address only when registry.allow_hosts lists its host")
+    assert all(len(w) <= MAX_WARNING_CHARS for w in d.warnings)
+    for rule, (_, hint) in POLICY_RULES.items():
+        d = decide(make_pod("127.0.0.1:9/team/app:1.0"),
+                   {"127.0.0.1:9/team/app:1.0": HostRefused("secret", rule=rule)}, Policy())
+        assert all(len(w) <= MAX_WARNING_CHARS and "secret" not in w for w in d.warnings), rule
+        assert d.warnings[1:] == ((hint,) if hint else ()), rule

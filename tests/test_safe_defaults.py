@@ -152,7 +152,8 @@ def test_the_cluster_ranges_are_read_from_the_api():
 
 def test_the_warning_does_not_tell_one_network_error_from_another():
     """Connection refused, a TLS error (a plain-HTTP port), a timeout (a port that accepts and
-    never answers), archway's own refusal (loopback not listed, a kubelet port): one text."""
+    never answers): one text. archway's own refusal before any connection (loopback not listed,
+    a kubelet port) says so, the same whether the port is open or closed (issue 47)."""
     hole, plain = BlackHole(), ScriptedServer(lambda request: (200, {}, b"{}"))
     unlisted = BlackHole()
     try:
@@ -169,9 +170,13 @@ def test_the_warning_does_not_tell_one_network_error_from_another():
                 review(image)))
             assert answer["allowed"], answer
             texts[kind] = [w.replace(image, "IMAGE") for w in answer["warnings"]]
-        assert len({tuple(t) for t in texts.values()}) == 1, texts
-        assert texts["refused"] == ["could not inspect IMAGE (registry unreachable); it does not "
-                                    "restrict placement"]
+        network = {tuple(texts[k]) for k in ("refused", "tls", "timeout")}
+        assert network == {("could not inspect IMAGE (registry unreachable); it does not "
+                            "restrict placement",)}, texts
+        # An open port (policy) and a closed one (kubelet) alike: the policy's answer.
+        assert texts["policy"] == texts["kubelet"] == [
+            "could not inspect IMAGE (refused by policy: unlisted host); it does not "
+            "restrict placement", "archway contacts only the hosts registry.allow_hosts lists"]
         assert unlisted.accepted == 0
     finally:
         for server in (hole, plain, unlisted):

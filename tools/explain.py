@@ -19,6 +19,7 @@ from archway.cluster.workloads import workloads_in
 from archway.placement.policy import Policy
 
 from .explanation import Explanation, explain_workload, pod_view, to_json, to_text
+from .kubeargs import add_cluster_options, with_cluster
 from .manifests import load_manifests, read_sources
 
 EXIT_OK, EXIT_CANNOT_RUN, EXIT_USAGE = 0, 1, 2
@@ -53,8 +54,10 @@ def register(subparsers) -> None:
     parser.add_argument("-f", "--filename", metavar="FILE",
                         help="manifests to explain: a file, a directory (every *.yaml, *.yml "
                              "and *.json under it) or - for stdin")
-    parser.add_argument("-n", "--namespace", default="default",
-                        help="namespace of pod/NAME (default: %(default)s)")
+    parser.add_argument("-n", "--namespace",
+                        help="namespace of pod/NAME (default: the kubeconfig context's, as "
+                             "kubectl's; in a pod its own; else default)")
+    add_cluster_options(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON list")
     parser.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="SECONDS",
                         help="wall-clock limit for reading the images (default 30)")
@@ -66,7 +69,7 @@ def run(args) -> int:
     if bool(args.filename) == bool(args.target):
         print("archway explain: give either -f FILE|- or pod/NAME", file=sys.stderr)
         return EXIT_USAGE
-    config = load_config(args.config)
+    config = with_cluster(load_config(args.config), args)
     policy = Policy.from_config(config)
     if args.filename:
         return emit(explain_manifests(args.filename, config, policy, args.timeout), args.json)
@@ -75,8 +78,11 @@ def run(args) -> int:
         print(f"archway explain: {args.target!r}: only pod/NAME can be explained live; "
               "use -f for manifests", file=sys.stderr)
         return EXIT_USAGE
+    from archway.kubeclient import current_namespace
+
     from .livepod import explain_live_pod
-    return emit([explain_live_pod(name, args.namespace, config, policy, args.timeout)], args.json)
+    namespace = args.namespace or current_namespace(config.kubernetes)
+    return emit([explain_live_pod(name, namespace, config, policy, args.timeout)], args.json)
 
 
 def explain_manifests(path: str, config, policy: Policy, timeout: float) -> list[Explanation]:

@@ -20,6 +20,8 @@ from archway.placement.decision import display_image
 from archway.podview import PodView
 from archway.vocabulary import common_architectures, told_architectures
 
+from .kubeargs import add_cluster_options, with_cluster
+
 # The order of the table: long-lived workloads first.
 REPORTED_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "CronJob", "Job", "ReplicaSet", "Pod")
 
@@ -140,16 +142,30 @@ def register(subparsers) -> None:
         description="Through the kubeconfig, list every workload (Deployments, StatefulSets, "
                     "DaemonSets, CronJobs, and the Jobs, ReplicaSets and Pods none of them "
                     "controls) with the architectures its images share and, with --target-arch, "
-                    "whether it could move to that architecture. Progress on stderr. Exit 0, or "
-                    "1 when some workloads could not be listed.")
+                    "whether it could move to that architecture. Progress on stderr. Exit 0, "
+                    "1 when some kinds of workload could not be listed, 2 (one line) when "
+                    "none could.")
     parser.add_argument("--target-arch", metavar="ARCH",
                         help="say for each workload whether its images run on ARCH (arm64...)")
     parser.add_argument("-n", "--namespace", help="only this namespace (default: all)")
+    add_cluster_options(parser)
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="SECONDS",
                         help="wall-clock limit for reading the images of one namespace's "
                              "workloads (default 30)")
     parser.set_defaults(func=run)
+
+
+def _whole_api(error: ArchwayError) -> str | None:
+    """Why no list at all can succeed, when `error` says so (the API unreachable, or the
+    credentials refused: not one kind refused); None otherwise."""
+    from archway.kubeapi import ApiError  # the kubernetes client: not at `archway`'s start
+    cause = error.__cause__
+    if isinstance(cause, ApiError) and cause.status == 0:
+        return str(cause)   # "Kubernetes API https://... unreachable: Connection refused"
+    if isinstance(cause, ApiError) and cause.status == 401:
+        return str(error)
+    return None
 
 
 def _progress(text: str) -> None:
@@ -167,18 +183,28 @@ class _Listing:
         self.placements: list[tuple] = []
 
     def read(self, reader, namespace: str | None) -> "_Listing":
+        """The workloads of every kind that can be listed; ArchwayError, one line, when none
+        can. A kind refused (RBAC) is skipped and said after the others."""
+        skipped: list[str] = []
         for kind in REPORTED_KINDS:
             try:
                 found = [w for obj in reader.workloads(kind, namespace) if self._seen(obj)
                          for w in workloads_in([obj])]
             except ArchwayError as e:
+                whole = _whole_api(e)
+                if whole is not None:   # every other kind would fail alike, each in its timeout
+                    raise ArchwayError(f"could not list any workload: {whole}") from None
                 self.failed.append(kind)
-                _progress(f"skipped {kind}s: {e}")
+                skipped.append(f"skipped {kind}s: {e}")
                 continue
             self.workloads += found
             _progress(f"{len(found)} {kind}(s)")
-        if self.failed and len(self.failed) == len(REPORTED_KINDS):
-            raise ArchwayError("could not list any workload (see above)")
+        if len(self.failed) == len(REPORTED_KINDS):
+            raise ArchwayError(f"could not list any workload: {skipped[0].split(': ', 1)[1]}"
+                               + (f" (and {len(skipped) - 1} other kinds)" if len(skipped) > 1
+                                  else ""))
+        for line in skipped:
+            _progress(line)
         return self
 
     def _seen(self, obj: dict) -> bool:
@@ -244,7 +270,7 @@ def run(args) -> int:
     from archway.config import load_config
     from archway.registry.platforms import normalize
 
-    config = load_config(args.config)
+    config = with_cluster(load_config(args.config), args)
     target = normalize("linux", args.target_arch).architecture if args.target_arch else None
     reader = ClusterReader.from_config(config)
     listing = _Listing().read(reader, args.namespace)

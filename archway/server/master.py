@@ -5,6 +5,7 @@ settings (gunicorn_options).
 """
 import logging
 import os
+import signal
 from collections.abc import Callable
 
 from gunicorn.app.base import BaseApplication
@@ -32,8 +33,14 @@ def gunicorn_options(config, bind: str, tls) -> dict:
     def child_exit(_arbiter, worker):
         metrics.mark_process_dead(worker.pid)
 
+    binds = [bind] + ([config.server.metrics_bind] if config.server.metrics_bind else [])
+    urls = [f"{'https' if tls else 'http'}://{address}" for address in binds]
+
+    def on_starting(_arbiter):
+        logging.getLogger("gunicorn.error").addFilter(ListeningAt(urls))
+
     options = {
-        "bind": [bind] + ([config.server.metrics_bind] if config.server.metrics_bind else []),
+        "bind": binds,
         "workers": config.server.workers,
         "threads": config.server.threads,
         "worker_class": WORKER_CLASS,
@@ -53,6 +60,7 @@ def gunicorn_options(config, bind: str, tls) -> dict:
         "preload_app": False,          # the site (and its resolver) is built in each worker
         "control_socket_disable": True,
         "child_exit": child_exit,
+        "on_starting": on_starting,
     }
     if config.server.log_format == "json":
         from archway.logs import logging_dict
@@ -60,6 +68,47 @@ def gunicorn_options(config, bind: str, tls) -> dict:
     if tls:
         options.update(certfile=tls[0], keyfile=tls[1])
     return options
+
+
+class ListeningAt(logging.Filter):
+    """gunicorn's "Listening at: ADDRESSES (PID)" line, with the addresses archway serves.
+
+    gunicorn names the sockets its master bound; with reuse_port (archway's) each worker binds
+    its own and the master names none: "Listening at:  (6871)". Its names are http:// on a TLS
+    port besides. A filter on gunicorn's logger (Python's logging, installed from the
+    on_starting hook) fills in the URLs: the line stays where it was, in gunicorn's format, in
+    text and JSON logs alike."""
+
+    def __init__(self, urls: list[str]):
+        super().__init__()
+        self.urls = ", ".join(urls)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (isinstance(record.msg, str) and record.msg.startswith("Listening at: %s")
+                and isinstance(record.args, tuple) and record.args):
+            record.args = (self.urls, *record.args[1:])
+        return True
+
+
+# A server stopped by SIGINT (Ctrl-C) exits as a shell reports a process SIGINT ended (128 + 2),
+# as archway's other commands do (archway.main.cli): gunicorn's master exits 0 after any stop.
+INTERRUPTED = 128 + signal.SIGINT
+
+
+class StopSignal(logging.Filter):
+    """Which signal gunicorn's master last handled, as its "Handling signal: NAME" line says.
+    gunicorn has no hook for a signal, and its handlers are its own: archway reads its log
+    line (passing every line on unchanged) rather than replace them."""
+
+    def __init__(self):
+        super().__init__()
+        self.name: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (record.msg == "Handling signal: %s" and isinstance(record.args, tuple)
+                and record.args and record.args[0] != "chld"):
+            self.name = str(record.args[0])
+        return True
 
 
 class Application(BaseApplication):
@@ -87,10 +136,15 @@ class Application(BaseApplication):
         """Run the master until it stops; its exit status. In a worker (gunicorn forks them
         inside run), the worker's own SystemExit goes on up."""
         master = os.getpid()
+        stopped_by = StopSignal()
+        logging.getLogger("gunicorn.error").addFilter(stopped_by)
         try:
             self.run()
+            status = 0
         except SystemExit as e:   # the arbiter ends through sys.exit
             if os.getpid() != master:
                 raise
-            return exit_status(e)
-        return 0
+            status = exit_status(e)
+        finally:
+            logging.getLogger("gunicorn.error").removeFilter(stopped_by)
+        return INTERRUPTED if status == 0 and stopped_by.name == "int" else status
