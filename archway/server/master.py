@@ -102,12 +102,12 @@ class StopSignal(logging.Filter):
 
     def __init__(self):
         super().__init__()
-        self.name: str | None = None
+        self.handled: str | None = None    # not `name`: a Filter's name says which loggers pass
 
     def filter(self, record: logging.LogRecord) -> bool:
         if (record.msg == "Handling signal: %s" and isinstance(record.args, tuple)
                 and record.args and record.args[0] != "chld"):
-            self.name = str(record.args[0])
+            self.handled = str(record.args[0])
         return True
 
 
@@ -147,4 +147,4 @@ class Application(BaseApplication):
             status = exit_status(e)
         finally:
             logging.getLogger("gunicorn.error").removeFilter(stopped_by)
-        return INTERRUPTED if status == 0 and stopped_by.name == "int" else status
+        return INTERRUPTED if status == 0 and stopped_by.handled == "int" else status
