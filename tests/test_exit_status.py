@@ -123,7 +123,6 @@ def test_each_documented_status_is_what_its_case_returns(status, tmp_path, capsy
 
 def test_report_skips_a_refused_kind_says_it_once_and_exits_1(tmp_path, capsys, no_config):
     """One kind refused (RBAC), the others listed: a line for it, the rest reported, 1."""
-    from lab.servers.faults import ScriptedServer
 
     def answer(request):
         if "/deployments" in request.path:
@@ -132,15 +131,7 @@ def test_report_skips_a_refused_kind_says_it_once_and_exits_1(tmp_path, capsys, 
                 b'"message":"deployments.apps is forbidden"}')
         return 200, {"Content-Type": "application/json"}, b'{"items":[],"metadata":{}}'
 
-    api = ScriptedServer(answer)
-    try:
-        os.environ["KUBECONFIG"] = _kubeconfig(tmp_path, f"http://{api.host}")
-        try:
-            status = cli.main(["report"])
-        finally:
-            del os.environ["KUBECONFIG"]
-    finally:
-        api.stop()
+    status, _ = _report_against(tmp_path, answer)
     err = capsys.readouterr().err
     skipped = [line for line in err.splitlines() if "skipped" in line]
     assert status == 1, err
@@ -149,19 +140,25 @@ def test_report_skips_a_refused_kind_says_it_once_and_exits_1(tmp_path, capsys, 
 
 
 def test_report_whose_credentials_are_refused_says_one_line(tmp_path, capsys, no_config):
-    from lab.servers.faults import ScriptedServer
-    api = ScriptedServer(lambda request: (401, {"Content-Type": "application/json"}, (
+    status, api = _report_against(tmp_path, lambda request: (401, {"Content-Type": "application/json"}, (
         b'{"kind":"Status","status":"Failure","reason":"Unauthorized","code":401,'
         b'"message":"Unauthorized"}')))
-    try:
-        os.environ["KUBECONFIG"] = _kubeconfig(tmp_path, f"http://{api.host}")
-        try:
-            status = cli.main(["report"])
-        finally:
-            del os.environ["KUBECONFIG"]
-    finally:
-        api.stop()
     err = capsys.readouterr().err
     assert status == 2 and len(err.splitlines()) == 1, err
     assert re.match(r"archway: could not list any workload: .*401 Unauthorized", err), err
     assert len(api.requests) == 1   # the other kinds are not asked: they would fail alike
+
+
+def _report_against(tmp_path, answer):
+    """(`archway report`'s exit status, the stopped API with its requests) against an API that
+    answers every request with `answer`."""
+    from lab.servers.faults import ScriptedServer
+    api = ScriptedServer(answer)
+    try:
+        os.environ["KUBECONFIG"] = _kubeconfig(tmp_path, f"http://{api.host}")
+        try:
+            return cli.main(["report"]), api
+        finally:
+            del os.environ["KUBECONFIG"]
+    finally:
+        api.stop()
