@@ -123,7 +123,7 @@ def _build(machine: Machine, folder: str) -> None:
         os.makedirs(staged)
         shutil.copy(kernels[-1], os.path.join(staged, "vmlinuz"))
         shutil.copy(initrds[-1], os.path.join(staged, "initrd.img"))
-        size = _tree_bytes(root) + FREE_BYTES
+        size = tree_bytes(root) + FREE_BYTES
         _run(["mkfs.ext4", "-q", "-F", "-L", "archway-root", "-d", root,
               os.path.join(staged, "rootfs.img"), f"{size // 1024 ** 2}M"],
              os.path.join(work, "mkfs.log"))
@@ -133,7 +133,8 @@ def _build(machine: Machine, folder: str) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _tree_bytes(root: str) -> int:
+def tree_bytes(root: str) -> int:
+    """Bytes under `root` (one file system): what an ext4 image of it must hold."""
     done = subprocess.run(["du", "-sb", "-x", root], capture_output=True, text=True, check=True)
     return int(done.stdout.split()[0])
 

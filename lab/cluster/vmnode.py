@@ -34,7 +34,7 @@ from lab.cluster.nodehost import GUARD_TABLE, guard_in_place, guard_rules
 from lab.cluster.nodeimages import OciImage, go_binary
 from lab.cluster.processes import ControlPlaneError, stop_process, tail
 from lab.cluster.realnode import PAUSE_IMAGE, hosts_toml, node_name
-from lab.cluster.vmimage import BOOT_PATH, MACHINES, Machine, vm_image
+from lab.cluster.vmimage import BOOT_PATH, MACHINES, Machine, tree_bytes, vm_image
 from lab.kube import KubeError
 from lab.procs import REPO
 
@@ -199,7 +199,7 @@ class VmNode:
             with open(os.path.join(folder, name), "w") as f:
                 f.write(text)
         seed = self.path("seed.img")
-        size_mb = _tree_bytes(folder) // 1024 ** 2 + 64
+        size_mb = tree_bytes(folder) // 1024 ** 2 + 64
         done = subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "archway-seed", "-d", folder, seed,
                                f"{size_mb}M"], capture_output=True, text=True)
         if done.returncode != 0:
@@ -327,10 +327,6 @@ wait
         process = self.plane.processes.get(self.process_name)
         raise ControlPlaneError(f"VM node {self.name} not Ready after {timeout:g} s; its console "
                                 f"ends:\n{tail(process.log, 60) if process else '(not started)'}")
-
-
-def _tree_bytes(root: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)
 
 
 # --- teardown ----------------------------------------------------------------------------------
