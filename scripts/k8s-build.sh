@@ -6,7 +6,8 @@
 #   scripts/k8s-build.sh            the pinned version below
 #   ARCHWAY_K8S_VERSION=v1.36.3 ARCHWAY_ETCD_VERSION=v3.6.16 scripts/k8s-build.sh
 #   scripts/k8s-build.sh --node-arch arm64   a node's kubelet and kube-proxy for another
-#                                            architecture (cross-compiled), in <version>/linux-arm64/
+#                                            architecture (cross-compiled), in <version>/linux-arm64/,
+#                                            with kube-scheduler (archway's second scheduler there)
 #   scripts/k8s-build.sh --cached   builds nothing: exit 0 (and the folder) when all are built, 1 if not
 # `go install k8s.io/kubernetes/cmd/...@v` refuses the module (its go.mod replaces every staging
 # module by a folder), so a wrapper module requires it and replaces each staging module by its
@@ -24,7 +25,7 @@ if [ "${1:-}" = "--node-arch" ]; then
   # Go cross-compiles these without a C toolchain (CGO_ENABLED=0 below).
   cross=(GOARCH="${2:?--node-arch needs an architecture (arm64, ppc64le, s390x)}")
   out="$CACHE/$K8S/linux-$2"
-  kube_binaries=(kubelet kube-proxy)
+  kube_binaries=(kubelet kube-proxy kube-scheduler)
   etcd_binaries=()
 fi
 

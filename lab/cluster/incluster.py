@@ -7,6 +7,10 @@ apiserver from its pods through the `kubernetes` Service.
 
     install = InClusterInstall(plane, node, archway_config={...}).install()
     install.uninstall()                 # `helm uninstall --wait`: its pre-delete hooks run as Jobs
+
+With `registry=` (a lab/servers/registry.py RegistryServer every node pulls from) and several
+`architectures`, both images are pushed there as indexes of those architectures instead, as a
+release pushes them: a cluster of two real architectures (the arm64 VM node) pulls each its own.
 """
 import hashlib
 import json
@@ -21,9 +25,10 @@ import yaml
 
 from lab.cluster.chart import ChartInstall, deep_merge
 from lab.cluster.controlplane import ControlPlane
-from lab.cluster.nodeimages import OciImage, machine_arch
+from lab.cluster.nodeimages import OciImage, machine_arch, push_archive, push_index
 from lab.cluster.processes import ControlPlaneError
 from lab.cluster.realnode import RealNode
+from lab.cluster.vmnode import node_binaries
 from lab.procs import REPO
 
 
@@ -80,9 +85,15 @@ def archway_image_archive(arch: str | None = None) -> tuple[str, str]:
 
 
 class InClusterInstall(ChartInstall):
-    def __init__(self, plane: ControlPlane, node: RealNode, **kwargs):
+    def __init__(self, plane: ControlPlane, node: RealNode | None, *, registry=None,
+                 architectures: tuple[str, ...] = (), **kwargs):
         super().__init__(plane, **kwargs)
+        if node is None and registry is None:
+            raise ValueError("the images go into a node's containerd or to a registry")
         self.node = node
+        self.registry = registry
+        self.architectures = list(architectures) or [machine_arch()]
+        self.pushed: dict[str, dict[str, str]] = {}   # image -> arch (and "index") -> digest
         self.image_tag = ""
         self.scheduler_tag = ""
         self.timings: dict[str, float] = {}     # seconds per step, for `up` to report
@@ -90,39 +101,73 @@ class InClusterInstall(ChartInstall):
 
     @property
     def values(self) -> dict:
+        where = f"{self.registry.host}/" if self.registry else "localhost/"
+        pull = "IfNotPresent" if self.registry else "Never"
         return deep_merge({
-            "image": {"repository": ARCHWAY_IMAGE, "tag": self.image_tag, "pullPolicy": "Never",
-                      "architectures": [machine_arch()]},
+            "image": {"repository": where + "archway", "tag": self.image_tag, "pullPolicy": pull,
+                      "architectures": self.architectures},
             "scheduler": {"enabled": True,
-                          "image": {"repository": SCHEDULER_IMAGE, "tag": self.scheduler_tag,
-                                    "pullPolicy": "Never"}},
+                          "image": {"repository": where + "kube-scheduler", "tag": self.scheduler_tag,
+                                    "pullPolicy": pull}},
             "config": self.archway_config,
         }, self.extra_values)
 
     def load_images(self) -> None:
-        path, name = archway_image_archive()
-        self.image_tag = name.rsplit(":", 1)[1]
         assert self.kube is not None
         self.scheduler_tag = self.kube.get("/version")["gitVersion"]
+        if self.registry is not None:
+            self.push_images()
+            return
+        node = self.node
+        assert node is not None
+        path, name = archway_image_archive()
+        self.image_tag = name.rsplit(":", 1)[1]
         archives = (path, self.scheduler_archive())
         with ThreadPoolExecutor(len(archives)) as pool:     # both at once: ~1/3 less time
-            results = list(pool.map(lambda a: self.node.ctr("images", "import", a, timeout=300),
+            results = list(pool.map(lambda a: node.ctr("images", "import", a, timeout=300),
                                     archives))
         for archive, done in zip(archives, results, strict=True):
             if done.returncode != 0:
                 raise ControlPlaneError(f"ctr images import {archive}: {done.stderr.strip()}")
 
+    def scheduler_image(self, arch: str) -> OciImage:
+        """The built kube-scheduler of `arch` as an image (another architecture's is
+        cross-compiled with the VM node's kubelet)."""
+        binary = (self.plane.binary("kube-scheduler") if arch == machine_arch()
+                  else os.path.join(node_binaries(arch), "kube-scheduler"))
+        return OciImage.of({"/usr/local/bin/kube-scheduler": binary}, arch=arch,
+                           entrypoint=["/usr/local/bin/kube-scheduler"], user="65532:65532")
+
     def scheduler_archive(self) -> str:
-        """The built kube-scheduler as an image (made once per binary, kept with archway's)."""
+        """The built kube-scheduler as an image archive (made once per binary, kept with archway's)."""
         binary = self.plane.binary("kube-scheduler")
         stamp = f"{self.scheduler_tag}-{machine_arch()}-{int(os.stat(binary).st_mtime)}"
         path = os.path.join(IMAGE_CACHE, f"kube-scheduler-{stamp}.oci.tar")
         if not os.path.exists(path):
             os.makedirs(IMAGE_CACHE, exist_ok=True)
-            image = OciImage.of({"/usr/local/bin/kube-scheduler": binary},
-                                entrypoint=["/usr/local/bin/kube-scheduler"], user="65532:65532")
-            image.write_archive(path, f"{SCHEDULER_IMAGE}:{self.scheduler_tag}")
+            self.scheduler_image(machine_arch()).write_archive(
+                path, f"{SCHEDULER_IMAGE}:{self.scheduler_tag}")
         return path
+
+    def push_images(self) -> None:
+        """archway's image and the kube-scheduler's, each an index of self.architectures."""
+        assert self.registry is not None
+        self.image_tag = tree_digest()
+        entries = [entry for arch in self.architectures
+                   for entry in push_archive(self.registry, "archway", archway_image_archive(arch)[0])]
+        self.pushed["archway"] = self._pushed(entries, push_index(
+            self.registry, "archway", self.image_tag, entries))
+        entries = []
+        for arch in self.architectures:
+            image = self.scheduler_image(arch)
+            image.push(self.registry, "kube-scheduler", image.digest)
+            entries.append(image.index_entry())
+        self.pushed["kube-scheduler"] = self._pushed(entries, push_index(
+            self.registry, "kube-scheduler", self.scheduler_tag, entries))
+
+    @staticmethod
+    def _pushed(entries: list[dict], index: str) -> dict[str, str]:
+        return {"index": index, **{e["platform"]["architecture"]: e["digest"] for e in entries}}
 
     def install(self) -> "InClusterInstall":
         started = time.monotonic()
@@ -186,13 +231,13 @@ class InClusterInstall(ChartInstall):
     def save_in_cluster(self) -> None:
         with open(self.plane.path("archway.json"), "w") as f:
             json.dump({"release": self.release, "namespace": self.namespace, "in_cluster": True,
-                       "image": f"{ARCHWAY_IMAGE}:{self.image_tag}"}, f)
+                       "image": f"{self.values['image']['repository']}:{self.image_tag}"}, f)
 
 
 def describe(install: InClusterInstall) -> list[str]:
     """What `scripts/cluster.sh up --in-cluster` tells the user about the install."""
     names = install.resource_names()
-    return [f"archway in the cluster: image {ARCHWAY_IMAGE}:{install.image_tag}, Deployments "
+    return [f"archway in the cluster: image {install.values['image']['repository']}:{install.image_tag}, Deployments "
             f"{', '.join(names.get('Deployment', []))} in {install.namespace}; webhook through "
             f"Service {', '.join(names.get('Service', []))}; second scheduler "
             f"'{install.scheduler_name}'",

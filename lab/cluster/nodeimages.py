@@ -1,7 +1,8 @@
 """Container images a real node runs, made here without a registry or a build tool: a static Go
 program from lab/cluster/go/ (built once, cached by the content of its source) packed as a
 one-layer OCI image, either as an OCI archive for `ctr images import` or pushed to a test
-registry (lab/servers/registry.py).
+registry (lab/servers/registry.py); and any OCI archive's images pushed to such a registry as
+one index of several architectures (archway's own image for a cluster of two).
 
     binary = go_binary("pause")                       # ~/.cache/archway/bin/pause-amd64-<hash>
     image = OciImage.of({"/pause": binary}, entrypoint=["/pause"])
@@ -107,6 +108,12 @@ class OciImage:
     def digest(self) -> str:
         return sha256_digest(self.manifest)
 
+    def index_entry(self) -> dict:
+        """This image as an entry of an index (push_index)."""
+        config = json.loads(self.config)
+        return {"mediaType": OCI_MANIFEST, "digest": self.digest, "size": len(self.manifest),
+                "platform": {"architecture": config["architecture"], "os": config["os"]}}
+
     def write_archive(self, path: str, name: str) -> str:
         """An OCI image layout tar whose image `ctr images import` names `name`."""
         index = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [{
@@ -131,3 +138,44 @@ class OciImage:
         registry.push_blob(repo, self.config)
         registry.push_blob(repo, self.layer)
         return registry.push_manifest(repo, tag, self.manifest, OCI_MANIFEST)
+
+
+def push_archive(registry, repo: str, path: str) -> list[dict]:
+    """Every image manifest of an OCI archive (an image layout tar: build-image.sh's
+    --oci-archive) pushed to `registry` by digest, its blobs first. Returns an index entry per
+    manifest (mediaType, digest, size, platform), so that several archives make one index."""
+    entries = []
+    with tarfile.open(path) as tar:
+        members = {m.name.removeprefix("./"): m for m in tar.getmembers()}
+
+        def read(name: str) -> bytes:
+            f = tar.extractfile(members[name])
+            assert f is not None, name
+            return f.read()
+
+        def blob(digest: str) -> bytes:
+            return read(f"blobs/sha256/{digest.split(':', 1)[1]}")
+
+        pending = list(json.loads(read("index.json"))["manifests"])
+        while pending:
+            descriptor = pending.pop(0)
+            body = blob(descriptor["digest"])
+            doc = json.loads(body)
+            if "manifests" in doc:      # an index inside: its images are pushed, not it
+                pending += doc["manifests"]
+                continue
+            config = blob(doc["config"]["digest"])
+            for data in (config, *(blob(layer["digest"]) for layer in doc["layers"])):
+                registry.push_blob(repo, data)
+            registry.push_manifest(repo, descriptor["digest"], body, descriptor["mediaType"])
+            platform = descriptor.get("platform") or {
+                k: json.loads(config)[k] for k in ("architecture", "os")}
+            entries.append({"mediaType": descriptor["mediaType"], "digest": descriptor["digest"],
+                            "size": len(body), "platform": platform})
+    return entries
+
+
+def push_index(registry, repo: str, tag: str, entries: list[dict]) -> str:
+    """An OCI index of `entries` (index entries of manifests already pushed) at `repo:tag`."""
+    index = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}).encode()
+    return registry.push_manifest(repo, tag, index, OCI_INDEX)

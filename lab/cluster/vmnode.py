@@ -68,7 +68,8 @@ def guarded_ranges() -> list[str]:
 
 
 def node_binaries(arch: str) -> str:
-    """The folder of the kubelet and kube-proxy for `arch` (cross-compiled once, then cached)."""
+    """The folder of the kubelet, kube-proxy and kube-scheduler for `arch` (cross-compiled once,
+    then cached)."""
     done = subprocess.run(["bash", os.path.join(REPO, "scripts", "k8s-build.sh"), "--node-arch", arch],
                           capture_output=True, text=True)
     if done.returncode != 0:

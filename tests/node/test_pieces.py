@@ -1,10 +1,15 @@
-"""The real node's pure pieces, without starting anything: the egress guard's rules, the ELF
-rewrite that makes a binary no kernel here runs, the OCI image a node imports."""
+"""The real node's pieces, without starting a node: the egress guard's rules, the ELF rewrite
+that makes a binary no kernel here runs, the OCI image a node imports, and image archives pushed
+to a registry as one index of several architectures."""
+import io
 import json
+import tarfile
+
+import requests
 
 from lab.cluster.nodehost import HostRecord, guard_rules, jumps_to_ours
-from lab.cluster.nodeimages import EM_IA_64, OciImage, with_machine
-from lab.servers.registry import sha256_digest
+from lab.cluster.nodeimages import EM_IA_64, OciImage, push_archive, push_index, with_machine
+from lab.servers.registry import OCI_INDEX, RegistryServer, sha256_digest
 
 
 def test_the_guard_drops_what_pods_and_services_send_out_of_any_other_interface():
@@ -42,3 +47,47 @@ def test_an_image_claims_the_architecture_it_is_given_and_its_layer_is_its_diff_
     assert config["rootfs"]["diff_ids"] == [sha256_digest(image.layer)]
     manifest = json.loads(image.manifest)
     assert manifest["config"]["digest"] == sha256_digest(image.config)
+
+
+def _layout(path: str, images: list[OciImage]) -> None:
+    """An OCI archive as buildah's `manifest push --all` writes it: index.json names an index,
+    which names each image's manifest."""
+    inner = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX,
+                        "manifests": [i.index_entry() for i in images]}).encode()
+    outer = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [{
+        "mediaType": OCI_INDEX, "digest": sha256_digest(inner), "size": len(inner)}]}).encode()
+    blobs = [inner, *(b for i in images for b in (i.config, i.layer, i.manifest))]
+    with tarfile.open(path, "w") as tar:
+        for name, data in [("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'), ("index.json", outer),
+                           *((f"blobs/sha256/{sha256_digest(b).split(':')[1]}", b) for b in blobs)]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_an_archives_images_are_pushed_by_digest_and_make_one_index_with_another_archives(tmp_path):
+    """How archway's image of each architecture (one build-image.sh archive each) becomes the
+    one index a cluster of two architectures pulls: on a real registry."""
+    amd64 = OciImage.of({"/app": b"amd64 binary"}, entrypoint=["/app"], arch="amd64")
+    arm64 = OciImage.of({"/app": b"arm64 binary"}, entrypoint=["/app"], arch="arm64")
+    _layout(str(tmp_path / "both.tar"), [amd64, arm64])
+    amd64.write_archive(str(tmp_path / "amd64.tar"), "localhost/app:amd64")   # no index inside
+    registry = RegistryServer(tmp_path / "registry", schema1=False)
+    try:
+        nested = push_archive(registry, "app", str(tmp_path / "both.tar"))
+        assert [(e["digest"], e["platform"]) for e in nested] == [
+            (amd64.digest, {"architecture": "amd64", "os": "linux"}),
+            (arm64.digest, {"architecture": "arm64", "os": "linux"})]
+        (flat,) = push_archive(registry, "app", str(tmp_path / "amd64.tar"))
+        assert flat == amd64.index_entry()      # its platform read from its config
+        index = push_index(registry, "app", "v1", [flat, nested[1]])
+        served = registry.get_manifest("app", "v1")
+        assert served.headers["Docker-Content-Digest"] == index
+        assert [m["digest"] for m in served.json()["manifests"]] == [amd64.digest, arm64.digest]
+        for image in (amd64, arm64):
+            assert registry.get_manifest("app", image.digest).content == image.manifest
+            layer = json.loads(image.manifest)["layers"][0]["digest"]
+            assert requests.get(f"{registry.url}/v2/app/blobs/{layer}", verify=registry.verify,
+                                timeout=10).content == image.layer
+    finally:
+        registry.stop()

@@ -1,35 +1,30 @@
-"""Two real architectures: the real node of this machine's (amd64 here) and an arm64 node that is
-a Debian VM under qemu-system-aarch64 (lab/cluster/vmnode.py) with its own kubelet, containerd
-and runc, beside the real control plane, archway installed by its chart. No API-only arm64 Node
-remains, so every pod archway sends to arm64 is pulled and started by an arm64 kubelet.
-
-The host registers qemu-user for arm64 (the image build needs it): an arm64 binary placed on the
-amd64 node by mistake would run there, emulated. So on that side where a pod is bound is the
-proof; the VM registers no emulator and is the strict side: an amd64 binary fails there with the
-kernel's real exec format error.
+"""Two real architectures (tests/node/twoarch.py: the real amd64 node and the arm64 VM node) beside
+the real control plane, archway installed by its chart and serving from this machine: where every
+kind of workload runs, and what an arm64 kubelet reports when an amd64 image is put there.
+archway's own arm64 image serving from the arm64 node: test_archway_on_arm64.py.
 """
 import json
-import os
-import shutil
 import time
 
 import pytest
 
 from lab.cluster.chart import ChartInstall
-from lab.cluster.controlplane import ControlPlane
-from lab.cluster.nodeimages import OCI_INDEX, OCI_MANIFEST, OciImage, go_binary, machine_arch
-from lab.cluster.realnode import RealNode, api_only_nodes, node_address, teardown
+from lab.cluster.realnode import node_address
 from lab.cluster.vmimage import MACHINES
-from lab.cluster.vmnode import VmNode, teardown_vms, vm_address, vm_leftovers
+from lab.cluster.vmnode import vm_address
 from lab.kube import pod_path
 from tests.e2e.loop import app_pods, events
 from tests.e2e.workloads import create_deployment, create_pod, deployment, describe, pod, pods_of
-
-FOREIGN = "arm64"
-HOST = machine_arch()
-ARCHES = "archway.dev/architectures"
-START_TIMEOUT = 240.0      # an emulated node pulls and starts a container in seconds; a busy CI
-                           # machine's TCG may take minutes
+from tests.node.twoarch import (
+    ARCHES,
+    FOREIGN,
+    HOST,
+    START_TIMEOUT,
+    log_of,
+    two_real_nodes,
+    wait_running,
+    whoami,
+)
 
 # The first test boots both nodes and installs archway (scripts/setup.sh --test built the VM image).
 pytestmark = [pytest.mark.slow, pytest.mark.realnode, pytest.mark.vmnode, pytest.mark.timeout(900)]
@@ -43,65 +38,15 @@ class TwoArchitectures:
 
 @pytest.fixture(scope="module")
 def two_arch(session_node, node_registry, tmp_path_factory):
-    if os.geteuid() != 0 or shutil.which(MACHINES[FOREIGN].qemu) is None:
-        pytest.fail(f"the two-architecture tier needs root and {MACHINES[FOREIGN].qemu} (Debian's "
-                    f"{MACHINES[FOREIGN].qemu_package}; scripts/setup.sh --test installs it)",
-                    pytrace=False)
-    if HOST == FOREIGN:
-        pytest.fail("this tier boots an arm64 VM beside an amd64 machine's real node", pytrace=False)
-    session_node.stop()          # one real node per machine: the session's makes way
-    plane = ControlPlane(str(tmp_path_factory.mktemp("two-arch")), node_ip=node_address(),
-                         nodes=api_only_nodes(HOST, FOREIGN))
-    install = None
-    try:
-        plane.start()
-        node = RealNode(plane, insecure_registries=[node_registry.host]).start()
-        vm = VmNode(plane, MACHINES[FOREIGN], insecure_registries=[node_registry.host]).start()
+    with two_real_nodes(session_node, node_registry, tmp_path_factory, "two-arch") as (plane, node, vm):
         install = ChartInstall(plane, archway_config={
             "registry": {"insecure_hosts": [node_registry.host]},
-            "remediation": {"evict": True}}).install()
-        yield TwoArchitectures(plane, node, vm, install, node_registry)
-    finally:
-        if install is not None:
+            "remediation": {"evict": True}})
+        try:
+            install.install()
+            yield TwoArchitectures(plane, node, vm, install, node_registry)
+        finally:
             install.stop_processes()
-        left = teardown_vms(plane) + teardown(plane)
-        plane.stop()
-        assert left == [] and vm_leftovers() == [], f"left on this machine: {left + vm_leftovers()}"
-
-
-def whoami(registry, repo: str, arches: list[str]) -> dict[str, str]:
-    """lab/cluster/go/whoami built for each of `arches`, pushed as `repo:<arch>`, and as an
-    index of them all at `repo:multi`; returns arch -> manifest digest (and "index")."""
-    digests, entries = {}, []
-    for arch in arches:
-        # The repository's name in the image: each test's digests are its own, so no node holds
-        # them from a test before (a runtime that has a manifest does not fetch it again).
-        image = OciImage.of({"/whoami": go_binary("whoami", arch), "/repository": repo.encode()},
-                            entrypoint=["/whoami"], arch=arch)
-        digests[arch] = image.push(registry, repo, arch)
-        entries.append({"mediaType": OCI_MANIFEST, "digest": image.digest, "size": len(image.manifest),
-                        "platform": {"architecture": arch, "os": "linux"}})
-    index = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}).encode()
-    digests["index"] = registry.push_manifest(repo, "multi", index, OCI_INDEX)
-    return digests
-
-
-def wait_running(kube, namespace: str, name: str) -> dict:
-    def running():
-        obj = kube.get(pod_path(namespace, name))
-        statuses = obj["status"].get("containerStatuses") or []
-        return obj if statuses and all(s.get("ready") for s in statuses) else None
-    return kube.wait_for(running, timeout=START_TIMEOUT, what=f"pod {name} Running")
-
-
-def log_of(kube, namespace: str, name: str) -> str:
-    """The container's first line, read through the apiserver from the kubelet that runs it
-    (polled: a container Ready a moment ago may not have its line in the log file yet)."""
-    def logged():
-        response = kube.session.get(f"{kube.server}{pod_path(namespace, name)}/log", timeout=30)
-        assert response.status_code == 200, response.text
-        return response.text.strip()
-    return kube.wait_for(logged, timeout=60, what=f"pod {name}'s log")
 
 
 def test_the_arm64_node_is_an_arm64_kubelet_and_its_packets_stay_here(two_arch):
