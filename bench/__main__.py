@@ -50,6 +50,7 @@ SECTIONS = {           # name -> module of bench/sections/ whose run(lab) return
     "scale": "scale",          # a package: the section and its load, events and figures
     "autoscale": "autoscale",  # a package: the section and its Karpenter provisioning
     "realnode": "realnode",    # root and the real node: archway in-cluster
+    "vmnode": "vmnode",        # root, the real node and the arm64 VM node: archway on both
 }
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

@@ -316,21 +316,23 @@ class RunningWatch:
             self._response.close()
 
 
-def _startup(plane: ControlPlane, node: RealNode, image: str) -> Figure:
+def startup_times(plane: ControlPlane, node: str, image: str, pairs: int) -> dict[str, list[float]]:
+    """kind -> milliseconds from create to Running of `pairs` pods of `image` pinned to `node`,
+    with archway and without, after 2 pairs of warming."""
     kube = plane.kube
     assert kube is not None
-    ns = plane.new_namespace("bench-startup")
+    ns = plane.new_namespace(f"bench-startup-{node}")
     watch = RunningWatch(kube, ns)
     took: dict[str, list[float]] = {"archway": [], "none": []}
     try:
-        for i in range(-2, PAIRS):     # 2 pairs of warming: the image on the node, both paths
+        for i in range(-2, pairs):     # 2 pairs of warming: the image on the node, both paths
             order = ("archway", "none") if i % 2 == 0 else ("none", "archway")
             for kind in order:
                 name = f"{kind}-{i + 2}"
                 start = time.perf_counter()
                 kube.create(pod_path(ns), _pod(name, image, KINDS[kind],
-                                               nodeSelector={"kubernetes.io/hostname": node.name}))
-                running = watch.wait(name)
+                                               nodeSelector={"kubernetes.io/hostname": node}))
+                running = watch.wait(name, timeout=300)
                 if i >= 0:
                     took[kind].append((running - start) * 1000)
             for kind in order:
@@ -340,6 +342,11 @@ def _startup(plane: ControlPlane, node: RealNode, image: str) -> Figure:
     finally:
         watch.stop()
     kube.delete(f"/api/v1/namespaces/{ns}")
+    return took
+
+
+def _startup(plane: ControlPlane, node: RealNode, image: str) -> Figure:
+    took = startup_times(plane, node.name, image, PAIRS)
     p50 = {kind: percentile(v, 50) for kind, v in took.items()}
     p99 = {kind: percentile(v, 99) for kind, v in took.items()}
     ratio = p99["archway"] / p99["none"]
