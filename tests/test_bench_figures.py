@@ -321,10 +321,18 @@ def test_a_cdf_axis_ends_where_its_data_does_not_at_the_last_bucket():
 def test_spread_is_drawn_as_whiskers_where_a_series_has_it_and_named_in_the_title():
     pytest.importorskip("matplotlib", reason="matplotlib is an optional bench dependency")
     from matplotlib.container import BarContainer, ErrorbarContainer
-    _, ax = _drawn("scale-memory")
+    canvas, ax = _drawn("scale-memory")
     whiskered = [c.get_label() for c in ax.containers if isinstance(c, ErrorbarContainer)]
     assert whiskered == ["webhook worker"]      # the extender's curve has no low/high
     assert ax.get_title().replace("\n", " ") == "RSS; whiskers: down to the smallest"
+    legend = canvas.subfigs[0].legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["webhook worker", "extender worker"]
+    # two series with whiskers at the same sizes: drawn a little apart, the ticks where measured
+    spec = plots.collect(_figures_with_plots())["scale-memory"]
+    spec["series"]["extender worker"] |= {"low": [49.0, 54.0, 69.0], "high": [51.0, 56.0, 71.0]}
+    ax = plots._draw(spec, "").axes[0]
+    webhook, extender = (list(c.lines[0].get_xdata()) for c in ax.containers)
+    assert webhook[0] < 100 < extender[0] and list(ax.get_xticks()) == [100, 1000, 5000]
     _, ax = _drawn("scheduling-rate")
     bars = [c for c in ax.containers if isinstance(c, BarContainer)]
     assert len(bars) == 2 and all(b.errorbar is not None for b in bars)

@@ -155,8 +155,11 @@ def _draw(spec: dict, note: str):
     if spec["kind"] == "bar":
         _bars(ax, spec["series"], width_pt)
     else:
+        # Whiskers of several series at the same x drawn a little apart, or they hide each other.
+        whiskered = [label for label, values in spec["series"].items() if _errors(values)]
         for i, (label, values) in enumerate(spec["series"].items()):
-            _curve(ax, spec["kind"], i, label, values)
+            k = whiskered.index(label) - (len(whiskered) - 1) / 2 if label in whiskered else 0
+            _curve(ax, spec["kind"], i, label, values, 1.03 ** k if spec.get("log_x") else 1.0)
     if spec.get("log_x"):
         _log_axis(ax, spec)
     ax.set_xlabel(_fill(spec["x"], 9, width_pt - 60))
@@ -166,9 +169,12 @@ def _draw(spec: dict, note: str):
         title += f"; whiskers: {spec['whiskers']}"
     ax.set_title(_fill(title, 10, width_pt - 20), fontsize=10)
     ax.grid(True, alpha=0.3)
-    if spec["series"]:   # outside the axes: a legend covers no data
-        chart.legend(loc="outside lower center", fontsize=8, frameon=False,
-                      ncols=min(len(spec["series"]), 2 if spec["kind"] == "bar" else 3))
+    if spec["series"]:   # outside the axes: a legend covers no data; in the series' order
+        handles, labels = ax.get_legend_handles_labels()
+        by_label = dict(zip(labels, handles))
+        chart.legend([by_label[label] for label in spec["series"]], list(spec["series"]),
+                     loc="outside lower center", fontsize=8, frameon=False,
+                     ncols=min(len(spec["series"]), 2 if spec["kind"] == "bar" else 3))
     if note:
         strip.text(0.01, 0.5, note, fontsize=7, color="0.4", ha="left", va="center")
     return canvas
@@ -207,15 +213,15 @@ def _errors(values: dict) -> list[list[float]] | None:
             [max(0.0, hi - y) for y, hi in zip(values["y"], values["high"])]]
 
 
-def _curve(ax, kind: str, i: int, label: str, values: dict) -> None:
+def _curve(ax, kind: str, i: int, label: str, values: dict, dodge: float) -> None:
     if kind == "step":
         ax.step(values["x"], values["y"], where="post", label=label,
                 linestyle=("-", "--", ":")[i % 3])
         return
     style = {"marker": MARKERS[i % len(MARKERS)], "markersize": max(3, 6 - 1.5 * i), "label": label}
     errors = _errors(values)
-    if errors:
-        ax.errorbar(values["x"], values["y"], yerr=errors, capsize=3, **style)
+    if errors:   # dodged on a log axis only: x * dodge (ticks stay at the measured x)
+        ax.errorbar([x * dodge for x in values["x"]], values["y"], yerr=errors, capsize=3, **style)
     else:
         ax.plot(values["x"], values["y"], **style)
 
