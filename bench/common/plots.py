@@ -34,9 +34,10 @@ MARKERS = ("o", "s", "^", "D")    # and sizes falling: a series drawn over anoth
 def plot(name: str, title: str, x: str, y: str, series: dict[str, dict], *, kind: str = "line",
          log_x: bool = False, whiskers: str = "") -> dict:
     """{name: spec} for a figure's data["plots"]. `series`: label -> {"x": [...], "y": [...]},
-    optionally "low"/"high" (the rounds' range, drawn as error bars; `whiskers` says what
-    they span, in the title when drawn); a bar plot's x are category names. Labels and categories are words, the figure's number beside them
-    ("1,000 Nodes (fig. 25g)"): a reader of the docs does not know "25g"."""
+    optionally "low"/"high" (a spread, drawn as whiskers; `whiskers` says what they span, in
+    the title when drawn); a bar plot's x are category names. Labels and categories are words,
+    the figure's number beside them ("1,000 Nodes (fig. 25g)"): a reader of the docs does not
+    know "25g"."""
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r} is not one of {KINDS}")
     for label, values in series.items():
@@ -47,7 +48,8 @@ def plot(name: str, title: str, x: str, y: str, series: dict[str, dict], *, kind
             raise ValueError(f"series {label!r}: {bare[0]!r} starts with a figure id; name it "
                              "in words, the figure beside (\"... (fig. 19b)\")")
     return {name: {"title": title, "x": x, "y": y, "kind": kind, "log_x": log_x,
-                   "whiskers": whiskers, "series": {label: {k: list(v) for k, v in values.items()}
+                   "whiskers": whiskers,
+                   "series": {label: {k: list(v) for k, v in values.items()}
                               for label, values in series.items()}}}
 
 
@@ -146,8 +148,8 @@ def _draw(spec: dict, note: str):
 
     width_pt = WIDTH * 72
     note = _fill(note, 7, width_pt - 10)
-    # The footer on the run in a strip of its own below the plot and its legend (the layout
-    # places neither a footer nor a legend under one): as many lines high as it wraps to.
+    # The footer on the run in a strip of its own, as high as it wraps to: the layout puts a
+    # figure's legend at its bottom edge, where a footer in the same figure would lie.
     footer = (note.count("\n") + 1) * 7 * 1.25 / 72 + 0.04 if note else 0.0
     canvas = Figure(figsize=(WIDTH, HEIGHT + footer), layout="constrained")
     chart, strip = canvas.subfigures(2, 1, height_ratios=[HEIGHT, footer or 1e-9])
