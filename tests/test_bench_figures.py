@@ -229,20 +229,27 @@ def test_the_go_passall_extender_passes_every_node_and_the_scheduler_config_is_r
 
 # --- plots --------------------------------------------------------------------------------------
 
+LIFTED, LARGEST = "100 Nodes, client limits lifted (fig. 19b)", "5,000 Nodes, client limits lifted (fig. 25g)"
+
+
 def _figures_with_plots() -> list[Figure]:
     rate = plots.plot("scheduling-rate", "pods scheduled per second", "", "pods/s", {
-        "kube-scheduler": {"x": ["19b"], "y": [800.0], "low": [700.0], "high": [900.0]},
-        "archway": {"x": ["19b"], "y": [300.0], "low": [250.0], "high": [320.0]}}, kind="bar")
+        "kube-scheduler": {"x": [LIFTED], "y": [800.0], "low": [700.0], "high": [900.0]},
+        "archway": {"x": [LIFTED], "y": [300.0], "low": [250.0], "high": [320.0]}}, kind="bar",
+        whiskers="the rounds' range")
     more = plots.plot("scheduling-rate", "", "", "", {
-        "kube-scheduler": {"x": ["25g"], "y": [70.0], "low": [60.0], "high": [75.0]},
-        "archway": {"x": ["25g"], "y": [30.0], "low": [29.0], "high": [33.0]}}, kind="bar")
-    cdf_x, cdf_y = plots.cumulative({0.001: 50.0, 0.005: 99.0, 0.01: 100.0, math.inf: 100.0})
+        "kube-scheduler": {"x": [LARGEST], "y": [70.0], "low": [60.0], "high": [75.0]},
+        "archway": {"x": [LARGEST], "y": [30.0], "low": [29.0], "high": [33.0]}}, kind="bar")
+    cdf_x, cdf_y = plots.cumulative({0.001: 50.0, 0.005: 99.0, 0.01: 100.0, 0.1: 100.0,
+                                     10.0: 100.0, math.inf: 100.0})
     latency = plots.plot("admission-latency", "CDF", "ms", "share",
                          {"2 connections": {"x": [x * 1000 for x in cdf_x], "y": cdf_y}},
                          kind="step", log_x=True)
     memory = plots.plot("scale-memory", "RSS", "Nodes", "MB", {
-        "webhook worker": {"x": [100, 1000, 5000], "y": [60.0, 64.0, 80.0]},
-        "extender worker": {"x": [100, 1000, 5000], "y": [50.0, 55.0, 70.0]}}, log_x=True)
+        "webhook worker": {"x": [100, 1000, 5000], "y": [60.0, 64.0, 80.0],
+                           "low": [58.0, 63.0, 79.0], "high": [60.0, 64.0, 80.0]},
+        "extender worker": {"x": [100, 1000, 5000], "y": [50.0, 55.0, 70.0]}}, log_x=True,
+        whiskers="down to the smallest")
     return [Figure("19b", "r", "x", "t", None, data={"plots": rate}),
             Figure("25g", "r", "x", "t", None, data={"plots": more}),
             Figure("2", "l", "x", "t", True, data={"plots": {**latency, **memory}}),
@@ -252,11 +259,109 @@ def _figures_with_plots() -> list[Figure]:
 def test_plot_series_of_one_plot_from_several_figures_are_merged():
     collected = plots.collect(_figures_with_plots())
     assert sorted(collected) == ["admission-latency", "scale-memory", "scheduling-rate"]
-    assert collected["scheduling-rate"]["series"]["archway"]["x"] == ["19b", "25g"]
+    assert collected["scheduling-rate"]["series"]["archway"]["x"] == [LIFTED, LARGEST]
     assert collected["scheduling-rate"]["title"] == "pods scheduled per second"
     assert plots.cumulative({0.001: 1.0, math.inf: 4.0}) == ([0.001], [0.25])
     with pytest.raises(ValueError):
         plots.plot("p", "t", "x", "y", {"s": {"x": [1, 2], "y": [1]}})
+
+
+@pytest.mark.parametrize("label, category", [("archway", "19b"), ("archway", "25g: 5,000 Nodes"),
+                                             ("19: archway", "100 Nodes (fig. 19)")])
+def test_a_plot_refuses_a_bare_figure_id_as_a_name(label, category):
+    """A reader of the docs does not know "25g": a bar's category and a series are named in
+    words, the figure beside."""
+    with pytest.raises(ValueError, match="figure id"):
+        plots.plot("p", "t", "x", "y", {label: {"x": [category], "y": [1.0]}}, kind="bar")
+    plots.plot("p", "t", "x", "y", {"archway": {"x": ["1,000 Nodes (fig. 25g)"], "y": [1.0]}},
+               kind="bar")
+
+
+def test_the_sections_name_their_bars_in_words_with_the_figure_beside():
+    from bench.sections.scale import figures as scale_figures
+    found = {"rates": {"kube-scheduler": [100.0, 90.0], "archway-scheduler": [80.0, 85.0]},
+             "details": "d", "load": "1 1 1"}
+    figure = scale_figures._at_largest("25g", 5000, found, scale_figures._schedule)
+    bars = figure.data["plots"]["scheduling-rate"]["series"]["kube-scheduler + archway's extender"]
+    assert bars == {"x": [LARGEST], "y": [82.5], "low": [80.0], "high": [85.0]}
+
+
+def test_the_scale_curves_carry_the_spread_their_section_measured():
+    import bench.sections.scale as scale
+    from bench.sections.scale import figures as scale_figures
+    startup = {"p50": 0.1, "p99": 0.5, "create_p99": 0.1, "p99_blocks": [0.4, 0.5, 0.7]}
+    sizes = [{"nodes": 100, "startup": {"admitted": startup, "skipped": startup},
+              "rss": {"webhook": [68e6, 70e6], "controller": [61e6], "extender": [63e6]}}]
+    curve = scale_figures.startup_plot(sizes)["scale-startup"]["series"]["pods archway admits"]
+    assert (curve["y"], curve["low"], curve["high"]) == ([0.5], [0.4], [0.7])
+    del startup["p99_blocks"]                   # a run before the blocks: no whiskers claimed
+    assert "low" not in scale_figures.startup_plot(sizes)["scale-startup"]["series"][
+        "pods archway admits"]
+    rss = scale.memory_plot(sizes)["scale-memory"]["series"]["webhook worker"]
+    assert (rss["y"], rss["low"], rss["high"]) == ([70.0], [68.0], [70.0])
+
+
+def _drawn(spec_name: str):
+    """A plot of the fixtures drawn and laid out, and its axes."""
+    canvas = plots._draw(plots.collect(_figures_with_plots())[spec_name], "bench run, load 9")
+    canvas.draw_without_rendering()
+    return canvas, canvas.axes[0]
+
+
+def test_a_cdf_axis_ends_where_its_data_does_not_at_the_last_bucket():
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional bench dependency")
+    series = plots.collect(_figures_with_plots())["admission-latency"]["series"]
+    # all in by 10 ms; the bounds 100 ms and 10 s held nothing more: the axis ends at 100
+    assert plots.cdf_end(series) == 100.0
+    _, ax = _drawn("admission-latency")
+    assert ax.get_xlim()[1] == 100.0 and ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "5", "10", "100"]
+
+
+def test_spread_is_drawn_as_whiskers_where_a_series_has_it_and_named_in_the_title():
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional bench dependency")
+    from matplotlib.container import BarContainer, ErrorbarContainer
+    canvas, ax = _drawn("scale-memory")
+    whiskered = [c.get_label() for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert whiskered == ["webhook worker"]      # the extender's curve has no low/high
+    assert ax.get_title().replace("\n", " ") == "RSS; whiskers: down to the smallest"
+    legend = canvas.subfigs[0].legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["webhook worker", "extender worker"]
+    # two series with whiskers at the same sizes: drawn a little apart, the ticks where measured
+    spec = plots.collect(_figures_with_plots())["scale-memory"]
+    spec["series"]["extender worker"] |= {"low": [49.0, 54.0, 69.0], "high": [51.0, 56.0, 71.0]}
+    ax = plots._draw(spec, "").axes[0]
+    webhook, extender = (list(c.lines[0].get_xdata()) for c in ax.containers)
+    assert webhook[0] < 100 < extender[0] and list(ax.get_xticks()) == [100, 1000, 5000]
+    _, ax = _drawn("scheduling-rate")
+    bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+    assert len(bars) == 2 and all(b.errorbar is not None for b in bars)
+    plain = plots._draw({**plots.collect(_figures_with_plots())["admission-latency"],
+                         "whiskers": "never drawn"}, "")
+    assert "whiskers" not in plain.axes[0].get_title()     # no series has a spread
+
+
+def test_long_titles_footers_and_names_wrap_and_nothing_leaves_the_canvas():
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional bench dependency")
+    long = "pods scheduled per second with and without archway's extender, " * 4
+    spec = {**plots.collect(_figures_with_plots())["scheduling-rate"], "title": long,
+            "x": "cluster size and client limits " * 3, "y": "pods scheduled per second " * 3}
+    canvas = plots._draw(spec, "bench run 2026-11-29 04:57 UTC, 2 cores, load average 3.98: a "
+                         "loaded machine, figures noisy; from an earlier run: " + LIFTED * 3)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    renderer = FigureCanvasAgg(canvas).get_renderer()
+    canvas.draw(renderer)
+    frame = canvas.bbox
+    texts = [t for t in canvas.findobj(lambda a: hasattr(a, "get_text")) if t.get_text().strip()]
+    assert canvas.axes[0].get_title().count("\n") >= 2
+    assert len(texts) > 10
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        assert (box.x0 >= frame.x0 - 0.5 and box.x1 <= frame.x1 + 0.5 and box.y0 >= frame.y0 - 0.5
+                and box.y1 <= frame.y1 + 0.5), f"{text.get_text()!r} leaves the canvas: {box}"
+    # and the legend, outside the axes, covers none of them
+    legend = canvas.subfigs[0].legends[0].get_window_extent(renderer)
+    assert not legend.overlaps(canvas.axes[0].get_window_extent(renderer))
 
 
 def test_the_plot_writer_makes_small_valid_svgs_with_the_series_and_no_fonts(tmp_path):
@@ -274,10 +379,12 @@ def test_the_plot_writer_makes_small_valid_svgs_with_the_series_and_no_fonts(tmp
         assert len(text) < 60_000, f"{path}: {len(text)} bytes"
         assert "@font-face" not in text and "<font" not in text
         assert "bench run, load 9 on 2 cores" in text
+        # an opaque white canvas first: readable on a dark page
+        assert root.find("{*}g/{*}g/{*}path").get("style") == "fill: #ffffff"
     with open(tmp_path / "scheduling-rate.svg") as f:
         rate = f.read()
-    for label in ("kube-scheduler", "archway", "19b", "25g"):
-        assert f">{label}<" in rate
+    for label in ("kube-scheduler", "archway", "(fig. 19b)", "(fig. 25g)"):
+        assert f">{label}<" in rate or f" {label}<" in rate, label
     with open(tmp_path / "scale-memory.svg") as f:
         memory = f.read()
     assert ">webhook worker<" in memory and ">extender worker<" in memory
@@ -287,19 +394,34 @@ def test_the_plot_writer_makes_small_valid_svgs_with_the_series_and_no_fonts(tmp
         assert a.read() == b.read()
 
 
+def test_the_plots_are_drawn_again_from_their_records_without_a_run(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional bench dependency")
+    paths, _ = plots.write(_figures_with_plots(), str(tmp_path), note="bench run, load 9 on 2 cores")
+    written = {p: open(p).read() for p in paths}
+    for p in paths:
+        os.remove(p)
+    assert sorted(plots.redraw(str(tmp_path))) == sorted(paths)
+    assert {p: open(p).read() for p in paths} == written
+
+
 def test_a_bar_plot_keeps_the_bars_an_earlier_run_measured_and_this_one_did_not(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is an optional bench dependency")
-    kube, scale = _figures_with_plots()[:2]       # 19b (section kube), 25g (section scale)
+    kube, scale, curves = _figures_with_plots()[:3]   # 19b (section kube), 25g (section scale)
     plots.write([kube], str(tmp_path), note="run 1")
     plots.write([scale], str(tmp_path), note="run 2")
-    svg = (tmp_path / "scheduling-rate.svg").read_text()
-    assert ">19b<" in svg and ">25g<" in svg and "run 2; 19b from an earlier run" in svg
+    record = plots.json.loads((tmp_path / "scheduling-rate.json").read_text())
+    assert record["series"]["archway"]["x"] == [LIFTED, LARGEST]
+    assert record["note"] == f"run 2; from an earlier run: {LIFTED}"
     kube.data["plots"]["scheduling-rate"]["series"]["archway"]["y"] = [310.0]
     plots.write([kube], str(tmp_path), note="run 3")     # 19b measured again: this run's value
     record = (tmp_path / "scheduling-rate.json").read_text()
     merged = plots.json.loads(record)["series"]["archway"]
-    assert merged["x"] == ["25g", "19b"] and merged["y"] == [30.0, 310.0]
-    assert not (tmp_path / "scale-memory.json").exists()     # curves: this run's alone
+    assert merged["x"] == [LARGEST, LIFTED] and merged["y"] == [30.0, 310.0]
+    plots.write([curves], str(tmp_path), note="run 4")
+    curves.data["plots"]["scale-memory"]["series"].pop("extender worker")
+    plots.write([curves], str(tmp_path), note="run 5")
+    kept = plots.json.loads((tmp_path / "scale-memory.json").read_text())    # curves: this run's alone
+    assert list(kept["series"]) == ["webhook worker"] and kept["note"] == "run 5"
 
 
 def test_without_matplotlib_the_run_prints_its_table_and_says_plots_were_skipped(

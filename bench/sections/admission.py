@@ -256,10 +256,11 @@ def _measure(archway, echo, body, specs) -> list[Figure]:
 def latency_plot(light: dict, saturated: dict) -> dict:
     """Figure 2's distribution: the share of admissions answered within each bucket bound."""
     series = {}
-    for label, buckets in ((f"{LIGHT_CONNECTIONS} connections", light),
-                           (f"{CONNECTIONS} connections (saturated)", saturated)):
+    for label, buckets in ((f"light load: {LIGHT_CONNECTIONS} connections", light),
+                           (f"saturated: {CONNECTIONS} connections", saturated)):
         bounds, shares = cumulative(buckets)
         series[label] = {"x": [b * 1000 for b in bounds], "y": shares}
-    return plot("admission-latency", "warm admission latency, server side (figure 2): CDF",
-                "ms (archway_admission_duration_seconds bucket bounds)",
-                "share of admissions answered within", series, kind="step", log_x=True)
+    return plot("admission-latency", "How fast archway decides: share of warm admissions "
+                "answered within a time, server side (figure 2)",
+                "answered within (ms; the bounds of the latency histogram's buckets)",
+                "share of admissions", series, kind="step", log_x=True)

@@ -196,7 +196,8 @@ def _scheduling(plane: ControlPlane, install: ChartInstall, image: str,
                 "Nodes half amd64, half arm64; extender with node names only "
                 "(nodeCacheCapable), no Prometheus (neutral scores)", race_details(races)],
             rounds=ratio, data={"plots": rate_plot(
-                f"{number}: {NODES:,} Nodes, qps {limits['qps']}",
+                f"{NODES:,} Nodes, " + (f"client qps {limits['qps']}" if number == "19"
+                                        else "client limits lifted") + f" (fig. {number})",
                 {name: rates(rs) for name, rs in races.items()})}))
     # races: 19b's, whose rounds raced the Go extender's arm too
     figures.append(go_figure("19c", SPECS[3][1], SPECS[3][2],
@@ -310,9 +311,11 @@ def rate_plot(category: str, rates_by_process: dict[str, list[float]]) -> dict:
             continue
         series[label] = {"x": [category], "y": [median(values)], "low": [min(values)],
                          "high": [max(values)]}
-    return plot("scheduling-rate", "pods scheduled/s with and without archway (median; "
-                "whiskers: range of rounds)", "", "pods/s (scheduler's own metrics)",
-                series, kind="bar")
+    return plot("scheduling-rate", "Pods scheduled per second with and without archway's "
+                "extender (figures 19, 19b, 25g; the rounds' median)",
+                "cluster size (KWOK Nodes) and the scheduler's client limits",
+                "pods scheduled per second (the scheduler's own metrics)", series, kind="bar",
+                whiskers="the rounds' range")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from bench.common.rounds import blocks
 from bench.common.stats import bucket_difference, histogram_buckets, parse_metrics, percentile
 from lab.cluster.controlplane import ControlPlane
 from lab.cluster.kwok import LABEL
@@ -24,6 +25,7 @@ from lab.kube import pod_path
 
 RATE = 10.0             # pods per second, both kinds together
 STARTUP_PODS = 150      # of each kind
+STARTUP_BLOCKS = 3      # thirds of them, consecutive: how far the p99 moves within one run
 BLOCK_PODS = 100        # per block of the apiserver's figure
 SKIP = {"archway.dev/skip": "true"}
 ACCOUNTS = "system:serviceaccount:archway-system:"
@@ -108,7 +110,8 @@ def paced_creates(plane: ControlPlane, namespace: str, bodies: list[dict]) -> di
 
 
 def startup(plane: ControlPlane, image: str) -> dict:
-    """p50/p99 seconds from the client's create to Running seen, admitted vs skipped."""
+    """p50/p99 seconds from the client's create to Running seen, admitted vs skipped, and
+    the p99 of each block of consecutive pods (the plot's whiskers)."""
     namespace = plane.new_namespace("startup")
     watch = RunningWatch(plane, namespace)
     try:
@@ -128,7 +131,8 @@ def startup(plane: ControlPlane, image: str) -> dict:
         took = [watch.running[n] - at for n, (at, _, _) in created.items() if n.startswith(kind)]
         creates = [c for n, (_, c, _) in created.items() if n.startswith(kind)]
         result[kind] = {"p50": percentile(took, 50), "p99": percentile(took, 99),
-                        "create_p99": percentile(creates, 99)}
+                        "create_p99": percentile(creates, 99),
+                        "p99_blocks": [percentile(b, 99) for b in blocks(took, STARTUP_BLOCKS)]}
     return result
 
 
