@@ -93,6 +93,15 @@ class PrewarmSettings:
 
 
 @dataclass(frozen=True)
+class RegistryEventsSettings:
+    listen: str | None = None               # host:port of POST /registry-events; None: no listener
+    token_file: str | None = None           # the bearer token registries send (required with listen)
+    tls: bool = True                        # false: plain HTTP on listen (registries inside the cluster)
+    max_body_bytes: int = 1024 * 1024       # a larger envelope is a 413
+    per_source_per_second: float = 20.0     # requests a second from one address; past it a 429
+
+
+@dataclass(frozen=True)
 class RegistrySettings:
     insecure_hosts: tuple[str, ...] = ()    # host[:port] reached over plain HTTP or unverified TLS
     ca_file: str | None = None              # extra CA bundle trusted for registries
@@ -110,6 +119,7 @@ class RegistrySettings:
     credential_providers: CredentialProviderSettings = field(default_factory=CredentialProviderSettings)
     proxy: ProxySettings = field(default_factory=ProxySettings)
     prewarm: PrewarmSettings = field(default_factory=PrewarmSettings)
+    events: RegistryEventsSettings = field(default_factory=RegistryEventsSettings)
 
     def __post_init__(self):
         # Host lists compare case-insensitively, with the surrounding blanks of a hand-edited file.

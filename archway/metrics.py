@@ -170,6 +170,12 @@ CACHE_REVALIDATIONS = Counter(
     "Checks of cached answers at their registry, by outcome: unchanged (same digest: no "
     "manifest fetched), changed, or the error kind that kept the cached answer in use "
     "(stale-if-error)", ["outcome"])
+REGISTRY_EVENTS = Counter(
+    "archway_registry_events_total",
+    "Registry push events (registry.events) by source (distribution, harbor, cloudevents, ecr, "
+    "acr; unknown for a refused request) and outcome: queued (a pushed tag to check at its "
+    "registry), coalesced (already waiting), ignored (no pushed tag: pulls, blobs, deletes), "
+    "unauthorized, rate_limited, malformed (requests)", ["source", "outcome"])
 PREWARM_IMAGES = Gauge(
     "archway_prewarm_images",
     "Pre-warming at start (registry.prewarm): images the cluster's workloads and pods name "
