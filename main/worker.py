@@ -19,10 +19,10 @@ from archway.cluster.nodes import NodeCache
 from archway.cluster.ranges import ClusterRanges
 from archway.extender.routes import extender_routes
 from archway.extender.service import Extender
+from archway.hostport import split_bind
 from archway.kubeclient import build_api_client
 from archway.registry.resolver import Resolver
 from archway.registry.sharedlookups import SharedLookups
-from archway.hostport import split_bind
 from archway.server.routes import Route, Routes, Site
 from archway.webhook.registryevents import EVENTS_ONLY, RegistryEvents
 from archway.webhook.routes import mutate_route

@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from archway.errors import ConfigError
+from archway.errors import ArchwayError, ConfigError
 
 DISTRIBUTION = "application/vnd.docker.distribution.events.v1+json"
 CLOUDEVENTS = "application/cloudevents+json"
@@ -47,7 +47,7 @@ def read_token(path: str) -> str:
     return token
 
 
-class MalformedEvents(ValueError):
+class MalformedEvents(ArchwayError):
     """The body is not an envelope archway reads: a 400 with this reason."""
 
 
@@ -69,29 +69,21 @@ class Parsed:
 
 def parse(body: bytes, headers: Mapping[str, str]) -> Parsed:
     """The pushes in one request (`headers`: lower-case names); MalformedEvents otherwise."""
-    content_type = headers.get("content-type", "").split(";")[0].strip().lower()
     if "ce-specversion" in headers:   # CloudEvents' binary mode: attributes in headers
         event = {"specversion": headers["ce-specversion"], "type": headers.get("ce-type", ""),
                  "source": headers.get("ce-source", ""), "data": _json(body)}
         return _collect("cloudevents", [event], _cloudevent)
     value = _json(body)
+    content_type = headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == DISTRIBUTION or (isinstance(value, dict) and "events" in value):
         events = value.get("events") if isinstance(value, dict) else None
         if not isinstance(events, list):
             raise MalformedEvents("a distribution envelope needs an \"events\" list")
         return _collect("distribution", events, _distribution)
-    if isinstance(value, list) and value and all(isinstance(e, dict) and "specversion" in e
-                                                for e in value):
-        return _collect("cloudevents", value, _cloudevent)
-    if isinstance(value, dict) and "specversion" in value:
-        return _collect("cloudevents", [value], _cloudevent)
-    if isinstance(value, dict) and "event_data" in value:
-        return _collect("harbor", [value], _harbor)
-    if isinstance(value, dict) and value.get("detail-type") == "ECR Image Action":
-        return _collect("ecr", [value], _ecr)
-    if isinstance(value, list) and value and all(isinstance(e, dict) and "eventType" in e
-                                                for e in value):
-        return _collect("acr", value, _event_grid)
+    events = value if isinstance(value, list) and value else [value]
+    for source, marks, read in _FORMATS:
+        if all(isinstance(e, dict) and marks(e) for e in events):
+            return _collect(source, events, read)
     raise MalformedEvents("not an event envelope archway reads: distribution's "
                           f"({DISTRIBUTION}), Harbor's JSON, CloudEvents 1.0, ECR's EventBridge "
                           "or ACR's Event Grid events")
@@ -197,3 +189,12 @@ def _event_grid(event: dict) -> list[Push]:
     target = _obj(data.get("target"))
     return [Push(_text(_obj(data.get("request")).get("host")), _text(target.get("repository")),
                  _text(target.get("tag")))]
+
+
+# (source, whether an event is of that format, its reader); a batch is a JSON list of them.
+_FORMATS = (
+    ("cloudevents", lambda e: "specversion" in e, _cloudevent),
+    ("harbor", lambda e: "event_data" in e, _harbor),
+    ("ecr", lambda e: e.get("detail-type") == "ECR Image Action", _ecr),
+    ("acr", lambda e: "eventType" in e, _event_grid),
+)

@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import threading
 import time
+import typing
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
@@ -308,7 +309,8 @@ class Resolver:
         def wanted(key) -> bool:
             return isinstance(key[0], str) and key[0].endswith(f"/{repository}:{tag}")
         found = []
-        for key, entry in self._cache.matching(wanted):
+        for hashed, entry in self._cache.matching(wanted):
+            key = typing.cast(tuple, hashed)
             try:
                 ref = parse_reference(key[0], self._library_host)
             except ArchwayError:
@@ -319,8 +321,8 @@ class Resolver:
         named = [f for f in found if host and host.lower() in (f[1].host, f[1].api_host)]
         flights = []
         for key, ref, entry in named or found:
-            flight = self._revalidation(key, ref, entry.keyring or Keyring.empty(), entry,
-                                        entry.scope)
+            keyring = entry.keyring if isinstance(entry.keyring, Keyring) else Keyring.empty()
+            flight = self._revalidation(key, ref, keyring, entry, entry.scope)
             if flight is not None:
                 flights.append(flight)
         return flights

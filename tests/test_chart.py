@@ -88,6 +88,11 @@ CASES = {
     "debug-containers-off": ["--set", "config.admission.debug_containers=off",
                              "--set", "webhook.failurePolicy=Fail"],
     "no-crds": ["--set", "crds.install=false"],
+    "registry-events": ["--set", "registryEvents.enabled=true",
+                        "--set", "registryEvents.tokenSecret.name=registry-events",
+                        "--set", "config.registry.events.per_source_per_second=5",
+                        "--set-json", 'networkPolicy.registryEventsFrom=[{"ipBlock": '
+                                      '{"cidr": "10.0.0.0/8"}}]'],
 }
 
 
@@ -984,6 +989,37 @@ def test_rbac_create_false_leaves_the_service_accounts_only(render):
     assert find(render("default"), "ClusterRole")   # control: created by default
 
 
+def test_registry_events_open_a_port_with_its_token_secret(render, helm_env):
+    """registryEvents: the listener's config (its own port, the token from its Secret, plain
+    HTTP), the container and Service port, and the NetworkPolicy's opening for the peers named;
+    none of it by default, and no install without the Secret's name."""
+    docs = render("registry-events")
+    config = config_from_dict(archway_configs(docs)["webhook.yaml"])
+    events = config.registry.events
+    assert (events.listen, events.tls, events.per_source_per_second) == ("0.0.0.0:8446", False, 5)
+    pod = one(docs, "Deployment", f"{RELEASE}-archway")["spec"]["template"]["spec"]
+    [container] = [c for c in pod["containers"] if c["name"] == "webhook"] or pod["containers"][:1]
+    assert {"name": "registry-events", "containerPort": 8446, "protocol": "TCP"} in container["ports"]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "registry-events-token"]
+    assert os.path.join(mount["mountPath"], "token") == events.token_file
+    [volume] = [v for v in pod["volumes"] if v["name"] == "registry-events-token"]
+    assert volume["secret"]["secretName"] == "registry-events"
+    assert volume["secret"]["items"] == [{"key": "token", "path": "token"}]
+    service = one(docs, "Service", f"{RELEASE}-archway")
+    assert {"name": "registry-events", "port": 8446, "targetPort": "registry-events",
+            "protocol": "TCP"} in service["spec"]["ports"]
+    ingress = one(docs, "NetworkPolicy", f"{RELEASE}-archway")["spec"]["ingress"]
+    assert {"ports": [{"port": "registry-events", "protocol": "TCP"}],
+            "from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]} in ingress
+
+    default = render("default")
+    assert config_from_dict(archway_configs(default)["webhook.yaml"]).registry.events.listen is None
+    assert "registry-events" not in json.dumps(default)
+    done = helm(helm_env, "template", RELEASE, CHART, "-n", NS, "--set",
+                "registryEvents.enabled=true", check=False)
+    assert done.returncode != 0 and "registryEvents.tokenSecret.name" in done.stderr
+
+
 def test_network_policy(render):
     """On by default: the webhook port open to every source (the apiserver's address is not
     predictable), /metrics only on the metrics port and only for the scrapers; egress as given."""
@@ -1303,7 +1339,9 @@ def test_admit_mode_has_no_uninstall_hook_and_passes_fallback_through(render):
 # Keys of archway's config that the chart sets itself from other values (never by `config:`).
 CHART_OWNED_KEYS = {"placement.scheduler_name", "placement.archway_scheduler",
                     "kubernetes.pull_secret_namespaces",
-                    "kubernetes.webhook_configuration", "kubernetes.trust_repair"} | {
+                    "kubernetes.webhook_configuration", "kubernetes.trust_repair",
+                    "registry.events.listen", "registry.events.token_file",
+                    "registry.events.tls"} | {
     f"server.{key}" for key in ("bind", "cert_file", "key_file", "log_every_admission",
                                 "log_format", "max_body_bytes", "metrics_bind", "product",
                                 "state_dir", "threads", "tls", "workers")}

@@ -238,6 +238,16 @@ affinity:
 {{- $_ := set $kube "trust_repair" (include "archway.certgen.args" (dict "root" . "allowMissing" false) | fromYamlArray) -}}
 {{- end -}}
 {{- $_ := set $c "kubernetes" $kube -}}
+{{- with .Values.registryEvents }}{{ if .enabled -}}
+{{- /* registry push events on their own port, the token from its Secret (registryevents) */ -}}
+{{- $registry := default dict $c.registry -}}
+{{- $events := default dict $registry.events -}}
+{{- $_ := set $events "listen" (printf "%s:%d" (include "archway.bindHost" $.Values.webhook.bindAddress) (int .port)) -}}
+{{- $_ := set $events "token_file" "/etc/archway/registry-events/token" -}}
+{{- $_ := set $events "tls" .tls -}}
+{{- $_ := set $registry "events" $events -}}
+{{- $_ := set $c "registry" $registry -}}
+{{- end }}{{ end -}}
 {{- toYaml $c -}}
 {{- end -}}
 
