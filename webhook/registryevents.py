@@ -30,7 +30,10 @@ log = logging.getLogger("archway.registryevents")
 PATH = "/registry-events"
 LIMIT_NAME = "registry.events.max_body_bytes"
 EVENTS_ONLY = f"this address (registry.events.listen) serves only POST {PATH}"
-SETTLE_SECONDS = 0.05     # a burst's events arrive together: one check for all of them
+# A burst's events are one check: it starts once no event came for SETTLE_SECONDS, or
+# MAX_SETTLE_SECONDS after the first (a steady stream waits no longer).
+SETTLE_SECONDS = 0.05
+MAX_SETTLE_SECONDS = 0.25
 MAX_PENDING = 10_000      # distinct tags waiting; past it new ones wait for the next TTL
 MAX_SOURCES = 4096        # addresses the rate limit remembers
 
@@ -63,11 +66,10 @@ class PushQueue:
     arrives while its check runs is checked once more after it (its push may have come after
     the HEAD), never more."""
 
-    def __init__(self, resolver, settle: float = SETTLE_SECONDS):
+    def __init__(self, resolver):
         self.resolver = resolver
-        self.settle = settle
-        self.checks = 0                       # Resolver.pushed calls (tests read it)
         self._pending: dict[Push, None] = {}
+        self._last = 0.0                      # when the last event came (monotonic)
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -80,6 +82,7 @@ class PushQueue:
                     break
                 self._pending.setdefault(push)
             added = len(self._pending) - before
+            self._last = time.monotonic()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="registry-events",
                                                 daemon=True)
@@ -92,8 +95,10 @@ class PushQueue:
             with self._wake:
                 while not self._pending:
                     self._wake.wait()
-            time.sleep(self.settle)
-            with self._wake:
+                first = time.monotonic()
+                while (quiet := self._last + SETTLE_SECONDS - time.monotonic()) > 0 and \
+                        time.monotonic() < first + MAX_SETTLE_SECONDS:
+                    self._wake.wait(min(quiet, first + MAX_SETTLE_SECONDS - time.monotonic()))
                 batch, self._pending = list(self._pending), {}
             flights = []
             for push in batch:
@@ -101,7 +106,6 @@ class PushQueue:
                     flights += self.resolver.pushed(push.host, push.repository, push.tag)
                 except Exception:   # one tag's bug must not end the queue
                     log.exception("checking pushed tag %s:%s failed", push.repository, push.tag)
-                self.checks += 1
             if flights:   # what arrives meanwhile is the next batch
                 wait_for(flights, timeout=self.resolver.fetch_timeout)
 
