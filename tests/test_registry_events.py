@@ -28,13 +28,14 @@ ANSWER_WITHIN = 2.0
 
 
 class Archway:
-    """One `archway serve` (plain HTTP, one worker) and, when `events_port`, its listener."""
+    """One `archway serve` (one worker; plain HTTP unless `tls`) and, when `events_port`, its
+    listener (TLS when both `tls` and `events_tls`)."""
 
-    def __init__(self, workdir, registry: RegistryServer, events_port: int | None = None,
-                 **events):
+    def __init__(self, workdir, registry: RegistryServer, events_port: int | None = None, *,
+                 tls: bool = False, events_tls: bool = False, **events):
         config = {
             "server": {"state_dir": str(workdir / "state"), "workers": 1, "threads": 4,
-                       "tls": False},
+                       "tls": tls},
             "registry": {"insecure_hosts": [registry.host],
                          "cache": {"tag_ttl_seconds": 3600}},
             "kubernetes": {"enabled": "off"},
@@ -44,11 +45,14 @@ class Archway:
             token_file = workdir / "token"
             token_file.write_text(TOKEN + "\n")
             config["registry"]["events"] = {"listen": f"127.0.0.1:{events_port}",
-                                            "token_file": str(token_file), "tls": False, **events}
+                                            "token_file": str(token_file), "tls": events_tls,
+                                            **events}
         (workdir / "archway.yaml").write_text(yaml.safe_dump(config))
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.events_url = f"http://127.0.0.1:{events_port}/registry-events" if events_port else None
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        scheme = "https" if tls and events_tls else "http"
+        self.events_url = f"{scheme}://127.0.0.1:{events_port}/registry-events" if events_port \
+            else None
         self.registry = registry
         env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
         self.proc = Server([sys.executable, "-m", "archway.main.cli", "--config",
@@ -57,6 +61,7 @@ class Archway:
                            log_path=str(workdir / "serve.log"), cwd=REPO, env=env, ready_timeout=30)
         self.http = requests.Session()
         self.http.trust_env = False
+        self.http.verify = str(workdir / "state" / "tls" / "ca.crt") if tls else True
         end = time.monotonic() + 30
         while self.http.get(self.url + "/readyz", timeout=5).status_code != 200:
             assert time.monotonic() < end, self.log()
@@ -81,7 +86,7 @@ class Archway:
         if not fresh:
             return self.http.post(self.events_url, data=data, headers=sent, timeout=10)
         with requests.Session() as own:     # a connection of its own (threads post at once)
-            own.trust_env = False
+            own.trust_env, own.verify = False, self.http.verify
             return own.post(self.events_url, data=data, headers=sent, timeout=10)
 
     def metrics(self) -> str:
@@ -252,3 +257,19 @@ def test_a_flood_from_one_address_is_rate_limited(stack):
     statuses = [listening.post(good).status_code for _ in range(200)]
     assert 429 in statuses and statuses[0] == 202
     assert wait_for(lambda: listening.post(good).status_code == 202, 3)   # the bucket refills
+
+
+@pytest.mark.parametrize("events_tls", [True, False])
+def test_the_listener_speaks_tls_with_archways_certificate_or_plain_http(stack, tmp_path,
+                                                                        events_tls):
+    registry = stack[0]
+    server = Archway(tmp_path, registry, free_port(), tls=True, events_tls=events_tls)
+    try:
+        assert server.post({"events": []}).json() == {"pushes": 0, "ignored": 0}
+        other = server.events_url.replace(*(("https:", "http:") if events_tls else
+                                            ("http:", "https:")))
+        with pytest.raises(requests.RequestException):   # the other scheme is not served
+            server.http.post(other, json={"events": []}, timeout=5,
+                             headers={"Authorization": f"Bearer {TOKEN}"}).raise_for_status()
+    finally:
+        server.stop()
