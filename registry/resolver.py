@@ -432,9 +432,10 @@ class Resolver:
 
     def _remember(self, key: tuple, ref: ImageReference, answer: Answer, keep: float,
                   scope: str | None = None, keyring: Keyring | None = None) -> None:
-        tag = not ref.digest and KINDS[ref.scheme].head_digest is not None
-        self._cache.put(key, dataclasses.replace(self._entry(answer, keep), keyring=keyring,
-                                                 scope=scope) if tag else self._entry(answer, keep))
+        entry = self._entry(answer, keep)
+        if not ref.digest and KINDS[ref.scheme].head_digest:   # a tag: who read it (pushed)
+            entry = dataclasses.replace(entry, keyring=keyring, scope=scope)
+        self._cache.put(key, entry)
         if isinstance(answer, ImageInfo):
             self._offer(ref, scope, answer)
         if isinstance(answer, ImageInfo) and answer.digest and not ref.digest and KINDS[ref.scheme].head_digest:
