@@ -11,6 +11,7 @@ image records A writes.
     config is still the old one: without events the figure is the tag TTL.
 """
 import base64
+import os
 import time
 import uuid
 
@@ -36,7 +37,7 @@ SPECS = (("46", f"push -> every replica answers the new digest (2 replicas x 2 w
 def run(lab: Lab) -> list[Figure]:
     def measure(started: Started) -> list[Figure]:
         token = uuid.uuid4().hex
-        token_file = lab.path("events-token")
+        token_file = os.path.join(lab.path("events"), "token")
         with open(token_file, "w") as f:
             f.write(token)
         port = free_port()
