@@ -12,7 +12,7 @@ them would feed itself.
                    repository.repo_full_name}
     CloudEvents    1.0, structured (application/cloudevents+json, or a batch) or binary (ce-*
                    headers, the body is `data`): Harbor's harbor.artifact.pushed, zot's
-                   zotregistry.image.{created,updated} (data {name, reference}), Event Grid's
+                   zotregistry.image.updated (data {name, reference}), Event Grid's
                    Microsoft.ContainerRegistry.ImagePushed
     EventBridge    ECR's "ECR Image Action" (detail {action-type PUSH, repository-name, image-tag})
     Event Grid     its own schema: a list of {eventType ImagePushed, data {target, request}}
@@ -30,8 +30,9 @@ CLOUDEVENTS_BATCH = "application/cloudevents-batch+json"
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")   # as image references spell a tag
 MAX_EVENTS = 1000          # per request: a larger batch is refused, not half read
 _MANIFEST_HINTS = ("manifest", "index")   # a blob's mediaType is application/octet-stream etc.
-_PUSH_TYPES = ("harbor.artifact.pushed", "zotregistry.image.created", "zotregistry.image.updated",
-               "Microsoft.ContainerRegistry.ImagePushed", "PUSH_ARTIFACT")
+_PUSH_TYPES = ("harbor.artifact.pushed", "Microsoft.ContainerRegistry.ImagePushed")
+# zot's: zotregistry.image.updated, under the operator's own prefix when `typePrefix` is set
+_ZOT_PUSHES = (".image.updated", ".image.created")
 
 
 def read_token(path: str) -> str:
@@ -154,7 +155,7 @@ def _harbor_data(data: dict) -> list[Push]:
 
 def _cloudevent(event: dict) -> list[Push]:
     kind = _text(event.get("type"))
-    if kind not in _PUSH_TYPES:
+    if kind not in _PUSH_TYPES and not kind.endswith(_ZOT_PUSHES):
         return []
     data = event.get("data")
     if isinstance(data, str):   # a structured event's data may be JSON text

@@ -71,8 +71,8 @@ def test_cloudevents_binary_mode_and_zot():
                                                 "ce-type": "zotregistry.image.updated",
                                                 "ce-source": "zot"})
     assert parsed.pushes == (Push("", "team/app", "v3"),)
-    structured = {"specversion": "1.0", "id": "1", "source": "zot",
-                  "type": "zotregistry.image.created", "data": json.dumps(data)}
+    structured = {"specversion": "1.0", "id": "1", "source": "zot",   # zot's typePrefix set
+                  "type": "com.example.registry.image.updated", "data": json.dumps(data)}
     assert read([structured, structured], "application/cloudevents-batch+json").pushes == (
         Push("", "team/app", "v3"),)
     by_digest = {**structured, "data": {**data, "reference": DIGEST}}
