@@ -62,9 +62,9 @@ class SourceLimit:
 
 
 class PushQueue:
-    """Pushed tags waiting to be checked, each once however many events name it: a tag that
-    arrives while its check runs is checked once more after it (its push may have come after
-    the HEAD), never more."""
+    """Pushed tags waiting to be checked, once per burst however many events name them; a tag
+    named again while its check runs is checked once more after it (its push may have come
+    after the HEAD)."""
 
     def __init__(self, resolver):
         self.resolver = resolver
@@ -105,7 +105,7 @@ class PushQueue:
                 try:
                     flights += self.resolver.pushed(push.host, push.repository, push.tag)
                 except Exception:   # one tag's bug must not end the queue
-                    log.exception("checking pushed tag %s:%s failed", push.repository, push.tag)
+                    log.exception("checking pushed tag %r:%r failed", push.repository, push.tag)
             if flights:   # what arrives meanwhile is the next batch
                 wait_for(flights, timeout=self.resolver.fetch_timeout)
 
