@@ -12,7 +12,8 @@ This lets archway act as the workload, so it is off unless the operator opts nam
 (kubernetes.service_account_token_namespaces; the chart's rbac.serviceAccountTokenNamespaces
 grants `create serviceaccounts/token` there and nowhere else). A token is reused while it has
 more than a fifth of its life left (the kubelet's token manager does the same) and is never
-logged, put in an error, an Event or a metric.
+logged, put in an error, an Event or a metric. The plugin runs within the caller's deadline, as
+the API reads do (the gate controller's retries have more time than an admission).
 """
 import logging
 import time
@@ -29,7 +30,7 @@ from archway.registry.providerplugin import WorkloadIdentity
 from archway.registry.providers import CredentialProviders, PluginProvider
 from archway.registry.reference import KINDS, parse_reference
 
-from .apireads import ReadFailed, call_api
+from .apireads import MIN_CALL_TIMEOUT, ReadFailed, call_api
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class WorkloadIdentities:
             try:
                 identity = self._identity(plugin, namespace, account, deadline)
                 if identity is not None or not _attributes(plugin).require_service_account:
-                    found.extend(plugin.provide(image, identity))
+                    found.extend(plugin.provide(image, identity, self._remaining(deadline)))
             except ReadFailed as e:
                 complete = complete and not e.late
                 _add(warnings, str(e))
@@ -90,6 +91,14 @@ class WorkloadIdentities:
                 log.warning("%s; looking the image up without its credentials", e)
                 _add(warnings, f"{e}; read without its credentials")
         return Keyring(found), tuple(warnings), complete
+
+    def _remaining(self, deadline: float) -> float:
+        """The plugin runs within the caller's (the admission's) time, like the API reads."""
+        remaining = deadline - self._clock()
+        if remaining < MIN_CALL_TIMEOUT:
+            raise ReadFailed("credential provider not run: the admission deadline passed",
+                             ttl=0, late=True)
+        return remaining
 
     def _wanted(self, pod: PodView) -> list[tuple[str, PluginProvider]]:
         """(repository name, token-mode provider) for each of the pod's images it serves."""

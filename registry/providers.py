@@ -55,9 +55,10 @@ class PluginProvider:
     def matches(self, image: str) -> bool:
         return any(image_matches(pattern, image) for pattern in self.spec.match_images)
 
-    def provide(self, image: str, identity: WorkloadIdentity | None = None) -> tuple[Credential, ...]:
+    def provide(self, image: str, identity: WorkloadIdentity | None = None,
+                timeout: float | None = None) -> tuple[Credential, ...]:
         """Credentials for `image` (a repository name), as `identity` in token mode; () when the
-        plugin does not serve it."""
+        plugin does not serve it. `timeout`: a run ends then, if sooner than the provider's."""
         if not self.matches(image):
             return ()
         who = self._identity_key(identity)
@@ -72,7 +73,8 @@ class PluginProvider:
         if running is not None:
             return running.result()   # another thread is running the plugin for this image
         try:
-            credentials = self._fetch(image, who, identity)
+            credentials = self._fetch(image, who, identity,
+                                      self.timeout if timeout is None else min(timeout, self.timeout))
             flight.set_result(credentials)
             return credentials
         except BaseException as e:
@@ -92,9 +94,9 @@ class PluginProvider:
         return ("serviceaccount", identity.namespace, identity.name, identity.uid,
                 identity.annotations)
 
-    def _fetch(self, image: str, who: tuple, identity: WorkloadIdentity | None
-               ) -> tuple[Credential, ...]:
-        response = self._run(self.spec, self.bin_dir, image, self.timeout, identity=identity)
+    def _fetch(self, image: str, who: tuple, identity: WorkloadIdentity | None,
+               timeout: float) -> tuple[Credential, ...]:
+        response = self._run(self.spec, self.bin_dir, image, timeout, identity=identity)
         count_call(self.spec.name, "success")
         credentials = tuple(Credential(registry_key(key), user, password)
                             for key, user, password in response.auth)

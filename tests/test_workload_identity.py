@@ -287,6 +287,15 @@ def test_answers_are_cached_per_service_account_or_per_token(lab, cache_type, ru
     assert len(lab.calls()) == runs_after_refresh and second == first
 
 
+def test_past_the_deadline_nothing_is_asked_and_the_answer_says_it_is_incomplete(lab):
+    secrets = lab.pull_secrets()
+    before = tokens_requested() + tokens_requested("failed")
+    pod = lab.pod(lab.a, "puller", lab.registry.ref("wi/app", "v1"))
+    credentials = secrets.credentials_for(pod, time.monotonic() - 1)
+    assert not credentials.complete and lab.calls() == []
+    assert tokens_requested() + tokens_requested("failed") == before
+
+
 def test_a_plugin_that_echoes_its_token_does_not_put_it_in_a_warning(lab, caplog):
     secrets = lab.pull_secrets(extra_env={"ECHO_TOKEN": "1", "TOKEN_FILE": lab.token_file})
     pod = lab.pod(lab.a, "puller", lab.registry.ref("wi/app", "v1"))
