@@ -82,8 +82,7 @@ class WorkloadIdentities:
         for image, plugin in wanted:
             try:
                 identity = self._identity(plugin, namespace, account, deadline)
-                if identity is not None or not _attributes(plugin).require_service_account:
-                    found.extend(plugin.provide(image, identity, self._remaining(deadline)))
+                found.extend(plugin.provide(image, identity, self._remaining(deadline)))
             except ReadFailed as e:
                 complete = complete and not e.late
                 _add(warnings, str(e))
@@ -141,8 +140,15 @@ class WorkloadIdentities:
         key = (namespace, account, uid, attributes.audience)
         token = self._tokens.get(key)
         if token is None:
-            token = self._request_token(namespace, account, uid, attributes.audience, deadline)
+            try:
+                token = self._request_token(namespace, account, uid, attributes.audience, deadline)
+            except ReadFailed as e:
+                if e.ttl > 0:   # a refusal is repeated for a few seconds, not asked per pod
+                    self._tokens.put(key, e, e.ttl)
+                raise
             self._tokens.put(key, token, (token.expires - self._clock()) * REUSE_FRACTION)
+        if isinstance(token, ReadFailed):
+            raise token
         return WorkloadIdentity(namespace, account, uid, token.token, token.expires, named)
 
     def _account(self, namespace: str, name: str, deadline: float):
@@ -150,6 +156,8 @@ class WorkloadIdentities:
         None when it does not exist."""
         key = (namespace, name)
         cached = self._accounts.get(key)
+        if isinstance(cached, ReadFailed):
+            raise cached
         if cached is not None:
             return cached or None
         assert self.api is not None   # credentials_for asks nothing without an API
@@ -157,11 +165,13 @@ class WorkloadIdentities:
             obj = call_api(self.api, f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}",
                            deadline, self._clock)
         except ReadFailed as e:
-            if e.status != 404:
-                raise ReadFailed(f"ServiceAccount {namespace}/{name}: {e}", ttl=e.ttl,
-                                 late=e.late) from None
-            self._accounts.put(key, (), e.ttl)
-            return None
+            if e.status == 404:
+                self._accounts.put(key, (), e.ttl)
+                return None
+            failed = ReadFailed(f"ServiceAccount {namespace}/{name}: {e}", ttl=e.ttl, late=e.late)
+            if e.ttl > 0:
+                self._accounts.put(key, failed, e.ttl)
+            raise failed from None
         meta = _mapping(obj.get("metadata"))
         annotations = _mapping(meta.get("annotations"))
         found = (str(meta.get("uid") or ""),

@@ -268,6 +268,9 @@ def test_the_rbac_refuses_a_token_where_archway_is_not_granted_one(lab):
         f"ServiceAccount {lab.c}/puller: archway may not request its token (HTTP 403; check "
         f"rbac.serviceAccountTokenNamespaces)",)
     assert tokens_requested("refused") == before + 1 and lab.calls() == []
+    # The refusal is repeated for a few seconds, not asked again for every pod.
+    again = secrets.credentials_for(lab.pod(lab.c, "puller", pod.images[0]), time.monotonic() + 20)
+    assert again.warnings == credentials.warnings and tokens_requested("refused") == before + 1
 
 
 @pytest.mark.parametrize("cache_type, runs_after_refresh", [("ServiceAccount", 1), ("Token", 2)])
