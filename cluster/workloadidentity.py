@@ -16,6 +16,7 @@ logged, put in an error, an Event or a metric. The plugin runs within the caller
 the API reads do (the gate controller's retries have more time than an admission).
 """
 import logging
+import threading
 import time
 from datetime import datetime
 
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 TOKEN_SECONDS = 600          # the API server's minimum expirationSeconds
 REUSE_FRACTION = 0.8         # a token older than this part of its life is requested again
 MAX_ENTRIES = 10_000
+LOCK_STRIPES = 64            # TokenRequests under way at once, at most, each for its own key
 
 
 class WorkloadIdentities:
@@ -52,6 +54,7 @@ class WorkloadIdentities:
         self._clock = clock
         self._accounts = TTLCache(MAX_ENTRIES, clock)   # ServiceAccounts read (uid, annotations)
         self._tokens = TTLCache(MAX_ENTRIES, clock)     # (namespace, name, uid, audience) -> identity
+        self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
         if providers.token_plugins() and not self.namespaces:
             log.warning("credential provider(s) %s want the pod's ServiceAccount token, but no "
                         "namespace is in kubernetes.service_account_token_namespaces: their "
@@ -138,18 +141,31 @@ class WorkloadIdentities:
         named = tuple((k, annotations[k]) for k in attributes.required_annotations
                       + attributes.optional_annotations if k in annotations)
         key = (namespace, account, uid, attributes.audience)
-        token = self._tokens.get(key)
-        if token is None:
+        token = self._tokens.get(key) or self._token(key, deadline)
+        if isinstance(token, ReadFailed):
+            raise token
+        return WorkloadIdentity(namespace, account, uid, token.token, token.expires, named)
+
+    def _token(self, key: tuple, deadline: float):
+        """A new token for `key`, or the failure to repeat; one request at a time per key: a
+        burst of a ServiceAccount's pods waits for the first one's token."""
+        lock = self._stripes[hash(key) % len(self._stripes)]
+        if not lock.acquire(timeout=max(0.0, deadline - self._clock())):
+            raise ReadFailed("not read: the admission deadline passed", ttl=0, late=True)
+        try:
+            token = self._tokens.get(key)
+            if token is not None:
+                return token   # the pod before this one asked
             try:
-                token = self._request_token(namespace, account, uid, attributes.audience, deadline)
+                token = self._request_token(*key, deadline)
             except ReadFailed as e:
                 if e.ttl > 0:   # a refusal is repeated for a few seconds, not asked per pod
                     self._tokens.put(key, e, e.ttl)
                 raise
             self._tokens.put(key, token, (token.expires - self._clock()) * REUSE_FRACTION)
-        if isinstance(token, ReadFailed):
-            raise token
-        return WorkloadIdentity(namespace, account, uid, token.token, token.expires, named)
+            return token
+        finally:
+            lock.release()
 
     def _account(self, namespace: str, name: str, deadline: float):
         """(uid, annotations) of the ServiceAccount, read at most once per cache_seconds;

@@ -216,6 +216,21 @@ def test_the_image_is_read_only_with_a_genuine_token_of_the_pods_own_service_acc
           f"TokenReview), next pod {cached * 1000:.2f} ms (cached per ServiceAccount)")
 
 
+def test_a_burst_of_a_service_accounts_pods_costs_one_token_and_one_plugin_run(lab):
+    from concurrent.futures import ThreadPoolExecutor
+    secrets = lab.pull_secrets()
+    pods = [lab.pod(lab.a, "puller", lab.registry.ref("wi/app", "v1")) for _ in range(32)]
+    before = tokens_requested()
+    started = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda p: secrets.credentials_for(p, time.monotonic() + 20), pods))
+    took = time.monotonic() - started
+    assert {len(a.keyring) for a in answers} == {1} and all(a.warnings == () for a in answers)
+    assert tokens_requested() == before + 1 and len(lab.calls()) == 1
+    print(f"\nworkload identity: 32 pods of one ServiceAccount, 16 at once: {took * 1000:.0f} ms, "
+          f"1 TokenRequest, 1 plugin run")
+
+
 def test_another_namespaces_service_account_is_never_used(lab):
     secrets = lab.pull_secrets()
     # b/puller has the same name and the annotation, but the plugin sees b's own identity.
