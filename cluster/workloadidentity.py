@@ -157,7 +157,8 @@ class WorkloadIdentities:
             if token is not None:
                 return token   # the pod before this one asked
             try:
-                token = self._request_token(*key, deadline)
+                namespace, name, uid, audience = key
+                token = self._request_token(namespace, name, uid, audience, deadline)
             except ReadFailed as e:
                 if e.ttl > 0:   # a refusal is repeated for a few seconds, not asked per pod
                     self._tokens.put(key, e, e.ttl)
