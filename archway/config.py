@@ -211,6 +211,9 @@ class KubernetesSettings:
     context: str | None = None            # the kubeconfig's context to use; none: its current one
     secret_cache_seconds: float = 60.0
     pull_secret_namespaces: tuple[str, ...] = ("*",)  # where pull secrets are read; "*": everywhere
+    # Where a pod's ServiceAccount token may be requested for token-mode credential providers
+    # (KEP-4412); "*": everywhere; empty (the default): nowhere.
+    service_account_token_namespaces: tuple[str, ...] = ()
     namespace_cache: bool = True          # list+watch Namespaces for per-namespace mode/preferences
     placement_policies: bool = True       # list+watch (Cluster)PlacementPolicies (archway.dev)
     karpenter_node_pools: bool = False    # count Karpenter NodePools' archs as nodes that may join

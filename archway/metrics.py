@@ -211,6 +211,11 @@ CREDENTIAL_PROVIDER_CALLS = Counter(
     "Runs of kubelet credential provider plugins, by provider and outcome (success, timeout, "
     "exit_status, invalid_response, output_too_large, exec_error); cached answers are not runs",
     ["provider", "outcome"])
+SERVICE_ACCOUNT_TOKENS = Counter(
+    "archway_service_account_token_requests_total",
+    "TokenRequests for pods' ServiceAccounts, for credential providers with tokenAttributes "
+    "(KEP-4412), by outcome (issued, refused: the API said no, failed); a token reused from "
+    "memory is not a request", ["outcome"])
 MIRROR_REQUESTS = Counter(
     "archway_registry_mirror_requests_total",
     "Image lookups sent to a registry mirror (registry.hosts_dir), by outcome: answered, or the "

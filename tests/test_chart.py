@@ -56,6 +56,7 @@ CASES = {
                             "--set", "scheduler.enabled=true"],
     "registry-access-gke": ["-f", os.path.join(FIXTURES, "registry-access-gke.yaml"),
                             "--set", "scheduler.enabled=true"],
+    "workload-identity": ["-f", os.path.join(FIXTURES, "workload-identity.yaml")],
     "arch-policy": ["--set", "scheduler.setSchedulerName=true",
                     "--set", "config.admission.mode=audit",
                     "--set", "config.admission.deny_unschedulable=true",
@@ -650,6 +651,20 @@ def test_credential_providers_get_the_kubelets_files_in_every_archway_pod(render
                 "eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/archway-ecr-read"}
 
 
+def test_a_token_mode_provider_reaches_archway_with_its_namespaces_and_rights(render):
+    from archway.registry.providerconfig import parse_provider_config
+    docs = render("workload-identity")
+    raw = one(docs, "ConfigMap", f"{RELEASE}-archway-config")["data"]["credential-providers.yaml"]
+    (spec,) = parse_provider_config(raw.encode(), "rendered")
+    assert spec.token.audience == "registry.corp.example" and spec.token.cache_type == "ServiceAccount"
+    assert spec.token.required_annotations == ("registry.corp.example/robot",)
+    config = config_from_dict(archway_configs(docs)["webhook.yaml"])
+    assert config.kubernetes.service_account_token_namespaces == ("shop", "team-a")
+    bound = sorted(d["metadata"]["namespace"] for d in find(docs, "RoleBinding")
+                   if d["roleRef"]["name"] == f"{RELEASE}-archway-token-requester")
+    assert bound == ["shop", "team-a"]
+
+
 def test_provider_binaries_from_an_init_container(render):
     docs = render("registry-access-gke")
     for name in (f"{RELEASE}-archway", f"{RELEASE}-archway-scheduler"):
@@ -1104,6 +1119,23 @@ def test_rbac_grants_secrets_and_pod_updates_only_where_a_feature_needs_them(hel
     assert namespaces(default) == () and namespaces(some) == ("shop", "team-a")
     assert namespaces(every) == ("*",)
 
+    # ServiceAccount tokens (workload-identity pulls): nowhere by default; create of the
+    # token subresource only, where rbac.serviceAccountTokenNamespaces says, and the config
+    # asks for tokens there only.
+    requester = f"{RELEASE}-archway-token-requester"
+    assert not bindings(default, requester)
+    assert not [d for d in default if d["metadata"].get("name") == requester]
+    tokens = rendered("--set", "rbac.serviceAccountTokenNamespaces={shop}")
+    assert one(tokens, "ClusterRole", requester)["rules"] == [
+        {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]}]
+    assert bindings(tokens, requester) == [("RoleBinding", "shop")]
+    assert bindings(rendered("--set", "rbac.serviceAccountTokenNamespaces={*}"), requester) == [
+        ("ClusterRoleBinding", "")]
+    def token_namespaces(docs):
+        return config_from_dict(archway_configs(docs)["webhook.yaml"]
+                                ).kubernetes.service_account_token_namespaces
+    assert token_namespaces(default) == () and token_namespaces(tokens) == ("shop",)
+
     def pod_verbs(docs):
         gate = one(docs, "ClusterRole", f"{RELEASE}-archway-gate-controller")
         return [r["verbs"] for r in gate["rules"] if r["resources"] == ["pods"]]
@@ -1338,7 +1370,7 @@ def test_admit_mode_has_no_uninstall_hook_and_passes_fallback_through(render):
 
 # Keys of archway's config that the chart sets itself from other values (never by `config:`).
 CHART_OWNED_KEYS = {"placement.scheduler_name", "placement.archway_scheduler",
-                    "kubernetes.pull_secret_namespaces",
+                    "kubernetes.pull_secret_namespaces", "kubernetes.service_account_token_namespaces",
                     "kubernetes.webhook_configuration", "kubernetes.trust_repair",
                     "registry.events.listen", "registry.events.token_file",
                     "registry.events.tls"} | {

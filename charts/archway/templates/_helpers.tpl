@@ -194,6 +194,8 @@ affinity:
 {{- $_ := set $c "registry" $registry -}}
 {{- /* Pull secrets are read only where RBAC lets archway read them. */ -}}
 {{- $_ := set $c "kubernetes" (merge (dict "pull_secret_namespaces" (default list .Values.rbac.pullSecretNamespaces)) (default dict $c.kubernetes)) -}}
+{{- /* ServiceAccount tokens are requested only where RBAC lets archway request them. */ -}}
+{{- $_ := set $c "kubernetes" (merge (dict "service_account_token_namespaces" (default list .Values.rbac.serviceAccountTokenNamespaces)) $c.kubernetes) -}}
 {{- if include "archway.schedulerInstalled" . -}}
 {{- $_ := set $c "placement" (merge (dict "archway_scheduler" .Values.scheduler.name) (default dict $c.placement)) -}}
 {{- end -}}
