@@ -34,13 +34,14 @@ from lab.cluster.vmnode import VmNode, teardown_vms
 from lab.servers.registry import RegistryServer
 from webhook.admissionreview import admission_review
 
-from .realnode import STARTUP_RATIO_TARGET, startup_times
+from .realnode import startup_times
 
 FOREIGN = "arm64"
 HOST = machine_arch()
 PAIRS = 12               # 26b: ~5 s a pod on the emulated node
 REVIEWS = 300            # 26c, per replica
 AT_REST_SECONDS = 30.0   # 26d
+STARTUP_RATIO_TARGET = 1.1   # issue 44's bound for the arm64 node (26 on amd64 allows 1.2)
 SPECS = (("26b", f"real pod startup (create -> Running) on the arm64 VM node, p99 with archway vs "
                  f"without ({PAIRS} each)", f"<= {STARTUP_RATIO_TARGET:g}"),
          ("26c", f"warm admission on archway's arm64 replica (emulated) vs its amd64 one, p50 / p99 "
@@ -63,14 +64,8 @@ def run(lab: Lab) -> list[Figure]:
         plane.start()
         node = RealNode(plane, insecure_registries=[registry.host]).start()
         vm = VmNode(plane, MACHINES[FOREIGN], insecure_registries=[registry.host]).start()
-        webhook = {"app.kubernetes.io/component": "webhook"}
-        install = InClusterInstall(
-            plane, None, registry=registry, architectures=(HOST, FOREIGN),
-            archway_config={"registry": {"insecure_hosts": [registry.host]}},
-            values={"webhook": {"topologySpreadConstraints": [{
-                        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                        "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": webhook}}]},
-                    "scheduler": {"nodeSelector": {"kubernetes.io/arch": FOREIGN}}}).install()
+        install = InClusterInstall.on_two_architectures(plane, registry, FOREIGN, archway_config={
+            "registry": {"insecure_hosts": [registry.host]}}).install()
         at_rest = _at_rest(plane.processes[vm.process_name].pid)
         admission = _admission(install, {node.name: HOST, vm.name: FOREIGN},
                                registry.ref("bench/pause", FOREIGN))
@@ -96,13 +91,8 @@ def _startup(took: dict[str, list[float]]) -> Figure:
 
 
 def _admission(install: InClusterInstall, arch_of: dict[str, str], image: str) -> Figure:
-    kube = install.kube
     urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)   # a pod's own address
-    urls = {}
-    for pod in kube.items(f"/api/v1/namespaces/{install.namespace}/pods",
-                          labelSelector="app.kubernetes.io/component=webhook"):
-        port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
-        urls[arch_of[pod["spec"]["nodeName"]]] = f"https://{pod['status']['podIP']}:{port}/mutate"
+    urls = {arch_of[node]: f"{address}/mutate" for node, address in install.webhook_addresses().items()}
     if set(urls) != {HOST, FOREIGN}:
         raise RuntimeError(f"a webhook replica on each node was wanted, found {urls}")
     sessions = {arch: requests.Session() for arch in urls}       # warm connections, as the apiserver's

@@ -47,6 +47,7 @@ IMAGE_CACHE = os.path.expanduser("~/.cache/archway/image")
 ARCHWAY_IMAGE = "localhost/archway"
 SCHEDULER_IMAGE = "localhost/kube-scheduler"
 HELM_TIMEOUT = "6m"
+EMULATED_START_SECONDS = 900
 
 
 def tree_digest(root: str = REPO) -> str:
@@ -94,6 +95,7 @@ class InClusterInstall(ChartInstall):
         self.registry = registry
         self.architectures = list(architectures) or [machine_arch()]
         self.pushed: dict[str, dict[str, str]] = {}   # image -> arch (and "index") -> digest
+        self.helm_timeout = HELM_TIMEOUT
         self.image_tag = ""
         self.scheduler_tag = ""
         self.timings: dict[str, float] = {}     # seconds per step, for `up` to report
@@ -111,6 +113,25 @@ class InClusterInstall(ChartInstall):
                                     "pullPolicy": pull}},
             "config": self.archway_config,
         }, self.extra_values)
+
+    @classmethod
+    def on_two_architectures(cls, plane: ControlPlane, registry, foreign: str, *,
+                             archway_config: dict) -> "InClusterInstall":
+        """archway from `registry` on a cluster of this machine's node and an emulated node of
+        `foreign`: a webhook replica on each node, the second scheduler and its extender on
+        the emulated one, with minutes to start there (TCG on a busy machine)."""
+        webhook = {"app.kubernetes.io/component": "webhook"}
+        install = cls(plane, None, registry=registry, architectures=(machine_arch(), foreign),
+                      archway_config=archway_config, values={
+                          "webhook": {"startupSeconds": EMULATED_START_SECONDS,
+                                      "topologySpreadConstraints": [{
+                                          "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                          "whenUnsatisfiable": "DoNotSchedule",
+                                          "labelSelector": {"matchLabels": webhook}}]},
+                          "scheduler": {"nodeSelector": {"kubernetes.io/arch": foreign},
+                                        "extender": {"startupSeconds": EMULATED_START_SECONDS}}})
+        install.helm_timeout = "20m"
+        return install
 
     def load_images(self) -> None:
         assert self.kube is not None
@@ -176,14 +197,35 @@ class InClusterInstall(ChartInstall):
         values_file = self.plane.path("values.yaml")
         with open(values_file, "w") as f:
             yaml.safe_dump(self.values, f)
-        self.helm("install", self.release, os.path.join(REPO, "charts", "archway"),
-                  "--create-namespace", "--values", values_file, "--wait", "--wait-for-jobs",
-                  "--timeout", HELM_TIMEOUT)
+        try:
+            self.helm("install", self.release, os.path.join(REPO, "charts", "archway"),
+                      "--create-namespace", "--values", values_file, "--wait", "--wait-for-jobs",
+                      "--timeout", self.helm_timeout)
+        except ControlPlaneError as e:
+            raise ControlPlaneError(f"{e}\n{self.not_ready()}") from None
         self.timings["helm install --wait"] = time.monotonic() - started - self.timings["images"]
         self.installed = True
         self.wait_until_webhook_acts(timeout=60)
         self.save_in_cluster()
         return self
+
+    def not_ready(self) -> str:
+        """What keeps the release's pods from Ready: each one's phase, node, restarts and last
+        end, and the namespace's warning Events (what `helm --wait` does not say)."""
+        assert self.kube is not None
+        lines = []
+        for pod in self.kube.items(f"/api/v1/namespaces/{self.namespace}/pods"):
+            for status in pod["status"].get("containerStatuses") or []:
+                ended = (status.get("lastState") or {}).get("terminated") or {}
+                lines.append(f"  {pod['metadata']['name']}/{status['name']} on "
+                             f"{pod['spec'].get('nodeName') or '-'}: {pod['status'].get('phase')}, "
+                             f"ready {status.get('ready')}, restarts {status.get('restartCount', 0)}"
+                             + (f", last ended {ended.get('reason')} ({ended.get('exitCode')})" if ended else ""))
+        for event in self.kube.items(f"/api/v1/namespaces/{self.namespace}/events")[-20:]:
+            if event.get("type") == "Warning":
+                lines.append(f"  event {event['involvedObject'].get('name')}: {event.get('reason')}: "
+                             f"{event.get('message', '')[:200]}")
+        return "the release's pods:\n" + "\n".join(lines or ["  none"])
 
     def upgrade(self, config: dict | None = None, values: dict | None = None) -> None:
         """`helm upgrade --wait` with `config` merged into archway's and `values` into the
@@ -194,7 +236,7 @@ class InClusterInstall(ChartInstall):
         with open(values_file, "w") as f:
             yaml.safe_dump(self.values, f)
         self.helm("upgrade", self.release, os.path.join(REPO, "charts", "archway"),
-                  "--values", values_file, "--wait", "--wait-for-jobs", "--timeout", HELM_TIMEOUT)
+                  "--values", values_file, "--wait", "--wait-for-jobs", "--timeout", self.helm_timeout)
         # `--wait` returns once the new pods are ready; the old ones may still be terminating,
         # one of them still leading the gate controller with the old configuration.
         assert self.kube is not None
@@ -209,21 +251,28 @@ class InClusterInstall(ChartInstall):
         self.installed = False
         self.helm("uninstall", self.release, "--wait", "--timeout", timeout)
 
-    def webhook_metrics(self) -> list[str]:
-        """/metrics of each running webhook pod, read on its own address at its metrics port
-        (https-metrics: the only one serving it); a pod not serving yet is left out."""
+    def webhook_addresses(self, port: str = "https") -> dict[str, str]:
+        """node name -> https://IP:PORT of the running webhook pod there, at its container port
+        named `port` (https: admissions; https-metrics: /metrics, /healthz and /readyz only)."""
         assert self.kube is not None
-        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)   # the pod's own cert
-        texts = []
+        found = {}
         for pod in self.kube.items(f"/api/v1/namespaces/{self.namespace}/pods",
                                    labelSelector="app.kubernetes.io/component=webhook"):
             if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
                 continue
-            (port,) = [p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]
-                       if p["name"] == "https-metrics"]
+            (number,) = [p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]
+                         if p["name"] == port]
+            found[pod["spec"]["nodeName"]] = f"https://{pod['status']['podIP']}:{number}"
+        return found
+
+    def webhook_metrics(self) -> list[str]:
+        """/metrics of each running webhook pod, read on its own address; a pod not serving yet
+        is left out."""
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)   # the pod's own cert
+        texts = []
+        for address in self.webhook_addresses("https-metrics").values():
             try:
-                texts.append(requests.get(f"https://{pod['status']['podIP']}:{port}/metrics",
-                                          verify=False, timeout=10).text)
+                texts.append(requests.get(f"{address}/metrics", verify=False, timeout=10).text)
             except requests.RequestException:
                 continue
         return texts

@@ -168,7 +168,9 @@ class VmNode:
             "-drive", f"file={seed},format=raw,if=none,id=seed,readonly=on",
             "-device", f"{blk},drive=seed",
             "-netdev", f"tap,id=n0,ifname={tap_name(m)},script=no,downscript=no",
-            "-device", f"{net},netdev=n0,mac={mac}",
+            # romfile= : no PXE option ROM (Debian's ipxe-qemu, a Recommends not installed):
+            # the kernel is booted directly.
+            "-device", f"{net},netdev=n0,mac={mac}" + (",romfile=" if pci else ""),
         ]
 
     # --- the seed disk -----------------------------------------------------------------------
