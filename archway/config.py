@@ -93,6 +93,15 @@ class PrewarmSettings:
 
 
 @dataclass(frozen=True)
+class RegistryEventsSettings:
+    listen: str | None = None               # host:port of POST /registry-events; None: no listener
+    token_file: str | None = None           # the bearer token registries send (required with listen)
+    tls: bool = True                        # false: plain HTTP on listen (registries inside the cluster)
+    max_body_bytes: int = 1024 * 1024       # a larger envelope is a 413
+    per_source_per_second: float = 20.0     # requests a second from one address; past it a 429
+
+
+@dataclass(frozen=True)
 class RegistrySettings:
     insecure_hosts: tuple[str, ...] = ()    # host[:port] reached over plain HTTP or unverified TLS
     ca_file: str | None = None              # extra CA bundle trusted for registries
@@ -110,6 +119,7 @@ class RegistrySettings:
     credential_providers: CredentialProviderSettings = field(default_factory=CredentialProviderSettings)
     proxy: ProxySettings = field(default_factory=ProxySettings)
     prewarm: PrewarmSettings = field(default_factory=PrewarmSettings)
+    events: RegistryEventsSettings = field(default_factory=RegistryEventsSettings)
 
     def __post_init__(self):
         # Host lists compare case-insensitively, with the surrounding blanks of a hand-edited file.
@@ -201,6 +211,9 @@ class KubernetesSettings:
     context: str | None = None            # the kubeconfig's context to use; none: its current one
     secret_cache_seconds: float = 60.0
     pull_secret_namespaces: tuple[str, ...] = ("*",)  # where pull secrets are read; "*": everywhere
+    # Where a pod's ServiceAccount token may be requested for token-mode credential providers
+    # (KEP-4412); "*": everywhere; empty (the default): nowhere.
+    service_account_token_namespaces: tuple[str, ...] = ()
     namespace_cache: bool = True          # list+watch Namespaces for per-namespace mode/preferences
     placement_policies: bool = True       # list+watch (Cluster)PlacementPolicies (archway.dev)
     karpenter_node_pools: bool = False    # count Karpenter NodePools' archs as nodes that may join

@@ -170,6 +170,12 @@ CACHE_REVALIDATIONS = Counter(
     "Checks of cached answers at their registry, by outcome: unchanged (same digest: no "
     "manifest fetched), changed, or the error kind that kept the cached answer in use "
     "(stale-if-error)", ["outcome"])
+REGISTRY_EVENTS = Counter(
+    "archway_registry_events_total",
+    "Registry push events (registry.events) by source (distribution, harbor, cloudevents, ecr, "
+    "acr; unknown for a refused request) and outcome: queued (a pushed tag to check at its "
+    "registry), coalesced (already waiting), ignored (no pushed tag: pulls, blobs, deletes), "
+    "unauthorized, rate_limited, malformed (requests)", ["source", "outcome"])
 PREWARM_IMAGES = Gauge(
     "archway_prewarm_images",
     "Pre-warming at start (registry.prewarm): images the cluster's workloads and pods name "
@@ -205,6 +211,11 @@ CREDENTIAL_PROVIDER_CALLS = Counter(
     "Runs of kubelet credential provider plugins, by provider and outcome (success, timeout, "
     "exit_status, invalid_response, output_too_large, exec_error); cached answers are not runs",
     ["provider", "outcome"])
+SERVICE_ACCOUNT_TOKENS = Counter(
+    "archway_service_account_token_requests_total",
+    "TokenRequests for pods' ServiceAccounts, for credential providers with tokenAttributes "
+    "(KEP-4412), by outcome (issued, refused: the API said no, failed); a token reused from "
+    "memory is not a request", ["outcome"])
 MIRROR_REQUESTS = Counter(
     "archway_registry_mirror_requests_total",
     "Image lookups sent to a registry mirror (registry.hosts_dir), by outcome: answered, or the "

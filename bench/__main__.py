@@ -45,6 +45,7 @@ SECTIONS = {           # name -> module of bench/sections/ whose run(lab) return
     "extender": "extender",
     "burst": "burst",
     "records": "records",      # the image records on a real apiserver (issue 35)
+    "events": "events",        # registry push events, two replicas on a real apiserver (issue 46)
     "kube": "kube",
     "loop": "loop",
     "scale": "scale",          # a package: the section and its load, events and figures

@@ -14,6 +14,9 @@ when the watch delivers it. A GET, cached as above, only for one the watch has n
 are used even when the pod lists its own: whoever may create a pod with that ServiceAccount may
 also pull with them (leaving imagePullSecrets out makes the ServiceAccount admission plugin copy
 them in), so this leaks nothing.
+
+Then what the pod pulls with as its own identity: the credential provider plugins in service
+account token mode (workloadidentity.py), after the pull secrets, as in the kubelet.
 """
 import base64
 import binascii
@@ -22,22 +25,21 @@ import time
 from dataclasses import dataclass
 
 from archway.errors import ArchwayError, ConfigError
-from archway.kubeapi import ApiError, KubeApi
+from archway.kubeapi import KubeApi
 from archway.kubeclient import api_client_factory, api_kind, build_api_client
 from archway.podview import PodView
 from archway.registry.cache import TTLCache
-from archway.registry.credentials import MAX_CONFIG_BYTES, Keyring
+from archway.registry.credentials import Keyring
+from archway.registry.providers import CredentialProviders
 
+from .apireads import ReadFailed, call_api
 from .serviceaccounts import ServiceAccountCache
+from .workloadidentity import WorkloadIdentities
 
 log = logging.getLogger(__name__)
 
 _SECRET_KEYS = {"kubernetes.io/dockerconfigjson": ".dockerconfigjson",
                 "kubernetes.io/dockercfg": ".dockercfg"}
-_UNREACHABLE_TTL = 5.0     # an API that is down costs one timeout per few seconds, not per pod
-_MISSING_TTL = 10.0        # a secret created right after the pod is seen soon
-_MAX_OBJECT_BYTES = 2 * MAX_CONFIG_BYTES  # base64 of a 1 MiB secret, plus metadata
-_MIN_CALL_TIMEOUT = 0.05
 
 
 @dataclass(frozen=True)
@@ -59,9 +61,11 @@ class _Unavailable:
 class PullSecrets:
     def __init__(self, api_client, *, cache_seconds: float = 60.0, source: str = "none",
                  clock=time.monotonic, accounts: ServiceAccountCache | None = None,
-                 namespaces: tuple[str, ...] = ("*",)):
+                 namespaces: tuple[str, ...] = ("*",),
+                 identities: WorkloadIdentities | None = None):
         """`namespaces`: kubernetes.pull_secret_namespaces, where archway may read Secrets
-        (the chart's rbac.pullSecretNamespaces); "*" every namespace."""
+        (the chart's rbac.pullSecretNamespaces); "*" every namespace. `identities`: the
+        token-mode credential providers; None: none configured."""
         self.api = KubeApi(api_client) if api_client is not None else None
         self.namespaces = frozenset(namespaces)
         self.accounts = accounts              # the ServiceAccounts' watch; None: GETs only
@@ -69,6 +73,7 @@ class PullSecrets:
         self.cache_seconds = cache_seconds
         self._clock = clock
         self._cache = TTLCache(10_000, clock)
+        self.identities = identities
 
     @property
     def api_kind(self) -> str:
@@ -84,12 +89,28 @@ class PullSecrets:
         if api_client is not None:
             accounts = ServiceAccountCache(client_factory
                                            or api_client_factory(config.kubernetes))
+        providers = CredentialProviders.from_settings(config.registry.credential_providers)
+        identities = None
+        if providers is not None and providers.token_plugins():
+            identities = WorkloadIdentities(
+                KubeApi(api_client) if api_client is not None else None, providers,
+                namespaces=config.kubernetes.service_account_token_namespaces,
+                cache_seconds=config.kubernetes.secret_cache_seconds)
         return cls(api_client, cache_seconds=config.kubernetes.secret_cache_seconds,
                    source=source, accounts=accounts,
-                   namespaces=config.kubernetes.pull_secret_namespaces)
+                   namespaces=config.kubernetes.pull_secret_namespaces, identities=identities)
 
     def credentials_for(self, pod: PodView, deadline: float) -> PullCredentials:
-        """The keyring of `pod` in its namespace; stops asking the API at `deadline`."""
+        """The keyring of `pod` in its namespace, its pull secrets' then its workload
+        identity's; stops asking the API at `deadline`."""
+        secrets = self._pull_secrets(pod, deadline)
+        if self.identities is None:
+            return secrets
+        keyring, warnings, complete = self.identities.credentials_for(pod, deadline)
+        return PullCredentials(secrets.keyring.merged(keyring), secrets.warnings + warnings,
+                               secrets.secrets_used, secrets.complete and complete)
+
+    def _pull_secrets(self, pod: PodView, deadline: float) -> PullCredentials:
         names = list(pod.pull_secret_names)
         namespace = pod.namespace
         if self.api is None:
@@ -140,7 +161,7 @@ class PullSecrets:
                                  deadline)
             value = tuple(_secret_names(account.get("imagePullSecrets")))
             ttl = self.cache_seconds
-        except _ReadFailed as e:
+        except ReadFailed as e:
             value, ttl = _Unavailable(f"ServiceAccount {namespace}/{name}: {e}", e.late), e.ttl
             if e.status == 404:
                 # No such ServiceAccount yet (the pod would be rejected later): nothing to use.
@@ -160,7 +181,7 @@ class PullSecrets:
         try:
             value = _keyring_of(self._read(f"/api/v1/namespaces/{namespace}/secrets/{name}",
                                            deadline), where)
-        except _ReadFailed as e:
+        except ReadFailed as e:
             value, ttl = _Unavailable(f"{where}: {e}", e.late), e.ttl
         except ArchwayError as e:
             log.warning("%s is unusable: %s", where, e)
@@ -170,40 +191,8 @@ class PullSecrets:
         return value
 
     def _read(self, path: str, deadline: float) -> dict:
-        remaining = deadline - self._clock()
-        if remaining < _MIN_CALL_TIMEOUT:
-            raise _ReadFailed("not read: the admission deadline passed", ttl=0, late=True)
         assert self.api is not None  # credentials_for reads nothing without an API
-        try:
-            return self.api.request("GET", path, timeout=remaining, max_bytes=_MAX_OBJECT_BYTES)
-        except ApiError as e:
-            if e.status:
-                raise _ReadFailed(_status_words(e.status), status=e.status,
-                                  ttl=_MISSING_TTL if e.status == 404 else _UNREACHABLE_TTL) from None
-            if e.reason == "TooLarge":
-                raise _ReadFailed("object too large", ttl=_UNREACHABLE_TTL) from None
-            if e.reason == "NotJSON":
-                raise _ReadFailed("Kubernetes API sent something that is not a JSON object",
-                                  ttl=_UNREACHABLE_TTL) from None
-            log.warning("Kubernetes API read of %s failed: %s", path, e)
-            raise _ReadFailed("Kubernetes API unreachable or too slow", ttl=_UNREACHABLE_TTL) from None
-
-
-class _ReadFailed(Exception):
-    def __init__(self, message: str, *, status: int | None = None, ttl: float,
-                 late: bool = False):
-        super().__init__(message)
-        self.status = status
-        self.ttl = ttl
-        self.late = late
-
-
-def _status_words(status) -> str:
-    if status == 404:
-        return "not found"
-    if status in (401, 403):
-        return f"archway may not read it (HTTP {status}; check its RBAC)"
-    return f"Kubernetes API answered HTTP {status}"
+        return call_api(self.api, path, deadline, self._clock)
 
 
 def _secret_names(refs) -> list[str]:

@@ -151,7 +151,8 @@ class ControllerParts:
             tags = TagWatch(resolver=self.resolver, pull_secrets=self.pull_secrets,
                             round_seconds=registry.cache.tag_ttl_seconds,
                             resolve_timeout=registry.timeout_seconds * 2,
-                            per_second=registry.prewarm.requests_per_second, **common)
+                            per_second=registry.prewarm.requests_per_second,
+                            records=self.records, **common)
             loops.append(threading.Thread(target=tags.lead, args=(stop,),
                                           name="archway-tag-watch", daemon=True))
         for loop in loops:

@@ -4,6 +4,8 @@ cluster's workload templates at its registry (a HEAD; paced per registry host as
 is), with the template's pull credentials.
 
     the resolver's revalidation finds a tag naming another digest (Resolver.tag_moved), or
+    the cluster's image record of a tag names another digest (a replica's check after a
+    registry push event, webhook/registryevents.py: ImageRecords.moves), or
     the round finds it naming another digest than the cluster's pods were admitted with
     (their archway.dev/images: a baseline that outlives the leader and its cache)
       -> it lacks an architecture the previous digest had
@@ -30,6 +32,7 @@ from archway.podview import PodView
 from archway.registry.imageref import ImageReference
 from archway.registry.model import ImageInfo
 from archway.registry.pacing import image_host, paced
+from archway.registry.records import ImageRecord
 from archway.registry.reference import KINDS, parse_reference
 from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED, join_architectures
 
@@ -46,6 +49,7 @@ REASON_RESET = "FailedArchitecturesReset"
 class TagWatch(LeaderLoop):
     def __init__(self, *, api: KubeApi, settings, policy, events: EventSink | None,
                  workloads, resolver, pull_secrets, namespaces=None, exclude_namespaces=(), in_force=None,
+                 records=None,
                  round_seconds: float = 300.0, resolve_timeout: float = 10.0,
                  per_second: float = 5.0, clock: Callable[[], float] = time.monotonic):
         super().__init__(api=api, settings=settings, policy=policy, events=events,
@@ -53,6 +57,7 @@ class TagWatch(LeaderLoop):
                          exclude_namespaces=exclude_namespaces, in_force=in_force)
         self.resolver = resolver
         self.pull_secrets = pull_secrets
+        self.records = records     # the cluster's image records (objects/imagerecords.py) or None
         self.round_seconds = max(MIN_ROUND_SECONDS, round_seconds)
         self.resolve_timeout = resolve_timeout
         self.per_second = per_second       # tag checks per registry host and second
@@ -64,12 +69,17 @@ class TagWatch(LeaderLoop):
         self._alarm_lock = threading.Lock()   # the resolver's threads alarm too (tag_moved)
 
     def lead(self, stop: threading.Event) -> None:
-        """Rounds until `stop`; the resolver tells of moved tags meanwhile."""
+        """Rounds until `stop`; the resolver and the image records tell of moved tags
+        meanwhile."""
         self.resolver.tag_moved = self.tag_moved
+        if self.records is not None:
+            self.records.moves.append(self.record_moved)
         try:
             self._rounds(stop)
         finally:
             self.resolver.tag_moved = None
+            if self.records is not None:
+                self.records.moves.remove(self.record_moved)
 
     def _rounds(self, stop: threading.Event) -> None:
         began = self._clock()
@@ -197,6 +207,11 @@ class TagWatch(LeaderLoop):
     def tag_moved(self, ref: ImageReference, old, new) -> None:
         """The resolver found `ref` naming another digest (the resolver.tag_moved observer)."""
         self._alarm(str(ref), old, new)
+
+    def record_moved(self, before: ImageRecord, after: ImageRecord) -> None:
+        """A record of a tag the workloads use names another digest (ImageRecords.moves)."""
+        if after.reference in self._by_reference:
+            self._alarm(after.reference, before.info, after.info)
 
     def _alarm(self, ref: str, old: ImageInfo, new: ImageInfo) -> None:
         """ArchitecturesDropped when `new` lacks an architecture `old` had: once per move."""

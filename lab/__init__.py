@@ -11,7 +11,8 @@ Its rooms stand on floors: each imports only from its own room and the floors be
   2  cluster   the control plane and what joins it: controlplane (pki, processes), kwok,
                karpenter, realnode (nodehost, nodeimages), vmnode (vmimage: a VM node of
                another architecture under qemu-system), chart (archway's Helm install as
-               the tests and `up` run it), incluster (the install on the real node)
+               the tests and `up` run it), incluster (the install on the real node),
+               tokenplugin (a token-mode credential provider that checks with a TokenReview)
   1  servers   servers on loopback: registry (tokenserver, jws), apiserver (apiobjects,
                kubevalidation), prometheus, fileserver, proxy, faults, stalled
   0  ground    what every room shares: procs (processes, ports, waiting), tls (a test CA),

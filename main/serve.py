@@ -67,6 +67,17 @@ def serve(config, bind: str | None = None, *, poller_process: bool = True,
     if config.server.metrics_bind and split_bind(config.server.metrics_bind)[1] == port:
         raise ConfigError(f"server.metrics_bind {config.server.metrics_bind} must use "
                           f"another port than the serving address {bind}")
+    events = config.registry.events
+    if events.listen:
+        if not events.token_file:
+            raise ConfigError("registry.events.listen needs registry.events.token_file: the "
+                              "bearer token a registry's events must carry")
+        if split_bind(events.listen)[1] in (port, split_bind(config.server.metrics_bind)[1]
+                                            if config.server.metrics_bind else None):
+            raise ConfigError(f"registry.events.listen {events.listen} must use another port "
+                              f"than the serving and metrics addresses")
+        from archway.registry.pushevents import read_token
+        read_token(events.token_file)
     if config.server.log_format == "json":   # before anything logs (the certificate below)
         from archway.logs import configure
         configure(logging.getLogger().level, "json")
@@ -78,6 +89,8 @@ def serve(config, bind: str | None = None, *, poller_process: bool = True,
     if config.server.metrics_bind:
         ensure_free(config.server.metrics_bind, *split_bind(config.server.metrics_bind),
                     what="server.metrics_bind")
+    if events.listen:
+        ensure_free(events.listen, *split_bind(events.listen), what="registry.events.listen")
 
     # The Kubernetes client package, imported once here: the workers share its pages with this
     # process (copy-on-write) instead of each importing a copy after the fork (bench figure 9).
@@ -251,6 +264,10 @@ def _announce(config, bind, host, port, tls) -> None:
     if config.server.metrics_bind:
         logging.getLogger("archway.server").info(
             "/metrics, /healthz and /readyz also on %s (only those)", config.server.metrics_bind)
+    if config.registry.events.listen:
+        logging.getLogger("archway.server").info(
+            "registry push events: POST /registry-events on %s (%s)", config.registry.events.listen,
+            "TLS" if tls and config.registry.events.tls else "plain HTTP")
     if config.server.log_format == "json":   # a log pipeline gets log lines only
         logging.getLogger("archway.server").info(
             "serving %s on %s (workers=%d, threads=%d)", config.server.product, bind,

@@ -5,23 +5,26 @@
     extender  POST /scheduler/filter and /prioritize (archway.extender)
     both      the resolver (its threads, HTTP pools and cache) and the node cache, one each
     always    /healthz, /readyz and /metrics (probes.py)
+    events    POST /registry-events on registry.events.listen (archway.webhook.registryevents)
 
 `build_worker` runs once per gunicorn worker, after the fork: the resolver and the caches
 belong to the worker that uses them. `Worker.start` starts what lists or reads in the
 background as the worker boots (the first Nodes, the traffic sample, pre-warming), not on the
 first call, which has only its own deadline to wait for them.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from archway import __version__, metrics
 from archway.cluster.nodes import NodeCache
 from archway.cluster.ranges import ClusterRanges
 from archway.extender.routes import extender_routes
 from archway.extender.service import Extender
+from archway.hostport import split_bind
 from archway.kubeclient import build_api_client
 from archway.registry.resolver import Resolver
 from archway.registry.sharedlookups import SharedLookups
-from archway.server.routes import Route, Site
+from archway.server.routes import Route, Routes, Site
+from archway.webhook.registryevents import EVENTS_ONLY, RegistryEvents
 from archway.webhook.routes import mutate_route
 from archway.webhook.wiring import WebhookParts, build_webhook
 
@@ -85,7 +88,19 @@ def build_worker(config, *, product: str | None = None, resolver=None, pull_secr
     if "extender" in products:
         extender = Extender(config, resolver, node_cache=node_cache)
         routes += extender_routes(extender)
-    return Worker(config, resolver, node_cache, webhook, extender, probes, probes.site(routes))
+    return Worker(config, resolver, node_cache, webhook, extender, probes,
+                  _with_events(config, resolver, probes.site(routes)))
+
+
+def _with_events(config, resolver, site: Site) -> Site:
+    """POST /registry-events alone on registry.events.listen, when configured."""
+    events = config.registry.events
+    if not events.listen:
+        return site
+    port = split_bind(events.listen)[1]
+    route = RegistryEvents(events, resolver).route(events.max_body_bytes)
+    return replace(site, by_port={**site.by_port, port: Routes([route], not_found=EVENTS_ONLY)},
+                   plain_ports=site.plain_ports | ({port} if not events.tls else set()))
 
 
 def _refuse_cluster_addresses(config, resolver) -> None:

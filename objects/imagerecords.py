@@ -26,8 +26,7 @@ log = logging.getLogger("archway.imagerecords")
 
 class RecordWatch(WatchCache[StoredRecord]):
     """One kind's records (all namespaces for ImageRecord), keyed as ImageRecord.name is;
-    `changed(reference, digest or None)` hears of a record that names another digest or is
-    gone."""
+    `changed(before, after or None)` hears of a record that names another digest or is gone."""
 
     def __init__(self, api_client_factory, *, scope_kind: str, changed, **kwargs):
         plural = "clusterimagerecords" if scope_kind == CLUSTER_KIND else "imagerecords"
@@ -60,7 +59,7 @@ class RecordWatch(WatchCache[StoredRecord]):
         if before is None or (after is not None and after.record.digest == before.record.digest):
             return    # a new record, or the same digest: no answer this process holds is wrong
         try:
-            self._changed(before.record.reference, after.record.digest if after else None)
+            self._changed(before.record, after.record if after else None)
         except Exception:   # a listener's bug must not end the watch
             log.exception("telling of the record of %s failed", before.record.reference)
 
@@ -72,20 +71,27 @@ class ImageRecords:
     namespaced: RecordWatch
     writer: RecordWriter
     listeners: list[Callable[[str, str | None], None]]
+    # Told (before, after) of a record that names another digest: the leader's tag watch
+    # alarms on a move another replica saw (a push event), at once.
+    moves: list[Callable[[ImageRecord, ImageRecord], None]]
     read_only: bool = False     # the operator's commands read, and write nothing
 
     @classmethod
     def build(cls, api_client_factory, *, refresh_seconds: float, max_pending: int) -> "ImageRecords":
         listeners: list = []
+        moves: list = []
 
-        def changed(reference: str, digest: str | None) -> None:
+        def changed(before: ImageRecord, after: ImageRecord | None) -> None:
             for listener in listeners:
-                listener(reference, digest)
+                listener(before.reference, after.digest if after else None)
+            for mover in moves:
+                if after is not None:
+                    mover(before, after)
         watches = [RecordWatch(api_client_factory, scope_kind=kind, changed=changed)
                    for kind in (CLUSTER_KIND, NAMESPACED_KIND)]
         records = cls(watches[0], watches[1], RecordWriter(
             lambda: KubeApi(api_client_factory(), timeout_seconds=5.0),
-            refresh_seconds=refresh_seconds, max_pending=max_pending), listeners)
+            refresh_seconds=refresh_seconds, max_pending=max_pending), listeners, moves)
         records.writer.known = records.known
         return records
 

@@ -39,5 +39,6 @@ the highest one it imports.
   0  lookuppool       the lookup threads, fair to hosts
   0  platforms        os/architecture/variant, normalised as containerd does
   0  proxy            the egress proxy a request goes through
+  0  pushevents       a registry's push notifications: which tags may have moved
   0  trust            the CA bundles a verified connection trusts
 """

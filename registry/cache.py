@@ -46,6 +46,10 @@ class Entry:
     usable_until: float          # clock time past which the answer is not served at all
     size: int                    # approximate bytes held
     checks_paused_until: float = 0.0  # after a failed revalidation: no new one before this
+    # Who read it: the credentials and record scope a check the registry asks for (a push
+    # event, Resolver.pushed) is made with, as the pod's own lookup would be.
+    keyring: object = None
+    scope: str | None = None
 
     def state(self, now: float) -> str:
         if now < self.fresh_until:
@@ -101,6 +105,11 @@ class AnswerCache:
             for key in gone:
                 self._drop(key)
             return len(gone)
+
+    def matching(self, wanted) -> list[tuple[Hashable, Entry]]:
+        """The (key, entry) pairs `wanted(key)` picks, in one pass (see drop_where)."""
+        with self._lock:
+            return [(key, entry) for key, entry in self._data.items() if wanted(key)]
 
     def _drop(self, key: Hashable) -> None:
         self._bytes -= self._data.pop(key).size

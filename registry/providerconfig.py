@@ -1,7 +1,7 @@
 """The kubelet's CredentialProviderConfig (kubelet.config.k8s.io/v1), read as strictly as the
 kubelet reads it: which plugins serve which images, with what arguments, environment and cache
-duration. A file, or a directory of files merged in lexical order; ConfigError saying what is
-wrong."""
+duration, and which want a token of the pod's ServiceAccount (`tokenAttributes`, KEP-4412). A
+file, or a directory of files merged in lexical order; ConfigError saying what is wrong."""
 import os
 import re
 from dataclasses import dataclass
@@ -18,6 +18,23 @@ PLUGIN_API_VERSIONS = ("credentialprovider.kubelet.k8s.io/v1",
                        "credentialprovider.kubelet.k8s.io/v1beta1",
                        "credentialprovider.kubelet.k8s.io/v1alpha1")
 MAX_CONFIG_BYTES = 1024 * 1024
+TOKEN_CACHE_TYPES = ("Token", "ServiceAccount")
+# An annotation key: an optional DNS-subdomain prefix and a name (a Kubernetes qualified name).
+_QUALIFIED_NAME = re.compile(
+    r"(?:(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+@dataclass(frozen=True)
+class TokenAttributes:
+    """A provider's `tokenAttributes`: the plugin is given a token of the pod's ServiceAccount
+    for `audience` and these of its annotations; its answers are cached per ServiceAccount or
+    per token (`cache_type`)."""
+    audience: str
+    cache_type: str                    # Token | ServiceAccount
+    require_service_account: bool
+    required_annotations: tuple[str, ...] = ()
+    optional_annotations: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -29,6 +46,7 @@ class ProviderSpec:
     api_version: str
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    token: TokenAttributes | None = None   # None: the node's plugin, run with no pod identity
 
 
 def read_provider_config(path: str) -> tuple[ProviderSpec, ...]:
@@ -109,11 +127,57 @@ def _provider(entry, where: str) -> ProviderSpec:
     api_version = _api_version(entry.get("apiVersion"), where)
     match_images = _match_images(entry.get("matchImages"), where)
     default_cache = _default_cache_duration(entry.get("defaultCacheDuration"), where)
+    token = None
     if entry.get("tokenAttributes") is not None:
-        raise ConfigError(f"{where}.tokenAttributes: service account token mode needs a token of "
-                          f"the pod's ServiceAccount, which archway does not request; remove it")
+        token = _token_attributes(entry["tokenAttributes"], api_version, f"{where}.tokenAttributes")
     return ProviderSpec(name, match_images, default_cache, api_version,
-                        _args(entry.get("args") or [], where), _env(entry.get("env") or [], where))
+                        _args(entry.get("args") or [], where), _env(entry.get("env") or [], where),
+                        token)
+
+
+_TOKEN_FIELDS = {"serviceAccountTokenAudience", "cacheType", "requireServiceAccount",
+                 "requiredServiceAccountAnnotationKeys", "optionalServiceAccountAnnotationKeys"}
+
+
+def _token_attributes(attributes, api_version: str, where: str) -> TokenAttributes:
+    """Validated as the kubelet validates it (pkg/kubelet/apis/config/validation)."""
+    if not isinstance(attributes, dict):
+        raise ConfigError(f"{where} must be an object")
+    _no_unknown(attributes, _TOKEN_FIELDS, where)
+    if api_version != PLUGIN_API_VERSIONS[0]:
+        raise ConfigError(f"{where} needs apiVersion {PLUGIN_API_VERSIONS[0]} (the older "
+                          f"request carries no token), got {api_version}")
+    audience = attributes.get("serviceAccountTokenAudience")
+    if not isinstance(audience, str) or not audience.strip():
+        raise ConfigError(f"{where}.serviceAccountTokenAudience is required (the audience of the "
+                          f"ServiceAccount token the plugin is given)")
+    cache_type = attributes.get("cacheType")
+    if cache_type not in TOKEN_CACHE_TYPES:
+        raise ConfigError(f"{where}.cacheType is required: Token or ServiceAccount, got "
+                          f"{cache_type!r}")
+    require = attributes.get("requireServiceAccount")
+    if not isinstance(require, bool):
+        raise ConfigError(f"{where}.requireServiceAccount is required: true or false")
+    required = _annotation_keys(attributes, "requiredServiceAccountAnnotationKeys", where)
+    optional = _annotation_keys(attributes, "optionalServiceAccountAnnotationKeys", where)
+    both = sorted(set(required) & set(optional))
+    if both:
+        raise ConfigError(f"{where}: annotation key(s) {', '.join(both)} are both required and "
+                          f"optional")
+    if required and not require:
+        raise ConfigError(f"{where}.requiredServiceAccountAnnotationKeys needs "
+                          f"requireServiceAccount: true")
+    return TokenAttributes(audience, cache_type, require, required, optional)
+
+
+def _annotation_keys(attributes: dict, name: str, where: str) -> tuple[str, ...]:
+    keys = attributes.get(name) or []
+    if not isinstance(keys, list) or not all(isinstance(k, str) and _QUALIFIED_NAME.fullmatch(k)
+                                            for k in keys):
+        raise ConfigError(f"{where}.{name} must be a list of annotation keys ([prefix/]name)")
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"{where}.{name} lists a key twice")
+    return tuple(keys)
 
 
 def _name(name, where: str) -> str:

@@ -1,14 +1,16 @@
 """One run of a kubelet image credential provider plugin, the way the kubelet runs it: executed
 (never through a shell) with a CredentialProviderRequest on stdin, bounded in time (killed with
 its process group) and in output, its CredentialProviderResponse read as strictly as the kubelet
-reads it. A failure is a typed CredentialProviderError carrying the plugin's stderr."""
+reads it. A failure is a typed CredentialProviderError carrying the plugin's stderr. A plugin
+in service account token mode (KEP-4412) is also given the pod's ServiceAccount token and
+annotations, never shown in an error."""
 import json
 import os
 import selectors
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from archway.errors import CredentialProviderError
 
@@ -18,6 +20,7 @@ from .providerconfig import ProviderSpec, parse_duration
 CACHE_KEY_TYPES = ("Image", "Registry", "Global")
 MAX_STDOUT_BYTES = 1024 * 1024        # real answers are a few KiB (one token per registry)
 MAX_STDERR_SHOWN = 1000               # characters of stderr kept for the error message
+MAX_REQUEST_BYTES = 60 * 1024         # below a pipe's buffer: written at once, never blocking
 
 
 @dataclass(frozen=True)
@@ -27,19 +30,42 @@ class PluginResponse:
     auth: tuple[tuple[str, str, str], ...]   # (key, username, password)
 
 
-def request_body(spec: ProviderSpec, image: str) -> bytes:
+@dataclass(frozen=True)
+class WorkloadIdentity:
+    """What a token-mode plugin is given for a pod: a token of its ServiceAccount for the
+    provider's audience, and those of its annotations the provider names."""
+    namespace: str
+    name: str
+    uid: str
+    token: str = field(repr=False)
+    expires: float                     # when the token expires, on the providers' clock
+    annotations: tuple[tuple[str, str], ...] = ()
+
+
+def request_body(spec: ProviderSpec, image: str,
+                 identity: WorkloadIdentity | None = None) -> bytes:
     """The CredentialProviderRequest, encoded as the kubelet encodes it."""
-    return json.dumps({"kind": "CredentialProviderRequest", "apiVersion": spec.api_version,
-                       "image": image}, separators=(",", ":")).encode() + b"\n"
+    request: dict[str, object] = {"kind": "CredentialProviderRequest",
+                                  "apiVersion": spec.api_version, "image": image}
+    if identity is not None:
+        request["serviceAccountToken"] = identity.token
+        request["serviceAccountAnnotations"] = dict(identity.annotations)
+    return json.dumps(request, separators=(",", ":")).encode() + b"\n"
 
 
 def run_plugin(spec: ProviderSpec, bin_dir: str, image: str, timeout: float,
-               environ=None) -> PluginResponse:
-    """Execute the plugin for `image`; its answer, or CredentialProviderError."""
+               environ=None, identity: WorkloadIdentity | None = None) -> PluginResponse:
+    """Execute the plugin for `image` (as `identity`, in token mode); its answer, or
+    CredentialProviderError."""
     path = os.path.join(bin_dir, spec.name)
     env = dict(os.environ if environ is None else environ)
     env.update(spec.env)   # the config's variables win, as in the kubelet
-    fail = _failure(spec, image)
+    fail = _failure(spec, image, identity.token if identity is not None else "")
+    request = request_body(spec, image, identity)
+    if len(request) > MAX_REQUEST_BYTES:   # annotations that large: a plugin would not read them
+        raise fail("request_too_large", f"would be sent a request larger than "
+                                        f"{MAX_REQUEST_BYTES} bytes (the ServiceAccount's "
+                                        f"annotations): not run")
     try:
         process = subprocess.Popen([path, *spec.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=env, close_fds=True,
@@ -47,7 +73,7 @@ def run_plugin(spec: ProviderSpec, bin_dir: str, image: str, timeout: float,
     except OSError as e:
         raise fail("exec_error", f"cannot execute {path}: {e.strerror}") from None
     try:
-        stdout, stderr = _communicate(process, request_body(spec, image), timeout, fail)
+        stdout, stderr = _communicate(process, request, timeout, fail)
     finally:
         _kill(process)
     if process.returncode != 0:
@@ -60,7 +86,7 @@ def _communicate(process, request: bytes, timeout: float, fail) -> tuple[bytes, 
     stdout bounded; then wait for the exit status."""
     deadline = time.monotonic() + timeout
     try:
-        process.stdin.write(request)   # far below a pipe buffer: never blocks
+        process.stdin.write(request)   # below a pipe buffer (MAX_REQUEST_BYTES): never blocks
         process.stdin.close()
     except BrokenPipeError:
         pass   # it exited or closed stdin without reading: its exit status will tell
@@ -103,9 +129,11 @@ def _kill(process) -> None:
             pipe.close()
 
 
-def _failure(spec: ProviderSpec, image: str):
+def _failure(spec: ProviderSpec, image: str, token: str = ""):
     def fail(reason: str, what: str, stderr: bytes = b"") -> CredentialProviderError:
         text = f"credential provider {spec.name} for {image} {what}"
+        if token:   # a plugin that echoes its input does not put the pod's token in a log
+            stderr = stderr.replace(token.encode(), b"[service account token]")
         shown = _printable(stderr)
         if shown:
             text += f"; its stderr: {shown}"

@@ -8,6 +8,11 @@ and caches its credentials per image, per registry or globally for cacheDuration
 provider's defaultCacheDuration), exactly as the kubelet caches them
 (pkg/credentialprovider/plugin/plugin.go).
 
+A provider with `tokenAttributes` (KEP-4412) is run for a pod only, as its workload identity
+(cluster/workloadidentity.py gives it the token): its answers are cached, as `cacheType` says, per
+ServiceAccount (namespace, name, UID and the annotations it was given) or per token (and never
+past the token's expiry). The node's lookups (`keyring_for`) run the other providers only.
+
 When a plugin fails, the failure is a typed CredentialProviderError carrying its stderr, a
 warning in the log, and the image is looked up without that plugin's credentials.
 """
@@ -23,7 +28,7 @@ from .credentials import Credential, Keyring
 from .filewatch import WatchedFile
 from .imagematch import image_matches, registry_key, registry_of
 from .providerconfig import ProviderSpec, read_provider_config
-from .providerplugin import count_call, run_plugin
+from .providerplugin import WorkloadIdentity, count_call, run_plugin
 
 log = logging.getLogger(__name__)
 
@@ -43,29 +48,33 @@ class PluginProvider:
         self._clock = clock
         self._run = run
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[float, tuple[Credential, ...]]] = {}
-        self._flights: dict[str, Future] = {}
+        self._cache: dict[tuple, tuple[float, tuple[Credential, ...]]] = {}
+        self._flights: dict[tuple, Future] = {}
         self._last_purge = clock()
 
     def matches(self, image: str) -> bool:
         return any(image_matches(pattern, image) for pattern in self.spec.match_images)
 
-    def provide(self, image: str) -> tuple[Credential, ...]:
-        """Credentials for `image` (a repository name); () when the plugin does not serve it."""
+    def provide(self, image: str, identity: WorkloadIdentity | None = None,
+                timeout: float | None = None) -> tuple[Credential, ...]:
+        """Credentials for `image` (a repository name), as `identity` in token mode; () when the
+        plugin does not serve it. `timeout`: a run ends then, if sooner than the provider's."""
         if not self.matches(image):
             return ()
-        cached = self._cached(image)
+        who = self._identity_key(identity)
+        cached = self._cached(image, who)
         if cached is not None:
             return cached
         with self._lock:
-            running = self._flights.get(image)
+            running = self._flights.get((image, who))
             if running is None:
                 flight: Future = Future()
-                self._flights[image] = flight
+                self._flights[(image, who)] = flight
         if running is not None:
             return running.result()   # another thread is running the plugin for this image
         try:
-            credentials = self._fetch(image)
+            credentials = self._fetch(image, who, identity,
+                                      self.timeout if timeout is None else min(timeout, self.timeout))
             flight.set_result(credentials)
             return credentials
         except BaseException as e:
@@ -73,10 +82,21 @@ class PluginProvider:
             raise
         finally:
             with self._lock:
-                self._flights.pop(image, None)
+                self._flights.pop((image, who), None)
 
-    def _fetch(self, image: str) -> tuple[Credential, ...]:
-        response = self._run(self.spec, self.bin_dir, image, self.timeout)
+    def _identity_key(self, identity: WorkloadIdentity | None) -> tuple:
+        """Whose answers an answer may be handed to: anyone (the node's), the ServiceAccount
+        (that very object, with the same annotations) or the holder of that very token."""
+        if identity is None or self.spec.token is None:
+            return ()
+        if self.spec.token.cache_type == "Token":
+            return ("token", Credential("", password=identity.token).secret_fingerprint())
+        return ("serviceaccount", identity.namespace, identity.name, identity.uid,
+                identity.annotations)
+
+    def _fetch(self, image: str, who: tuple, identity: WorkloadIdentity | None,
+               timeout: float) -> tuple[Credential, ...]:
+        response = self._run(self.spec, self.bin_dir, image, timeout, identity=identity)
         count_call(self.spec.name, "success")
         credentials = tuple(Credential(registry_key(key), user, password)
                             for key, user, password in response.auth)
@@ -89,20 +109,23 @@ class PluginProvider:
             return credentials   # "0": do not cache this answer at all
         key = {"Image": image, "Registry": registry_of(image), "Global": GLOBAL_CACHE_KEY}[
             response.cache_key_type]
+        expires = self._clock() + duration
+        if who[:1] == ("token",) and identity is not None:
+            expires = min(expires, identity.expires)   # not past the token it was read with
         with self._lock:
-            self._cache[key] = (self._clock() + duration, credentials)
+            self._cache[(key, who)] = (expires, credentials)
             while len(self._cache) > MAX_CACHE_ENTRIES:
                 self._cache.pop(next(iter(self._cache)))
         return credentials
 
-    def _cached(self, image: str) -> tuple[Credential, ...] | None:
-        """The unexpired entry for the image, else its registry, else the global one."""
+    def _cached(self, image: str, who: tuple) -> tuple[Credential, ...] | None:
+        """The unexpired entry for the image, else its registry, else the global one; `who`'s."""
         now = self._clock()
         with self._lock:
             if now - self._last_purge > CACHE_PURGE_SECONDS:
                 self._cache = {k: v for k, v in self._cache.items() if v[0] >= now}
                 self._last_purge = now
-            for key in (image, registry_of(image), GLOBAL_CACHE_KEY):
+            for key in ((image, who), (registry_of(image), who), (GLOBAL_CACHE_KEY, who)):
                 entry = self._cache.get(key)
                 if entry is None:
                     continue
@@ -155,12 +178,19 @@ class CredentialProviders:
         found: list[Credential] = []
         errors: list[CredentialProviderError] = []
         for plugin in self._current():
+            if plugin.spec.token is not None:
+                continue   # a pod's, run with its identity (token_plugins)
             try:
                 found.extend(plugin.provide(image))
             except CredentialProviderError as e:
                 log.warning("%s; looking the image up without its credentials", e)
                 errors.append(e)
         return Keyring(found), tuple(errors)
+
+    def token_plugins(self) -> tuple[PluginProvider, ...]:
+        """The providers with `tokenAttributes`, in config order: run for a pod, as its
+        ServiceAccount."""
+        return tuple(p for p in self._current() if p.spec.token is not None)
 
     def _current(self) -> tuple[PluginProvider, ...]:
         specs = self._config.get()

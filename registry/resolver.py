@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import threading
 import time
+import typing
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
@@ -241,7 +242,7 @@ class Resolver:
         not from another worker's answer: a pod pulling Always)."""
         answer, keep = self._ask(key, ref, keyring, fresh=fresh)
         if keep > 0:
-            self._remember(key, ref, answer, keep, scope)
+            self._remember(key, ref, answer, keep, scope, keyring)
         return answer
 
     # --- the cluster's records -----------------------------------------------------------------
@@ -275,7 +276,7 @@ class Resolver:
         if entry is not None and entry.fresh_until >= fresh_until:
             return entry
         recorded = Entry(record.info, fresh_until, fresh_until + self.settings.cache.stale_if_error_seconds,
-                         answer_bytes(record.info))
+                         answer_bytes(record.info), scope=scope)
         if recorded.state(self._clock()) == EXPIRED:
             return entry
         self._cache.put(key, recorded)
@@ -297,6 +298,34 @@ class Resolver:
             return key[0] == reference and not (isinstance(answer, ImageInfo)
                                                 and digest is not None and answer.digest == digest)
         return self._cache.drop_where(unwanted)
+
+    def pushed(self, host: str, repository: str, tag: str) -> list[Future]:
+        """A registry says it took a push of `repository:tag` (an event: a hint, never
+        trusted): every cached answer of that tag is checked at its registry now (a HEAD; a GET
+        only when the digest moved), with the credentials that read it. `host` "": the sender
+        did not say; an answer of another host is checked only when none of `host` is cached
+        (a pusher may name the registry otherwise than the pods do). A tag no pod asked for
+        costs nothing. The checks started or joined, to wait for."""
+        def wanted(key) -> bool:
+            return isinstance(key[0], str) and key[0].endswith(f"/{repository}:{tag}")
+        found = []
+        for hashed, entry in self._cache.matching(wanted):
+            key = typing.cast(tuple, hashed)
+            try:
+                ref = parse_reference(key[0], self._library_host)
+            except ArchwayError:
+                continue
+            if (isinstance(entry.answer, ImageInfo) and not ref.digest and ref.tag == tag
+                    and ref.repository == repository and KINDS[ref.scheme].head_digest):
+                found.append((key, ref, entry))
+        named = [f for f in found if host and host.lower() in (f[1].host, f[1].api_host)]
+        flights = []
+        for key, ref, entry in named or found:
+            keyring = entry.keyring if isinstance(entry.keyring, Keyring) else Keyring.empty()
+            flight = self._revalidation(key, ref, keyring, entry, entry.scope)
+            if flight is not None:
+                flights.append(flight)
+        return flights
 
     def _revalidation(self, key: tuple, ref: ImageReference, keyring: Keyring,
                       entry: Entry, scope: str | None = None) -> Future | None:
@@ -328,7 +357,7 @@ class Resolver:
             self._offer(ref, scope, old, classify_error(answer.error).words)
             return answer
         _count_revalidation("unchanged" if answer.digest == old.digest else "changed")
-        self._remember(key, ref, answer, keep, scope)
+        self._remember(key, ref, answer, keep, scope, keyring)
         if answer.digest != old.digest and self.tag_moved is not None:
             try:
                 self.tag_moved(ref, old, answer)
@@ -402,8 +431,11 @@ class Resolver:
         return cache.digest_ttl_seconds if ref.digest else cache.tag_ttl_seconds
 
     def _remember(self, key: tuple, ref: ImageReference, answer: Answer, keep: float,
-                  scope: str | None = None) -> None:
-        self._cache.put(key, self._entry(answer, keep))
+                  scope: str | None = None, keyring: Keyring | None = None) -> None:
+        entry = self._entry(answer, keep)
+        if not ref.digest and KINDS[ref.scheme].head_digest:   # a tag: who read it (pushed)
+            entry = dataclasses.replace(entry, keyring=keyring, scope=scope)
+        self._cache.put(key, entry)
         if isinstance(answer, ImageInfo):
             self._offer(ref, scope, answer)
         if isinstance(answer, ImageInfo) and answer.digest and not ref.digest and KINDS[ref.scheme].head_digest:

@@ -56,6 +56,7 @@ CASES = {
                             "--set", "scheduler.enabled=true"],
     "registry-access-gke": ["-f", os.path.join(FIXTURES, "registry-access-gke.yaml"),
                             "--set", "scheduler.enabled=true"],
+    "workload-identity": ["-f", os.path.join(FIXTURES, "workload-identity.yaml")],
     "arch-policy": ["--set", "scheduler.setSchedulerName=true",
                     "--set", "config.admission.mode=audit",
                     "--set", "config.admission.deny_unschedulable=true",
@@ -88,6 +89,11 @@ CASES = {
     "debug-containers-off": ["--set", "config.admission.debug_containers=off",
                              "--set", "webhook.failurePolicy=Fail"],
     "no-crds": ["--set", "crds.install=false"],
+    "registry-events": ["--set", "registryEvents.enabled=true",
+                        "--set", "registryEvents.tokenSecret.name=registry-events",
+                        "--set", "config.registry.events.per_source_per_second=5",
+                        "--set-json", 'networkPolicy.registryEventsFrom=[{"ipBlock": '
+                                      '{"cidr": "10.0.0.0/8"}}]'],
 }
 
 
@@ -645,6 +651,20 @@ def test_credential_providers_get_the_kubelets_files_in_every_archway_pod(render
                 "eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/archway-ecr-read"}
 
 
+def test_a_token_mode_provider_reaches_archway_with_its_namespaces_and_rights(render):
+    from archway.registry.providerconfig import parse_provider_config
+    docs = render("workload-identity")
+    raw = one(docs, "ConfigMap", f"{RELEASE}-archway-config")["data"]["credential-providers.yaml"]
+    (spec,) = parse_provider_config(raw.encode(), "rendered")
+    assert spec.token.audience == "registry.corp.example" and spec.token.cache_type == "ServiceAccount"
+    assert spec.token.required_annotations == ("registry.corp.example/robot",)
+    config = config_from_dict(archway_configs(docs)["webhook.yaml"])
+    assert config.kubernetes.service_account_token_namespaces == ("shop", "team-a")
+    bound = sorted(d["metadata"]["namespace"] for d in find(docs, "RoleBinding")
+                   if d["roleRef"]["name"] == f"{RELEASE}-archway-token-requester")
+    assert bound == ["shop", "team-a"]
+
+
 def test_provider_binaries_from_an_init_container(render):
     docs = render("registry-access-gke")
     for name in (f"{RELEASE}-archway", f"{RELEASE}-archway-scheduler"):
@@ -984,6 +1004,37 @@ def test_rbac_create_false_leaves_the_service_accounts_only(render):
     assert find(render("default"), "ClusterRole")   # control: created by default
 
 
+def test_registry_events_open_a_port_with_its_token_secret(render, helm_env):
+    """registryEvents: the listener's config (its own port, the token from its Secret, plain
+    HTTP), the container and Service port, and the NetworkPolicy's opening for the peers named;
+    none of it by default, and no install without the Secret's name."""
+    docs = render("registry-events")
+    config = config_from_dict(archway_configs(docs)["webhook.yaml"])
+    events = config.registry.events
+    assert (events.listen, events.tls, events.per_source_per_second) == ("0.0.0.0:8446", False, 5)
+    pod = one(docs, "Deployment", f"{RELEASE}-archway")["spec"]["template"]["spec"]
+    [container] = [c for c in pod["containers"] if c["name"] == "webhook"] or pod["containers"][:1]
+    assert {"name": "registry-events", "containerPort": 8446, "protocol": "TCP"} in container["ports"]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "registry-events-token"]
+    assert os.path.join(mount["mountPath"], "token") == events.token_file
+    [volume] = [v for v in pod["volumes"] if v["name"] == "registry-events-token"]
+    assert volume["secret"]["secretName"] == "registry-events"
+    assert volume["secret"]["items"] == [{"key": "token", "path": "token"}]
+    service = one(docs, "Service", f"{RELEASE}-archway")
+    assert {"name": "registry-events", "port": 8446, "targetPort": "registry-events",
+            "protocol": "TCP"} in service["spec"]["ports"]
+    ingress = one(docs, "NetworkPolicy", f"{RELEASE}-archway")["spec"]["ingress"]
+    assert {"ports": [{"port": "registry-events", "protocol": "TCP"}],
+            "from": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]} in ingress
+
+    default = render("default")
+    assert config_from_dict(archway_configs(default)["webhook.yaml"]).registry.events.listen is None
+    assert "registry-events" not in json.dumps(default)
+    done = helm(helm_env, "template", RELEASE, CHART, "-n", NS, "--set",
+                "registryEvents.enabled=true", check=False)
+    assert done.returncode != 0 and "registryEvents.tokenSecret.name" in done.stderr
+
+
 def test_network_policy(render):
     """On by default: the webhook port open to every source (the apiserver's address is not
     predictable), /metrics only on the metrics port and only for the scrapers; egress as given."""
@@ -1067,6 +1118,23 @@ def test_rbac_grants_secrets_and_pod_updates_only_where_a_feature_needs_them(hel
                                 ).kubernetes.pull_secret_namespaces
     assert namespaces(default) == () and namespaces(some) == ("shop", "team-a")
     assert namespaces(every) == ("*",)
+
+    # ServiceAccount tokens (workload-identity pulls): nowhere by default; create of the
+    # token subresource only, where rbac.serviceAccountTokenNamespaces says, and the config
+    # asks for tokens there only.
+    requester = f"{RELEASE}-archway-token-requester"
+    assert not bindings(default, requester)
+    assert not [d for d in default if d["metadata"].get("name") == requester]
+    tokens = rendered("--set", "rbac.serviceAccountTokenNamespaces={shop}")
+    assert one(tokens, "ClusterRole", requester)["rules"] == [
+        {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]}]
+    assert bindings(tokens, requester) == [("RoleBinding", "shop")]
+    assert bindings(rendered("--set", "rbac.serviceAccountTokenNamespaces={*}"), requester) == [
+        ("ClusterRoleBinding", "")]
+    def token_namespaces(docs):
+        return config_from_dict(archway_configs(docs)["webhook.yaml"]
+                                ).kubernetes.service_account_token_namespaces
+    assert token_namespaces(default) == () and token_namespaces(tokens) == ("shop",)
 
     def pod_verbs(docs):
         gate = one(docs, "ClusterRole", f"{RELEASE}-archway-gate-controller")
@@ -1302,8 +1370,10 @@ def test_admit_mode_has_no_uninstall_hook_and_passes_fallback_through(render):
 
 # Keys of archway's config that the chart sets itself from other values (never by `config:`).
 CHART_OWNED_KEYS = {"placement.scheduler_name", "placement.archway_scheduler",
-                    "kubernetes.pull_secret_namespaces",
-                    "kubernetes.webhook_configuration", "kubernetes.trust_repair"} | {
+                    "kubernetes.pull_secret_namespaces", "kubernetes.service_account_token_namespaces",
+                    "kubernetes.webhook_configuration", "kubernetes.trust_repair",
+                    "registry.events.listen", "registry.events.token_file",
+                    "registry.events.tls"} | {
     f"server.{key}" for key in ("bind", "cert_file", "key_file", "log_every_admission",
                                 "log_format", "max_body_bytes", "metrics_bind", "product",
                                 "state_dir", "threads", "tls", "workers")}

@@ -10,6 +10,7 @@ import pytest
 
 from archway.cluster.pullsecrets import PullSecrets
 from archway.cluster.serviceaccounts import ServiceAccountCache, account_facts
+from archway.config import RegistrySettings
 from archway.errors import ConfigError
 from archway.kubeclient import build_api_client
 from archway.podview import PodView
@@ -168,7 +169,7 @@ def test_service_accounts_come_from_a_watch_never_a_read_per_pod(api):
     a change of its imagePullSecrets is seen when the watch delivers it, within
     secret_cache_seconds (60 s here) -- the GETs' cache served the old names until it expired."""
     kube, accounts_path = api.plane.kube, f"/api/v1/namespaces/{NS}/serviceaccounts"
-    reader = PullSecrets.from_config(SimpleNamespace(kubernetes=k8s_settings(
+    reader = PullSecrets.from_config(SimpleNamespace(registry=RegistrySettings(), kubernetes=k8s_settings(
         kubeconfig=api.kubeconfig_path)))
     try:
         assert reader.credentials_for(pod(), time.monotonic() + 5).warnings == ()  # starts it

@@ -193,7 +193,7 @@ class Loop:
         now = self.clock()
         reader = RequestReader(self.site.routes_for(port), self.clock)
         reader.first_arrival = now
-        if self.tls is not None:
+        if self.tls is not None and port not in self.site.plain_ports:
             conn = _Conn(client, _peer(address), port, reader, "sniff", now + HANDSHAKE_TIMEOUT_SECONDS)
         else:
             conn = _Conn(client, _peer(address), port, reader, "head", now + HEADER_TIMEOUT_SECONDS)

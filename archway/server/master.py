@@ -28,13 +28,17 @@ WHERE_KNOWN = frozenset({"control_socket_disable"})   # 27's control socket: arc
 
 def gunicorn_options(config, bind: str, tls) -> dict:
     """gunicorn's settings for `config` (its server section) on `bind` (and
-    server.metrics_bind); `tls`: (cert_path, key_path, ...) or None for plain HTTP."""
+    server.metrics_bind, registry.events.listen); `tls`: (cert_path, key_path, ...) or None for plain HTTP."""
 
     def child_exit(_arbiter, worker):
         metrics.mark_process_dead(worker.pid)
 
     binds = [bind] + ([config.server.metrics_bind] if config.server.metrics_bind else [])
     urls = [f"{'https' if tls else 'http'}://{address}" for address in binds]
+    events = config.registry.events
+    if events.listen:   # its own port, in TLS or not (archway.server.routes.Site.plain_ports)
+        binds.append(events.listen)
+        urls.append(f"{'https' if tls and events.tls else 'http'}://{events.listen}")
 
     def on_starting(_arbiter):
         logging.getLogger("gunicorn.error").addFilter(ListeningAt(urls))

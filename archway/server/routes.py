@@ -118,9 +118,11 @@ class Routes:
 @dataclass(frozen=True)
 class Site:
     """What one worker serves: `routes` on every listener but those `by_port` names (a
-    metrics-only address, say)."""
+    metrics-only address, say); `plain_ports`: ports answered without TLS when the others
+    have it (registry.events.tls false)."""
     routes: Routes
     by_port: Mapping[int, Routes] = field(default_factory=dict)
+    plain_ports: frozenset[int] = frozenset()
 
     def routes_for(self, port: int | None) -> Routes:
         return self.by_port.get(port, self.routes) if port is not None else self.routes

@@ -5,6 +5,7 @@
     reg = RegistryServer(tmp_dir, ca=test_ca)                      # TLS signed by the test CA
     reg = RegistryServer(tmp_dir, auth="htpasswd", users={"alice": "pw"})
     reg = RegistryServer(tmp_dir, auth="token", users={"alice": "pw"})   # reg.token_server counts
+    reg = RegistryServer(tmp_dir, notify=(url, token))   # events POSTed to url (notifications)
 
     digest = reg.push_image("team/app", "v1", "linux/arm/v7")          # OCI manifest + config
     index = reg.push_index("team/multi", "v1", ["linux/amd64", "linux/arm64"], attestations=True)
@@ -108,7 +109,7 @@ class RegistryServer:
                  token_server: TokenServer | None = None, schema1: bool = True,
                  anonymous_pull: bool = False, token_expires_in: int | None = 300,
                  token_realm_host: str = "127.0.0.1", mirror_of: "RegistryServer | None" = None,
-                 address: str = "127.0.0.1"):
+                 address: str = "127.0.0.1", notify: tuple[str, str] | None = None):
         self.binary = require_binary("docker-registry")
         # Where it listens: this machine's own address when pods on a real node read it.
         self.address = address
@@ -119,6 +120,8 @@ class RegistryServer:
         self.auth = auth
         self.users = dict(DEFAULT_USERS if users is None else users)
         self.mirror_of = mirror_of   # a pull-through cache of that registry (proxy.remoteurl)
+        # (url, bearer token): push and pull events posted there (its notifications.endpoints)
+        self.notify = notify
         self.scheme = "https" if ca else "http"
         self.token_server = None
         self._own_token_server = False
@@ -171,6 +174,11 @@ class RegistryServer:
                                         "rootcertbundle": self.token_server.cert_path}}
         elif self.auth is not None:
             raise ValueError(f"unknown auth {self.auth!r}: use None, 'htpasswd' or 'token'")
+        if self.notify is not None:
+            url, token = self.notify
+            config["notifications"] = {"events": {"includereferences": True}, "endpoints": [{
+                "name": "archway", "url": url, "headers": {"Authorization": [f"Bearer {token}"]},
+                "timeout": "1s", "threshold": 5, "backoff": "1s"}]}
         if self.mirror_of is not None:
             upstream = self.mirror_of
             config["proxy"] = {"remoteurl": upstream.url}

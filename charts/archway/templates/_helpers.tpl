@@ -194,6 +194,8 @@ affinity:
 {{- $_ := set $c "registry" $registry -}}
 {{- /* Pull secrets are read only where RBAC lets archway read them. */ -}}
 {{- $_ := set $c "kubernetes" (merge (dict "pull_secret_namespaces" (default list .Values.rbac.pullSecretNamespaces)) (default dict $c.kubernetes)) -}}
+{{- /* ServiceAccount tokens are requested only where RBAC lets archway request them. */ -}}
+{{- $_ := set $c "kubernetes" (merge (dict "service_account_token_namespaces" (default list .Values.rbac.serviceAccountTokenNamespaces)) $c.kubernetes) -}}
 {{- if include "archway.schedulerInstalled" . -}}
 {{- $_ := set $c "placement" (merge (dict "archway_scheduler" .Values.scheduler.name) (default dict $c.placement)) -}}
 {{- end -}}
@@ -238,6 +240,16 @@ affinity:
 {{- $_ := set $kube "trust_repair" (include "archway.certgen.args" (dict "root" . "allowMissing" false) | fromYamlArray) -}}
 {{- end -}}
 {{- $_ := set $c "kubernetes" $kube -}}
+{{- with .Values.registryEvents }}{{ if .enabled -}}
+{{- /* registry push events on their own port, the token from its Secret (registryevents) */ -}}
+{{- $registry := default dict $c.registry -}}
+{{- $events := default dict $registry.events -}}
+{{- $_ := set $events "listen" (printf "%s:%d" (include "archway.bindHost" $.Values.webhook.bindAddress) (int .port)) -}}
+{{- $_ := set $events "token_file" "/etc/archway/registry-events/token" -}}
+{{- $_ := set $events "tls" .tls -}}
+{{- $_ := set $registry "events" $events -}}
+{{- $_ := set $c "registry" $registry -}}
+{{- end }}{{ end -}}
 {{- toYaml $c -}}
 {{- end -}}
 
