@@ -92,7 +92,7 @@ def _startup(took: dict[str, list[float]]) -> Figure:
 
 def _admission(install: InClusterInstall, arch_of: dict[str, str], image: str) -> Figure:
     urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)   # a pod's own address
-    urls = {arch_of[node]: f"{address}/mutate" for node, address in install.webhook_addresses().items()}
+    urls = {arch_of[node]: f"{address}/mutate" for node, address in install.webhook_addresses()}
     if set(urls) != {HOST, FOREIGN}:
         raise RuntimeError(f"a webhook replica on each node was wanted, found {urls}")
     sessions = {arch: requests.Session() for arch in urls}       # warm connections, as the apiserver's

@@ -251,18 +251,18 @@ class InClusterInstall(ChartInstall):
         self.installed = False
         self.helm("uninstall", self.release, "--wait", "--timeout", timeout)
 
-    def webhook_addresses(self, port: str = "https") -> dict[str, str]:
-        """node name -> https://IP:PORT of the running webhook pod there, at its container port
-        named `port` (https: admissions; https-metrics: /metrics, /healthz and /readyz only)."""
+    def webhook_addresses(self, port: str = "https") -> list[tuple[str, str]]:
+        """(node name, https://IP:PORT) of each running webhook pod, at its container port named
+        `port` (https: admissions; https-metrics: /metrics, /healthz and /readyz only)."""
         assert self.kube is not None
-        found = {}
+        found = []
         for pod in self.kube.items(f"/api/v1/namespaces/{self.namespace}/pods",
                                    labelSelector="app.kubernetes.io/component=webhook"):
             if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
                 continue
             (number,) = [p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]
                          if p["name"] == port]
-            found[pod["spec"]["nodeName"]] = f"https://{pod['status']['podIP']}:{number}"
+            found.append((pod["spec"]["nodeName"], f"https://{pod['status']['podIP']}:{number}"))
         return found
 
     def webhook_metrics(self) -> list[str]:
@@ -270,7 +270,7 @@ class InClusterInstall(ChartInstall):
         is left out."""
         urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)   # the pod's own cert
         texts = []
-        for address in self.webhook_addresses("https-metrics").values():
+        for _, address in self.webhook_addresses("https-metrics"):
             try:
                 texts.append(requests.get(f"{address}/metrics", verify=False, timeout=10).text)
             except requests.RequestException:
