@@ -203,8 +203,10 @@ def test_an_arm64_sif_pulled_over_oras_is_placed_on_the_arm64_node(two_arch, tmp
     with open(sifbuild.siftool_image(str(tmp_path), "tool.sif", FOREIGN), "rb") as f:
         registry.push_sif("sif/tool", "v1", f.read())
     image = f"oras://{registry.ref('sif/tool', 'v1')}"
-    created = create_pod(kube, namespace, pod("sif", [image]))
-    assert created["metadata"]["annotations"][ARCHES] == FOREIGN, describe(kube, namespace, "sif")
+    create_pod(kube, namespace, pod("sif", [image]))
+    # Placed at admission, or by the gate controller when reading the SIF outlasted admission's
+    # deadline (4 s once on a busy CI machine): bound either way only once placed.
     bound = kube.wait_for(lambda: (obj := kube.get(pod_path(namespace, "sif")))["spec"].get("nodeName")
-                          and obj, timeout=60, what="the SIF pod bound")
+                          and obj, timeout=120, what="the SIF pod bound")
+    assert bound["metadata"]["annotations"][ARCHES] == FOREIGN, describe(kube, namespace, "sif")
     assert bound["spec"]["nodeName"] == two_arch.vm.name
