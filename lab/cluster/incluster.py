@@ -47,7 +47,7 @@ IMAGE_CACHE = os.path.expanduser("~/.cache/archway/image")
 ARCHWAY_IMAGE = "localhost/archway"
 SCHEDULER_IMAGE = "localhost/kube-scheduler"
 HELM_TIMEOUT = "6m"
-EMULATED_START_SECONDS = 900
+EMULATED_START_SECONDS = 900   # archway's pods on an emulated node: minutes on a busy machine
 
 
 def tree_digest(root: str = REPO) -> str:
