@@ -22,8 +22,6 @@ from webhook.admissionreview import admission_review
 
 pytestmark = [pytest.mark.slow, pytest.mark.realnode, pytest.mark.vmnode, pytest.mark.timeout(1800)]
 
-ARCH = "kubernetes.io/arch"
-
 
 class ArchwayOnTwo:
     def __init__(self, plane, node, vm, install, registry, mark):
