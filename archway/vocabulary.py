@@ -33,6 +33,9 @@ ANNOTATION_FAILED = "archway.dev/failed-architectures"
 ANNOTATION_EVIDENCE = "archway.dev/failed-images"
 # What admission kept a pod off, from what its workload learned.
 ANNOTATION_EXCLUDED = "archway.dev/excluded-architectures"
+# A workload's status condition, False while its images claim only architectures its pods failed
+# on (gate/conditions.py).
+CONDITION_ARCHITECTURE_LEFT = "archway.dev/ArchitectureLeft"
 # A pod that opts out of archway (the annotation, or the chart's objectSelector label).
 SKIP_ANNOTATION = "archway.dev/skip"
 # A Namespace's own policy: its mode, and the architectures its pods prefer.

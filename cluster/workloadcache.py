@@ -18,6 +18,7 @@ from archway import metrics
 from archway.labelselector import Selector, compiled
 from archway.placement.learning import Learned, learned_from
 from archway.podview import OwnerReference, PodView
+from archway.vocabulary import CONDITION_ARCHITECTURE_LEFT
 from archway.watchcache import WatchCache
 
 from .reads import WORKLOAD_LISTS
@@ -60,6 +61,7 @@ class WorkloadFacts:
     owner_uid: str = ""                    # its controller's uid
     selector: Selector | None = None       # spec.selector; None: it has none
     labels: tuple[tuple[str, str], ...] = ()   # its pods' (the template's): their policy
+    nowhere: bool = False                  # archway's condition says it can run nowhere
 
     @property
     def display_name(self) -> str:
@@ -96,8 +98,14 @@ def workload_facts(kind: str) -> Callable[[dict], WorkloadFacts | None]:
                                if isinstance(s, dict) and isinstance(s.get("name"), str)),
             owner_uid=_controller_uid(meta),
             selector=_selector(_mapping(obj.get("spec")).get("selector")),
-            labels=_labels(template))
+            labels=_labels(template), nowhere=_told_nowhere(obj))
     return facts
+
+
+def _told_nowhere(obj: dict) -> bool:
+    return any(isinstance(c, dict) and c.get("type") == CONDITION_ARCHITECTURE_LEFT
+               and c.get("status") == "False"
+               for c in _list(_mapping(obj.get("status")).get("conditions")))
 
 
 def _controller_uid(meta: dict) -> str:

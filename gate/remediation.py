@@ -40,8 +40,14 @@ from archway.cluster.workloadcache import (
 from archway.kubeapi import LIST_PAGE_SIZE, ApiError, KubeApi
 from archway.listwatch import ListWatch
 from archway.placement.learning import Evidence, merged_annotations
-from archway.vocabulary import ANNOTATION_EVIDENCE, ANNOTATION_FAILED, join_architectures
+from archway.vocabulary import (
+    ANNOTATION_EVIDENCE,
+    ANNOTATION_FAILED,
+    CONDITION_ARCHITECTURE_LEFT,
+    join_architectures,
+)
 
+from . import conditions
 from .eviction import Evictions
 from .failingpods import FailingPod, explained_failures, failing_pod
 from .leaderloop import MAX_PATCH_ATTEMPTS, KeptChanging, LeaderLoop
@@ -64,6 +70,8 @@ SEEN_POLL_SECONDS = 0.25
 # A pod whose log waits for the read budget is looked at again this often: once its workload
 # has learned (another replica's log said it), its evidence explains the pod without a read.
 UNREAD_LOOK_SECONDS = 5.0
+# How often the workloads told they can run nowhere are looked at again (conditions.py).
+CONDITION_LOOK_SECONDS = 30.0
 
 
 @dataclass
@@ -95,6 +103,7 @@ class _Lesson:
     top: WorkloadFacts
     evidence: dict[str, list[Evidence]] = field(default_factory=dict)   # arch -> evidence
     pods: list[tuple[_Tracked, str]] = field(default_factory=list)      # (pod, its node's arch)
+    nowhere: str = ""     # it can run nowhere: the condition's message, set once it is learned
 
 
 class FailingPods(ListWatch):
@@ -218,10 +227,20 @@ class Remediation(LeaderLoop):
                 self._reported.popitem(last=False)
 
     def _work_loop(self, stop: threading.Event) -> None:
+        next_clearing = self._clock()
         while not stop.is_set():
             due = self.take_due(wait=True)
             if due:
                 self.round(due)
+            if self._clock() >= next_clearing:
+                next_clearing = self._clock() + CONDITION_LOOK_SECONDS
+                self._guarded_clearing()
+
+    def _guarded_clearing(self) -> None:
+        try:
+            self.clear_stale_conditions()
+        except Exception:
+            log.exception("removing conditions that no longer hold")
 
     def take_due(self, wait: bool = False) -> list[_Tracked]:
         """The tracked pods to look at now; with `wait`, none after waiting a little for one."""
@@ -277,10 +296,9 @@ class Remediation(LeaderLoop):
         learn = self.settings.learn_failed_architectures and mode == "enforce"
         for failure in new:
             self._report(pod, failure, arch, top, _consequence(arch, mode, learn))
-        if new:
-            self._tell_if_nowhere(pod, arch, top)
+        nowhere = self._tell_if_nowhere(pod, arch, top) if new else ""
         if learn and top is not None and tracked.failures:
-            self._add_lesson(lessons, tracked, arch, top)
+            self._add_lesson(lessons, tracked, arch, top).nowhere += nowhere
 
     def _arch_to_act_on(self, tracked: _Tracked) -> str | None:
         """The architecture of the pod's node, when the pod is to be acted on at all."""
@@ -298,14 +316,15 @@ class Remediation(LeaderLoop):
         return arch if self.mode_of(pod.namespace, dict(pod.labels)) != "off" else None
 
     def _add_lesson(self, lessons: dict[str, _Lesson], tracked: _Tracked, arch: str,
-                    top: WorkloadFacts) -> None:
-        if tracked.learned and (tracked.evict_done or not self.settings.evict):
-            return   # nothing left to do for it
+                    top: WorkloadFacts) -> _Lesson:
         lesson = lessons.setdefault(f"{top.kind}/{top.name}", _Lesson(top))
+        if tracked.learned and (tracked.evict_done or not self.settings.evict):
+            return lesson   # nothing left to do for it
         if not tracked.learned:
             lesson.evidence.setdefault(arch, []).extend(tracked.pod.evidence(arch,
                                                                              tracked.failures))
         lesson.pods.append((tracked, arch))
+        return lesson
 
     def _read_logs(self, tracked: _Tracked, workload: str) -> None:
         """The log tails of its failed containers whose status says nothing, each failed
@@ -348,28 +367,66 @@ class Remediation(LeaderLoop):
                        f"pods of image {failure.image} fail on {arch} with exec format "
                        f"error (read in their {failure.source}): {consequence}")
 
-    def _tell_if_nowhere(self, pod: FailingPod, arch: str, top: WorkloadFacts | None) -> None:
+    def _tell_if_nowhere(self, pod: FailingPod, arch: str, top: WorkloadFacts | None) -> str:
         """When `arch` was the last architecture its images claim that its workload has not
         failed on, no node can run it: learning and evicting would change nothing. One Warning
-        Event on the workload (or the bare pod) says so, and what would help."""
+        Event on the workload (or the bare pod) says so, and what would help; returns what its
+        condition is to say ("" when it was told before or it can run somewhere)."""
         if pod.architectures is None:
-            return   # admitted without archway's decision: what its images claim is not known
+            return ""   # admitted without archway's decision: what its images claim is unknown
         failed = top.learned.architectures if top is not None and top.learned is not None else frozenset()
         if pod.architectures - failed - {arch}:
-            return
+            return ""
         regarding = workload_reference(top) if top is not None else pod.reference
         key = (regarding["uid"] or regarding["name"], arch)
         if key in self._nowhere or len(self._nowhere) >= MAX_TRACKED:
-            return
+            return ""
         self._nowhere.add(key)
         claimed = join_architectures(pod.architectures)
         log.warning("%s/%s: its images claim only %s and fail on %s with exec format error: it "
                     "can run nowhere", pod.namespace, regarding["name"], claimed, arch)
         self.event(regarding, "Warning", REASON_NOWHERE, "Detect",
                    f"its images claim {claimed} only and fail on {arch} with exec format error: "
-                   f"no architecture is left where its pods could run, so evicting them would only "
-                   f"repeat the failure and the restarts go on; rebuild the image for the "
-                   f"architectures it claims, or use an image that has another")
+                   f"no architecture is left where its pods could run, so archway evicts none of "
+                   f"them (that would only repeat the failure) and the kubelet's restarts go on, "
+                   f"backing off; rebuild the image for the architectures it claims, or use an "
+                   f"image that has another")
+        return (f"its images claim {claimed} only and its pods failed on {join_architectures(failed | {arch})} "
+                f"with exec format error: no architecture is left where they could run")
+
+    def _say_nowhere(self, top: WorkloadFacts, message: str) -> None:
+        """Its condition set (the kinds whose status has conditions), beside the Event."""
+        if top.kind not in conditions.WITH_CONDITIONS:
+            return
+        path = workload_path(top.kind, top.namespace, top.object_name) + "/status"
+        try:
+            self.api.request("PATCH", path, content_type=conditions.STRATEGIC,
+                             body=conditions.setting(top.kind, message, time.time()))
+        except ApiError as e:
+            log.warning("%s %s/%s: could not set its condition %s: %s", top.kind, top.namespace,
+                        top.object_name, CONDITION_ARCHITECTURE_LEFT, e)
+
+    def clear_stale_conditions(self) -> None:
+        """Each workload told it can run nowhere (by this leader or one before) whose lesson no
+        longer holds gets its condition removed, and may be told again."""
+        if self.workloads is None:
+            return
+        for top in [t for t in self.workloads.tops() if t.nowhere]:
+            why = conditions.holds_no_more(top)
+            if not why:
+                continue
+            path = workload_path(top.kind, top.namespace, top.object_name) + "/status"
+            try:
+                self.api.request("PATCH", path, content_type=conditions.STRATEGIC,
+                                 body=conditions.CLEARING)
+            except ApiError as e:
+                if e.status != 404:
+                    log.warning("%s %s/%s: could not remove its condition %s: %s", top.kind,
+                                top.namespace, top.object_name, CONDITION_ARCHITECTURE_LEFT, e)
+                continue
+            self._nowhere = {k for k in self._nowhere if k[0] != top.uid}
+            log.info("%s %s/%s may run again: %s (condition %s removed)", top.kind,
+                     top.namespace, top.object_name, why, CONDITION_ARCHITECTURE_LEFT)
 
     def _apply(self, lesson: _Lesson) -> None:
         top = lesson.top
@@ -383,6 +440,8 @@ class Remediation(LeaderLoop):
                 for tracked, _ in lesson.pods:
                     tracked.next_look = self._clock() + RETRY_SECONDS
                 return
+        if lesson.nowhere:    # after what it learned: a cache shows the two in that order
+            self._say_nowhere(top, lesson.nowhere)
         now = self._clock()
         for tracked, arch in lesson.pods:
             tracked.learned = True

@@ -1328,6 +1328,11 @@ def test_the_chart_gates_with_least_privilege_and_releases_on_uninstall(render):
         {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets", "daemonsets",
                                               "replicasets"], "verbs": ["get", "patch"]},
         {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": ["get", "patch"]},
+        # ... and the condition of a workload that can run nowhere (a CronJob's has none)
+        {"apiGroups": ["apps"], "resources": ["deployments/status", "statefulsets/status",
+                                              "daemonsets/status", "replicasets/status"],
+         "verbs": ["patch"]},
+        {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["patch"]},
         # config.remediation.evict (on by default): pods failing with exec format error evicted
         {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
         # config.remediation.read_logs: the tail of a failed container whose status is silent

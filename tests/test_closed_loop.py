@@ -44,6 +44,10 @@ LOOP_RULES = [
      "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"],
      "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["apps"], "resources": ["deployments/status", "statefulsets/status",
+                                          "daemonsets/status", "replicasets/status"],
+     "verbs": ["patch"]},
+    {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["patch"]},
 ]
 EVICT_RULE = {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
 LOG_RULE = {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}
@@ -131,8 +135,8 @@ def own_namespace(control_plane, name: str) -> str:
 
 
 def deployment(kube, namespace: str, name: str, replicas: int, arch: str = "arm64",
-               pinned: bool = False) -> list:
-    """A Deployment whose pods claim amd64 and arm64 (as archway's admission annotates them)
+               pinned: bool = False, claimed: str = "amd64,arm64") -> list:
+    """A Deployment whose pods claim `claimed` (as archway's admission annotates them)
     and all land on `arch`'s first node (by its name: no arch constraint of their own, as
     archway leaves them), or with `pinned` by a kubernetes.io/arch nodeSelector of their own;
     its pods once bound."""
@@ -142,7 +146,7 @@ def deployment(kube, namespace: str, name: str, replicas: int, arch: str = "arm6
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
         "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": labels, "annotations": {
-                     "archway.dev/architectures": "amd64,arm64",
+                     "archway.dev/architectures": claimed,
                      "archway.dev/images": json.dumps([{"image": IMAGE, "digest": DIGEST}])}},
                      "spec": {"nodeSelector": where,
                               "terminationGracePeriodSeconds": 0,
@@ -570,3 +574,48 @@ def test_without_the_pods_log_grant_the_loop_asks_once_and_reads_statuses_only(
     crash_loop(kube, namespace, pods[0], restarts=5, message="exec /app: exec format error")
     look(loop, kube, namespace)
     assert deployment_annotations(kube, namespace, "ungranted").get(FAILED) == "arm64"
+
+
+def test_a_workload_that_can_run_nowhere_gets_a_condition_until_its_lesson_ends(
+        control_plane, closed_loop):
+    """Its images claim arm64 only and it fails there: one Event, and the condition
+    archway.dev/ArchitectureLeft=False on the Deployment, which its controller keeps while it
+    writes its own; not evicted. Once what was learned is removed, the condition goes and the
+    controller's conditions stay (gate/conditions.py)."""
+    from archway.gate import conditions
+    kube = control_plane.kube
+    namespace = own_namespace(control_plane, "loop-nowhere")
+    loop, events, clock, user = closed_loop(namespace, evict=True, rules=[EVICT_RULE])
+    (pod,) = deployment(kube, namespace, "only", replicas=1, claimed="arm64")
+    wait_cached(kube, loop, namespace, [pod])
+    path = f"/apis/apps/v1/namespaces/{namespace}/deployments/only"
+
+    def ours() -> list[dict]:
+        return [c for c in kube.get(path)["status"].get("conditions") or []
+                if c["type"] == "archway.dev/ArchitectureLeft"]
+    crash_loop(kube, namespace, pod, message="exec /app: exec format error")
+    mark = control_plane.audit_mark()
+    look(loop, kube, namespace)
+    (told,) = events.of("NoArchitectureLeft", "Deployment")
+    assert "claim arm64 only" in told[3]
+    (condition,) = ours()
+    assert condition["status"] == "False" and condition["reason"] == "NoArchitectureLeft"
+    assert "no architecture is left" in condition["message"]
+    assert evictions_of(control_plane, mark, user, pod) == []
+    # The controller writes its status again (a scale-up) and keeps archway's condition.
+    kube.patch(path, {"spec": {"replicas": 2}})
+    kube.wait_for(lambda: kube.get(path)["status"].get("replicas") == 2, timeout=60,
+                  what="the Deployment's controller to write its status")
+    assert ours() == [condition]
+    kube.wait_for(lambda: (top := loop.workloads.lookup("Deployment", namespace, "only"))
+                  and top.nowhere, timeout=30, what="the loop's cache to show the condition")
+    loop.clear_stale_conditions()
+    assert ours() == [condition]          # its lesson holds: it stays
+
+    kube.patch(path, {"metadata": {"annotations": {FAILED: None, EVIDENCE: None}}})
+    kube.wait_for(lambda: (top := loop.workloads.lookup("Deployment", namespace, "only"))
+                  and top.learned is None, timeout=30, what="the loop's cache to show it unlearned")
+    loop.clear_stale_conditions()
+    assert ours() == []
+    assert {c["type"] for c in kube.get(path)["status"]["conditions"]} >= {"Progressing"}
+    assert conditions.holds_no_more(loop.workloads.lookup("Deployment", namespace, "only"))

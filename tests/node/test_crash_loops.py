@@ -15,7 +15,7 @@ import pytest
 
 from lab.cluster.nodeimages import machine_arch
 from lab.kube import pod_path
-from tests.e2e.loop import app_pods, deployment_path, events
+from tests.e2e.loop import app_pods, deployment_path, events, placed_on, probe, replica_sets
 from tests.e2e.workloads import create_deployment, deployment, node_arch
 
 from .test_closed_loop import refused_multiarch_image
@@ -26,6 +26,7 @@ EXCLUDED = "archway.dev/excluded-architectures"
 REPLICAS = 6
 SCALED = REPLICAS + 3
 REASON_NODES = "ImagesCannotRunOnNodes"
+PROBES = 8     # dry runs in a row that must agree (two replicas behind one Service)
 
 
 def default_remediation(install) -> None:
@@ -43,6 +44,20 @@ def pulled_before(kube, install, namespace: str, image: str) -> None:
     kube.wait_for(lambda: any(s.get("imageID") for s in kube.get(pod_path(
         namespace, "before"))["status"].get("containerStatuses") or []),
         timeout=120, what="the earlier image pulled and run")
+
+
+def every_replica_places(kube, namespace: str, image: str, arch: str) -> None:
+    """Until admission places the Deployment's next pod on `arch` alone in PROBES dry runs in a
+    row (each goes to any of the webhook's replicas, whose caches may lag the API apart)."""
+    (replica_set,) = [r for r in replica_sets(kube, namespace)
+                      if int(r["spec"].get("replicas") or 0) > 0]
+    row = 0
+
+    def placed() -> bool:
+        nonlocal row
+        row = row + 1 if placed_on(probe(kube, namespace, image, replica_set)) == {arch} else 0
+        return row >= PROBES
+    kube.wait_for(placed, timeout=60, what=f"every webhook replica placing the next pod on {arch}")
 
 
 def restarts_of(pod: dict) -> int:
@@ -92,8 +107,9 @@ def test_with_the_default_config_a_crash_loop_ends_and_a_scale_up_avoids_the_arc
     print("imageIDs on the real node: " + str({s.get("imageID") for p in on_real_node()
                                                for s in p["status"].get("containerStatuses") or []}))
 
-    # A scale-up once learned: none of its pods goes to the failing architecture.
-    time.sleep(2)    # the webhook's workload caches are watches: the annotation reaches them
+    # A scale-up once learned: none of its pods goes to the failing architecture, once every
+    # webhook replica's workload cache (a watch) shows the annotation.
+    every_replica_places(kube, namespace, image, "arm64")
     before = {p["metadata"]["name"] for p in app_pods(kube, namespace, "app")}
     kube.patch(deployment_path(namespace, "app"), {"spec": {"replicas": SCALED}})
     added = kube.wait_for(lambda: (new := [
@@ -135,12 +151,15 @@ def test_an_arm64_only_daemonset_is_told_which_nodes_cannot_run_it(in_cluster, n
     namespace = fresh_namespace(plane, "daemons")
     node_registry.push_image("node/arm64-only", "1", "linux/arm64")
     image = f"{node_registry.host}/node/arm64-only:1"
-    labels = {"app": "agent"}
-    created = kube.create(f"/apis/apps/v1/namespaces/{namespace}/daemonsets", {
-        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent"},
-        "spec": {"selector": {"matchLabels": labels}, "template": {
-            "metadata": {"labels": labels},
-            "spec": {"containers": [{"name": "c0", "image": image}]}}}})
+
+    def daemonset(name: str) -> dict:
+        labels = {"app": name}
+        return kube.create(f"/apis/apps/v1/namespaces/{namespace}/daemonsets", {
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name},
+            "spec": {"selector": {"matchLabels": labels}, "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "c0", "image": image}]}}}})
+    created = daemonset("agent")
     nodes = {n["metadata"]["name"]: n["metadata"]["labels"]["kubernetes.io/arch"]
              for n in kube.items("/api/v1/nodes")}
     cannot = sorted(name for name, a in nodes.items() if a != "arm64")
@@ -161,7 +180,19 @@ def test_an_arm64_only_daemonset_is_told_which_nodes_cannot_run_it(in_cluster, n
     assert sorted(p["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
         "matchFields"][0]["values"][0] for p in pending) == cannot
-    time.sleep(20)
+    # Bounded: its stranded pods made and admitted again are not told again. The leader watches
+    # pods in the order they were made: once it tells a DaemonSet made after them, its rounds
+    # have looked at them.
+    for pod in pending:
+        kube.delete(pod_path(namespace, pod["metadata"]["name"]))
+    gone = {p["metadata"]["uid"] for p in pending}
+    kube.wait_for(lambda: len([p for p in app_pods(kube, namespace, "agent")
+                               if p["metadata"]["uid"] not in gone
+                               and not p["spec"].get("nodeName")]) == len(pending),
+                  timeout=60, what="the DaemonSet's stranded pods made again")
+    daemonset("later")
+    kube.wait_for(lambda: events(kube, namespace, REASON_NODES, "DaemonSet", "later"),
+                  timeout=120, what="an Event on the DaemonSet made after them")
     assert len(events(kube, namespace, REASON_NODES, "DaemonSet", "agent")) == 1
 
 
@@ -185,5 +216,19 @@ def test_a_crash_loop_with_no_architecture_left_tells_its_workload_it_can_run_no
     print(f"the Deployment's Event: {told['note']}")
     assert told["type"] == "Warning" and f"claim {arch} only" in told["note"]
     assert "no architecture is left" in told["note"]
+    (condition,) = kube.wait_for(lambda: [
+        c for c in kube.get(deployment_path(namespace, "app"))["status"].get("conditions") or []
+        if c["type"] == "archway.dev/ArchitectureLeft"], timeout=60,
+        what="the Deployment's condition archway.dev/ArchitectureLeft")
+    print(f"the Deployment's condition: {condition}")
+    assert condition["status"] == "False" and condition["reason"] == "NoArchitectureLeft"
     (pod,) = app_pods(kube, namespace, "app")
     assert pod["spec"]["nodeName"] == install.node.name    # still where its image claims to run
+    assert not events(kube, namespace, "EvictedExecFormatError", "Pod")   # no churn of archway's
+    # The owner removes what was learned (the image is rebuilt, say): the condition goes.
+    kube.patch(deployment_path(namespace, "app"), {"metadata": {"annotations": {
+        FAILED: None, "archway.dev/failed-images": None}}})
+    kube.wait_for(lambda: not [
+        c for c in kube.get(deployment_path(namespace, "app"))["status"].get("conditions") or []
+        if c["type"] == "archway.dev/ArchitectureLeft"], timeout=120,
+        what="the condition removed once its lesson ended")
