@@ -209,8 +209,8 @@ def test_service_account_facts_keep_the_secret_names_only():
 
 
 def test_slow_api_is_bounded_by_the_deadline(tmp_path):
-    slow = FakeApiServer()      # the fault: an apiserver that takes 2 s to answer
-    slow.delay_seconds = 2.0
+    slow = FakeApiServer()      # the fault: an apiserver that takes 4 s to answer
+    slow.delay_seconds = 4.0
     try:
         client, source = build_api_client(k8s_settings(kubeconfig=slow.kubeconfig(str(tmp_path))))
         start = time.monotonic()
@@ -219,7 +219,7 @@ def test_slow_api_is_bounded_by_the_deadline(tmp_path):
         elapsed = time.monotonic() - start
     finally:
         slow.stop()
-    assert elapsed < 0.8
+    assert elapsed < 2.5        # the deadline's, not the apiserver's 4 s (a busy 2-core machine)
     assert any("unreachable or too slow" in w or "deadline" in w for w in creds.warnings)
 
 
