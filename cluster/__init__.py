@@ -12,7 +12,7 @@ Every read bounded in time and size, through the process's one Kubernetes client
   0  apireads         one bounded API call for a pod's credentials, its failure in words
   0  events           Events (events.k8s.io/v1) about a pod or its owner
   0  nodes            a Node's architecture, OS, addresses and taints, and their cache
-  0  ranges           the Service ranges and API server a pod's image may not name
+  1  ranges           the Service ranges, API server and Nodes a pod's image may not name
   0  reads            reads of the cluster for the tools and pre-warming, paged and bounded
   0  serviceaccounts  which pull secrets each ServiceAccount names, watched
   0  workloads        pod templates of every workload kind, from manifests or the cluster (pure)

@@ -83,6 +83,7 @@ class NodeFacts:
     addresses: tuple[str, ...]
     taints: tuple[tuple[str, str, str], ...] = ()   # (key, value, effect)
     os: str = "linux"                                # kubernetes.io/os
+    pod_cidrs: tuple[str, ...] = ()                  # spec.podCIDRs (cluster/ranges.py)
 
 
 def node_facts(node: dict) -> NodeFacts | None:
@@ -90,7 +91,16 @@ def node_facts(node: dict) -> NodeFacts | None:
     name = meta.get("name") if isinstance(meta, dict) else None
     if not isinstance(name, str) or not name:
         return None
-    return NodeFacts(name, node_arch(node), node_addresses(node), node_taints(node), node_os(node))
+    return NodeFacts(name, node_arch(node), node_addresses(node), node_taints(node), node_os(node),
+                     node_pod_cidrs(node))
+
+
+def node_pod_cidrs(node: dict) -> tuple[str, ...]:
+    spec = node.get("spec")
+    if not isinstance(spec, dict):
+        return ()
+    cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
+    return tuple(str(c) for c in cidrs) if isinstance(cidrs, list) else ()
 
 
 class NodeCache(WatchCache[NodeFacts]):

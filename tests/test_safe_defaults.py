@@ -15,7 +15,7 @@ from archway.errors import HostRefused
 from archway.registry.hostpolicy import HostPolicy
 from archway.registry.http import HttpClient
 from archway.registry.resolver import Resolver
-from lab.procs import free_port
+from lab.procs import free_port, wait_until
 from lab.servers.faults import BlackHole, ScriptedServer
 from tests.test_service import response, review, service
 
@@ -146,6 +146,51 @@ def test_the_cluster_ranges_are_read_from_the_api():
     configured, _ = read_cluster_networks(_Api(), ("10.0.0.0/16",), {})
     assert ipaddress.ip_network("10.0.0.0/16") in configured
     assert ipaddress.ip_network("10.96.0.0/12") not in configured   # the override replaces them
+
+
+class _Nodes:
+    """A node cache as ClusterRanges reads it (synced, version, items of NodeFacts)."""
+
+    def __init__(self, synced: bool):
+        from archway.cluster.nodes import NodeFacts
+        self.synced, self.version = synced, 1
+        self.items = {"n2": NodeFacts("n2", "arm64", ("192.0.2.22", "n2"), pod_cidrs=("10.244.2.0/24",))}
+
+
+def test_a_worker_takes_the_nodes_from_its_node_cache_once_synced_and_follows_it(monkeypatch):
+    """Not every worker listing every Node every 5 minutes: once its node cache (a watch it
+    keeps anyway) has synced, the Nodes' addresses come from there, and a change there is
+    refused within NODE_LOOK_SECONDS; until then they are listed, as at a worker's start."""
+    from archway.cluster import ranges
+    from archway.registry.hostpolicy import ClusterAddresses
+    listed = []
+
+    class Counting(_Api):
+        def pages(self, path, page_size, **kw):
+            listed.append(path)
+            return super().pages(path, page_size, **kw)
+    nodes = _Nodes(synced=False)
+    cluster = ClusterAddresses([])
+    keeper = ranges.ClusterRanges(Counting(), cluster, (), nodes=nodes)
+    keeper.refresh()
+    assert listed == ["/api/v1/nodes"] and cluster.covers(ipaddress.ip_address("192.0.2.21"))
+    nodes.synced = True
+    keeper.refresh()
+    assert listed == ["/api/v1/nodes"]        # not listed again
+    for refused in ("192.0.2.22", "10.244.2.9"):
+        assert cluster.covers(ipaddress.ip_address(refused)), refused
+    assert cluster.covers(ipaddress.ip_address("10.96.0.5"))     # the API's parts still read
+    monkeypatch.setattr(ranges, "NODE_LOOK_SECONDS", 0.05)
+    keeper.start()
+    try:
+        from archway.cluster.nodes import NodeFacts
+        nodes.items = {**nodes.items, "n3": NodeFacts("n3", "amd64", ("2001:db8::23",))}
+        nodes.version += 1
+        wait_until(lambda: cluster.covers(ipaddress.ip_address("2001:db8::23")), timeout=10,
+                   what="a Node the cache brought refused")
+    finally:
+        keeper.stop()
+    assert listed == ["/api/v1/nodes"]
 
 
 # --- the warning a pod's author reads -----------------------------------------------------------

@@ -98,7 +98,7 @@ def build_webhook(config, resolver, node_cache, pull_secrets=None) -> WebhookPar
                           has_api=getattr(pull_secrets, "api", None) is not None)
     # Before the first pod: the Service ranges and the API server a pod's image may not name.
     keep_cluster_ranges(config, getattr(getattr(pull_secrets, "api", None), "client", None),
-                        resolver)
+                        resolver, nodes=node_cache)
     accounts = getattr(pull_secrets, "accounts", None)
     if accounts is not None:
         accounts.ensure_started()     # in this worker, listed before the first pods come
