@@ -298,7 +298,7 @@ class Remediation(LeaderLoop):
             self._report(pod, failure, arch, top, _consequence(arch, mode, learn))
         nowhere = self._tell_if_nowhere(pod, arch, top) if new else ""
         if learn and top is not None and tracked.failures:
-            self._add_lesson(lessons, tracked, arch, top).nowhere += nowhere
+            self._add_lesson(lessons, tracked, arch, top, nowhere)
 
     def _arch_to_act_on(self, tracked: _Tracked) -> str | None:
         """The architecture of the pod's node, when the pod is to be acted on at all."""
@@ -316,15 +316,15 @@ class Remediation(LeaderLoop):
         return arch if self.mode_of(pod.namespace, dict(pod.labels)) != "off" else None
 
     def _add_lesson(self, lessons: dict[str, _Lesson], tracked: _Tracked, arch: str,
-                    top: WorkloadFacts) -> _Lesson:
-        lesson = lessons.setdefault(f"{top.kind}/{top.name}", _Lesson(top))
+                    top: WorkloadFacts, nowhere: str) -> None:
         if tracked.learned and (tracked.evict_done or not self.settings.evict):
-            return lesson   # nothing left to do for it
+            return   # nothing left to do for it
+        lesson = lessons.setdefault(f"{top.kind}/{top.name}", _Lesson(top))
+        lesson.nowhere = lesson.nowhere or nowhere
         if not tracked.learned:
             lesson.evidence.setdefault(arch, []).extend(tracked.pod.evidence(arch,
                                                                              tracked.failures))
         lesson.pods.append((tracked, arch))
-        return lesson
 
     def _read_logs(self, tracked: _Tracked, workload: str) -> None:
         """The log tails of its failed containers whose status says nothing, each failed
