@@ -9,7 +9,7 @@ the pods here ask for that (preferring_arm64), so the status carries the words a
 kubelet's would. The path with no message (archway reads the log) is tests/test_closed_loop.py's.
 What a real kubelet writes, and archway's answer to it (a real log read, the FallbackToLogsOnError
 message, init containers, a disruption budget holding an eviction, StatefulSets, CronJobs, audit
-mode, a re-pushed tag), is proven on the real node: tests/node/test_closed_loop.py and
+mode, a re-pushed tag, a gated pod released), is proven on the real node: tests/node/test_closed_loop.py and
 test_closed_loop_cases.py."""
 import datetime
 import json

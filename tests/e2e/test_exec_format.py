@@ -4,7 +4,8 @@ kubelet runs here; tests/e2e/loop.py says which statuses, and why they carry a m
 looks at what an operator sees: Events, the Deployment's annotations, where the next pods go,
 `archway explain`, the metric. What depends on the statuses a kubelet really writes (the
 FallbackToLogsOnError message, an init container's failure, StatefulSets and CronJobs learning,
-audit mode) is proven on the real node: tests/node/test_closed_loop_cases.py."""
+audit mode, a gated pod of a workload that learned) is proven on the real node:
+tests/node/test_closed_loop_cases.py."""
 import json
 import time
 
@@ -27,7 +28,7 @@ from .loop import (
 )
 from .test_rbac import identity_of
 from .test_tools import run_archway
-from .workloads import arches_of, create_deployment, gated, node_arch, wait_bound
+from .workloads import arches_of, create_deployment, node_arch, wait_bound
 
 FAILED = "archway.dev/failed-architectures"
 EVIDENCE = "archway.dev/failed-images"
@@ -160,45 +161,6 @@ def test_with_learning_off_the_events_come_and_nothing_is_learned_or_applied(
     kube.patch(deployment_path(namespace, "app"), {"metadata": {"annotations": {FAILED: "arm64"}}})
     time.sleep(2)   # what a watch would take to see it, many times over
     assert placed_on(probe(kube, namespace, image, replica_set)) == {"amd64", "arm64"}
-
-
-def test_a_gated_pod_of_the_workload_is_released_with_the_exclusion(
-        archway, kube, namespace, images, slow_registry):
-    slow_registry.delay = 0.0
-    image = images.ref("e2e/multi", images.fresh("e2e/multi"), via="slow")
-    create_deployment(kube, namespace, preferring_arm64("app", image, replicas=1))
-    (failing,) = wait_bound(kube, namespace, "app", 1)
-    assert node_arch(kube, failing["spec"]["nodeName"]) == "arm64"
-    crash_with_exec_format_error(kube, namespace, failing)
-    kube.wait_for(lambda: learned(kube, namespace).get(FAILED), timeout=20,
-                  what="the learned annotation")
-    # archway starts again knowing nothing of the image (its caches die with it, and the
-    # cluster's record of the image is deleted: else the new process is warm from it) while
-    # the registry is too slow for admission: the replacement is gated, and the new leader
-    # places it once the registry answers.
-    slow_registry.delay = 3.0
-    forget_image_records(kube, image)
-    archway.restart_webhook()
-    kube.delete(pod_path(namespace, failing["metadata"]["name"]))
-    replacement = kube.wait_for(lambda: [p for p in app_pods(kube, namespace, "app")
-                                         if p["metadata"]["name"] != failing["metadata"]["name"]],
-                                timeout=30, what="the replacement pod")[0]
-    assert gated(replacement), replacement["spec"].get("schedulingGates")
-    slow_registry.delay = 0.0
-    (bound,) = replaced(kube, namespace, failing, count=1)
-    assert node_arch(kube, bound["spec"]["nodeName"]) == "amd64"
-    assert bound["metadata"]["annotations"]["archway.dev/excluded-architectures"] == "arm64"
-    kube.wait_for(lambda: "Placed" in [e["reason"] for e in kube.events_for(
-        namespace, bound["metadata"]["name"])], timeout=30, what="the Placed Event")
-
-
-def forget_image_records(kube, image: str) -> None:
-    """Delete the cluster's image records (docs/image-records.md) of `image`."""
-    records = "/apis/archway.dev/v1alpha1/clusterimagerecords"
-    path = image.split("/", 1)[1]          # the reference without its host
-    for record in kube.items(records):
-        if record["spec"]["reference"].endswith("/" + path):
-            kube.delete(f"{records}/{record['metadata']['name']}")
 
 
 def test_the_webhooks_account_may_learn_but_not_rewrite_workloads(archway, kube):
