@@ -6,8 +6,11 @@ A real kubelet with containerd + runc writes no message for an exec format error
 {exitCode: 1, reason: Error}`; the words are in the container's log), except for a container
 with `terminationMessagePolicy: FallbackToLogsOnError`, whose last log lines become the message:
 the pods here ask for that (preferring_arm64), so the status carries the words as a real
-kubelet's would. The path with no message (archway reads the log) is tests/test_closed_loop.py's;
-a real node's e2e test reads a real log."""
+kubelet's would. The path with no message (archway reads the log) is tests/test_closed_loop.py's.
+What a real kubelet writes, and archway's answer to it (a real log read, the FallbackToLogsOnError
+message, init containers, a disruption budget holding an eviction, StatefulSets, CronJobs, audit
+mode, a re-pushed tag, a gated pod released), is proven on the real node: tests/node/test_closed_loop.py and
+test_closed_loop_cases.py."""
 import datetime
 import json
 import re
@@ -29,7 +32,7 @@ def crash_with_exec_format_error(kube: Kube, namespace: str, pod: dict, *, resta
     terminationMessagePolicy is FallbackToLogsOnError: the last run terminated with exit code 1,
     reason Error, its log's last lines (`message`) as the message; the container now backing
     off. The image ID names the digest archway admitted the pod with. The phase is Running (the
-    kubelet's for a restarting container): Pending pods bypass disruption budgets."""
+    kubelet's for a restarting container)."""
     container = pod["spec"]["containers"][0]
     admitted = json.loads(pod["metadata"]["annotations"]["archway.dev/images"])
     digest = next(e["digest"] for e in admitted if e["image"] == container["image"])
@@ -44,17 +47,6 @@ def crash_with_exec_format_error(kube: Kube, namespace: str, pod: dict, *, resta
         "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": message,
                                      "startedAt": now(), "finishedAt": now()}}}]}}
     return kube.patch(pod_path(namespace, pod["metadata"]["name"]) + "/status", status)
-
-
-def mark_ready(kube: Kube, namespace: str, pod: dict) -> dict:
-    """A running, ready pod as the kubelet reports it (what a PodDisruptionBudget counts)."""
-    container = pod["spec"]["containers"][0]
-    return kube.patch(pod_path(namespace, pod["metadata"]["name"]) + "/status", {"status": {
-        "phase": "Running", "conditions": [{"type": "Ready", "status": "True",
-                                            "lastTransitionTime": now()}],
-        "containerStatuses": [{"name": container["name"], "image": container["image"],
-                               "imageID": "", "ready": True, "restartCount": 0, "started": True,
-                               "state": {"running": {"startedAt": now()}}}]}})
 
 
 def preferring_arm64(name: str, image: str, replicas: int) -> dict:

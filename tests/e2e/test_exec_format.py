@@ -2,7 +2,10 @@
 scheduler: the test writes the container statuses a real kubelet would (through pods/status: no
 kubelet runs here; tests/e2e/loop.py says which statuses, and why they carry a message), and
 looks at what an operator sees: Events, the Deployment's annotations, where the next pods go,
-`archway explain`, the metric."""
+`archway explain`, the metric. What depends on the statuses a kubelet really writes (the
+FallbackToLogsOnError message, an init container's failure, StatefulSets and CronJobs learning,
+audit mode, a gated pod of a workload that learned) is proven on the real node:
+tests/node/test_closed_loop_cases.py."""
 import json
 import time
 
@@ -25,7 +28,7 @@ from .loop import (
 )
 from .test_rbac import identity_of
 from .test_tools import run_archway
-from .workloads import arches_of, create_deployment, gated, node_arch, wait_bound
+from .workloads import arches_of, create_deployment, node_arch, wait_bound
 
 FAILED = "archway.dev/failed-architectures"
 EVIDENCE = "archway.dev/failed-images"
@@ -138,48 +141,6 @@ def test_an_exec_format_error_on_arm64_keeps_the_deployments_next_pods_off_arm64
                    for p in pods)
 
 
-def test_an_init_containers_exec_format_error_counts_and_other_failures_do_not(
-        archway, kube, namespace, images):
-    image = images.ref("e2e/multi", images.fresh("e2e/multi"))
-    body = preferring_arm64("app", image, replicas=1)
-    body["spec"]["template"]["spec"]["initContainers"] = [
-        {"name": "setup", "image": image, "terminationMessagePolicy": "FallbackToLogsOnError"}]
-    create_deployment(kube, namespace, body)
-    (pod,) = wait_bound(kube, namespace, "app", 1)
-    name = pod["metadata"]["name"]
-    # A status that says some other failure teaches nothing.
-    crash_with_exec_format_error(kube, namespace, pod, message="exec /bin/app: no such file")
-    kube.patch(pod_path(namespace, name) + "/status", {"status": {"initContainerStatuses": [{
-        "name": "setup", "image": image, "imageID": "", "ready": False, "restartCount": 1,
-        "state": {"terminated": {"exitCode": 1, "reason": "Error",
-                                 "message": "exec /setup: exec format error\n"}}}]}})
-    (event,) = kube.wait_for(lambda: events(kube, namespace, "ExecFormatError", "Pod", name),
-                             timeout=20, what="the init container's Event")
-    assert "container setup" in event["note"]
-    assert kube.wait_for(lambda: learned(kube, namespace).get(FAILED), timeout=20,
-                         what="the learned annotation") == node_arch(kube, pod["spec"]["nodeName"])
-
-
-def test_in_an_audit_namespace_only_the_events_and_the_metric(
-        archway, control_plane, kube, images):
-    namespace = control_plane.new_namespace("e2e-exec-format-audit",
-                                            labels={"archway.dev/mode": "audit"})
-    try:
-        image = images.ref("e2e/multi", images.fresh("e2e/multi"))
-        create_deployment(kube, namespace, preferring_arm64("app", image, replicas=1))
-        (pod,) = wait_bound(kube, namespace, "app", 1)
-        counted = metric(archway, "archway_exec_format_errors_total")
-        crash_with_exec_format_error(kube, namespace, pod)
-        (event,) = kube.wait_for(lambda: events(kube, namespace, "ExecFormatError", "Deployment",
-                                                "app"), timeout=20, what="the Deployment's Event")
-        assert "audit mode" in event["note"]
-        assert events(kube, namespace, "ExecFormatError", "Pod", pod["metadata"]["name"])
-        assert metric(archway, "archway_exec_format_errors_total") == counted + 1
-        assert FAILED not in learned(kube, namespace)
-    finally:
-        kube.delete(f"/api/v1/namespaces/{namespace}")
-
-
 @pytest.fixture
 def not_learning(archway):
     webhook = archway.restart_webhook({"remediation": {"learn_failed_architectures": False}})
@@ -202,45 +163,6 @@ def test_with_learning_off_the_events_come_and_nothing_is_learned_or_applied(
     assert placed_on(probe(kube, namespace, image, replica_set)) == {"amd64", "arm64"}
 
 
-def test_a_gated_pod_of_the_workload_is_released_with_the_exclusion(
-        archway, kube, namespace, images, slow_registry):
-    slow_registry.delay = 0.0
-    image = images.ref("e2e/multi", images.fresh("e2e/multi"), via="slow")
-    create_deployment(kube, namespace, preferring_arm64("app", image, replicas=1))
-    (failing,) = wait_bound(kube, namespace, "app", 1)
-    assert node_arch(kube, failing["spec"]["nodeName"]) == "arm64"
-    crash_with_exec_format_error(kube, namespace, failing)
-    kube.wait_for(lambda: learned(kube, namespace).get(FAILED), timeout=20,
-                  what="the learned annotation")
-    # archway starts again knowing nothing of the image (its caches die with it, and the
-    # cluster's record of the image is deleted: else the new process is warm from it) while
-    # the registry is too slow for admission: the replacement is gated, and the new leader
-    # places it once the registry answers.
-    slow_registry.delay = 3.0
-    forget_image_records(kube, image)
-    archway.restart_webhook()
-    kube.delete(pod_path(namespace, failing["metadata"]["name"]))
-    replacement = kube.wait_for(lambda: [p for p in app_pods(kube, namespace, "app")
-                                         if p["metadata"]["name"] != failing["metadata"]["name"]],
-                                timeout=30, what="the replacement pod")[0]
-    assert gated(replacement), replacement["spec"].get("schedulingGates")
-    slow_registry.delay = 0.0
-    (bound,) = replaced(kube, namespace, failing, count=1)
-    assert node_arch(kube, bound["spec"]["nodeName"]) == "amd64"
-    assert bound["metadata"]["annotations"]["archway.dev/excluded-architectures"] == "arm64"
-    kube.wait_for(lambda: "Placed" in [e["reason"] for e in kube.events_for(
-        namespace, bound["metadata"]["name"])], timeout=30, what="the Placed Event")
-
-
-def forget_image_records(kube, image: str) -> None:
-    """Delete the cluster's image records (docs/image-records.md) of `image`."""
-    records = "/apis/archway.dev/v1alpha1/clusterimagerecords"
-    path = image.split("/", 1)[1]          # the reference without its host
-    for record in kube.items(records):
-        if record["spec"]["reference"].endswith("/" + path):
-            kube.delete(f"{records}/{record['metadata']['name']}")
-
-
 def test_the_webhooks_account_may_learn_but_not_rewrite_workloads(archway, kube):
     """What the closed loop needs of RBAC, and no more (the chart's defaults)."""
     client, _ = identity_of(archway, kube, "webhook")
@@ -257,62 +179,3 @@ def test_the_webhooks_account_may_learn_but_not_rewrite_workloads(archway, kube)
     # Evicting is granted with remediation.evict, on by default in the chart (the processes
     # here run with it off: conftest.archway_config; test_remediation.py turns it on).
     assert client.can_i("create", "pods/eviction", namespace="default")
-
-
-def test_a_statefulset_and_a_cronjob_through_its_job_learn_on_their_own_metadata(
-        archway, kube, namespace, images):
-    image = images.ref("e2e/multi", images.fresh("e2e/multi"))
-    template = preferring_arm64("x", image, replicas=1)["spec"]["template"]
-    apps, batch = (f"/apis/apps/v1/namespaces/{namespace}",
-                   f"/apis/batch/v1/namespaces/{namespace}")
-    kube.create(f"{apps}/statefulsets", {
-        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "db"},
-        "spec": {"replicas": 1, "serviceName": "db", "selector": {"matchLabels": {"app": "x"}},
-                 "template": template}})
-    job_template = {"spec": {"template": {"metadata": {"labels": {"app": "nightly"}},
-                                          "spec": {**template["spec"], "restartPolicy": "Never"}}}}
-    cronjob = kube.create(f"{batch}/cronjobs", {
-        "apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "nightly"},
-        "spec": {"schedule": "0 3 * * *", "jobTemplate": job_template}})
-
-    def job_from_cronjob(name: str) -> dict:
-        """What `kubectl create job NAME --from=cronjob/nightly` sends."""
-        return kube.create(f"{batch}/jobs", {
-            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "ownerReferences": [{
-                "apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly",
-                "uid": cronjob["metadata"]["uid"], "controller": True}]}, **job_template})
-    job_from_cronjob("nightly-1")
-    (db,) = wait_bound(kube, namespace, "x", 1)
-    (run,) = wait_bound(kube, namespace, "nightly", 1)
-    for pod in (db, run):
-        assert node_arch(kube, pod["spec"]["nodeName"]) == "arm64"
-        crash_with_exec_format_error(kube, namespace, pod)
-
-    def annotations(path: str) -> dict:
-        return kube.get(path)["metadata"].get("annotations") or {}
-    for path in (f"{apps}/statefulsets/db", f"{batch}/cronjobs/nightly"):
-        assert kube.wait_for(lambda path=path: annotations(path).get(FAILED), timeout=20,
-                             what=f"the learned annotation on {path}") == "arm64"
-    assert FAILED not in annotations(f"{batch}/jobs/nightly-1")     # the CronJob's, not its Job's
-    # Events are posted after the patches, by their own thread; admission reads the learned
-    # annotations from its workload cache, a watch that may lag the API.
-    for kind, name, owner in (("CronJob", "nightly", f"{batch}/jobs/nightly-1"),
-                              ("StatefulSet", "db", f"{apps}/statefulsets/db")):
-        kube.wait_for(lambda kind=kind, name=name: events(
-            kube, namespace, "ExecFormatError", kind, name), timeout=30, what=f"the {kind}'s Event")
-        admission_places(kube, namespace, image, kube.get(owner), {"amd64"},
-                         what=f"admission to apply {kind} {name}'s exclusion")
-    # The CronJob's next run, and the StatefulSet's pod made again, go to amd64.
-    job_from_cronjob("nightly-2")
-    kube.delete(pod_path(namespace, db["metadata"]["name"]))
-    again = kube.wait_for(lambda: [p for p in app_pods(kube, namespace, "x")
-                                   if p["metadata"]["uid"] != db["metadata"]["uid"]
-                                   and p["spec"].get("nodeName")], timeout=30,
-                          what="the StatefulSet's pod made again")[0]
-    assert again["metadata"]["name"] == db["metadata"]["name"]       # the same name, a new pod
-    assert node_arch(kube, again["spec"]["nodeName"]) == "amd64"
-    second = kube.wait_for(lambda: [p for p in app_pods(kube, namespace, "nightly")
-                                    if p["metadata"]["labels"].get("job-name") == "nightly-2"
-                                    and p["spec"].get("nodeName")], timeout=30,
-                           what="the second run's pod bound")[0]
-    assert node_arch(kube, second["spec"]["nodeName"]) == "amd64"
