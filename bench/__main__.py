@@ -32,6 +32,7 @@ from bench.common.report import load_average, machine, markdown, summary, table
 # the real control plane last (autoscale: with Karpenter's KWOK provider beside it).
 SECTIONS = {           # name -> module of bench/sections/ whose run(lab) returns its figures
     "policy": "policy",
+    "ranges": "ranges",        # the refused cluster addresses at 5,000 Nodes (issue 48)
     "registry": "registry_costs",
     "cache": "cache",
     "drip": "drip",

@@ -2,7 +2,7 @@
 # archway's benchmarks, side by side, in one run: prints one table of figures with their targets
 # (PASS/MISS) and writes it with the machine's description to bench/results/latest.md.
 #   bash bench/run.sh                     everything (a few minutes on 2 cores)
-#   bash bench/run.sh --only admission    some sections (bench/sections/): policy, registry, cache, drip, dns, uncached, admission, slowclients, memory, gate, bodies, extender, burst, records, events, kube, loop, scale, autoscale, realnode (root), vmnode (root, qemu)
+#   bash bench/run.sh --only admission    some sections (bench/sections/): policy, ranges, registry, cache, drip, dns, uncached, admission, slowclients, memory, gate, bodies, extender, burst, records, events, kube, loop, scale, autoscale, realnode (root), vmnode (root, qemu)
 #   BENCH_SKIP_SETUP=1 bash bench/run.sh  skip the (idempotent) install step
 #   bash bench/run.sh --rounds 7 --noise-bound 0.1   interleaved rounds per ratio figure (BENCH_ROUNDS,
 #                                         default 5) and the spread past which it is NOISY (BENCH_NOISE_BOUND)

@@ -12,6 +12,7 @@ synced, and follows its changes within NODE_LOOK_SECONDS: every worker listing e
 REFRESH_SECONDS would cost a 5,000-node cluster's apiserver thousands of Nodes a second.
 """
 import ipaddress
+import itertools
 import logging
 import os
 import threading
@@ -89,6 +90,7 @@ class ClusterRanges:
         self.nodes = nodes                 # a NodeCache (name -> NodeFacts), or None: listed
         self._read: list[Network] = []     # the last refresh's, from the API
         self._nodes_version: int | None = None
+        self._per_node: dict[tuple, tuple[Network, ...]] = {}   # (addresses, pod ranges) ->
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -107,9 +109,13 @@ class ClusterRanges:
         networks = self._read
         if from_cache and self.nodes is not None:
             self._nodes_version = self.nodes.version
-            networks = list(dict.fromkeys([*networks, *(
-                n for facts in self.nodes.items.values()
-                for n in node_networks(facts.addresses, facts.pod_cidrs))]))
+            # Each Node's networks parsed once: a change of one Node is not 5,000 parsed again.
+            known, self._per_node = self._per_node, {}
+            for facts in self.nodes.items.values():
+                key = (facts.addresses, facts.pod_cidrs)
+                self._per_node[key] = known.get(key) or tuple(node_networks(*key))
+            networks = list(dict.fromkeys([*networks, *itertools.chain.from_iterable(
+                self._per_node.values())]))
         if tuple(networks) != self.cluster.networks:
             log.info("cluster addresses archway refuses to contact unless listed: %s",
                      ", ".join(map(str, networks)) or "none")
