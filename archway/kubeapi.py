@@ -171,7 +171,10 @@ class WatchStream:
     def close(self) -> None:
         shutdown = getattr(self._response, "shutdown", None)   # urllib3 >= 2.3
         if shutdown is not None:
-            shutdown()
+            try:
+                shutdown()
+            except (OSError, ValueError, RuntimeError):
+                pass   # the reading thread ended the stream and closed its socket meanwhile
 
 
 def _lines(response) -> Iterator[bytes]:

@@ -292,3 +292,15 @@ def test_pod_watch_lists_in_pages_and_keeps_only_what_it_uses(tmp_path):
             assert herd.placement(uid).node == "n1"
         finally:
             watch.stop()
+
+
+def test_closing_a_watch_whose_socket_its_reader_closed_meanwhile_raises_nothing():
+    """stop() from another thread races the reading thread's own end of the stream: urllib3's
+    shutdown() then finds the socket gone (EBADF; the fault the fast tier once hit in a
+    teardown). A watch being stopped is stopped."""
+    from archway.kubeapi import WatchStream
+
+    class Gone:
+        def shutdown(self):
+            raise OSError(9, "Bad file descriptor")
+    WatchStream(Gone()).close()
