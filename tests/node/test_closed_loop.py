@@ -51,6 +51,18 @@ def refused_multiarch_image(registry, repo: str, never_run: bytes = b"never run"
     return f"{registry.host}/{repo}:multi"
 
 
+def preferring(body: dict, arch: str) -> dict:
+    """`body` (a workload) whose pods prefer `arch`'s nodes: the real node first, until archway
+    keeps them off it."""
+    template = body["spec"]["template"] if "template" in body["spec"] else \
+        body["spec"]["jobTemplate"]["spec"]["template"]
+    template["spec"]["affinity"] = {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
+            "matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In",
+                                  "values": [arch]}]}}]}}
+    return body
+
+
 def webhook_metric(install, name: str, outcome: str) -> float:
     """The counter summed over archway's webhook pods (the leader's gate controller counts)."""
     return sum(float(line.rsplit(" ", 1)[1]) for text in install.webhook_metrics()
@@ -95,11 +107,8 @@ def test_an_exec_format_error_only_in_the_log_is_learned_and_the_pod_moves_off_t
     matched_before = webhook_metric(install, *MATCHED)
     mark = plane.audit_mark()
 
-    body = deployment("app", [image], replicas=1, terminationGracePeriodSeconds=0)
-    body["spec"]["template"]["spec"]["affinity"] = {"nodeAffinity": {   # the real node first
-        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
-            "matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In",
-                                  "values": [arch]}]}}]}}
+    body = preferring(deployment("app", [image], replicas=1, terminationGracePeriodSeconds=0),
+                      arch)
     assert "terminationMessagePolicy" not in body["spec"]["template"]["spec"]["containers"][0]
     create_deployment(kube, namespace, body)
     (first,) = kube.wait_for(lambda: [p for p in app_pods(kube, namespace, "app")

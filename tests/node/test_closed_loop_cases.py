@@ -29,7 +29,7 @@ from lab.kube import pod_path
 from tests.e2e.loop import app_pods, deployment_path, events
 from tests.e2e.workloads import create_deployment, deployment, gated, node_arch
 
-from .test_closed_loop import log_reads, refused_multiarch_image
+from .test_closed_loop import log_reads, preferring, refused_multiarch_image
 from .test_crash_loops import default_remediation
 from .test_incluster import fresh_namespace, pause_image
 
@@ -37,18 +37,6 @@ FAILED = "archway.dev/failed-architectures"
 EXCLUDED = "archway.dev/excluded-architectures"
 EXEC_FORMAT_ERRORS = "archway_exec_format_errors_total"
 TAG_TTL = 5
-
-
-def preferring(body: dict, arch: str) -> dict:
-    """`body` (a workload) whose pods prefer `arch`'s nodes: the real node first, until archway
-    keeps them off it."""
-    template = body["spec"]["template"] if "template" in body["spec"] else \
-        body["spec"]["jobTemplate"]["spec"]["template"]
-    template["spec"]["affinity"] = {"nodeAffinity": {
-        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
-            "matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In",
-                                  "values": [arch]}]}}]}}
-    return body
 
 
 def counted(install, name: str, **labels) -> float:

@@ -18,7 +18,7 @@ from lab.kube import pod_path
 from tests.e2e.loop import app_pods, deployment_path, events, placed_on, probe, replica_sets
 from tests.e2e.workloads import create_deployment, deployment, node_arch
 
-from .test_closed_loop import refused_multiarch_image
+from .test_closed_loop import preferring, refused_multiarch_image
 from .test_incluster import fresh_namespace
 
 FAILED = "archway.dev/failed-architectures"
@@ -76,11 +76,8 @@ def test_with_the_default_config_a_crash_loop_ends_and_a_scale_up_avoids_the_arc
     pulled_before(kube, install, namespace, refused_multiarch_image(
         node_registry, f"node/a-pulled-before-{namespace}", never_run=namespace.encode()))
 
-    body = deployment("app", [image], replicas=REPLICAS, terminationGracePeriodSeconds=0)
-    body["spec"]["template"]["spec"]["affinity"] = {"nodeAffinity": {   # the real node first
-        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
-            "matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In",
-                                  "values": [arch]}]}}]}}
+    body = preferring(deployment("app", [image], replicas=REPLICAS,
+                                 terminationGracePeriodSeconds=0), arch)
     started = time.monotonic()
     create_deployment(kube, namespace, body)
     first = kube.wait_for(lambda: (pods := [p for p in app_pods(kube, namespace, "app")
