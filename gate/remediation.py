@@ -396,15 +396,20 @@ class Remediation(LeaderLoop):
 
     def _say_nowhere(self, top: WorkloadFacts, message: str) -> None:
         """Its condition set (the kinds whose status has conditions), beside the Event."""
-        if top.kind not in conditions.WITH_CONDITIONS:
-            return
+        if top.kind in conditions.WITH_CONDITIONS:
+            self._patch_condition(top, conditions.setting(top.kind, message, time.time()), "set")
+
+    def _patch_condition(self, top: WorkloadFacts, body: dict, doing: str) -> bool:
+        """A strategic-merge patch of its status: True when written (a workload gone is not)."""
         path = workload_path(top.kind, top.namespace, top.object_name) + "/status"
         try:
-            self.api.request("PATCH", path, content_type=conditions.STRATEGIC,
-                             body=conditions.setting(top.kind, message, time.time()))
+            self.api.request("PATCH", path, content_type=conditions.STRATEGIC, body=body)
         except ApiError as e:
-            log.warning("%s %s/%s: could not set its condition %s: %s", top.kind, top.namespace,
-                        top.object_name, CONDITION_ARCHITECTURE_LEFT, e)
+            if e.status != 404:
+                log.warning("%s %s/%s: could not %s its condition %s: %s", top.kind,
+                            top.namespace, top.object_name, doing, CONDITION_ARCHITECTURE_LEFT, e)
+            return False
+        return True
 
     def clear_stale_conditions(self) -> None:
         """Each workload told it can run nowhere (by this leader or one before) whose lesson no
@@ -415,14 +420,7 @@ class Remediation(LeaderLoop):
             why = conditions.holds_no_more(top)
             if not why:
                 continue
-            path = workload_path(top.kind, top.namespace, top.object_name) + "/status"
-            try:
-                self.api.request("PATCH", path, content_type=conditions.STRATEGIC,
-                                 body=conditions.CLEARING)
-            except ApiError as e:
-                if e.status != 404:
-                    log.warning("%s %s/%s: could not remove its condition %s: %s", top.kind,
-                                top.namespace, top.object_name, CONDITION_ARCHITECTURE_LEFT, e)
+            if not self._patch_condition(top, conditions.CLEARING, "remove"):
                 continue
             self._nowhere = {k for k in self._nowhere if k[0] != top.uid}
             log.info("%s %s/%s may run again: %s (condition %s removed)", top.kind,
