@@ -277,6 +277,25 @@ class InClusterInstall(ChartInstall):
                 continue
         return texts
 
+    def logs(self, tail: int = 150) -> str:
+        """The last `tail` lines of each of the release's containers, with the leader's Lease
+        holder: what a failed test prints of archway (the logs of a run are gone with it)."""
+        assert self.kube is not None
+        parts = []
+        for lease in self.kube.items(f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"):
+            spec = lease.get("spec") or {}
+            parts.append(f"lease {lease['metadata']['name']}: held by {spec.get('holderIdentity')}, "
+                         f"renewed {spec.get('renewTime')}, transitions {spec.get('leaseTransitions')}")
+        for pod in self.kube.items(f"/api/v1/namespaces/{self.namespace}/pods"):
+            for container in pod["spec"]["containers"]:
+                name = f"{pod['metadata']['name']}/{container['name']}"
+                response = self.kube.session.get(
+                    f"{self.kube.server}/api/v1/namespaces/{self.namespace}/pods/"
+                    f"{pod['metadata']['name']}/log",
+                    params={"container": container["name"], "tailLines": tail}, timeout=10)
+                parts.append(f"--- {name} ---\n{response.text[-200_000:]}")
+        return "\n".join(parts)
+
     def save_in_cluster(self) -> None:
         with open(self.plane.path("archway.json"), "w") as f:
             json.dump({"release": self.release, "namespace": self.namespace, "in_cluster": True,

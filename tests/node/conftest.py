@@ -57,6 +57,19 @@ class SessionNode:
         return left
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that had archway installed shows archway's logs: CI keeps nothing else of a
+    run, and a flaky failure is read only there."""
+    report = (yield).get_result()
+    install = getattr(item, "funcargs", {}).get("in_cluster")
+    if report.when == "call" and report.failed and install is not None and install.installed:
+        try:
+            report.sections.append(("archway's logs", install.logs()))
+        except Exception as e:   # the cluster itself may be what failed
+            report.sections.append(("archway's logs", f"could not be read: {e}"))
+
+
 @pytest.fixture(scope="session")
 def node_registry(tmp_path_factory):
     """A plain-HTTP registry on this machine's own address: the node's containerd pulls from it
