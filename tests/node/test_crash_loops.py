@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from lab.cluster.nodeimages import machine_arch
+from lab.cluster.nodeimages import OciImage, go_binary, machine_arch
 from lab.kube import pod_path
 from tests.e2e.loop import app_pods, deployment_path, events, placed_on, probe, replica_sets
 from tests.e2e.workloads import create_deployment, deployment, node_arch
@@ -222,10 +222,23 @@ def test_a_crash_loop_with_no_architecture_left_tells_its_workload_it_can_run_no
     (pod,) = app_pods(kube, namespace, "app")
     assert pod["spec"]["nodeName"] == install.node.name    # still where its image claims to run
     assert not events(kube, namespace, "EvictedExecFormatError", "Pod")   # no churn of archway's
-    # The owner removes what was learned (the image is rebuilt, say): the condition goes.
-    kube.patch(deployment_path(namespace, "app"), {"metadata": {"annotations": {
-        FAILED: None, "archway.dev/failed-images": None}}})
+    # The owner does what the Event says: an image that has a build here, rolled out. The lesson
+    # ends with the failed image gone from the template, and the condition with it. (Removing
+    # the annotation by hand while the pod still fails is tested round by round in
+    # tests/test_closed_loop.py: here a leader elected meanwhile would learn it again, rightly.)
+    runs = OciImage.of({"/pause": go_binary("pause"), "/build": namespace.encode()},
+                       entrypoint=["/pause"])
+    runs.push(node_registry, f"node/nowhere-{namespace}", "runs")
+    kube.patch(deployment_path(namespace, "app"), {"spec": {"template": {"spec": {"containers": [
+        {"name": "c0", "image": f"{node_registry.host}/node/nowhere-{namespace}:runs"}]}}}},
+        kind="strategic")
     kube.wait_for(lambda: not [
         c for c in kube.get(deployment_path(namespace, "app"))["status"].get("conditions") or []
         if c["type"] == "archway.dev/ArchitectureLeft"], timeout=120,
         what="the condition removed once its lesson ended")
+    running = kube.wait_for(lambda: [
+        p for p in app_pods(kube, namespace, "app") if p["status"].get("phase") == "Running"
+        and all(s.get("ready") for s in p["status"].get("containerStatuses") or [{}])
+        and p["spec"]["containers"][0]["image"].endswith(":runs")], timeout=180,
+        what="the rolled-out pod Running")
+    assert [p["spec"]["nodeName"] for p in running] == [install.node.name]
