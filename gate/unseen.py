@@ -17,7 +17,11 @@ its watch of every pod (remediation.FailingPods: no watch of its own, no request
          rules: PodDisruptionBudgets hold, retries that end)
 
 A replacement that again arrives without archway's decision (created bound, or archway still
-bypassed) is not evicted again: evicting would only repeat. A replacement is a pod first seen
+bypassed) is not evicted at once, which would only repeat while archway is away: it is looked at
+again after REPEAT_SECONDS, doubling for each of its workload's up to REPEAT_MAX_SECONDS, and
+evicted then. archway is often away only a moment: a new leader acts before the apiserver reaches
+its webhook, and a replacement made then came bare (measured on the real node: ~1 s); left, it
+would stay on a node it cannot run on. A replacement is a pod first seen
 after archway evicted one of its workload's, one per eviction: the rest of a burst that was
 already there is evicted too (creation times have whole seconds, and a burst shares them).
 """
@@ -62,6 +66,8 @@ OWNER_WAIT_SECONDS = 5.0      # a controller not in the workload cache yet: look
 # namespace's mode and the webhook's selectors): a namespace that turns archway on has them found.
 LEFT_RECHECK_SECONDS = 10.0
 MAX_RESOLVE_TRIES = 3         # then it is recorded without knowing where its images run
+REPEAT_SECONDS = 30.0         # a replacement that came bare is evicted after this, doubling per
+REPEAT_MAX_SECONDS = 600.0    # its workload's up to this: one eviction in 10 minutes at most
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,7 @@ class _Revisit:
     next_look: float | None = None
     evict_tries: int = 0
     evict_done: bool = False
+    waited: bool = False              # a bare replacement that waited its turn (REPEAT_SECONDS)
 
 
 class UnseenPods(LeaderLoop):
@@ -163,6 +170,7 @@ class UnseenPods(LeaderLoop):
         self._listing: dict[str, UnseenPod] = {}
         # workload uid -> the evictions no replacement has answered yet (the _SEEN count then)
         self._unanswered: dict[str, list[int]] = {}
+        self._repeats: dict[str, int] = {}        # workload uid -> its replacements that came bare
         self._told: set[str] = set()              # workload uids given their Event
         self._full_logged = False
         self._left_checked = clock()
@@ -296,8 +304,9 @@ class UnseenPods(LeaderLoop):
                 return    # looked at again
             self._record(revisit, top)
         arch = getattr(self.nodes.items.get(pod.node), "arch", None)
+        revisit.next_look = None     # due now: only what follows sets when to look again
         if not self._evictable(revisit, arch, top, mode):
-            revisit.done = True
+            revisit.done = revisit.next_look is None   # else a replacement waiting its turn
             return
         assert top is not None and arch is not None
         evicted = self.evictions.maybe_evict(
@@ -376,11 +385,16 @@ class UnseenPods(LeaderLoop):
         if top is None or top.kind == "DaemonSet":
             return False    # nobody recreates it, or only on the same node
         unanswered = self._unanswered.get(top.uid)
-        if unanswered and revisit.seen > unanswered[0]:
+        if unanswered and revisit.seen > unanswered[0] and not revisit.waited:
             unanswered.pop(0)
+            repeats = self._repeats.get(top.uid, 0)
+            if top.uid in self._repeats or len(self._repeats) < MAX_TRACKED:
+                self._repeats[top.uid] = repeats + 1
+            wait = min(REPEAT_MAX_SECONDS, REPEAT_SECONDS * 2 ** repeats)
+            revisit.waited, revisit.next_look = True, self._clock() + wait
             log.warning("pod %s/%s, made after archway evicted a pod of %s, came without "
-                        "archway's decision too: not evicted", pod.namespace, pod.name,
-                        top.display_name)
+                        "archway's decision too: evicted in %.0f s if it is still there",
+                        pod.namespace, pod.name, top.display_name, wait)
             return False
         return True
 

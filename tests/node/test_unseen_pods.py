@@ -6,18 +6,23 @@ arm64, are bound to the API-only arm64 Node, which their images cannot run on. a
 back: each pod gets AdmittedWithoutArchway, so does the Deployment, the leader counts them, and
 evicts them (remediation.evict) so that their replacements are admitted by archway and placed on
 the real node. The time from archway's return to the repair is printed."""
+import base64
+import threading
 import time
 
 import pytest
 import requests
 import urllib3
 
+from archway.certs import x509 as cx
 from lab.cluster.nodeimages import machine_arch
 from lab.kube import pod_path
 from tests.e2e.loop import app_pods, events, preferring_arm64
 from tests.e2e.workloads import create_deployment, node_arch, pods_of
 
+from .test_crash_loops import default_remediation
 from .test_incluster import ARCH_ANNOTATION, fresh_namespace, pause_image
+from .test_trust_path import ca_bundles, created_annotations, webhook_configuration_path
 
 UNSEEN = "AdmittedWithoutArchway"
 EVICTED = "EvictedWrongArchitecture"
@@ -108,3 +113,59 @@ def test_pods_admitted_while_archway_was_down_are_revisited_and_moved(in_cluster
           f"{sorted(set(wrong.values()))} evicted and "
           f"replaced on {install.node.name} {repair:.1f} s after archway was scaled back up "
           f"({repair - serving:.1f} s after its webhook acted)")
+
+
+BURST = 12
+
+
+@pytest.mark.timeout(900)
+def test_every_bare_pod_of_a_burst_is_evicted_while_the_leader_lives(in_cluster, node_registry):
+    """Hardening round 6, finding 2, as it was found: a broken caBundle under a running archway
+    (its leader alive) and a Deployment of 12 made meanwhile. Every pod of the burst bound bare
+    to a wrong architecture is evicted, none taken for the replacement of another (before, one
+    was evicted and the rest logged as made after that eviction and left there)."""
+    install, plane = in_cluster, in_cluster.plane
+    kube = plane.kube
+    default_remediation(install)
+    namespace = fresh_namespace(plane, "burst")
+    image = pause_image(node_registry)
+    configuration = webhook_configuration_path(install)
+    good = ca_bundles(install)
+    foreign = base64.b64encode(cx.issue_ca("not archway's CA", days=30).cert_pem).decode()
+    breaking = threading.Event()
+
+    def keep_breaking() -> None:
+        """The leader repairs the caBundle within seconds: broken again until the burst is in."""
+        while breaking.is_set():
+            if ca_bundles(install) != [foreign] * len(good):
+                kube.patch(configuration, [
+                    {"op": "replace", "path": f"/webhooks/{i}/clientConfig/caBundle",
+                     "value": foreign} for i in range(len(good))], kind="json")
+            time.sleep(0.2)     # pacing the breaker, not waiting for anything
+    breaking.set()
+    breaker = threading.Thread(target=keep_breaking, daemon=True)
+    breaker.start()
+    try:
+        kube.wait_for(lambda: ARCH_ANNOTATION not in created_annotations(
+            kube, namespace, f"probe-{time.monotonic_ns()}", image), timeout=60,
+            what="the webhook bypassed (a pod admitted bare)")
+        create_deployment(kube, namespace, preferring_arm64("app", image, replicas=BURST))
+        burst = kube.wait_for(lambda: (pods := app_pods(kube, namespace, "app")) and len(
+            pods) == BURST and all(p["spec"].get("nodeName") for p in pods) and pods,
+            timeout=120, what="the burst's pods bound")
+    finally:
+        breaking.clear()
+        breaker.join(timeout=30)
+    wrong = {p["metadata"]["name"] for p in burst
+             if ARCH_ANNOTATION not in (p["metadata"].get("annotations") or {})
+             and p["spec"]["nodeName"] != install.node.name}
+    print(f"{len(wrong)} of the burst's {BURST} pods bound bare to a wrong architecture")
+    assert len(wrong) >= 2, burst
+
+    def evicted() -> set[str]:
+        return {e["regarding"]["name"] for e in events(kube, namespace, EVICTED, "Pod")}
+    started = time.monotonic()
+    kube.wait_for(lambda: wrong <= evicted(), timeout=180,
+                  what=f"every bare pod of the burst on a wrong architecture evicted ({wrong})")
+    print(f"all {len(wrong)} evicted {time.monotonic() - started:.1f} s after the burst was in")
+    kube.wait_for(lambda: ca_bundles(install) == good, timeout=60, what="the caBundle repaired")
