@@ -82,7 +82,10 @@ def interrupted(tmp_path, capsys) -> int:
         process = subprocess.Popen(
             [sys.executable, "-m", "archway.main.cli", "inspect", f"{hole.host}/team/app:1"],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env={**os.environ, "HOME": str(tmp_path)})
+            env={**os.environ, "HOME": str(tmp_path)},
+            # Ctrl-C as a terminal delivers it: a run started in the background (`cmd &`) has
+            # SIGINT ignored, and a child keeps that.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 30
         while hole.accepted == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
