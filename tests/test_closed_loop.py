@@ -28,6 +28,7 @@ from archway.gate.remediation import Remediation
 from archway.kubeapi import ApiError, KubeApi
 from archway.kubeclient import build_api_client
 from archway.placement.policy import Policy
+from lab.clock import ManualClock
 from lab.kube import pod_path
 
 pytestmark = pytest.mark.slow
@@ -55,14 +56,6 @@ LOG_RULE = {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}
 
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Events:
@@ -116,7 +109,7 @@ def closed_loop(control_plane):
             cache.ensure_started()
             caches.append(cache)
         assert nodes.wait_synced(30) and workloads.wait_synced(30)
-        clock, events = Clock(), Events()
+        clock, events = ManualClock(), Events()
         loop = Remediation(api=KubeApi(factory()), settings=config.remediation,
                            policy=Policy.from_config(config), events=events, nodes=nodes,
                            workloads=workloads, log_reader=log_reader, clock=clock)

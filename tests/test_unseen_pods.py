@@ -2,8 +2,6 @@
 of every pod (remediation.FailingPods) from the API stand-in, with the real node, workload and
 namespace caches, the controller's real resolver reading a real registry, and Evictions. The
 passes are driven one at a time (take_due, revisit_all), so "once" is counted, not waited for."""
-import time
-
 import pytest
 from prometheus_client import REGISTRY
 
@@ -20,6 +18,7 @@ from archway.kubeclient import build_api_client
 from archway.objects.policies import NAMESPACED_KIND, PolicyCache
 from archway.placement.policy import Policy
 from archway.registry.resolver import Resolver
+from lab.clock import ManualClock
 from lab.procs import wait_until
 from lab.servers.apiserver import FakeApiServer
 from tests.infra.fixtures import plain_registry
@@ -69,22 +68,10 @@ def workload(server: FakeApiServer, namespace: str) -> dict:
         "spec": {"selector": {"matchLabels": {"app": "web"}}}})
 
 
-class Clock:
-    """The revisit's clock: now, or later once a test moves it on."""
-
-    def __init__(self):
-        self.ahead = 0.0
-
-    def __call__(self) -> float:
-        return time.monotonic() + self.ahead
-
-    def advance(self, seconds: float) -> None:
-        self.ahead += seconds
-
-
 @pytest.fixture
 def clock():
-    return Clock()
+    """The revisit's clock, moved by the test: a wait elapses only when a test says so."""
+    return ManualClock()
 
 
 @pytest.fixture
@@ -265,9 +252,9 @@ def test_a_bare_pod_is_recorded_not_evicted_and_a_replacement_without_a_decision
         unseen.revisit_all(unseen.take_due())
         assert server.get(pods.format(name)) is not None
         assert [e[2] for e in events.about(name)] == [REASON_UNSEEN]
-        clock.advance(wait - 1)
+        clock.now += wait - 1
         assert unseen.take_due() == []
-        clock.advance(1)
+        clock.now += 1
         unseen.revisit_all(unseen.take_due())
         assert server.get(pods.format(name)) is None
         assert [e[2] for e in events.about(name)] == [REASON_UNSEEN, REASON_EVICTED]

@@ -63,6 +63,11 @@ def preferring(body: dict, arch: str) -> dict:
     return body
 
 
+def ready(pod: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in pod["status"].get("conditions") or [])
+
+
 def webhook_metric(install, name: str, outcome: str) -> float:
     """The counter summed over archway's webhook pods (the leader's gate controller counts)."""
     return sum(float(line.rsplit(" ", 1)[1]) for text in install.webhook_metrics()

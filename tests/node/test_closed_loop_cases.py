@@ -29,7 +29,7 @@ from lab.kube import pod_path
 from tests.e2e.loop import app_pods, deployment_path, events
 from tests.e2e.workloads import create_deployment, deployment, gated, node_arch
 
-from .test_closed_loop import log_reads, preferring, refused_multiarch_image
+from .test_closed_loop import log_reads, preferring, ready, refused_multiarch_image
 from .test_crash_loops import default_remediation
 from .test_incluster import fresh_namespace, pause_image
 
@@ -188,11 +188,6 @@ def pdb(kube, namespace: str, min_available: int) -> dict:
     return kube.wait_for(lambda: (b := kube.get(f"{path}/budget")).get("status", {}).get(
         "observedGeneration") == b["metadata"]["generation"] and b, timeout=30,
         what="the disruption controller to see the budget")
-
-
-def ready(pod: dict) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True"
-               for c in pod["status"].get("conditions") or [])
 
 
 @pytest.mark.timeout(900)

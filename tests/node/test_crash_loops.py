@@ -18,7 +18,7 @@ from lab.kube import pod_path
 from tests.e2e.loop import app_pods, deployment_path, events, placed_on, probe, replica_sets
 from tests.e2e.workloads import create_deployment, deployment, node_arch
 
-from .test_closed_loop import preferring, refused_multiarch_image
+from .test_closed_loop import preferring, ready, refused_multiarch_image
 from .test_incluster import fresh_namespace
 
 FAILED = "archway.dev/failed-architectures"
@@ -238,7 +238,6 @@ def test_a_crash_loop_with_no_architecture_left_tells_its_workload_it_can_run_no
         what="the condition removed once its lesson ended")
     running = kube.wait_for(lambda: [
         p for p in app_pods(kube, namespace, "app") if p["status"].get("phase") == "Running"
-        and all(s.get("ready") for s in p["status"].get("containerStatuses") or [{}])
-        and p["spec"]["containers"][0]["image"].endswith(":runs")], timeout=180,
+        and ready(p) and p["spec"]["containers"][0]["image"].endswith(":runs")], timeout=180,
         what="the rolled-out pod Running")
     assert [p["spec"]["nodeName"] for p in running] == [install.node.name]
